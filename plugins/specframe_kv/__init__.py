@@ -1,0 +1,101 @@
+"""`kv`: the transformer KV-cache state backend, for any Hugging Face causal LM with a `DynamicCache`.
+
+Tree scoring passes an explicit 4D ancestor mask and explicit position ids (no patching of model code);
+grouped-query attention is handled by the model itself. Commit compacts the accepted branch with one
+gather per layer over the scored tail and crops the rest.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+import specframe
+from specframe import BackendCapabilities, StateBackend, TargetScores, TokenTree
+
+
+class KVCacheBackend(StateBackend):
+    name = "kv"
+    capabilities = BackendCapabilities(supports_trees=True, provides_hidden_states=True)
+
+    def __init__(self, target, *, want_hidden: bool = False):
+        super().__init__(target, want_hidden=want_hidden)
+        self.model = target.model
+        self.cache = None
+        self._committed = 0
+        self._pending: int | None = None
+
+    @classmethod
+    def unsupported_reason(cls, target) -> str | None:
+        from transformers import DynamicCache
+
+        layer_types = getattr(target.config, "layer_types", None) or []
+        stateful = [t for t in layer_types if t not in ("full_attention", "sliding_attention")]
+        if stateful:
+            return (f"it has recurrent layers ({sorted(set(stateful))}) whose state cannot be rolled back "
+                    "by cropping a KV cache; use the 'ssm-tree' backend")
+        if getattr(target.config, "sliding_window", None) and "sliding_attention" in layer_types:
+            return "sliding-window attention layers are not supported yet"
+        cache = DynamicCache(config=target.config)
+        if any(not hasattr(layer, "keys") for layer in getattr(cache, "layers", [])):
+            return "its cache layers do not hold plain keys/values"
+        return None
+
+    @property
+    def committed_length(self) -> int:
+        return self._committed
+
+    @torch.inference_mode()
+    def prefill(self, ids: list[int]) -> None:
+        from transformers import DynamicCache
+
+        self.cache = DynamicCache(config=self.model.config)
+        self._committed, self._pending = 0, int(ids[-1])
+        if len(ids) > 1:
+            prefix = torch.tensor([ids[:-1]], device=self.target.device)  # (1, P)
+            self.model(input_ids=prefix, past_key_values=self.cache, use_cache=True, logits_to_keep=1)
+            self._committed = len(ids) - 1
+
+    @torch.inference_mode()
+    def score(self, tree: TokenTree) -> TargetScores:
+        self._crop(self._committed)  # drop any earlier uncommitted scoring
+        device, prefix = self.target.device, self._committed
+        ids = torch.from_numpy(np.concatenate([[self._pending], tree.tokens]))[None].to(device)  # (1, T)
+        positions = torch.from_numpy(prefix + tree.position_offsets)[None].to(device)  # (1, T)
+        out = self.model(input_ids=ids, position_ids=positions, attention_mask=self._mask(tree),
+                         past_key_values=self.cache, use_cache=True, output_hidden_states=self.want_hidden)
+        hidden = out.hidden_states[-1][0] if self.want_hidden else None  # (T, H)
+        return TargetScores(logits=out.logits[0].float(), hidden=hidden)
+
+    def _mask(self, tree: TokenTree) -> torch.Tensor | None:
+        """(1, 1, T, P + T) additive mask: the whole prefix, plus each node's ancestors and itself."""
+        if len(tree) == 0 or np.all(tree.parents == np.arange(len(tree)) - 1):
+            return None  # a chain is plain causal attention: let the model build its own (faster) mask
+        dtype = self.model.dtype
+        allowed = torch.ones(len(tree) + 1, self._committed + len(tree) + 1, dtype=torch.bool)
+        allowed[:, self._committed:] = torch.from_numpy(tree.ancestor_mask)
+        mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
+        return mask[None, None].to(self.target.device)
+
+    @torch.inference_mode()
+    def commit(self, path: list[int], bonus: int) -> None:
+        start = self._committed  # the root sits here in the cache
+        keep = [start] + [start + 1 + i for i in path]
+        if keep != list(range(start, start + len(keep))):  # a branch other than the first chain
+            index = torch.tensor(keep, device=self.target.device)
+            for layer in self.cache.layers:
+                layer.keys[:, :, start:start + len(keep)] = layer.keys.index_select(-2, index)
+                layer.values[:, :, start:start + len(keep)] = layer.values.index_select(-2, index)
+        self._committed = start + len(keep)
+        self._crop(self._committed)
+        self._pending = int(bonus)
+
+    def _crop(self, length: int) -> None:
+        extra = self.cache.get_seq_length() - length if self.cache is not None else 0
+        if extra > 0:
+            self.cache.crop(-extra)  # transformers 5: a negative count removes that many tokens
+
+
+@specframe.hookimpl
+def register_state_backends(register):
+    register(KVCacheBackend)

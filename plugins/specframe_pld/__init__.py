@@ -1,0 +1,68 @@
+"""`pld`: prompt lookup decoding (Saxena, 2023), and `none`: plain decoding through the same loop.
+
+Prompt lookup matches the latest n tokens (n from `max_ngram` down to `min_ngram`) against the earlier
+prompt + generated text and proposes the tokens that followed the match. Unlike the original (first
+match in the text) we prefer the most recent matches, and with `matches > 1` merge the continuations of
+several matches into a trie weighted by frequency, for tree builders to choose from.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+import specframe
+from specframe import DraftContext, DraftProposal, Drafter, DrafterCapabilities
+from specframe.errors import ConfigurationError
+
+
+class NoDrafter(Drafter):
+    """Proposes nothing: every step decodes exactly one token (the plain-decoding baseline)."""
+
+    name = "none"
+
+    def propose(self, context: DraftContext) -> DraftProposal:
+        return DraftProposal.empty()
+
+
+def find_matches(tokens: np.ndarray, ngram: int, limit: int) -> np.ndarray:
+    """Start positions j (most recent first, at most `limit`) where tokens[j:j+ngram] equals the last
+    `ngram` tokens and at least one token follows the match."""
+    n = len(tokens)
+    if n <= ngram:
+        return np.zeros(0, np.int64)
+    windows = np.lib.stride_tricks.sliding_window_view(tokens[: n - 1], ngram)  # (n - ngram, ngram)
+    hits = np.flatnonzero((windows == tokens[n - ngram:]).all(axis=1))
+    return hits[::-1][:limit]
+
+
+class PromptLookupDrafter(Drafter):
+    name = "pld"
+    capabilities = DrafterCapabilities(proposes_trees=True)
+
+    def __init__(self, target, *, max_ngram: int = 3, min_ngram: int = 1, num_tokens: int = 10,
+                 matches: int = 1):
+        super().__init__(target)
+        if not 1 <= min_ngram <= max_ngram:
+            raise ConfigurationError(f"pld: need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+        if num_tokens < 1 or matches < 1:
+            raise ConfigurationError("pld: num_tokens and matches must be >= 1")
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self.num_tokens, self.matches = num_tokens, matches
+
+    def propose(self, context: DraftContext) -> DraftProposal:
+        tokens = context.tokens
+        length = min(self.num_tokens, context.budget)
+        if length < 1:
+            return DraftProposal.empty()
+        for ngram in range(self.max_ngram, self.min_ngram - 1, -1):
+            starts = find_matches(tokens, ngram, self.matches)
+            if len(starts):
+                continuations = [tokens[s + ngram: s + ngram + length] for s in starts]
+                return DraftProposal.from_sequences([c for c in continuations if len(c)])
+        return DraftProposal.empty()
+
+
+@specframe.hookimpl
+def register_drafters(register):
+    register(NoDrafter)
+    register(PromptLookupDrafter)

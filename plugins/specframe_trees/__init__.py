@@ -1,0 +1,37 @@
+"""Tree builders that need nothing but the proposal's structure and scores."""
+
+from __future__ import annotations
+
+import specframe
+from specframe import DraftProposal, TokenTree, TreeBuilder, TreeBuilderCapabilities
+
+
+class ChainTreeBuilder(TreeBuilder):
+    """`chain`: from the root, follow the best-scored child (ties: the earliest) for up to `budget` nodes."""
+
+    name = "chain"
+    capabilities = TreeBuilderCapabilities()
+
+    def build(self, proposal: DraftProposal, budget: int) -> TokenTree:
+        keep: list[int] = []
+        parent = -1
+        children = _children(proposal)
+        while len(keep) < budget:
+            kids = children.get(parent)
+            if not kids:
+                break
+            parent = max(kids, key=lambda i: (proposal.scores[i], -i))
+            keep.append(parent)
+        return TokenTree.from_proposal(proposal, keep)
+
+
+def _children(proposal: DraftProposal) -> dict[int, list[int]]:
+    kids: dict[int, list[int]] = {}
+    for i, p in enumerate(proposal.parents.tolist()):
+        kids.setdefault(p, []).append(i)
+    return kids
+
+
+@specframe.hookimpl
+def register_tree_builders(register):
+    register(ChainTreeBuilder)

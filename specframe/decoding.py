@@ -1,0 +1,164 @@
+"""The speculative decode loop: draft, build tree, score, verify, commit, observe."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from specframe.errors import ConfigurationError, PromptError
+from specframe.metrics import DecodeMetrics, PhaseTimer, peak_memory_bytes
+from specframe.models import Target
+from specframe.pipeline import Pipeline, assemble
+from specframe.records import DraftContext, StepEvent, StepOutcome
+from specframe.registry import PluginRegistry, get_registry
+from specframe.sampling import Sampler, SamplingParams
+from specframe.tree import TokenTree
+
+DEFAULT_BUDGET = 8  # tree nodes per step; small trees win on a CPU (shared/notes/cpu-envelope.md)
+
+
+@dataclass
+class GenerationResult:
+    tokens: list[int]  # new tokens only
+    text: str | None
+    finish_reason: str  # "length", "eos" or "stop"
+    metrics: DecodeMetrics = field(default_factory=DecodeMetrics)
+
+
+class SpeculativeDecoder:
+    """A reusable decoder: one target, one pipeline of components, any number of requests."""
+
+    def __init__(self, target: Target, pipeline: Pipeline, *, budget: int = DEFAULT_BUDGET,
+                 sampling: SamplingParams | None = None, registry: PluginRegistry | None = None):
+        if budget < 1:
+            raise ConfigurationError(f"budget must be >= 1 tree node, got {budget}; "
+                                     "for plain decoding use the drafter 'none'")
+        self.target, self.pipeline, self.budget = target, pipeline, budget
+        self.sampling = sampling or SamplingParams()
+        self.registry = registry or get_registry()
+
+    @classmethod
+    def from_names(cls, target: Target, drafter="pld", tree="chain", verifier="greedy", backend="kv", *,
+                   budget: int = DEFAULT_BUDGET, sampling: SamplingParams | None = None,
+                   registry: PluginRegistry | None = None) -> SpeculativeDecoder:
+        pipeline = assemble(target, drafter, tree, verifier, backend, sampling, registry)
+        return cls(target, pipeline, budget=budget, sampling=sampling, registry=registry)
+
+    def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 128,
+                 stop: Sequence[str] = ()) -> GenerationResult:
+        """Decode up to `max_new_tokens` after `prompt` (text or token ids), stopping at EOS or `stop`."""
+        prompt_ids = self._encode(prompt)
+        self._check_request(prompt_ids, max_new_tokens)
+        hook = self.registry.hook
+        hook.on_decode_start(decoder=self, prompt_ids=prompt_ids)
+        start = time.perf_counter()
+        tokens, metrics, reason = self._decode(prompt_ids, max_new_tokens, stop)
+        metrics.wall_s = time.perf_counter() - start
+        metrics.peak_memory_bytes = peak_memory_bytes(self.target.device)
+        text = self.target.tokenizer.decode(tokens) if self.target.tokenizer is not None else None
+        result = GenerationResult(tokens, text, reason, metrics)
+        hook.on_decode_end(decoder=self, result=result)
+        return result
+
+    def _decode(self, prompt_ids: list[int], max_new_tokens: int, stop: Sequence[str]):
+        """The loop, in the paper's words. Returns (new tokens, metrics, finish reason)."""
+        drafter, tree_builder, verifier, backend = (
+            self.pipeline.drafter, self.pipeline.tree_builder, self.pipeline.verifier, self.pipeline.backend)
+        sampler = Sampler(self.sampling, device=self.target.device)
+        metrics = DecodeMetrics(prompt_tokens=len(prompt_ids))
+        sync = torch.cuda.synchronize if self.target.device.type == "cuda" else None
+        drafter.reset()
+        t0 = time.perf_counter()
+        backend.prefill(prompt_ids)
+        metrics.prefill_s = time.perf_counter() - t0
+        tokens = np.array(prompt_ids, dtype=np.int64)
+        new: list[int] = []
+        hidden = None
+        reason = None
+        while reason is None:
+            timer, step_start = PhaseTimer(sync), time.perf_counter()
+            budget = min(self.budget, max_new_tokens - len(new) - 1, self._room(tokens))
+            with timer("draft"):
+                context = DraftContext(tokens, len(prompt_ids), max(budget, 0), hidden)
+                proposal = drafter.propose(context)
+            with timer("tree"):
+                tree = tree_builder.build(proposal, budget) if budget > 0 and len(proposal) else TokenTree.empty()
+            with timer("forward"):
+                scores = backend.score(tree)
+            with timer("verify"):
+                result = verifier.verify(tree, scores, sampler)
+            with timer("commit"):
+                backend.commit(result.path, result.bonus)
+            emitted = [int(t) for t in tree.tokens[result.path]] + [result.bonus]
+            last = result.path[-1] + 1 if result.path else 0
+            hidden = scores.hidden[last] if scores.hidden is not None else None
+            drafter.observe(StepOutcome(proposal, len(tree), emitted[:-1], result.bonus, hidden))
+            emitted, reason = self._finish(new, emitted, max_new_tokens, stop)
+            new += emitted
+            tokens = np.concatenate([tokens, np.asarray(emitted, dtype=np.int64)])
+            timer.times["other"] = time.perf_counter() - step_start - sum(timer.times.values())
+            metrics.record_step(len(tree), result.accepted, timer.times)
+            self.registry.hook.on_step(decoder=self, event=StepEvent(
+                metrics.steps, len(tree), result.accepted, emitted, timer.times))
+        metrics.new_tokens = len(new)
+        return new, metrics, reason
+
+    def _finish(self, new: list[int], emitted: list[int], max_new_tokens: int, stop: Sequence[str]):
+        """Cut `emitted` at EOS, a stop string or the length limit; say why decoding ends, if it does."""
+        eos = self.target.eos_token_ids
+        for i, tok in enumerate(emitted):
+            if tok in eos:
+                return emitted[: i + 1], "eos"
+        if len(new) + len(emitted) >= max_new_tokens:
+            return emitted[: max_new_tokens - len(new)], "length"
+        if stop and self.target.tokenizer is not None:
+            for i in range(len(emitted)):
+                text = self.target.tokenizer.decode(new + emitted[: i + 1])
+                if any(s in text for s in stop):
+                    return emitted[: i + 1], "stop"
+        return emitted, None
+
+    def _room(self, tokens: np.ndarray) -> int:
+        """Tree nodes that still fit the model's context after the pending root."""
+        return self.target.max_context - len(tokens) - 1
+
+    def _encode(self, prompt: str | Sequence[int]) -> list[int]:
+        if isinstance(prompt, str):
+            if not prompt.strip():
+                raise PromptError("the prompt is empty: give some text to continue")
+            if self.target.tokenizer is None:
+                raise PromptError(f"model '{self.target.name}' has no tokenizer: pass token ids")
+            return list(self.target.tokenizer(prompt, add_special_tokens=False)["input_ids"])
+        return [int(t) for t in prompt]
+
+    def _check_request(self, prompt_ids: list[int], max_new_tokens: int) -> None:
+        if not prompt_ids:
+            raise PromptError("the prompt is empty: it must hold at least one token")
+        if max_new_tokens <= 0:
+            raise ConfigurationError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        vocab = self.target.vocab_size
+        if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
+            raise PromptError(f"prompt token ids must be in [0, {vocab}) for model '{self.target.name}'")
+        limit = self.target.max_context
+        if len(prompt_ids) + max_new_tokens > limit:
+            raise PromptError(
+                f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
+                f"context of model '{self.target.name}' ({limit} tokens): shorten the prompt or "
+                "lower max_new_tokens")
+
+
+def generate(prompt: str | Sequence[int], *, target: Target | None = None, model: str = "smollm2-135m",
+             drafter="pld", tree="chain", verifier="greedy", backend="kv", budget: int = DEFAULT_BUDGET,
+             max_new_tokens: int = 128, sampling: SamplingParams | None = None,
+             stop: Sequence[str] = ()) -> GenerationResult:
+    """One-call API: load (or reuse) a target, assemble the pipeline and decode one prompt."""
+    from specframe.models import load_target
+
+    target = target or load_target(model)
+    decoder = SpeculativeDecoder.from_names(target, drafter, tree, verifier, backend, budget=budget,
+                                            sampling=sampling)
+    return decoder.generate(prompt, max_new_tokens=max_new_tokens, stop=stop)

@@ -1,0 +1,50 @@
+"""Exception classes. Every message names the component, what was wrong and how to fix it."""
+
+from __future__ import annotations
+
+
+class SpecframeError(Exception):
+    """Base class of every error specframe raises on purpose."""
+
+
+class ConfigurationError(SpecframeError, ValueError):
+    """A setting is out of range or inconsistent (budget 0, temperature < 0, ...)."""
+
+
+class UnknownComponentError(SpecframeError, KeyError):
+    """A plugin name that no installed plugin registered."""
+
+    def __init__(self, kind: str, name: str, known: list[str]):
+        self.kind, self.name, self.known = kind, name, known
+        listing = ", ".join(sorted(known)) or "(none registered)"
+        super().__init__(
+            f"unknown {kind} '{name}'. Known {kind}s: {listing}. "
+            "Run `specframe plugins` to see what is installed."
+        )
+
+    def __str__(self) -> str:  # KeyError would otherwise print the repr
+        return self.args[0]
+
+
+class DuplicateComponentError(SpecframeError):
+    """Two plugins registered the same name for the same kind of component."""
+
+
+class CapabilityError(SpecframeError):
+    """A pipeline combines components that cannot work together."""
+
+
+class UnsupportedModelError(CapabilityError):
+    """A state backend cannot serve the given model."""
+
+
+class PromptError(SpecframeError, ValueError):
+    """A prompt is empty or does not fit the model's context."""
+
+
+class ModelLoadError(SpecframeError):
+    """A model could not be found or converted."""
+
+
+class SpecframeWarning(UserWarning):
+    """Warnings specframe emits itself (tests turn them into errors)."""

@@ -1,0 +1,136 @@
+"""The four component interfaces. Plugins subclass these and register the classes through hooks.
+
+Each class has a `name` (the registry key) and declared capabilities, checked when a pipeline is
+assembled (`specframe.pipeline.assemble`), never inferred from the name.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+from specframe.records import DraftContext, DraftProposal, StepOutcome, TargetScores, VerifyResult
+from specframe.sampling import Sampler
+from specframe.tree import TokenTree
+
+if TYPE_CHECKING:
+    from specframe.models import Target
+
+
+@dataclass(frozen=True)
+class DrafterCapabilities:
+    needs_hidden_states: bool = False  # wants `DraftContext.hidden` from the target
+    provides_draft_probs: bool = False  # fills `DraftProposal.draft_probs` with the real q
+    proposes_trees: bool = False  # may propose several children per node
+
+
+@dataclass(frozen=True)
+class TreeBuilderCapabilities:
+    needs_draft_probs: bool = False  # expands by draft distributions (beam, dynamic)
+    keeps_draft_probs: bool = True  # passes q of the kept nodes on to the tree
+
+
+@dataclass(frozen=True)
+class VerifierCapabilities:
+    lossless: bool = True  # preserves the target's (processed) distribution exactly
+    needs_draft_probs: bool = False
+    supports_sampling: bool = False  # handles temperature > 0
+
+
+@dataclass(frozen=True)
+class BackendCapabilities:
+    supports_trees: bool = True  # scores branching trees, not only chains
+    provides_hidden_states: bool = False
+
+
+class Drafter(ABC):
+    """Proposes draft tokens for the next step. Constructed as `cls(target, **options)`."""
+
+    name: ClassVar[str]
+    capabilities: ClassVar[DrafterCapabilities] = DrafterCapabilities()
+
+    def __init__(self, target: Target, **options):
+        self.target = target
+        if options:
+            raise TypeError(f"drafter '{self.name}' takes no options, got {sorted(options)}")
+
+    @abstractmethod
+    def propose(self, context: DraftContext) -> DraftProposal:
+        """Candidate tokens following `context.tokens`; `DraftProposal.empty()` when there are none."""
+
+    def observe(self, outcome: StepOutcome) -> None:
+        """Called after every step with what the target accepted. Default: nothing."""
+
+    def reset(self) -> None:
+        """Called before each new request. Default: nothing."""
+
+
+class TreeBuilder(ABC):
+    """Turns a proposal into a `TokenTree` of at most `budget` nodes. Constructed as `cls(**options)`."""
+
+    name: ClassVar[str]
+    capabilities: ClassVar[TreeBuilderCapabilities] = TreeBuilderCapabilities()
+
+    def __init__(self, **options):
+        if options:
+            raise TypeError(f"tree builder '{self.name}' takes no options, got {sorted(options)}")
+
+    @abstractmethod
+    def build(self, proposal: DraftProposal, budget: int) -> TokenTree:
+        """A tree of at most `budget` nodes taken from `proposal`."""
+
+
+class Verifier(ABC):
+    """Decides which path of the tree the target accepts, and the bonus token after it."""
+
+    name: ClassVar[str]
+    capabilities: ClassVar[VerifierCapabilities] = VerifierCapabilities()
+
+    def __init__(self, **options):
+        if options:
+            raise TypeError(f"verifier '{self.name}' takes no options, got {sorted(options)}")
+
+    @abstractmethod
+    def verify(self, tree: TokenTree, scores: TargetScores, sampling: Sampler) -> VerifyResult:
+        """Accepted path and bonus token. Must not modify `tree` or `scores`."""
+
+
+class StateBackend(ABC):
+    """Runs the target on a packed tree and commits the accepted path to the target's state.
+
+    The backend keeps one *pending* token: the last emitted token, fed to the target as the tree root
+    in the next `score`. `prefill(ids)` processes `ids[:-1]` and makes `ids[-1]` pending;
+    `commit(path, bonus)` appends the root and the accepted nodes to the state and makes `bonus` pending.
+    """
+
+    name: ClassVar[str]
+    capabilities: ClassVar[BackendCapabilities] = BackendCapabilities()
+
+    def __init__(self, target: Target, *, want_hidden: bool = False, **options):
+        self.target = target
+        self.want_hidden = want_hidden
+        if options:
+            raise TypeError(f"backend '{self.name}' takes no options, got {sorted(options)}")
+
+    @classmethod
+    def unsupported_reason(cls, target: Target) -> str | None:
+        """Why this backend cannot serve `target`, or None when it can."""
+        return None
+
+    @property
+    @abstractmethod
+    def committed_length(self) -> int:
+        """Tokens in the committed state, the pending root excluded."""
+
+    @abstractmethod
+    def prefill(self, ids: list[int]) -> None:
+        """Start a new sequence: process `ids[:-1]`, keep `ids[-1]` pending."""
+
+    @abstractmethod
+    def score(self, tree: TokenTree) -> TargetScores:
+        """Target logits at the root and every node. Never changes the committed state."""
+
+    @abstractmethod
+    def commit(self, path: list[int], bonus: int) -> None:
+        """Append the root and the nodes of `path` to the state; `bonus` becomes the pending root."""

@@ -1,0 +1,132 @@
+"""Per-request decoding metrics, with the definitions of `shared/notes/anchors.md`.
+
+- tau (mean accepted length) = tokens emitted / verification steps, bonus token included (plain
+  decoding has tau = 1); the prefill is not a step.
+- alpha (acceptance rate) = accepted draft tokens / draft tokens sent to the target.
+- per-position acceptance: unconditional = steps that accepted depth d / steps; conditional = steps that
+  accepted depth d / steps that accepted depth d - 1.
+- histogram[j] = steps that accepted exactly j draft tokens.
+- time split per step: draft, tree, forward, verify, commit, other.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+
+PHASES = ("draft", "tree", "forward", "verify", "commit", "other")
+
+
+def peak_memory_bytes(device: torch.device | str = "cpu") -> int:
+    """Peak accelerator memory for CUDA devices, else the process's peak resident set size."""
+    if torch.device(device).type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(rss if sys.platform == "darwin" else rss * 1024)
+
+
+@dataclass
+class DecodeMetrics:
+    """Counters of one request; derived numbers are properties so they can never disagree."""
+
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    steps: int = 0
+    draft_tokens: int = 0
+    accepted_draft_tokens: int = 0
+    accepted_per_step: list[int] = field(default_factory=list)
+    tree_sizes: list[int] = field(default_factory=list)
+    time: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+    prefill_s: float = 0.0
+    wall_s: float = 0.0  # prefill included
+    peak_memory_bytes: int = 0
+
+    def record_step(self, tree_size: int, accepted: int, times: dict[str, float]) -> None:
+        self.steps += 1
+        self.draft_tokens += tree_size
+        self.accepted_draft_tokens += accepted
+        self.tree_sizes.append(tree_size)
+        self.accepted_per_step.append(accepted)
+        for phase, seconds in times.items():
+            self.time[phase] += seconds
+
+    @property
+    def tau(self) -> float:
+        return self.new_tokens / self.steps if self.steps else 0.0
+
+    @property
+    def alpha(self) -> float:
+        return self.accepted_draft_tokens / self.draft_tokens if self.draft_tokens else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.wall_s if self.wall_s else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """Tokens per second with the prefill excluded."""
+        decode = self.wall_s - self.prefill_s
+        return self.new_tokens / decode if decode > 0 else 0.0
+
+    @property
+    def histogram(self) -> list[int]:
+        top = max(self.accepted_per_step, default=0)
+        counts = [0] * (top + 1)
+        for j in self.accepted_per_step:
+            counts[j] += 1
+        return counts
+
+    @property
+    def acceptance_by_depth(self) -> list[float]:
+        """Unconditional: share of steps that accepted a token at depth d (index d - 1)."""
+        top = max(self.accepted_per_step, default=0)
+        return [sum(a >= d for a in self.accepted_per_step) / self.steps for d in range(1, top + 1)]
+
+    @property
+    def conditional_acceptance_by_depth(self) -> list[float]:
+        """Share of steps accepting depth d among those that accepted depth d - 1 (index d - 1)."""
+        top = max(self.accepted_per_step, default=0)
+        reached = [sum(a >= d for a in self.accepted_per_step) for d in range(0, top + 1)]
+        return [reached[d] / reached[d - 1] for d in range(1, top + 1)]
+
+    @property
+    def time_per_step_ms(self) -> dict[str, float]:
+        return {k: 1000 * v / self.steps if self.steps else 0.0 for k, v in self.time.items()}
+
+    def to_dict(self) -> dict:
+        return {
+            "prompt_tokens": self.prompt_tokens, "new_tokens": self.new_tokens, "steps": self.steps,
+            "tau": self.tau, "alpha": self.alpha, "draft_tokens": self.draft_tokens,
+            "accepted_draft_tokens": self.accepted_draft_tokens,
+            "mean_tree_size": sum(self.tree_sizes) / self.steps if self.steps else 0.0,
+            "acceptance_by_depth": self.acceptance_by_depth,
+            "conditional_acceptance_by_depth": self.conditional_acceptance_by_depth,
+            "acceptance_histogram": self.histogram,
+            "time_s": dict(self.time), "time_per_step_ms": self.time_per_step_ms,
+            "prefill_s": self.prefill_s, "wall_s": self.wall_s,
+            "tokens_per_s": self.tokens_per_s, "decode_tokens_per_s": self.decode_tokens_per_s,
+            "peak_memory_bytes": self.peak_memory_bytes,
+        }
+
+
+class PhaseTimer:
+    """Accumulates wall time per phase within one step: `with timer("draft"): ...`."""
+
+    def __init__(self, sync=None):
+        self.times: dict[str, float] = {}
+        self._sync = sync  # e.g. torch.cuda.synchronize, so GPU work is charged to its phase
+
+    @contextmanager
+    def __call__(self, phase: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            if self._sync is not None:
+                self._sync()
+            self.times[phase] = self.times.get(phase, 0.0) + time.perf_counter() - start

@@ -1,0 +1,73 @@
+"""Assembling a pipeline from component names, with capability checks that fail loudly."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specframe.errors import CapabilityError, ConfigurationError, UnsupportedModelError
+from specframe.interfaces import Drafter, StateBackend, TreeBuilder, Verifier
+from specframe.models import Target
+from specframe.registry import ComponentSpec, PluginRegistry, get_registry
+from specframe.sampling import SamplingParams
+
+
+@dataclass
+class Pipeline:
+    """The four components of one speculative decoder, already checked to fit together."""
+
+    drafter: Drafter
+    tree_builder: TreeBuilder
+    verifier: Verifier
+    backend: StateBackend
+
+
+def check_compatible(target: Target, drafter: type[Drafter], tree: type[TreeBuilder],
+                     verifier: type[Verifier], backend: type[StateBackend],
+                     sampling: SamplingParams) -> None:
+    """Raise `CapabilityError` listing every mismatch between the chosen component classes."""
+    reason = backend.unsupported_reason(target)
+    if reason:
+        raise UnsupportedModelError(f"backend '{backend.name}' cannot serve model '{target.name}': {reason}")
+    problems = []
+    d, t, v, b = drafter.capabilities, tree.capabilities, verifier.capabilities, backend.capabilities
+    if d.needs_hidden_states and not b.provides_hidden_states:
+        problems.append(f"drafter '{drafter.name}' needs target hidden states, which backend "
+                        f"'{backend.name}' does not provide")
+    if v.needs_draft_probs and not d.provides_draft_probs:
+        problems.append(f"verifier '{verifier.name}' needs draft probabilities, which drafter "
+                        f"'{drafter.name}' does not provide (use 'sample-match' or 'greedy')")
+    if v.needs_draft_probs and not t.keeps_draft_probs:
+        problems.append(f"verifier '{verifier.name}' needs draft probabilities, which tree builder "
+                        f"'{tree.name}' drops")
+    if t.needs_draft_probs and not d.provides_draft_probs:
+        problems.append(f"tree builder '{tree.name}' expands by draft probabilities, which drafter "
+                        f"'{drafter.name}' does not provide")
+    if not sampling.greedy and not v.supports_sampling:
+        problems.append(f"verifier '{verifier.name}' is greedy only, but temperature is "
+                        f"{sampling.temperature} (use 'sample-match', 'rejection' or temperature 0)")
+    if problems:
+        raise CapabilityError("these components do not fit together: " + "; ".join(problems))
+
+
+def assemble(target: Target, drafter: str | ComponentSpec = "pld", tree: str | ComponentSpec = "chain",
+             verifier: str | ComponentSpec = "greedy", backend: str | ComponentSpec = "kv",
+             sampling: SamplingParams | None = None, registry: PluginRegistry | None = None) -> Pipeline:
+    """Look up, check and instantiate the four components. Names may carry options: `pld(max_ngram=4)`."""
+    registry = registry or get_registry()
+    sampling = sampling or SamplingParams()
+    specs = [s if isinstance(s, ComponentSpec) else ComponentSpec.parse(s)
+             for s in (drafter, tree, verifier, backend)]
+    kinds = ("drafter", "tree builder", "verifier", "backend")
+    classes = [registry.get(kind, spec.name) for kind, spec in zip(kinds, specs)]
+    check_compatible(target, *classes, sampling)
+    d_cls, t_cls, v_cls, b_cls = classes
+    d_spec, t_spec, v_spec, b_spec = specs
+    try:
+        return Pipeline(
+            drafter=d_cls(target, **d_spec.options),
+            tree_builder=t_cls(**t_spec.options),
+            verifier=v_cls(**v_spec.options),
+            backend=b_cls(target, want_hidden=d_cls.capabilities.needs_hidden_states, **b_spec.options),
+        )
+    except TypeError as err:  # unknown option names
+        raise ConfigurationError(str(err)) from err

@@ -1,0 +1,151 @@
+"""Typed records passed between the four components of a speculative decoding step.
+
+One step reads: a `Drafter` turns a `DraftContext` into a `DraftProposal`; a `TreeBuilder` turns the
+proposal into a `TokenTree` (see `specframe.tree`); a `StateBackend` scores the tree into `TargetScores`;
+a `Verifier` turns the scores into a `VerifyResult`; the drafter then observes a `StepOutcome`.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+
+class DrawMethod(str, enum.Enum):
+    """How a drafter chose its tokens. Verifiers that use draft probabilities need to know."""
+
+    ARGMAX = "argmax"  # deterministic: the most likely token(s) of the drafter
+    TOPK = "top-k"  # deterministic: the k most likely tokens, children of one parent are distinct
+    SAMPLED = "sampled"  # children drawn i.i.d. (with replacement) from `draft_probs`
+    SAMPLED_WITHOUT_REPLACEMENT = "sampled-without-replacement"
+    RETRIEVED = "retrieved"  # copied from text (prompt lookup, REST): no draft distribution
+
+
+@dataclass
+class DraftContext:
+    """What a drafter sees before each step.
+
+    `tokens` holds the prompt and every token emitted so far; its last token is the tree root, whose
+    target output is not computed yet. `hidden` is the target's last hidden state at the previous
+    root (the feature that predicted the last token), when the pipeline asked the backend for it.
+    """
+
+    tokens: np.ndarray  # (L,) int64
+    prompt_len: int
+    budget: int
+    hidden: torch.Tensor | None = None  # (H,)
+    root_logits: torch.Tensor | None = None  # (V,) not known before scoring; None for now
+
+
+@dataclass
+class DraftProposal:
+    """Candidate tokens as a forest under the root: node i has `tokens[i]` and parent `parents[i]`.
+
+    `parents[i] == -1` means a child of the root; parents always come before children. `scores` rank
+    nodes (higher is better, e.g. a frequency or a cumulative log-probability). `draft_probs[i]` is the
+    distribution q the token of node i was drawn from (siblings share it); present only when the
+    drafter has real probabilities.
+    """
+
+    tokens: np.ndarray  # (N,) int64
+    parents: np.ndarray  # (N,) int64, -1 = root
+    scores: np.ndarray  # (N,) float64
+    draft_probs: torch.Tensor | None = None  # (N, V)
+    draw: DrawMethod = DrawMethod.RETRIEVED
+
+    def __post_init__(self) -> None:
+        self.tokens = np.asarray(self.tokens, dtype=np.int64).reshape(-1)
+        self.parents = np.asarray(self.parents, dtype=np.int64).reshape(-1)
+        self.scores = np.asarray(self.scores, dtype=np.float64).reshape(-1)
+        n = len(self.tokens)
+        if len(self.parents) != n or len(self.scores) != n:
+            raise ValueError(
+                f"DraftProposal: tokens ({n}), parents ({len(self.parents)}) and scores "
+                f"({len(self.scores)}) must have the same length"
+            )
+        if n and np.any(self.parents >= np.arange(n)):
+            raise ValueError("DraftProposal: every parent must come before its child (topological order)")
+        if self.draft_probs is not None and self.draft_probs.shape[0] != n:
+            raise ValueError(f"DraftProposal: draft_probs has {self.draft_probs.shape[0]} rows for {n} nodes")
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @classmethod
+    def empty(cls) -> DraftProposal:
+        """No candidates: the step decodes exactly one token."""
+        return cls(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0))
+
+    @classmethod
+    def from_sequences(cls, sequences: Sequence[Sequence[int]], weights: Sequence[float] | None = None
+                       ) -> DraftProposal:
+        """Merge token sequences into one trie. A node's score is the total weight of the sequences
+        passing through it (REST's frequency weighting); nodes keep first-insertion order."""
+        weights = [1.0] * len(sequences) if weights is None else list(weights)
+        index: dict[tuple[int, int], int] = {}  # (parent, token) -> node
+        tokens: list[int] = []
+        parents: list[int] = []
+        scores: list[float] = []
+        for seq, w in zip(sequences, weights):
+            parent = -1
+            for tok in seq:
+                key = (parent, int(tok))
+                node = index.get(key)
+                if node is None:
+                    node = index[key] = len(tokens)
+                    tokens.append(int(tok))
+                    parents.append(parent)
+                    scores.append(0.0)
+                scores[node] += w
+                parent = node
+        return cls(np.array(tokens, np.int64), np.array(parents, np.int64), np.array(scores))
+
+
+@dataclass
+class TargetScores:
+    """The target's outputs on a packed tree. Row 0 is the root, row i + 1 is tree node i."""
+
+    logits: torch.Tensor  # (N + 1, V) float32
+    hidden: torch.Tensor | None = None  # (N + 1, H) last hidden states, when requested
+
+
+@dataclass
+class VerifyResult:
+    """What the target accepts: a root-to-node path of tree node indices, then one bonus token."""
+
+    path: list[int]  # accepted tree nodes, root child first
+    bonus: int  # the token sampled from the target after the last accepted node
+
+    @property
+    def accepted(self) -> int:
+        return len(self.path)
+
+
+@dataclass
+class StepOutcome:
+    """Told to the drafter (and to observers) after each step."""
+
+    proposal: DraftProposal
+    tree_size: int
+    accepted_tokens: list[int]  # the draft tokens the target accepted
+    bonus: int
+    hidden: torch.Tensor | None = None  # (H,) target feature at the last accepted node
+
+    @property
+    def emitted(self) -> list[int]:
+        return [*self.accepted_tokens, self.bonus]
+
+
+@dataclass
+class StepEvent:
+    """Passed to the `on_step` observer hook."""
+
+    step: int
+    tree_size: int
+    accepted: int
+    emitted: list[int]
+    times: dict[str, float] = field(default_factory=dict)  # seconds per phase in this step

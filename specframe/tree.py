@@ -1,0 +1,117 @@
+"""`TokenTree`: the one tree type every drafter's proposal becomes before the target scores it.
+
+Nodes are numbered 0..N-1 in topological order (a parent before its children). The root is the last
+token already emitted; it is not a node, but it is row/column 0 of every *packed* quantity, because the
+backend feeds it to the target together with the nodes: packed index 0 = root, packed index i + 1 = node i.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+import torch
+
+from specframe.records import DraftProposal
+
+
+@dataclass(eq=False)
+class TokenTree:
+    """A token tree under the root.
+
+    `depth[i]` counts edges from the root (children of the root have depth 1), so the position of
+    node i is `prefix_len + depth[i]` when the root sits at `prefix_len`.
+    """
+
+    tokens: np.ndarray  # (N,) int64
+    parents: np.ndarray  # (N,) int64, -1 = root
+    draft_probs: torch.Tensor | None = None  # (N, V) q each node was drawn from, if the drafter had it
+    depth: np.ndarray = field(init=False)  # (N,) int64, >= 1
+
+    def __post_init__(self) -> None:
+        self.tokens = np.asarray(self.tokens, dtype=np.int64).reshape(-1)
+        self.parents = np.asarray(self.parents, dtype=np.int64).reshape(-1)
+        n = len(self.tokens)
+        if len(self.parents) != n:
+            raise ValueError(f"TokenTree: {n} tokens but {len(self.parents)} parents")
+        if n and (np.any(self.parents >= np.arange(n)) or np.any(self.parents < -1)):
+            raise ValueError("TokenTree: parents must satisfy -1 <= parent[i] < i (topological order)")
+        depth = np.ones(n, np.int64)
+        for i, p in enumerate(self.parents.tolist()):
+            if p >= 0:
+                depth[i] = depth[p] + 1
+        self.depth = depth
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @classmethod
+    def empty(cls) -> TokenTree:
+        return cls(np.zeros(0, np.int64), np.zeros(0, np.int64))
+
+    @classmethod
+    def from_proposal(cls, proposal: DraftProposal, keep: np.ndarray | list[int]) -> TokenTree:
+        """The sub-forest of `proposal` made of the nodes `keep` (closed under parents), renumbered."""
+        keep = np.sort(np.asarray(keep, dtype=np.int64))
+        remap = np.full(len(proposal) + 1, -1, np.int64)  # last slot maps the root (-1) to -1
+        remap[keep] = np.arange(len(keep))
+        parents = proposal.parents[keep]
+        new_parents = remap[parents]
+        if np.any((parents >= 0) & (new_parents < 0)):
+            raise ValueError("TokenTree.from_proposal: kept nodes must include every ancestor")
+        probs = None if proposal.draft_probs is None else proposal.draft_probs[torch.from_numpy(keep)]
+        return cls(proposal.tokens[keep], new_parents, probs)
+
+    # --- packed quantities (root at index 0) -------------------------------------------------------
+
+    @cached_property
+    def packed_parents(self) -> np.ndarray:
+        """(N + 1,) parent in packed numbering; the root's parent is -1."""
+        return np.concatenate([[-1], self.parents + 1])
+
+    @cached_property
+    def position_offsets(self) -> np.ndarray:
+        """(N + 1,) position of each packed entry relative to the root: 0 for the root, depth for nodes."""
+        return np.concatenate([[0], self.depth])
+
+    @cached_property
+    def ancestor_mask(self) -> np.ndarray:
+        """(N + 1, N + 1) bool: entry [i, j] is True when packed j is i or an ancestor of i."""
+        n = len(self) + 1
+        mask = np.zeros((n, n), dtype=bool)
+        mask[:, 0] = True
+        parents = self.packed_parents
+        for i in range(1, n):
+            mask[i] = mask[parents[i]]
+            mask[i, i] = True
+        return mask
+
+    @cached_property
+    def children(self) -> list[list[int]]:
+        """children[0] lists the root's children, children[i + 1] those of node i (node indices)."""
+        kids: list[list[int]] = [[] for _ in range(len(self) + 1)]
+        for i, p in enumerate(self.parents.tolist()):
+            kids[p + 1].append(i)
+        return kids
+
+    @cached_property
+    def paths(self) -> list[list[int]]:
+        """Root-to-leaf paths as lists of node indices, in order of their leaves."""
+        kids = self.children
+        leaves = [i for i in range(len(self)) if not kids[i + 1]]
+        result = []
+        for leaf in leaves:
+            path = [leaf]
+            while self.parents[path[-1]] >= 0:
+                path.append(int(self.parents[path[-1]]))
+            result.append(path[::-1])
+        return result
+
+    def path_to(self, node: int) -> list[int]:
+        """Node indices from the root's child down to `node`."""
+        path = []
+        while node >= 0:
+            path.append(node)
+            node = int(self.parents[node])
+        return path[::-1]
