@@ -1,0 +1,151 @@
+"""The `specframe` command line. Plugins add sub-commands through the `register_commands(cli)` hook."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Optional
+
+import typer
+
+from specframe.errors import SpecframeError
+
+app = typer.Typer(help="specframe: try, combine and compare speculative decoding methods.",
+                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+
+
+@app.command()
+def plugins() -> None:
+    """Print installed plugins, their components and versions as JSON."""
+    from specframe.registry import get_registry
+
+    typer.echo(json.dumps(get_registry().describe(), indent=2))
+
+
+@app.command()
+def generate(
+    prompt: str = typer.Argument(..., help="Text to continue (or the user message with --chat)."),
+    model: str = typer.Option("smollm2-135m", help="Model alias or local Hugging Face model directory."),
+    drafter: str = typer.Option("pld", help="Drafter spec, e.g. pld or 'pld(max_ngram=4)'; 'none' = plain."),
+    tree: str = typer.Option("chain", help="Tree builder spec."),
+    verifier: str = typer.Option("greedy", help="Verifier spec."),
+    backend: str = typer.Option("kv", help="State backend spec."),
+    budget: int = typer.Option(8, help="Maximum draft tree nodes per step."),
+    max_new_tokens: int = typer.Option(128, "--max-new-tokens", help="Tokens to generate at most."),
+    chat: bool = typer.Option(False, help="Wrap the prompt in the model's chat template."),
+    stop: Optional[list[str]] = typer.Option(None, help="Stop string (repeatable)."),
+    temperature: float = typer.Option(0.0, help="0 = greedy."),
+    top_p: float = typer.Option(1.0, "--top-p"),
+    top_k: int = typer.Option(0, "--top-k", help="0 = off."),
+    seed: Optional[int] = typer.Option(None, help="Seed for a reproducible sampled run."),
+    compare: bool = typer.Option(False, help="Also run transformers' own generate and compare."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Generate a continuation with a speculative pipeline and print it with its metrics."""
+    from specframe.decoding import SpeculativeDecoder
+    from specframe.models import load_target
+    from specframe.sampling import SamplingParams
+
+    sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
+    target = load_target(model)
+    decoder = SpeculativeDecoder.from_names(target, drafter, tree, verifier, backend, budget=budget,
+                                            sampling=sampling)
+    ids = encode_prompt(target, prompt, chat)
+    result = decoder.generate(ids, max_new_tokens=max_new_tokens, stop=stop or ())
+    report = {"text": result.text, "new_tokens": len(result.tokens), "finish_reason": result.finish_reason,
+              **{k: v for k, v in result.metrics.to_dict().items() if k != "new_tokens"},
+              "pipeline": {"drafter": drafter, "tree": tree, "verifier": verifier, "backend": backend,
+                           "budget": budget}}
+    if compare:
+        report.update(compare_with_transformers(target, ids, result, max_new_tokens, sampling))
+    if as_json:
+        typer.echo(json.dumps(report, indent=2))
+    else:
+        print_report(report)
+
+
+def encode_prompt(target, prompt: str, chat: bool) -> list[int]:
+    """Token ids of `prompt`, wrapped in the model's chat template when `chat` is set."""
+    from specframe.errors import PromptError
+
+    if not prompt.strip():
+        raise PromptError("the prompt is empty: give some text to continue")
+    tokenizer = target.tokenizer
+    if chat:
+        if not getattr(tokenizer, "chat_template", None):
+            raise PromptError(f"model '{target.name}' has no chat template: drop --chat")
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                            tokenize=True, return_dict=True)["input_ids"]
+        return list(ids)
+    return list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+
+
+def compare_with_transformers(target, ids: list[int], result, max_new_tokens: int, sampling) -> dict:
+    """Run `model.generate` with the same settings in this process; report speed and identity."""
+    import torch
+
+    kwargs = {"do_sample": False} if sampling.greedy else {
+        "do_sample": True, "temperature": sampling.temperature, "top_p": sampling.top_p,
+        "top_k": sampling.top_k or None}
+    input_ids = torch.tensor([ids], device=target.device)
+    if sampling.seed is not None:
+        torch.manual_seed(sampling.seed)
+    start = time.perf_counter()
+    with torch.inference_mode():
+        out = target.model.generate(input_ids, attention_mask=torch.ones_like(input_ids),
+                                    max_new_tokens=max_new_tokens, **kwargs)
+    wall = time.perf_counter() - start
+    baseline = out[0, len(ids):].tolist()
+    baseline_tps = len(baseline) / wall
+    return {"baseline": "transformers.generate", "baseline_tokens_per_s": baseline_tps,
+            "baseline_wall_s": wall, "speedup": result.metrics.tokens_per_s / baseline_tps,
+            "identical": baseline == result.tokens if sampling.greedy else None}
+
+
+def print_report(report: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    console.print(report["text"], markup=False, highlight=False)
+    table = Table(title="specframe " + "+".join(str(v) for k, v in report["pipeline"].items() if k != "budget"))
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    rows = [("new tokens", report["new_tokens"]), ("steps", report["steps"]), ("tau", f"{report['tau']:.2f}"),
+            ("alpha", f"{report['alpha']:.2f}"), ("tokens/s", f"{report['tokens_per_s']:.1f}"),
+            ("wall s", f"{report['wall_s']:.2f}")]
+    rows += [(f"ms/step {k}", f"{v:.2f}") for k, v in report["time_per_step_ms"].items()]
+    if "speedup" in report:
+        rows += [("transformers tokens/s", f"{report['baseline_tokens_per_s']:.1f}"),
+                 ("speedup", f"{report['speedup']:.2f}x"), ("identical", str(report["identical"]))]
+    for name, value in rows:
+        table.add_row(name, str(value))
+    console.print(table)
+
+
+def build_app() -> typer.Typer:
+    """The app with every plugin's sub-commands added."""
+    from specframe.registry import get_registry
+
+    registry = get_registry()
+    if not getattr(app, "_specframe_plugins_added", False):
+        registry.hook.register_commands(cli=app)
+        app._specframe_plugins_added = True
+    return app
+
+
+def main() -> None:
+    try:
+        build_app()(standalone_mode=False)
+    except SpecframeError as err:
+        typer.secho(f"error: {err}", fg="red", err=True)
+        raise SystemExit(2) from None
+    except Exception as err:  # click's usage errors and aborts
+        import click
+
+        if isinstance(err, click.exceptions.ClickException):
+            err.show()
+            raise SystemExit(err.exit_code) from None
+        if isinstance(err, click.exceptions.Abort):
+            raise SystemExit(1) from None
+        raise
