@@ -16,7 +16,15 @@ import torch
 
 
 class DrawMethod(str, enum.Enum):
-    """How a drafter chose its tokens. Verifiers that use draft probabilities need to know."""
+    """How a drafter chose its tokens. Verifiers that use draft probabilities need to know.
+
+    For the sampled methods, lossless rejection sampling (verifier `rejection`) relies on this contract:
+    the children of a node are listed in the order they were drawn from their shared q row (i.i.d.
+    draws merged into one node at their first appearance, as `DraftProposal.from_sequences` does), and
+    whether a child is kept may depend on the draws before it but never on its own token or later ones
+    (keep a prefix of the draws; never pick siblings by score). Deterministic drafts (argmax, top-k) may
+    be shaped freely: they are verified as if q were one-hot.
+    """
 
     ARGMAX = "argmax"  # deterministic: the most likely token(s) of the drafter
     TOPK = "top-k"  # deterministic: the k most likely tokens, children of one parent are distinct

@@ -13,7 +13,7 @@ from functools import cached_property
 import numpy as np
 import torch
 
-from specframe.records import DraftProposal
+from specframe.records import DraftProposal, DrawMethod
 
 
 @dataclass(eq=False)
@@ -27,6 +27,7 @@ class TokenTree:
     tokens: np.ndarray  # (N,) int64
     parents: np.ndarray  # (N,) int64, -1 = root
     draft_probs: torch.Tensor | None = None  # (N, V) q each node was drawn from, if the drafter had it
+    draw: DrawMethod = DrawMethod.RETRIEVED  # how the drafter chose the tokens (see `DrawMethod`)
     depth: np.ndarray = field(init=False)  # (N,) int64, >= 1
 
     def __post_init__(self) -> None:
@@ -61,7 +62,7 @@ class TokenTree:
         if np.any((parents >= 0) & (new_parents < 0)):
             raise ValueError("TokenTree.from_proposal: kept nodes must include every ancestor")
         probs = None if proposal.draft_probs is None else proposal.draft_probs[torch.from_numpy(keep)]
-        return cls(proposal.tokens[keep], new_parents, probs)
+        return cls(proposal.tokens[keep], new_parents, probs, proposal.draw)
 
     # --- packed quantities (root at index 0) -------------------------------------------------------
 
