@@ -149,3 +149,7 @@ def main() -> None:
         if isinstance(err, click.exceptions.Abort):
             raise SystemExit(1) from None
         raise
+
+
+if __name__ == "__main__":
+    main()

@@ -59,6 +59,14 @@ class Drafter(ABC):
     def propose(self, context: DraftContext) -> DraftProposal:
         """Candidate tokens following `context.tokens`; `DraftProposal.empty()` when there are none."""
 
+    @classmethod
+    def example_options(cls, target: Target, workdir: str) -> dict:
+        """Options that make this drafter work on any `target` (e.g. a small datastore built in `workdir`).
+
+        Used by conformance tests and demos that try every registered drafter. Default: none needed.
+        """
+        return {}
+
     def observe(self, outcome: StepOutcome) -> None:
         """Called after every step with what the target accepted. Default: nothing."""
 

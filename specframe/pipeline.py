@@ -62,12 +62,20 @@ def assemble(target: Target, drafter: str | ComponentSpec = "pld", tree: str | C
     check_compatible(target, *classes, sampling)
     d_cls, t_cls, v_cls, b_cls = classes
     d_spec, t_spec, v_spec, b_spec = specs
+    return Pipeline(
+        drafter=_construct("drafter", d_cls, d_spec, target),
+        tree_builder=_construct("tree builder", t_cls, t_spec),
+        verifier=_construct("verifier", v_cls, v_spec),
+        backend=_construct("backend", b_cls, b_spec, target,
+                           want_hidden=d_cls.capabilities.needs_hidden_states),
+    )
+
+
+def _construct(kind: str, cls: type, spec: ComponentSpec, *args, **kwargs):
+    """Instantiate a component; a wrong option name becomes a `ConfigurationError` naming the component."""
     try:
-        return Pipeline(
-            drafter=d_cls(target, **d_spec.options),
-            tree_builder=t_cls(**t_spec.options),
-            verifier=v_cls(**v_spec.options),
-            backend=b_cls(target, want_hidden=d_cls.capabilities.needs_hidden_states, **b_spec.options),
-        )
-    except TypeError as err:  # unknown option names
-        raise ConfigurationError(str(err)) from err
+        return cls(*args, **kwargs, **spec.options)
+    except TypeError as err:
+        if "argument" not in str(err) and "option" not in str(err):
+            raise
+        raise ConfigurationError(f"{kind} '{spec.name}' rejected options {spec.options}: {err}") from err

@@ -1,0 +1,79 @@
+"""Tiny random targets and plain-decoding references, for tests that must run in seconds on a CPU.
+
+The references here never touch a specframe backend: `reference_greedy` recomputes the whole sequence
+with an ordinary forward pass for every token, so a speculative decoder that matches it is lossless by
+comparison with the model itself, not with another piece of specframe.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from specframe.models import Target
+
+
+def tiny_target(seed: int = 0, *, vocab_size: int = 96, hidden_size: int = 32, layers: int = 2,
+                max_context: int = 512) -> Target:
+    """A random Llama with grouped-query attention and no tokenizer (pass token ids).
+
+    Weights are drawn with a large initializer range so that logits are well separated: an argmax that
+    flips under 1e-6 of float noise would make a lossless comparison meaningless. It has no EOS token,
+    so greedy runs always reach `max_new_tokens`.
+    """
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=max_context, initializer_range=0.2,
+        bos_token_id=None, eos_token_id=None, pad_token_id=None,
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config).eval()
+    return Target(model=model, tokenizer=None, name=f"tiny-llama-{seed}")
+
+
+def repetitive_prompt(vocab_size: int, length: int = 48, seed: int = 0) -> list[int]:
+    """Token ids in which a short random phrase recurs, so that copy-based drafters find matches."""
+    rng = np.random.default_rng(seed)
+    phrase = rng.integers(0, vocab_size, size=8)
+    pieces = []
+    while sum(len(p) for p in pieces) < length:
+        pieces.append(phrase)
+        pieces.append(rng.integers(0, vocab_size, size=int(rng.integers(1, 5))))
+    return [int(t) for t in np.concatenate(pieces)[:length]]
+
+
+@torch.inference_mode()
+def reference_logits(target: Target, ids: Sequence[int]) -> torch.Tensor:
+    """(L, V) float32 logits of one plain forward pass over `ids`, with no cache."""
+    input_ids = torch.tensor([list(ids)], device=target.device)  # (1, L)
+    return target.model(input_ids=input_ids).logits[0].float()
+
+
+@torch.inference_mode()
+def reference_hidden(target: Target, ids: Sequence[int]) -> torch.Tensor:
+    """(L, H) last hidden states of one plain forward pass over `ids`."""
+    input_ids = torch.tensor([list(ids)], device=target.device)  # (1, L)
+    return target.model(input_ids=input_ids, output_hidden_states=True).hidden_states[-1][0]
+
+
+def reference_greedy(target: Target, prompt_ids: Sequence[int], max_new_tokens: int) -> list[int]:
+    """Plain greedy decoding by full recomputation: the ground truth for losslessness.
+
+    Stops after an EOS token (included), like `SpeculativeDecoder.generate`.
+    """
+    ids = list(prompt_ids)
+    new: list[int] = []
+    eos = target.eos_token_ids
+    while len(new) < max_new_tokens:
+        token = int(reference_logits(target, ids)[-1].argmax())
+        ids.append(token)
+        new.append(token)
+        if token in eos:
+            break
+    return new

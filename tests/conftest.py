@@ -1,0 +1,42 @@
+"""Shared fixtures: tiny random Llama targets and the real SmolLM2 target (loaded once per session)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import specframe
+
+
+def tiny_llama(seed: int = 0, vocab: int = 96, kv_heads: int = 2, layers: int = 2) -> specframe.Target:
+    """A random Llama-family target; `kv_heads < 4` gives grouped-query attention."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                         num_attention_heads=4, num_key_value_heads=kv_heads, max_position_embeddings=512,
+                         eos_token_id=None, bos_token_id=None, pad_token_id=None)
+    model = LlamaForCausalLM(config).eval()
+    # Sharpen the output so greedy decoding repeats itself and drafts get accepted sometimes.
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)
+    return specframe.Target(model=model, tokenizer=None, name=f"tiny-llama-{seed}")
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> specframe.Target:
+    return specframe.load_target("smollm2-135m")
+
+
+def plain_greedy(target: specframe.Target, prompt: list[int], max_new_tokens: int) -> list[int]:
+    """Reference: transformers' own greedy `generate`, no speculation."""
+    ids = torch.tensor([prompt])
+    with torch.inference_mode():
+        out = target.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                                    do_sample=False, pad_token_id=0)
+    new = out[0, len(prompt):].tolist()
+    eos = target.eos_token_ids
+    for i, tok in enumerate(new):  # generate pads after EOS; our decoder stops there
+        if tok in eos:
+            return new[: i + 1]
+    return new
