@@ -1,0 +1,48 @@
+"""PyTorch reference of the Mamba2 tree scan (STree, Wu et al.): one SSM layer over a packed token tree.
+
+For T packed nodes in topological order with ancestor mask L (L[i, j] = 1 when j is i or an ancestor
+of i), per head h of group g(h), with a = dt * A the per-node log-decay:
+
+    A_tree = L a                                            (cumulative decay from the committed state)
+    y_i = exp(A_tree_i) C_i h0^T                            (M_x h0: the committed state)
+        + sum_j L_ij exp(A_tree_i - A_tree_j) dt_j (C_i . B_j) x_j   (M_u x: the tree's own inputs)
+        + D x_i
+
+`A_tree_i - A_tree_j` is computed as the segment sum over the nodes on the path from j (excluded) down
+to i, which has no cancellation. This is the oracle the Triton kernel in `tree_scan.py` is tested against,
+and the CPU path of the `ssm-tree` backend.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def tree_scan_ref(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+                  D: torch.Tensor | None, mask: torch.Tensor, h0: torch.Tensor | None) -> torch.Tensor:
+    """Outputs of one Mamba2 SSM layer at every tree node, computed in float32.
+
+    x: (T, H, P) inputs; dt: (T, H) time steps after softplus and clamp; A: (H,) negative decay rates;
+    B, C: (T, G, N); D: (H,) or (H, P) skip, or None; mask: (T, T) bool ancestor-or-self mask;
+    h0: (H, P, N) committed SSM state, or None for a zero state. Returns y: (T, H, P) float32.
+    """
+    T, H, P = x.shape
+    G = B.shape[1]
+    x, dt, A, B, C = (t.float() for t in (x, dt, A, B, C))
+    heads_per_group = H // G
+    Bh = B.repeat_interleave(heads_per_group, dim=1)  # (T, H, N)
+    Ch = C.repeat_interleave(heads_per_group, dim=1)  # (T, H, N)
+    a = dt * A  # (T, H) log-decay of each node
+    Lf = mask.to(x.dtype)  # (T, T)
+    a_tree = Lf @ a  # (T, H) decay from the committed state to each node
+    # seg[i, j] = sum of a over the nodes on i's chain that are not on j's chain (exact when L[i, j]).
+    seg = torch.einsum("ik,jk,kh->ijh", Lf, 1.0 - Lf, a)  # (T, T, H)
+    decay = torch.exp(seg.masked_fill(~mask[:, :, None], float("-inf")))  # (T, T, H), 0 off the ancestors
+    cb = torch.einsum("ihn,jhn->ijh", Ch, Bh)  # (T, T, H)
+    m_u = decay * cb * dt[None, :, :]  # (T, T, H)
+    y = torch.einsum("ijh,jhp->ihp", m_u, x)  # (T, H, P)
+    if h0 is not None:
+        y = y + torch.exp(a_tree)[:, :, None] * torch.einsum("ihn,hpn->ihp", Ch, h0.float())  # (T, H, P)
+    if D is not None:
+        y = y + (D.float()[:, None] if D.dim() == 1 else D.float()) * x  # (T, H, P)
+    return y

@@ -1,0 +1,166 @@
+"""`ssm-tree`: STree's tree-scan state backend for Mamba2 models and Mamba2 + attention hybrids.
+
+`score` runs the unmodified model with every Mamba2 mixer swapped for the tree forward (tree conv along
+parent chains, tree scan from the committed state); attention layers get the 4D ancestor mask and
+positions `prefix + depth` and append the tree's keys/values after the committed ones. Nothing committed
+is written. `commit` writes the accepted path into the conv and SSM states (activation replay or the
+closed form, option `commit`) and compacts the attention KV.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from specframe import BackendCapabilities, StateBackend, TargetScores, TokenTree
+from specframe.errors import ConfigurationError, UnsupportedModelError
+from specframe_ssm import cache as cache_ops
+from specframe_ssm.cost import RuntimeModel, default_cost_model
+from specframe_ssm.layout import inspect_layout, unsupported_reason
+from specframe_ssm.mixer import TreeRun, mixer_A, tree_forward_mode
+from specframe_ssm.tree_ops import commit_conv, commit_ssm_closed, commit_ssm_replay, conv_window_index
+
+COMMIT_RULES = {"replay": commit_ssm_replay, "closed": commit_ssm_closed}
+
+
+class SSMBackendBase(StateBackend):
+    """What both SSM backends share: model checks, prefill, and the model call with explicit positions."""
+
+    capabilities = BackendCapabilities(supports_trees=True, provides_hidden_states=True)
+
+    def __init__(self, target, *, want_hidden: bool = False):
+        super().__init__(target, want_hidden=want_hidden)
+        reason = self.unsupported_reason(target)
+        if reason:
+            raise UnsupportedModelError(f"backend '{self.name}' cannot serve model '{target.name}': {reason}")
+        self.model = target.model
+        self.layout = inspect_layout(self.model)
+        self.cache = None
+        self._committed = 0
+        self._pending: int | None = None
+
+    @classmethod
+    def unsupported_reason(cls, target) -> str | None:
+        return unsupported_reason(target.model)
+
+    @classmethod
+    def cost_model(cls, target=None) -> RuntimeModel:
+        """Predicted seconds of one `score` call as a function of the packed tree size, for tree builders."""
+        return default_cost_model(cls.name, None if target is None else target.model)
+
+    @property
+    def committed_length(self) -> int:
+        return self._committed
+
+    def _new_cache(self):
+        from transformers import DynamicCache
+
+        return DynamicCache(config=self.model.config)
+
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, cache, mask: torch.Tensor | None = None,
+                 **extra):
+        """Run the model on ids (B, T) at absolute positions (B, T), reading and extending `cache`."""
+        kwargs = {self.layout.cache_kwarg: cache, "use_cache": True, **extra}
+        if self.layout.takes_positions:
+            kwargs["position_ids"] = positions  # Bamba would otherwise restart positions at 0
+        if mask is not None:
+            kwargs["attention_mask"] = mask
+        return self.model(input_ids=ids, **kwargs)
+
+    @torch.inference_mode()
+    def prefill(self, ids: list[int]) -> None:
+        self.cache = self._new_cache()
+        self._committed, self._pending = 0, int(ids[-1])
+        if len(ids) > 1:
+            self._append_chain(ids[:-1], logits_to_keep=1)
+
+    def _append_chain(self, tokens: list[int], **extra):
+        """Feed `tokens` as a plain sequence after the committed state with the unmodified model."""
+        device, prefix = self.target.device, self._committed
+        ids = torch.tensor([tokens], device=device)  # (1, m)
+        positions = prefix + torch.arange(len(tokens), device=device)[None]  # (1, m)
+        mask = None
+        if self.layout.hybrid:
+            mask = additive_mask(chain_allowed(prefix, len(tokens), 1, device), self.model.dtype)
+        out = self._forward(ids, positions, self.cache, mask, **extra)
+        self._committed = prefix + len(tokens)
+        return out
+
+
+def chain_allowed(prefix: int, length: int, batch: int, device) -> torch.Tensor:
+    """(B, m, P + m) bool: every row sees the prefix and the causal part of its own sequence."""
+    allowed = torch.ones(batch, length, prefix + length, dtype=torch.bool, device=device)
+    allowed[:, :, prefix:] = torch.tril(allowed[0, :, prefix:])
+    return allowed
+
+
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(B, 1, T, S) additive float mask from a (B, T, S) bool mask: 0 where allowed, finfo.min elsewhere."""
+    mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask[:, None]
+
+
+class SSMTreeBackend(SSMBackendBase):
+    """Packed-tree verification on Mamba2 and hybrid models (STree). Options: `commit` = "replay" or
+    "closed" (how the SSM state absorbs the accepted path), `scan` = "auto", "torch" or "triton"."""
+
+    name = "ssm-tree"
+
+    def __init__(self, target, *, want_hidden: bool = False, commit: str = "replay", scan: str = "auto"):
+        if commit not in COMMIT_RULES:
+            raise ConfigurationError(f"backend 'ssm-tree': commit must be one of {sorted(COMMIT_RULES)}, "
+                                     f"got {commit!r}")
+        if scan not in ("auto", "torch", "triton"):
+            raise ConfigurationError(f"backend 'ssm-tree': scan must be 'auto', 'torch' or 'triton', got {scan!r}")
+        super().__init__(target, want_hidden=want_hidden)
+        self.commit_rule, self.scan = commit, scan
+        widths = {m.conv_kernel_size for m in self.layout.mixers.values()}
+        if len(widths) != 1:
+            raise UnsupportedModelError(f"backend 'ssm-tree': mixers use different conv widths {sorted(widths)}")
+        self.conv_width = widths.pop()
+        self._run: TreeRun | None = None
+
+    @torch.inference_mode()
+    def score(self, tree: TokenTree) -> TargetScores:
+        cache_ops.crop_kv(self.cache, self.layout.attention, self._committed)  # drop an earlier scoring
+        device, prefix = self.target.device, self._committed
+        ids = torch.from_numpy(np.concatenate([[self._pending], tree.tokens]))[None].to(device)  # (1, T)
+        positions = torch.from_numpy(prefix + tree.position_offsets)[None].to(device)  # (1, T)
+        ancestors = torch.from_numpy(tree.ancestor_mask).to(device)  # (T, T) bool
+        parents = torch.from_numpy(tree.packed_parents)  # (T,)
+        run = TreeRun(mask=ancestors, conv_index=conv_window_index(parents, self.conv_width).to(device),
+                      states={i: cache_ops.ssm_state(self.cache, m) for i, m in self.layout.mixers.items()},
+                      scan_impl=self.scan)
+        mask = None
+        if self.layout.hybrid:
+            allowed = torch.ones(1, len(tree) + 1, prefix + len(tree) + 1, dtype=torch.bool, device=device)
+            allowed[0, :, prefix:] = ancestors
+            mask = additive_mask(allowed, self.model.dtype)  # (1, 1, T, P + T)
+        with tree_forward_mode(self.layout.mixers, run):
+            out = self._forward(ids, positions, self.cache, mask, output_hidden_states=self.want_hidden)
+        self._run = run
+        hidden = out.hidden_states[-1][0] if self.want_hidden else None  # (T, D)
+        return TargetScores(logits=out.logits[0].float(), hidden=hidden)
+
+    @torch.inference_mode()
+    def commit(self, path: list[int], bonus: int) -> None:
+        if self._run is None:
+            raise RuntimeError("backend 'ssm-tree': commit() needs a score() of the same step first")
+        run, self._run = self._run, None
+        packed = [0] + [int(i) + 1 for i in path]  # root first, then the accepted nodes
+        index = torch.tensor(packed, device=self.target.device)
+        rule = COMMIT_RULES[self.commit_rule]
+        for idx, mixer in self.layout.mixers.items():
+            conv, h0 = run.states[idx]
+            nodes = run.saved[idx]
+            if h0 is None:
+                h0 = torch.zeros(mixer.num_heads, mixer.head_dim, mixer.ssm_state_size, device=conv.device)
+            new_conv = commit_conv(conv, nodes.xbc.index_select(0, index))  # (Cd, K)
+            new_h = rule(h0, nodes.x.index_select(0, index), nodes.dt.index_select(0, index), mixer_A(mixer),
+                         nodes.B.index_select(0, index))  # (H, P, N)
+            cache_ops.write_ssm_state(self.cache, mixer, new_conv, new_h)
+        start = self._committed
+        cache_ops.compact_kv(self.cache, self.layout.attention, start, [start + i for i in packed])
+        self._committed = start + len(packed)
+        self._pending = int(bonus)
+

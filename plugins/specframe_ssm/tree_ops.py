@@ -1,0 +1,86 @@
+"""Tree-aware pieces of one Mamba2 layer that are not the scan itself: the causal conv along each node's
+parent chain, and the commit of an accepted path to the conv and SSM states.
+
+Shapes: T packed nodes (root at 0), K conv width, Cd = conv_dim, H heads, P head dim, G groups, N state size.
+The committed conv state `conv` (Cd, K) holds the last K pre-conv inputs, newest in column K - 1
+(the layout of transformers' `LinearAttentionLayer.conv_states` and of mamba_ssm).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def conv_window_index(parents: torch.Tensor, width: int) -> torch.Tensor:
+    """(T, K) rows into `ext = [conv^T ; xBC]` ((K + T), Cd) forming each node's conv window.
+
+    Slot K - 1 - r holds the r-th ancestor-or-self of node i (r = 0 is i itself) while the chain lasts;
+    past the tree's root, slot K - 1 - r takes committed column K - r + depth_i, i.e. the newest
+    committed inputs first. `parents` (T,) are packed parents, -1 for a node attached to the prefix.
+    """
+    T = parents.shape[0]
+    index = torch.empty(T, width, dtype=torch.long)
+    node = torch.arange(T)  # current ancestor, -1 once past the tree's root
+    missing = torch.zeros(T, dtype=torch.long)  # committed columns consumed so far
+    for r in range(width):
+        in_tree = node >= 0
+        index[:, width - 1 - r] = torch.where(in_tree, width + node, width - 1 - missing)
+        missing += (~in_tree).long()
+        node = torch.where(in_tree, parents[node.clamp(min=0)], node)
+    return index
+
+
+def tree_conv(xbc: torch.Tensor, conv: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+              index: torch.Tensor, act) -> torch.Tensor:
+    """Depthwise causal conv of every node over its own ancestor chain.
+
+    xbc: (T, Cd) pre-conv inputs; conv: (Cd, K) committed state; weight: (Cd, K) (torch's conv1d is a
+    cross-correlation, so weight[:, K - 1] multiplies the node itself); index from `conv_window_index`.
+    Returns act(conv) (T, Cd).
+    """
+    ext = torch.cat([conv.t().to(xbc.dtype), xbc], dim=0)  # (K + T, Cd)
+    out = torch.einsum("tkc,ck->tc", ext[index], weight.to(xbc.dtype))  # (T, Cd)
+    if bias is not None:
+        out = out + bias
+    return act(out)
+
+
+def discretize(dt_raw: torch.Tensor, dt_bias: torch.Tensor, limit: tuple[float, float]) -> torch.Tensor:
+    """(T, H) time steps: clamp(softplus(dt_raw + dt_bias), *limit), as transformers' chunk scan does."""
+    dt = torch.nn.functional.softplus(dt_raw.float() + dt_bias.float())  # (T, H)
+    return torch.clamp(dt, min=limit[0], max=limit[1])
+
+
+def commit_conv(conv: torch.Tensor, xbc_path: torch.Tensor) -> torch.Tensor:
+    """(Cd, K) new conv state: the last K columns of [conv | inputs of the accepted path]."""
+    width = conv.shape[1]
+    return torch.cat([conv, xbc_path.t().to(conv.dtype)], dim=1)[:, -width:]  # (Cd, K)
+
+
+def _group_to_heads(B: torch.Tensor, heads: int) -> torch.Tensor:
+    return B.repeat_interleave(heads // B.shape[1], dim=1)  # (m, H, N)
+
+
+def commit_ssm_replay(h0: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor,
+                      B: torch.Tensor) -> torch.Tensor:
+    """New SSM state by replaying the recurrence along the path: h <- exp(dt A) h + dt x B^T.
+
+    h0: (H, P, N); x: (m, H, P); dt: (m, H); A: (H,); B: (m, G, N) for the m accepted nodes in order.
+    """
+    h = h0.float()
+    Bh = _group_to_heads(B.float(), h.shape[0])  # (m, H, N)
+    for j in range(x.shape[0]):
+        decay = torch.exp(dt[j] * A)  # (H,)
+        h = decay[:, None, None] * h + (dt[j][:, None] * x[j].float())[:, :, None] * Bh[j][:, None, :]
+    return h  # (H, P, N)
+
+
+def commit_ssm_closed(h0: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor,
+                      B: torch.Tensor) -> torch.Tensor:
+    """New SSM state in closed form: exp(sum a) h0 + sum_j exp(sum of a after j) dt_j x_j B_j^T."""
+    a = dt.float() * A  # (m, H)
+    after = torch.flip(torch.cumsum(torch.flip(a, [0]), 0), [0]) - a  # (m, H) sum of a over later nodes
+    Bh = _group_to_heads(B.float(), h0.shape[0])  # (m, H, N)
+    weights = torch.exp(after) * dt.float()  # (m, H)
+    update = torch.einsum("mh,mhp,mhn->hpn", weights, x.float(), Bh)  # (H, P, N)
+    return torch.exp(a.sum(0))[:, None, None] * h0.float() + update

@@ -1,0 +1,84 @@
+"""`ssm-unrolled`: the STree paper's baseline. The tree is unrolled into its root-to-leaf paths, which run
+as one batch of plain sequences on a batched copy of the committed state with the unmodified model.
+
+Shared prefixes are recomputed once per path and the committed state (SSM states, attention KV) is
+copied per path; that redundancy is what the packed tree scan removes. Because no intermediate SSM
+state survives a batched scan, `commit` re-feeds the root and the accepted path as one chain.
+It only uses the model's own forward, so it also serves as a test oracle for `ssm-tree`.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import torch
+
+from specframe import TargetScores, TokenTree
+from specframe_ssm import cache as cache_ops
+from specframe_ssm.backend import SSMBackendBase, additive_mask, chain_allowed
+
+
+def batched_copy(cache, batch: int):
+    """A deep copy of `cache` with every state repeated `batch` times along the batch dimension."""
+    out = copy.deepcopy(cache)
+    for layer in out.layers:
+        if hasattr(layer, "conv_states"):
+            if layer.has_previous_state[0]:
+                layer.conv_states[0] = layer.conv_states[0].repeat(batch, 1, 1)  # (B, Cd, K)
+                layer.recurrent_states[0] = layer.recurrent_states[0].repeat(batch, 1, 1, 1)  # (B, H, P, N)
+        elif getattr(layer, "is_initialized", False) and layer.keys is not None and layer.keys.numel():
+            layer.keys = layer.keys.repeat(batch, 1, 1, 1)  # (B, H_kv, S, d)
+            layer.values = layer.values.repeat(batch, 1, 1, 1)
+    return out
+
+
+class SSMUnrolledBackend(SSMBackendBase):
+    """Scores each root-to-leaf path as its own sequence in one batch (no options)."""
+
+    name = "ssm-unrolled"
+
+    def __init__(self, target, *, want_hidden: bool = False):
+        super().__init__(target, want_hidden=want_hidden)
+        self._last_tree = TokenTree.empty()
+
+    @torch.inference_mode()
+    def score(self, tree: TokenTree) -> TargetScores:
+        device, prefix = self.target.device, self._committed
+        self._last_tree = tree
+        paths = [[0] + [i + 1 for i in p] for p in tree.paths] or [[0]]  # packed indices, root first
+        width = max(len(p) for p in paths)
+        packed_tokens = np.concatenate([[self._pending], tree.tokens])  # (T,)
+        padded = [p + [p[-1]] * (width - len(p)) for p in paths]  # right padding never reaches real rows
+        ids = torch.from_numpy(packed_tokens[np.array(padded)]).to(device)  # (B, W)
+        positions = (prefix + torch.arange(width, device=device))[None].expand(len(paths), -1)  # (B, W)
+        mask = None
+        if self.layout.hybrid:
+            mask = additive_mask(chain_allowed(prefix, width, len(paths), device), self.model.dtype)
+        out = self._forward(ids, positions, batched_copy(self.cache, len(paths)), mask,
+                            output_hidden_states=self.want_hidden)
+        rows, cols = self._first_occurrence(paths, len(tree) + 1)
+        logits = out.logits[rows, cols].float()  # (T, V)
+        hidden = out.hidden_states[-1][rows, cols] if self.want_hidden else None  # (T, D)
+        return TargetScores(logits=logits, hidden=hidden)
+
+    @staticmethod
+    def _first_occurrence(paths: list[list[int]], size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(row, column) in the path batch where each packed node is computed first."""
+        where: dict[int, tuple[int, int]] = {}
+        for row, path in enumerate(paths):
+            for col, node in enumerate(path):
+                where.setdefault(node, (row, col))
+        rows, cols = zip(*(where[i] for i in range(size)))
+        return torch.tensor(rows), torch.tensor(cols)
+
+    @torch.inference_mode()
+    def commit(self, path: list[int], bonus: int) -> None:
+        if self.cache is None:
+            raise RuntimeError("backend 'ssm-unrolled': commit() needs prefill() first")
+        self._append_chain([self._pending, *self._accepted_tokens(path)])
+        cache_ops.crop_kv(self.cache, self.layout.attention, self._committed)
+        self._pending = int(bonus)
+
+    def _accepted_tokens(self, path: list[int]) -> list[int]:
+        return [int(t) for t in self._last_tree.tokens[path]] if path else []

@@ -1,0 +1,97 @@
+"""Tiny random Mamba2, Bamba and NemotronH targets, and the naive per-path reference the SSM tests use.
+
+The reference deep-copies the committed cache and runs the unmodified transformers model on one
+root-to-leaf path as a plain sequence with explicit positions: no tree code is involved.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from transformers import (
+    BambaConfig, BambaForCausalLM, Mamba2Config, Mamba2ForCausalLM, NemotronHConfig, NemotronHForCausalLM,
+)
+
+from specframe import Target
+
+VOCAB = 64
+
+
+def _randomize_ssm(model: torch.nn.Module, seed: int) -> None:
+    """Random A_log, dt_bias and D so decays, clamps and skips are all exercised."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for m in model.modules():
+            if hasattr(m, "A_log") and hasattr(m, "dt_bias"):
+                m.A_log.copy_(torch.rand(m.A_log.shape, generator=gen) * 2.0 - 1.0)
+                m.dt_bias.copy_(torch.randn(m.dt_bias.shape, generator=gen))
+                m.D.copy_(torch.randn(m.D.shape, generator=gen))
+
+
+def tiny_target(kind: str = "mamba2", *, groups: int = 2, conv: int = 4, dt_min: float = 0.0,
+                seed: int = 0) -> Target:
+    """A tiny random target of family `kind` ("mamba2", "bamba" or "nemotronh"), float32, eval mode."""
+    torch.manual_seed(seed)
+    common = dict(vocab_size=VOCAB, hidden_size=32)
+    if kind == "mamba2":
+        config = Mamba2Config(**common, num_hidden_layers=3, num_heads=4, head_dim=16, state_size=8,
+                              n_groups=groups, expand=2, conv_kernel=conv, chunk_size=8,
+                              time_step_limit=(dt_min, float("inf")))
+        model = Mamba2ForCausalLM(config)
+    elif kind == "bamba":
+        config = BambaConfig(**common, num_hidden_layers=4, attn_layer_indices=[1, 3], mamba_n_heads=4,
+                             mamba_d_head=16, mamba_n_groups=groups, mamba_d_state=8, mamba_expand=2,
+                             mamba_d_conv=conv, mamba_chunk_size=8, num_attention_heads=4,
+                             num_key_value_heads=2, intermediate_size=48)
+        model = BambaForCausalLM(config)
+    elif kind == "nemotronh":
+        config = NemotronHConfig(**common, layers_block_type=["linear_attention", "mlp", "full_attention",
+                                                               "linear_attention"],
+                                 mamba_num_heads=4, mamba_head_dim=16, n_groups=groups, ssm_state_size=8,
+                                 conv_kernel=conv, chunk_size=8, num_attention_heads=4, num_key_value_heads=2,
+                                 head_dim=8, intermediate_size=48, expand=2)
+        model = NemotronHForCausalLM(config)
+    else:
+        raise ValueError(kind)
+    _randomize_ssm(model, seed)
+    if kind != "mamba2" and dt_min:
+        for m in model.modules():
+            if hasattr(m, "time_step_limit"):
+                m.time_step_limit = (dt_min, float("inf"))
+    model.eval()
+    return Target(model=model, tokenizer=None, name=f"tiny-{kind}")
+
+
+def cache_kwarg(model) -> str:
+    return "cache_params" if isinstance(model, Mamba2ForCausalLM) else "past_key_values"
+
+
+@torch.inference_mode()
+def run_sequence(model, cache, start: int, tokens: list[int]):
+    """Logits (m, V) of the unmodified model on `tokens` at positions start.., extending `cache` in place."""
+    ids = torch.tensor([tokens])
+    kwargs = {cache_kwarg(model): cache, "use_cache": True}
+    if not isinstance(model, Mamba2ForCausalLM):
+        kwargs["position_ids"] = start + torch.arange(len(tokens))[None]
+    return model(input_ids=ids, **kwargs).logits[0]
+
+
+def path_reference(model, committed_cache, start: int, tokens: list[int]):
+    """(logits (m, V), cache after) of a plain run of `tokens` on a copy of the committed cache."""
+    cache = copy.deepcopy(committed_cache)
+    return run_sequence(model, cache, start, tokens), cache
+
+
+def state_tensors(cache) -> dict[str, torch.Tensor]:
+    """Every committed tensor of a cache by name: conv/ssm states and attention keys/values."""
+    out = {}
+    for i, layer in enumerate(cache.layers):
+        if hasattr(layer, "conv_states"):
+            if layer.has_previous_state[0]:
+                out[f"conv{i}"] = layer.conv_states[0].clone()
+                out[f"ssm{i}"] = layer.recurrent_states[0].clone()
+        elif getattr(layer, "is_initialized", False) and getattr(layer, "keys", None) is not None:
+            out[f"keys{i}"] = layer.keys.clone()
+            out[f"values{i}"] = layer.values.clone()
+    return out
