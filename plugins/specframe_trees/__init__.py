@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import specframe
 from specframe import DraftProposal, TokenTree, TreeBuilder, TreeBuilderCapabilities
+from specframe_trees.trie import TrieTreeBuilder
 
 
 class ChainTreeBuilder(TreeBuilder):
@@ -35,3 +36,4 @@ def _children(proposal: DraftProposal) -> dict[int, list[int]]:
 @specframe.hookimpl
 def register_tree_builders(register):
     register(ChainTreeBuilder)
+    register(TrieTreeBuilder)
