@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
-from specframe.errors import CapabilityError, ConfigurationError, UnsupportedModelError
+from specframe.errors import CapabilityError, ConfigurationError, SpecframeWarning, UnsupportedModelError
 from specframe.interfaces import Drafter, StateBackend, TreeBuilder, Verifier
 from specframe.models import Target
 from specframe.registry import ComponentSpec, PluginRegistry, get_registry
@@ -47,6 +48,11 @@ def check_compatible(target: Target, drafter: type[Drafter], tree: type[TreeBuil
                         f"{sampling.temperature} (use 'sample-match', 'rejection' or temperature 0)")
     if problems:
         raise CapabilityError("these components do not fit together: " + "; ".join(problems))
+    if not sampling.greedy and not v.lossless:
+        warnings.warn(SpecframeWarning(
+            f"verifier '{verifier.name}' is lossy: at temperature {sampling.temperature} the output does not "
+            "follow the target model's distribution; use 'sample-match' or 'rejection' for lossless "
+            "sampling"), stacklevel=3)
 
 
 def assemble(target: Target, drafter: str | ComponentSpec = "pld", tree: str | ComponentSpec = "chain",

@@ -1,9 +1,18 @@
-"""Verifiers. `greedy`: the longest path whose every token is the target's argmax, plus the bonus token."""
+"""Verifiers.
+
+- `greedy`: the longest path whose every token is the target's argmax, plus the bonus token (temperature 0).
+- `sample-match` (sample_match.py): lossless sampling for drafts without probabilities, any tree.
+- `rejection` (rejection.py): lossless recursive rejection sampling with the real draft q, any tree.
+- `typical` (typical.py): Medusa's typical acceptance, LOSSY when sampling.
+"""
 
 from __future__ import annotations
 
 import specframe
 from specframe import Sampler, TargetScores, TokenTree, Verifier, VerifierCapabilities, VerifyResult
+from specframe_verify.rejection import RejectionVerifier
+from specframe_verify.sample_match import SampleMatchVerifier
+from specframe_verify.typical import TypicalVerifier
 
 
 class GreedyVerifier(Verifier):
@@ -32,3 +41,6 @@ class GreedyVerifier(Verifier):
 @specframe.hookimpl
 def register_verifiers(register):
     register(GreedyVerifier)
+    register(SampleMatchVerifier)
+    register(RejectionVerifier)
+    register(TypicalVerifier)
