@@ -18,42 +18,63 @@ from specframe.records import DraftContext, DraftProposal, DrawMethod, TargetSco
 from specframe.tree import TokenTree
 
 
-def random_parents(rng: np.random.Generator, n: int, max_children: int = 3,
-                   max_depth: int | None = None) -> np.ndarray:
-    """(n,) parents of a random forest in topological order: at most `max_children` per node (the root
-    included, so n is capped at what fits) and at most `max_depth` levels."""
+def random_parents(rng: np.random.Generator, n: int, max_children: int = 3) -> np.ndarray:
+    """(n,) parents of a random forest in topological order, each node (the root too) with at most
+    `max_children` children, so fewer than n nodes come back when no parent has room left."""
     parents: list[int] = []
-    depth: list[int] = []
     kids: dict[int, int] = {}
     for i in range(n):
-        open_ = [p for p in range(-1, i) if kids.get(p, 0) < max_children
-                 and (max_depth is None or p < 0 or depth[p] < max_depth)]
+        open_ = [p for p in range(-1, i) if kids.get(p, 0) < max_children]
         if not open_:
             break
         p = int(open_[int(rng.integers(len(open_)))])
         kids[p] = kids.get(p, 0) + 1
         parents.append(p)
-        depth.append(1 if p < 0 else depth[p] + 1)
     return np.array(parents, np.int64)
 
 
 def random_proposal(rng: np.random.Generator, vocab_size: int, n: int | None = None, *,
                     with_probs: bool = False, draw: DrawMethod = DrawMethod.RETRIEVED) -> DraftProposal:
-    """A random proposal of `n` nodes (random size up to 24 when None), optionally with draft probabilities.
+    """A random proposal of about `n` nodes (random size up to 24 when None), optionally with draft probs.
 
-    With probabilities, siblings share one q (as `DraftProposal` documents) and each node's token is
-    drawn from its q, so the proposal is what a sampling drafter could really have produced.
+    With probabilities, each node's children are drawn from one random q row the way `draw` says, and
+    every child carries that row (see `grow`), so the proposal is what a sampling drafter could produce.
     """
     n = int(rng.integers(0, 25)) if n is None else n
-    parents = random_parents(rng, n)
-    n = len(parents)
     if not with_probs:
-        return DraftProposal(rng.integers(0, vocab_size, n), parents, rng.random(n), draw=draw)
-    q_of_parent = {p: _random_dist(rng, vocab_size) for p in set(parents.tolist())}
-    probs = torch.stack([q_of_parent[p] for p in parents.tolist()]) if n else torch.zeros(0, vocab_size)
-    tokens = _draw_children(rng, parents, q_of_parent, draw)
-    scores = np.log(probs[torch.arange(n), torch.from_numpy(tokens)].double().numpy() + 1e-12)
+        parents = random_parents(rng, n)
+        return DraftProposal(rng.integers(0, vocab_size, len(parents)), parents, rng.random(len(parents)),
+                             draw=draw)
+    tokens, parents, probs = grow(rng, n, lambda node, token, depth: _random_dist(rng, vocab_size), draw)
+    scores = np.log(probs[torch.arange(len(tokens)), torch.from_numpy(tokens)].double().numpy() + 1e-12)
     return DraftProposal(tokens, parents, scores, draft_probs=probs, draw=draw)
+
+
+def grow(rng: np.random.Generator, n: int, q_after, draw: DrawMethod, max_children: int = 3,
+         max_depth: int | None = None) -> tuple[np.ndarray, np.ndarray, torch.Tensor]:
+    """Draft a tree top-down as a sampling drafter does: up to `n` nodes, each node's children drawn from
+    `q_after(node, token, depth)` (node -1 is the root), listed in draw order.
+
+    SAMPLED draws are i.i.d. and a repeated token merges into its first appearance (the `DrawMethod`
+    contract); SAMPLED_WITHOUT_REPLACEMENT draws distinct tokens; ARGMAX/TOPK take the most likely ones.
+    Returns tokens (N,), parents (N,) and the q row each node was drawn from, (N, V).
+    """
+    tokens: list[int] = []
+    parents: list[int] = []
+    depth: list[int] = []
+    rows: list[torch.Tensor] = []
+    frontier = [(-1, -1, 0)]  # (node, token, depth), breadth first
+    while frontier and len(tokens) < n:
+        node, token, d = frontier.pop(0)
+        if max_depth is not None and d >= max_depth:
+            continue
+        q = q_after(node, token, d)  # (V,)
+        width = min(int(rng.integers(1, max_children + 1)), n - len(tokens))
+        for tok in _draw(rng, q, width, draw):
+            tokens.append(int(tok)), parents.append(node), depth.append(d + 1), rows.append(q)
+            frontier.append((len(tokens) - 1, int(tok), d + 1))
+    probs = torch.stack(rows) if rows else torch.zeros(0, 1)  # (N, V)
+    return np.array(tokens, np.int64), np.array(parents, np.int64), probs
 
 
 def _random_dist(rng: np.random.Generator, vocab_size: int) -> torch.Tensor:
@@ -61,23 +82,16 @@ def _random_dist(rng: np.random.Generator, vocab_size: int) -> torch.Tensor:
     return torch.from_numpy(np.exp(logits) / np.exp(logits).sum()).float()  # (V,)
 
 
-def _draw_children(rng, parents: np.ndarray, q_of_parent: dict[int, torch.Tensor], draw: DrawMethod):
-    """Tokens for every node, drawn from the shared q of its siblings the way `draw` says."""
-    tokens = np.empty(len(parents), np.int64)
-    by_parent: dict[int, list[int]] = {}
-    for i, p in enumerate(parents.tolist()):
-        by_parent.setdefault(p, []).append(i)
-    for p, kids in by_parent.items():
-        q = q_of_parent[p].double().numpy()
-        q = q / q.sum()
-        if draw in (DrawMethod.ARGMAX, DrawMethod.TOPK):
-            picks = np.argsort(-q, kind="stable")[: len(kids)]
-        elif draw is DrawMethod.SAMPLED_WITHOUT_REPLACEMENT:
-            picks = rng.choice(len(q), size=len(kids), replace=False, p=q)
-        else:
-            picks = rng.choice(len(q), size=len(kids), replace=True, p=q)
-        tokens[kids] = picks
-    return tokens
+def _draw(rng: np.random.Generator, q: torch.Tensor, k: int, draw: DrawMethod) -> list[int]:
+    """Up to `k` distinct sibling tokens drawn from q as `draw` says, in draw order."""
+    p = q.double().numpy()
+    p = p / p.sum()
+    k = min(k, int((p > 0).sum()))
+    if draw in (DrawMethod.ARGMAX, DrawMethod.TOPK):
+        return np.argsort(-p, kind="stable")[:k].tolist()
+    if draw is DrawMethod.SAMPLED_WITHOUT_REPLACEMENT:
+        return rng.choice(len(p), size=k, replace=False, p=p).tolist()
+    return list(dict.fromkeys(rng.choice(len(p), size=k, replace=True, p=p).tolist()))  # merge repeats
 
 
 def random_tree(rng: np.random.Generator, vocab_size: int, n: int | None = None, **kwargs) -> TokenTree:
@@ -114,20 +128,11 @@ class MarkovProblem:
 
     def tree(self, rng: np.random.Generator, n: int, draw: DrawMethod, max_children: int = 3) -> TokenTree:
         """A random tree of up to `n` nodes drafted from `draft` (depth at most D), with its q attached."""
-        parents = random_parents(rng, n, max_children, max_depth=self.logits.shape[0])
-        shell = TokenTree(np.zeros(len(parents), np.int64), parents)  # for depths and children
-        tokens = np.zeros(len(parents), np.int64)
-        q_rows: list[torch.Tensor] = [self.draft[0, 0]] * len(parents)
-        for p in range(-1, len(parents)):  # parents before children: their tokens are known
-            kids = shell.children[p + 1]
-            if not kids:
-                continue
-            q = self.draft[0, 0] if p < 0 else self.draft[shell.depth[p], tokens[p]]  # (V,)
-            for i in kids:
-                q_rows[i] = q
-            tokens[kids] = _draw_children(rng, np.zeros(len(kids), np.int64), {0: q}, draw)
-        probs = torch.stack(q_rows) if q_rows else torch.zeros(0, self.vocab_size)  # (N, V)
-        return TokenTree(tokens, parents, probs)
+        def q_after(node: int, token: int, depth: int) -> torch.Tensor:
+            return self.draft[0, 0] if node < 0 else self.draft[depth, token]  # (V,)
+
+        tokens, parents, probs = grow(rng, n, q_after, draw, max_children, max_depth=self.logits.shape[0])
+        return TokenTree(tokens, parents, probs if len(tokens) else None, draw)
 
     def scores(self, tree: TokenTree) -> TargetScores:
         """(N + 1, V) logits of the synthetic target at the root and at every node of `tree`."""

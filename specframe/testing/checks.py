@@ -1,0 +1,313 @@
+"""Conformance checks: plain functions that raise `AssertionError` naming the component and the fault.
+
+`specframe.testing.suites` wraps them as pytest classes; they can also be called from any test. Each
+check fixes the other three components to simple, trusted ones so a failure points at the component
+under test.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from specframe.decoding import SpeculativeDecoder
+from specframe.interfaces import Drafter, StateBackend, TreeBuilder, Verifier
+from specframe.models import Target
+from specframe.pipeline import Pipeline, check_compatible
+from specframe.records import DraftProposal, DrawMethod, TargetScores
+from specframe.registry import ComponentSpec, get_registry
+from specframe.sampling import Sampler, SamplingParams
+from specframe.testing.synthetic import FirstNodesTreeBuilder, MarkovProblem, NoisyTargetDrafter, random_tree
+from specframe.testing.targets import reference_greedy, reference_hidden, reference_logits
+from specframe.tree import TokenTree
+
+KIND_OF = {Drafter: "drafter", TreeBuilder: "tree builder", Verifier: "verifier", StateBackend: "backend"}
+REFERENCE = {"first-n": FirstNodesTreeBuilder, "noisy-target": NoisyTargetDrafter}
+
+
+def _fail(message: str) -> None:
+    raise AssertionError(message)
+
+
+def resolve(kind: str, component: str | type) -> tuple[type, dict]:
+    """A component class and its options from a class, a registered name or a spec like `pld(matches=3)`."""
+    if isinstance(component, type):
+        return component, {}
+    spec = ComponentSpec.parse(component)
+    cls = REFERENCE.get(spec.name) or get_registry().get(kind, spec.name)
+    return cls, spec.options
+
+
+def make_decoder(target: Target, drafter: str | type = "pld", tree: str | type = "chain",
+                 verifier: str | type = "greedy", backend: str | type = "kv", *, budget: int = 8,
+                 sampling: SamplingParams | None = None, options: dict | None = None) -> SpeculativeDecoder:
+    """A decoder from classes or names, checked like `specframe.assemble`, without registering anything.
+
+    `options` maps a kind ("drafter", "tree builder", "verifier", "backend") to extra constructor options.
+    """
+    sampling = sampling or SamplingParams()
+    options = options or {}
+    kinds = ("drafter", "tree builder", "verifier", "backend")
+    resolved = [resolve(kind, c) for kind, c in zip(kinds, (drafter, tree, verifier, backend))]
+    classes = [cls for cls, _ in resolved]
+    opts = [{**o, **options.get(kind, {})} for kind, (_, o) in zip(kinds, resolved)]
+    check_compatible(target, *classes, sampling)
+    d_cls, t_cls, v_cls, b_cls = classes
+    pipeline = Pipeline(d_cls(target, **opts[0]), t_cls(**opts[1]), v_cls(**opts[2]),
+                        b_cls(target, want_hidden=d_cls.capabilities.needs_hidden_states, **opts[3]))
+    return SpeculativeDecoder(target, pipeline, budget=budget, sampling=sampling)
+
+
+def check_class(cls: type, base: type) -> None:
+    """A registrable class: the right base, a non-empty `name`, capabilities of the declared type."""
+    kind = KIND_OF[base]
+    if not (isinstance(cls, type) and issubclass(cls, base)):
+        _fail(f"{cls!r} is not a subclass of specframe.{base.__name__}")
+    if not isinstance(getattr(cls, "name", None), str) or not cls.name:
+        _fail(f"{kind} class {cls.__qualname__} needs a non-empty string `name`")
+    declared = type(base.capabilities)
+    if not isinstance(cls.capabilities, declared):
+        _fail(f"{kind} '{cls.name}': `capabilities` must be a {declared.__name__}, got {cls.capabilities!r}")
+
+
+def check_proposal(proposal: DraftProposal, vocab_size: int, name: str = "?", *,
+                   provides_draft_probs: bool = False) -> None:
+    """A well-formed proposal: a `DraftProposal`, tokens in the vocabulary, q rows that are distributions."""
+    if not isinstance(proposal, DraftProposal):
+        _fail(f"drafter '{name}' returned {type(proposal).__name__}, not a DraftProposal")
+    n = len(proposal)
+    if n and (proposal.tokens.min() < 0 or proposal.tokens.max() >= vocab_size):
+        _fail(f"drafter '{name}' proposed token ids outside [0, {vocab_size}): {proposal.tokens.tolist()}")
+    if n and not np.all(np.isfinite(proposal.scores)):
+        _fail(f"drafter '{name}' gave non-finite scores {proposal.scores.tolist()}")
+    q = proposal.draft_probs
+    if provides_draft_probs and n and q is None:
+        _fail(f"drafter '{name}' declares provides_draft_probs but left draft_probs empty")
+    if q is not None and n:
+        if q.shape != (n, vocab_size):
+            _fail(f"drafter '{name}': draft_probs has shape {tuple(q.shape)}, expected ({n}, {vocab_size})")
+        sums = q.float().sum(-1)  # (N,)
+        if (q < 0).any() or not torch.allclose(sums, torch.ones_like(sums), atol=1e-3):
+            _fail(f"drafter '{name}': draft_probs rows must be distributions (row sums {sums.tolist()})")
+        if proposal.draw in (DrawMethod.SAMPLED, DrawMethod.SAMPLED_WITHOUT_REPLACEMENT):
+            drawn = q[torch.arange(n), torch.from_numpy(proposal.tokens)]  # (N,)
+            if (drawn <= 0).any():
+                _fail(f"drafter '{name}' says its tokens were sampled from draft_probs, but some have q = 0")
+
+
+def check_tree(tree: TokenTree, proposal: DraftProposal, budget: int, name: str = "?", *,
+               keeps_draft_probs: bool = True) -> None:
+    """A tree of at most `budget` nodes whose every root-to-node path spells a path of the proposal."""
+    if not isinstance(tree, TokenTree):
+        _fail(f"tree builder '{name}' returned {type(tree).__name__}, not a TokenTree")
+    if len(tree) > budget:
+        _fail(f"tree builder '{name}' returned {len(tree)} nodes for a budget of {budget}")
+    proposal_paths = {_spelling(proposal.tokens, proposal.parents, i) for i in range(len(proposal))}
+    for i in range(len(tree)):
+        path = _spelling(tree.tokens, tree.parents, i)
+        if path not in proposal_paths:
+            _fail(f"tree builder '{name}': node {i} spells {list(path)}, which is no path of the proposal")
+    if keeps_draft_probs and proposal.draft_probs is not None and len(tree):
+        if tree.draft_probs is None or tree.draft_probs.shape != (len(tree), proposal.draft_probs.shape[1]):
+            _fail(f"tree builder '{name}' declares keeps_draft_probs but the tree has no (N, V) draft_probs")
+        by_path = {_spelling(proposal.tokens, proposal.parents, i): i for i in range(len(proposal))}
+        for i in range(len(tree)):
+            j = by_path[_spelling(tree.tokens, tree.parents, i)]
+            if not torch.allclose(tree.draft_probs[i], proposal.draft_probs[j]):
+                _fail(f"tree builder '{name}': node {i} carries a q that is not its proposal node's")
+
+
+def _spelling(tokens: np.ndarray, parents: np.ndarray, node: int) -> tuple[int, ...]:
+    out = []
+    while node >= 0:
+        out.append(int(tokens[node]))
+        node = int(parents[node])
+    return tuple(out[::-1])
+
+
+def check_lossless(decoder: SpeculativeDecoder, prompts: Sequence[Sequence[int]], max_new_tokens: int = 48,
+                   label: str = "pipeline") -> None:
+    """Greedy speculative output equals plain greedy decoding token for token, twice (reset works)."""
+    for prompt in prompts:
+        expected = reference_greedy(decoder.target, prompt, max_new_tokens)
+        for attempt in ("first", "repeated"):
+            got = decoder.generate(list(prompt), max_new_tokens=max_new_tokens).tokens
+            if got != expected:
+                k = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), min(len(got), len(expected)))
+                _fail(f"{label} is not lossless ({attempt} run): greedy output differs from plain decoding "
+                      f"at new token {k}: got {got[k:k + 8]}..., expected {expected[k:k + 8]}...")
+
+
+def check_verifier_greedy(verifier: Verifier, rng: np.random.Generator, vocab_size: int = 16,
+                          trials: int = 200, need_probs: bool = False) -> None:
+    """On random trees and logits at temperature 0: a valid path, the argmax walk's tokens, inputs untouched."""
+    name = type(verifier).name
+    sampler = Sampler(SamplingParams())
+    for _ in range(trials):
+        tree = random_tree(rng, vocab_size, int(rng.integers(0, 12)), with_probs=need_probs)
+        logits = torch.from_numpy(rng.normal(size=(len(tree) + 1, vocab_size))).float()  # (N + 1, V)
+        # Make draft tokens the argmax often enough that long paths get accepted.
+        for i, tok in enumerate(tree.tokens.tolist()):
+            if rng.random() < 0.7:
+                logits[tree.parents[i] + 1, tok] += 10.0
+        before_logits, before_tokens = logits.clone(), tree.tokens.copy()
+        result = verifier.verify(tree, TargetScores(logits=logits), sampler)
+        check_result(result, tree, vocab_size, name)
+        if not torch.equal(logits, before_logits) or not np.array_equal(tree.tokens, before_tokens):
+            _fail(f"verifier '{name}' modified the tree or the scores it was given")
+        if type(verifier).capabilities.lossless:
+            emitted = [int(t) for t in tree.tokens[result.path]] + [result.bonus]
+            expected = _argmax_walk(tree, logits)
+            if emitted != expected:
+                _fail(f"verifier '{name}' is declared lossless but at temperature 0 emitted {emitted} where "
+                      f"plain greedy decoding emits {expected}")
+
+
+def check_result(result, tree: TokenTree, vocab_size: int, name: str) -> None:
+    """A path that starts at a child of the root and descends, and a bonus token in the vocabulary."""
+    node = -1
+    for step in result.path:
+        if not 0 <= step < len(tree) or int(tree.parents[step]) != node:
+            _fail(f"verifier '{name}' returned path {result.path}, which is not a root-to-node path of a "
+                  f"tree with parents {tree.parents.tolist()}")
+        node = step
+    if not 0 <= int(result.bonus) < vocab_size:
+        _fail(f"verifier '{name}' returned bonus token {result.bonus}, outside [0, {vocab_size})")
+
+
+def _argmax_walk(tree: TokenTree, logits: torch.Tensor) -> list[int]:
+    best = logits.argmax(-1).tolist()
+    out, node = [], -1
+    while True:
+        want = best[node + 1]
+        out.append(want)
+        nxt = next((c for c in tree.children[node + 1] if tree.tokens[c] == want), None)
+        if nxt is None:
+            return out
+        node = nxt
+
+
+def chi_square_critical(dof: int, z: float = 3.719) -> float:
+    """Upper quantile of chi-square with `dof` degrees of freedom (Wilson-Hilferty); z 3.719 = 1e-4."""
+    k = max(dof, 1)
+    return k * (1 - 2 / (9 * k) + z * math.sqrt(2 / (9 * k))) ** 3
+
+
+def _chi_square(counts: Counter, probs: torch.Tensor, total: int) -> tuple[float, int]:
+    """Chi-square statistic and degrees of freedom, pooling cells expected below 5 draws."""
+    expected = probs.double() * total
+    big = (expected >= 5).nonzero().flatten().tolist()
+    stat, pooled_obs, pooled_exp = 0.0, total, float(expected.sum())
+    for t in big:
+        stat += (counts.get(t, 0) - float(expected[t])) ** 2 / float(expected[t])
+        pooled_obs -= counts.get(t, 0)
+        pooled_exp -= float(expected[t])
+    if pooled_exp >= 1:
+        stat += (pooled_obs - pooled_exp) ** 2 / pooled_exp
+    elif pooled_obs > 3:  # mass where the target puts (almost) none
+        return math.inf, len(big)
+    return stat, max(len(big) - 1 + (pooled_exp >= 1), 1)
+
+
+def check_verifier_distribution(verifier: Verifier, rng: np.random.Generator, *, draw: DrawMethod =
+                                DrawMethod.SAMPLED, trials: int = 4000, temperature: float = 1.0,
+                                tree_size: int = 6, seed: int = 0) -> dict:
+    """A lossless sampling verifier emits tokens distributed exactly as the target's processed p.
+
+    On a synthetic Markov target, checks with a chi-square test at p = 1e-4 (i) the first emitted token
+    against p after the root and (ii) the token emitted after the most often accepted first node against
+    p after that node. Trees are drafted from a q unlike p, drawn as `draw` says. Returns the statistics.
+    """
+    name = type(verifier).name
+    problem = MarkovProblem.random(rng)
+    sampler = Sampler(SamplingParams(temperature=temperature, seed=seed))
+    first: Counter = Counter()
+    second: dict[int, Counter] = {}
+    for _ in range(trials):
+        tree = problem.tree(rng, tree_size, draw)
+        result = verifier.verify(tree, problem.scores(tree), sampler)
+        check_result(result, tree, problem.vocab_size, name)
+        emitted = [int(t) for t in tree.tokens[result.path]] + [int(result.bonus)]
+        first[emitted[0]] += 1
+        if result.path:
+            second.setdefault(emitted[0], Counter())[emitted[1]] += 1
+    stats = {}
+    p_root = sampler.probs(problem.root_logits)  # (V,)
+    stat, dof = _chi_square(first, p_root, trials)
+    stats["first"] = (stat, dof)
+    if stat > chi_square_critical(dof):
+        _fail(f"verifier '{name}' is not lossless: the first emitted token's frequencies "
+              f"{dict(sorted(first.items()))} over {trials} draws do not follow the target p "
+              f"{[round(x, 3) for x in p_root.tolist()]} (chi-square {stat:.1f}, {dof} dof)")
+    token, counts = max(second.items(), key=lambda kv: sum(kv[1].values()), default=(None, Counter()))
+    n = sum(counts.values())
+    if token is not None and n >= 200:
+        p_next = sampler.probs(problem.next_logits(1, token))  # (V,)
+        stat, dof = _chi_square(counts, p_next, n)
+        stats["second"] = (stat, dof)
+        if stat > chi_square_critical(dof):
+            _fail(f"verifier '{name}' is not lossless: after accepting token {token}, the next token's "
+                  f"frequencies {dict(sorted(counts.items()))} over {n} draws do not follow the target p "
+                  f"{[round(x, 3) for x in p_next.tolist()]} (chi-square {stat:.1f}, {dof} dof)")
+    return stats
+
+
+def check_backend_scores(backend_cls: type, target: Target, prompt: Sequence[int], rng: np.random.Generator,
+                         trees: int = 4, atol: float = 1e-4) -> None:
+    """Tree logits equal plain forward logits along every path; scoring never changes the state; commit
+    appends the root and the path and makes the bonus pending."""
+    name = backend_cls.name
+    reason = backend_cls.unsupported_reason(target)
+    if reason:
+        _fail(f"backend '{name}' refuses the test target '{target.name}': {reason}")
+    want_hidden = backend_cls.capabilities.provides_hidden_states
+    backend = backend_cls(target, want_hidden=want_hidden)
+    vocab = target.vocab_size
+    history = list(prompt)
+    backend.prefill(history)
+    if backend.committed_length != len(history) - 1:
+        _fail(f"backend '{name}': committed_length after prefill of {len(history)} ids is "
+              f"{backend.committed_length}, expected {len(history) - 1} (the last id stays pending)")
+    for _ in range(trees):
+        size = int(rng.integers(0, 10))
+        if backend_cls.capabilities.supports_trees:
+            tree = random_tree(rng, vocab, size)
+        else:  # a chain: node i is the child of node i - 1
+            tree = TokenTree(rng.integers(0, vocab, size), np.arange(size) - 1)
+        scores = backend.score(tree)
+        again = backend.score(tree)
+        if scores.logits.shape != (len(tree) + 1, vocab):
+            _fail(f"backend '{name}': logits of shape {tuple(scores.logits.shape)} for a tree of {len(tree)} "
+                  f"nodes, expected ({len(tree) + 1}, {vocab})")
+        if not torch.allclose(scores.logits, again.logits, atol=atol):
+            _fail(f"backend '{name}': scoring the same tree twice gave different logits (score changed state)")
+        for i in range(-1, len(tree)):
+            path = [] if i < 0 else tree.path_to(i)
+            ids = history + [int(t) for t in tree.tokens[path]]
+            ref = reference_logits(target, ids)[-1]  # (V,)
+            got = scores.logits[i + 1].float().cpu()
+            if not torch.allclose(got, ref.cpu(), atol=atol, rtol=1e-3):
+                _fail(f"backend '{name}': logits at tree node {i} (path {path}, parents "
+                      f"{tree.parents.tolist()}) differ from a plain forward pass by "
+                      f"{(got - ref.cpu()).abs().max():.2e}")
+            if want_hidden and scores.hidden is not None and i == len(tree) - 1:
+                ref_h = reference_hidden(target, ids)[-1].cpu()
+                if not torch.allclose(scores.hidden[i + 1].float().cpu(), ref_h, atol=atol, rtol=1e-3):
+                    _fail(f"backend '{name}': hidden state at node {i} differs from a plain forward pass")
+        path = tree.path_to(int(rng.integers(len(tree)))) if len(tree) and rng.random() < 0.8 else []
+        bonus = int(rng.integers(vocab))
+        before = backend.committed_length
+        backend.commit(path, bonus)
+        history += [int(t) for t in tree.tokens[path]] + [bonus]
+        if backend.committed_length != before + 1 + len(path):
+            _fail(f"backend '{name}': committed_length went from {before} to {backend.committed_length} after "
+                  f"committing a path of {len(path)} nodes; expected {before + 1 + len(path)} (root + path)")
+    final = backend.score(TokenTree.empty()).logits[0].float().cpu()
+    ref = reference_logits(target, history)[-1].cpu()
+    if not torch.allclose(final, ref, atol=atol, rtol=1e-3):
+        _fail(f"backend '{name}': after {trees} commits the next-token logits differ from a plain forward "
+              f"over the same {len(history)} tokens by {(final - ref).abs().max():.2e}")

@@ -1,0 +1,169 @@
+"""Conformance suites: subclass one in your plugin's tests and pytest runs every check against your class.
+
+    from specframe.testing import DrafterConformance
+    from my_plugin import MyDrafter
+
+    class TestMyDrafter(DrafterConformance):
+        component = MyDrafter            # or a registered name, e.g. "my-drafter"
+        options = {"width": 2}           # constructor options, if any
+
+Override the `target` fixture to run on another model (an SSM backend would return a tiny hybrid).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import numpy as np
+import pytest
+
+from specframe.interfaces import Drafter, StateBackend, TreeBuilder, Verifier
+from specframe.records import DrawMethod
+from specframe.testing import checks
+from specframe.testing.synthetic import random_proposal
+from specframe.testing.targets import repetitive_prompt, tiny_target
+
+
+class _Conformance:
+    kind: ClassVar[str]
+    base: ClassVar[type]
+    component: ClassVar[str | type]
+    options: ClassVar[dict] = {}
+    budget: ClassVar[int] = 8
+    max_new_tokens: ClassVar[int] = 40
+
+    @pytest.fixture
+    def target(self):
+        """The model every check runs on; override for components that need another kind of model."""
+        return tiny_target(seed=0)
+
+    @pytest.fixture
+    def prompts(self, target):
+        return [repetitive_prompt(target.vocab_size, 40, seed=s) for s in (0, 1)]
+
+    @pytest.fixture
+    def rng(self):
+        return np.random.default_rng(1234)
+
+    @property
+    def cls(self) -> type:
+        cls, _ = checks.resolve(self.kind, self.component)
+        return cls
+
+    @property
+    def all_options(self) -> dict:
+        _, opts = checks.resolve(self.kind, self.component)
+        return {**opts, **self.options}
+
+    def decoder(self, target, **components):
+        """A greedy decoder with the component under test in its slot and `components` in the others."""
+        slots = {"drafter": "pld", "tree": "chain", "verifier": "greedy", "backend": "kv", **components}
+        slot = {"drafter": "drafter", "tree builder": "tree", "verifier": "verifier", "backend": "backend"}
+        slots[slot[self.kind]] = self.cls
+        return checks.make_decoder(target, slots["drafter"], slots["tree"], slots["verifier"],
+                                   slots["backend"], budget=self.budget, options={self.kind: self.all_options})
+
+    def test_class_is_registrable(self):
+        checks.check_class(self.cls, self.base)
+
+
+class DrafterConformance(_Conformance):
+    """Checks for a `Drafter`: well-formed proposals during real decoding, lossless with chains and trees."""
+
+    kind, base = "drafter", Drafter
+
+    def _checked(self, decoder, target):
+        """Wrap `propose` so every proposal made while decoding is checked."""
+        drafter = decoder.pipeline.drafter
+        propose = drafter.propose
+        seen = []
+
+        def checked_propose(context):
+            proposal = propose(context)
+            checks.check_proposal(proposal, target.vocab_size, self.cls.name,
+                                  provides_draft_probs=self.cls.capabilities.provides_draft_probs)
+            seen.append(len(proposal))
+            return proposal
+
+        drafter.propose = checked_propose
+        return seen
+
+    def test_proposals_are_well_formed_and_lossless_with_chain(self, target, prompts):
+        decoder = self.decoder(target, tree="chain")
+        seen = self._checked(decoder, target)
+        checks.check_lossless(decoder, prompts, self.max_new_tokens, f"drafter '{self.cls.name}' + chain")
+        assert seen, f"drafter '{self.cls.name}' was never asked for a proposal"
+
+    def test_lossless_with_branching_tree(self, target, prompts):
+        decoder = self.decoder(target, tree="first-n")
+        self._checked(decoder, target)
+        checks.check_lossless(decoder, prompts, self.max_new_tokens, f"drafter '{self.cls.name}' + first-n")
+
+
+class TreeBuilderConformance(_Conformance):
+    """Checks for a `TreeBuilder`: trees within budget that follow the proposal, and lossless decoding."""
+
+    kind, base = "tree builder", TreeBuilder
+    may_return_empty: ClassVar[bool] = False  # True for builders that prune by a threshold
+    draws: ClassVar[tuple[DrawMethod, ...]] = (DrawMethod.SAMPLED, DrawMethod.TOPK)
+
+    def test_trees_follow_the_proposal(self, rng):
+        builder = self.cls(**self.all_options)
+        caps = self.cls.capabilities
+        for trial in range(60):
+            with_probs = caps.needs_draft_probs or trial % 2 == 0
+            draw = self.draws[trial % len(self.draws)] if with_probs else DrawMethod.RETRIEVED
+            proposal = random_proposal(rng, 16, with_probs=with_probs, draw=draw)
+            budget = int(rng.integers(1, 13))
+            tree = builder.build(proposal, budget)
+            checks.check_tree(tree, proposal, budget, self.cls.name, keeps_draft_probs=caps.keeps_draft_probs)
+            if len(proposal) and not len(tree) and not self.may_return_empty:
+                raise AssertionError(f"tree builder '{self.cls.name}' returned an empty tree for a proposal of "
+                                     f"{len(proposal)} nodes and budget {budget} (set may_return_empty = True "
+                                     "if that is intended)")
+
+    def test_lossless(self, target, prompts):
+        if self.cls.capabilities.needs_draft_probs:
+            decoder = self.decoder(target, drafter="noisy-target")
+        else:
+            decoder = self.decoder(target, drafter="pld(matches=4)")
+        checks.check_lossless(decoder, prompts, self.max_new_tokens, f"tree builder '{self.cls.name}'")
+
+
+class VerifierConformance(_Conformance):
+    """Checks for a `Verifier`: valid paths, greedy losslessness, and the sampled distribution when lossless."""
+
+    kind, base = "verifier", Verifier
+    draw: ClassVar[DrawMethod] = DrawMethod.SAMPLED  # how the synthetic drafts are drawn from q
+    distribution_trials: ClassVar[int] = 4000
+
+    def test_greedy_paths(self, rng):
+        verifier = self.cls(**self.all_options)
+        checks.check_verifier_greedy(verifier, rng, need_probs=self.cls.capabilities.needs_draft_probs)
+
+    def test_sampling_follows_the_target_distribution(self, rng):
+        caps = self.cls.capabilities
+        if not (caps.supports_sampling and caps.lossless):
+            pytest.skip(f"verifier '{self.cls.name}' does not declare lossless sampling")
+        checks.check_verifier_distribution(self.cls(**self.all_options), rng, draw=self.draw,
+                                           trials=self.distribution_trials)
+
+    def test_lossless_greedy_decoding(self, target, prompts):
+        if not self.cls.capabilities.lossless:
+            pytest.skip(f"verifier '{self.cls.name}' is not declared lossless")
+        decoder = self.decoder(target, drafter="noisy-target", tree="first-n")
+        checks.check_lossless(decoder, prompts, self.max_new_tokens, f"verifier '{self.cls.name}'")
+
+
+class BackendConformance(_Conformance):
+    """Checks for a `StateBackend`: tree logits equal plain forward logits, commits, lossless decoding."""
+
+    kind, base = "backend", StateBackend
+
+    def test_scores_match_plain_forward(self, target, prompts, rng):
+        checks.check_backend_scores(self.cls, target, prompts[0], rng)
+
+    def test_lossless(self, target, prompts):
+        tree = "first-n" if self.cls.capabilities.supports_trees else "chain"
+        decoder = self.decoder(target, drafter="pld(matches=3)", tree=tree)
+        checks.check_lossless(decoder, prompts, self.max_new_tokens, f"backend '{self.cls.name}' + {tree}")

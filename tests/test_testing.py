@@ -1,0 +1,141 @@
+"""specframe.testing: the conformance suites pass on the first-party components and catch broken ones."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import specframe
+from specframe import DrawMethod, TargetScores, TokenTree, Verifier, VerifierCapabilities, VerifyResult
+from specframe.testing import (
+    BackendConformance, DrafterConformance, MarkovProblem, TreeBuilderConformance, VerifierConformance, checks,
+    random_proposal, reference_greedy,
+)
+
+
+class TestPromptLookupConformance(DrafterConformance):
+    component = "pld"
+    options = {"matches": 3}
+
+
+class TestNoneDrafterConformance(DrafterConformance):
+    component = "none"
+
+
+class TestChainConformance(TreeBuilderConformance):
+    component = "chain"
+
+
+class TestFirstNodesConformance(TreeBuilderConformance):
+    component = "first-n"
+
+
+class TestGreedyConformance(VerifierConformance):
+    component = "greedy"
+
+
+class TestKVConformance(BackendConformance):
+    component = "kv"
+
+
+# --- the checks must fail on broken components ----------------------------------------------------------
+
+
+class AlwaysFirstChild(Verifier):
+    """Wrong on purpose: accepts the first child whatever the target says, then samples the bonus."""
+
+    name = "always-first"
+    capabilities = VerifierCapabilities(lossless=True, supports_sampling=True)
+
+    def verify(self, tree, scores, sampling):
+        path = [tree.children[0][0]] if tree.children[0] else []
+        return VerifyResult(path, sampling.sample(scores.logits[path[-1] + 1 if path else 0]))
+
+
+class NaiveSampleMatch(Verifier):
+    """Right: sample from p at each node and descend if a child carries the sample (lossless)."""
+
+    name = "naive-sample-match"
+    capabilities = VerifierCapabilities(lossless=True, supports_sampling=True)
+
+    def verify(self, tree, scores, sampling):
+        path, node = [], -1
+        while True:
+            token = sampling.sample(scores.logits[node + 1])
+            child = next((c for c in tree.children[node + 1] if tree.tokens[c] == token), None)
+            if child is None:
+                return VerifyResult(path, token)
+            path.append(child)
+            node = child
+
+
+def test_distribution_check_passes_a_lossless_sampler():
+    stats = checks.check_verifier_distribution(NaiveSampleMatch(), np.random.default_rng(0), trials=3000)
+    assert "second" in stats  # the conditional check ran, not only the marginal one
+
+
+def test_distribution_check_catches_a_biased_sampler():
+    with pytest.raises(AssertionError, match="not lossless"):
+        checks.check_verifier_distribution(AlwaysFirstChild(), np.random.default_rng(0), trials=3000)
+
+
+def test_greedy_check_catches_a_biased_verifier():
+    with pytest.raises(AssertionError, match="declared lossless"):
+        checks.check_verifier_greedy(AlwaysFirstChild(), np.random.default_rng(0))
+
+
+def test_backend_check_catches_a_backend_that_ignores_the_tree_mask(tiny_target, tiny_prompt):
+    kv = specframe.get_registry().get("backend", "kv")
+
+    class CausalOnly(kv):  # attends to every earlier packed entry, siblings included: wrong for trees
+        name = "causal-only"
+
+        def _mask(self, tree):
+            return None
+
+    checks.check_backend_scores(kv, tiny_target, tiny_prompt, np.random.default_rng(0))
+    with pytest.raises(AssertionError, match="differ from a plain forward pass"):
+        checks.check_backend_scores(CausalOnly, tiny_target, tiny_prompt, np.random.default_rng(0))
+
+
+def test_tree_check_catches_over_budget_and_invented_paths():
+    proposal = random_proposal(np.random.default_rng(0), 16, 10)
+    everything = TokenTree.from_proposal(proposal, np.arange(10))
+    checks.check_tree(everything, proposal, 10)
+    with pytest.raises(AssertionError, match="budget"):
+        checks.check_tree(everything, proposal, 4)
+    invented = TokenTree(proposal.tokens[:3] + 1, proposal.parents[:3])
+    with pytest.raises(AssertionError, match="no path of the proposal"):
+        checks.check_tree(invented, proposal, 10)
+
+
+def test_lossless_check_catches_a_wrong_decoder(tiny_target, tiny_prompt):
+    decoder = checks.make_decoder(tiny_target, "pld", "chain", AlwaysFirstChild)
+    with pytest.raises(AssertionError, match="not lossless"):
+        checks.check_lossless(decoder, [tiny_prompt], 24)
+
+
+def test_proposal_check_rejects_out_of_vocabulary_tokens():
+    bad = specframe.DraftProposal(np.array([3, 200]), np.array([-1, 0]), np.ones(2))
+    with pytest.raises(AssertionError, match="outside"):
+        checks.check_proposal(bad, 96, "x")
+
+
+def test_markov_trees_carry_the_q_their_tokens_were_drawn_from():
+    problem = MarkovProblem.random(np.random.default_rng(0))
+    tree = problem.tree(np.random.default_rng(1), 12, DrawMethod.SAMPLED)
+    assert tree.depth.max() <= problem.logits.shape[0]
+    for i in range(len(tree)):
+        p = int(tree.parents[i])
+        q = problem.draft[0, 0] if p < 0 else problem.draft[tree.depth[p], tree.tokens[p]]
+        assert torch.equal(tree.draft_probs[i], q)
+    scores = problem.scores(tree)
+    assert isinstance(scores, TargetScores) and scores.logits.shape == (len(tree) + 1, problem.vocab_size)
+
+
+def test_reference_greedy_matches_transformers_generate(tiny_target, tiny_prompt):
+    ids = torch.tensor([tiny_prompt])
+    out = tiny_target.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=16,
+                                     do_sample=False)
+    assert reference_greedy(tiny_target, tiny_prompt, 16) == out[0, len(tiny_prompt):].tolist()
