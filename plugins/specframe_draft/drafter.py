@@ -1,0 +1,170 @@
+"""`draft-model`: classic speculative decoding with a small causal LM that shares the target's tokenizer.
+
+`draft-model(model=DIR)` loads any local Hugging Face causal LM (or alias) as the drafter;
+`draft-model(layers=N)` (or `model="layers:N"`) is self-speculation: the target's own first N decoder
+layers with its final norm and LM head, sharing the target's weights (no training, no extra weights).
+
+The drafter keeps its own KV cache of the tokens it has read. Each step it feeds the tokens it has not
+read yet (the last step's accepted tokens and the new root) and then drafts a chain of `num_tokens`
+greedy tokens, one forward each. Every chain node also gets its `topk - 1` next best tokens as sibling
+leaves, so the proposal is a candidate forest (scores = cumulative log q, `draft_probs` = the draft
+model's real distributions) that `static(preset=continuous)`, `beam` and `dynamic` can shape.
+`observe` rolls the cache back to the committed tokens; `propose` also checks the cached tokens against
+the context, so a new request or an unexpected context never reuses stale state.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import torch
+from torch import nn
+
+import specframe
+from specframe import DraftContext, DraftProposal, Drafter, DrafterCapabilities, DrawMethod, StepOutcome
+from specframe.errors import ConfigurationError
+
+
+def truncated_model(target: specframe.Target, layers: int) -> nn.Module:
+    """A causal LM made of the target's first `layers` decoder layers, final norm and LM head (shared)."""
+    model = target.model
+    total = len(model.base_model.layers)
+    if not 1 <= layers < total:
+        raise ConfigurationError(f"draft-model: layers must be in [1, {total - 1}] for model '{target.name}' "
+                                 f"({total} layers), got {layers}")
+    config = copy.deepcopy(model.config)
+    config.num_hidden_layers = layers
+    if getattr(config, "layer_types", None):
+        config.layer_types = config.layer_types[:layers]
+    base = copy.copy(model.base_model)  # shallow: shares every weight with the target
+    base._modules = dict(base._modules)
+    base.layers = nn.ModuleList(list(model.base_model.layers)[:layers])
+    base.config = config
+    draft = copy.copy(model)
+    draft._modules = dict(draft._modules)
+    draft._modules[model.base_model_prefix] = base
+    draft.config = config
+    return draft
+
+
+class DraftModelDrafter(Drafter):
+    name = "draft-model"
+    capabilities = DrafterCapabilities(provides_draft_probs=True, proposes_trees=True)
+
+    def __init__(self, target, *, model: str | None = None, layers: int | None = None, num_tokens: int = 4,
+                 topk: int = 1):
+        super().__init__(target)
+        if isinstance(model, str) and model.startswith("layers:"):
+            model, layers = None, int(model.split(":", 1)[1])
+        if (model is None) == (layers is None):
+            raise ConfigurationError("draft-model: give exactly one of model=DIR_OR_ALIAS or layers=N "
+                                     "(e.g. draft-model(layers=8))")
+        if num_tokens < 1 or topk < 1:
+            raise ConfigurationError(f"draft-model: num_tokens and topk must be >= 1, got {num_tokens}, {topk}")
+        self.num_tokens, self.topk = int(num_tokens), int(topk)
+        self.shares_target = layers is not None
+        if layers is not None:
+            self.model = truncated_model(target, int(layers))
+        else:
+            draft = specframe.load_target(model, dtype=next(target.model.parameters()).dtype,
+                                          device=str(target.device))
+            check_same_tokenizer(target, draft)
+            self.model = draft.model
+        self.reset()
+
+    @property
+    def extra_parameters(self) -> int:
+        """Parameters this drafter adds to the target: none for `layers=N`."""
+        return 0 if self.shares_target else sum(p.numel() for p in self.model.parameters())
+
+    def reset(self) -> None:
+        from transformers import DynamicCache
+
+        self.cache = DynamicCache(config=self.model.config)
+        self.cached: list[int] = []  # the tokens whose keys/values the cache holds, in order
+        self._step_base = 0
+
+    @torch.inference_mode()
+    def propose(self, context: DraftContext) -> DraftProposal:
+        length = min(self.num_tokens, context.budget)
+        if length < 1:
+            return DraftProposal.empty()
+        tokens = context.tokens.tolist()
+        common = common_prefix(self.cached, tokens[:-1])  # always re-read the root: we need its logits
+        self._crop(common)
+        self._step_base = len(tokens)
+        logits = self._feed(tokens[common:])  # (V,) the draft distribution after the root
+        vocab = self.target.vocab_size
+        chain_tokens, q_rows = [], []
+        for d in range(length):
+            q = torch.softmax(logits.float(), -1)  # (V_draft,)
+            q = nn.functional.pad(q, (0, vocab - q.shape[0])) if q.shape[0] < vocab else q[:vocab]  # (V,)
+            q_rows.append(q)
+            chain_tokens.append(int(q.argmax()))
+            if d + 1 < length:
+                logits = self._feed([chain_tokens[-1]])
+        return forest_from_chain(chain_tokens, torch.stack(q_rows), self.topk)
+
+    def observe(self, outcome: StepOutcome) -> None:
+        """Keep the cache of the context and of the chain tokens the target accepted, drop the rest."""
+        chain = self.cached[self._step_base:]
+        kept = common_prefix(chain, outcome.accepted_tokens)
+        self._crop(self._step_base + kept)
+
+    def _feed(self, ids: list[int]) -> torch.Tensor:
+        """Run the draft model on `ids` after its cache; (V_draft,) logits after the last one."""
+        device = self.target.device
+        out = self.model(input_ids=torch.tensor([ids], device=device), past_key_values=self.cache,
+                         use_cache=True, logits_to_keep=1)
+        self.cached += ids
+        return out.logits[0, -1]
+
+    def _crop(self, length: int) -> None:
+        extra = len(self.cached) - length
+        if extra > 0:
+            self.cache.crop(-extra)
+            del self.cached[length:]
+
+
+def forest_from_chain(chain: list[int], q: torch.Tensor, topk: int) -> DraftProposal:
+    """The greedy chain, each chain node with its `topk - 1` runner-up siblings as leaves.
+
+    `q` (L, V): row d is the distribution of depth d + 1. Nodes are ordered depth by depth, the chain
+    node first, so a parent always precedes its children. Scores are cumulative log q.
+    """
+    tokens, parents, scores, rows = [], [], [], []
+    parent, base = -1, 0.0
+    for d, tok in enumerate(chain):
+        logq = torch.log(q[d].clamp_min(1e-30))  # (V,)
+        top = q[d].topk(topk).indices.tolist()
+        siblings = [tok] + [t for t in top if t != tok][: topk - 1]
+        first = len(tokens)
+        for t in siblings:
+            tokens.append(t)
+            parents.append(parent)
+            scores.append(base + float(logq[t]))
+            rows.append(d)
+        parent, base = first, scores[first]
+    probs = q[torch.tensor(rows)]  # (N, V) siblings share their row
+    return DraftProposal(np.array(tokens), np.array(parents), np.array(scores), probs,
+                         DrawMethod.ARGMAX if topk == 1 else DrawMethod.TOPK)
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    return int(diff[0]) if len(diff) else n
+
+
+def check_same_tokenizer(target: specframe.Target, draft: specframe.Target) -> None:
+    """The draft must use the target's tokenizer: same vocabulary (ids may be padded at the end)."""
+    t_tok, d_tok = target.tokenizer, draft.tokenizer
+    same = (t_tok is None and d_tok is None) or (
+        t_tok is not None and d_tok is not None and t_tok.get_vocab() == d_tok.get_vocab())
+    if not same or draft.vocab_size > target.vocab_size:
+        raise ConfigurationError(
+            f"draft-model: '{draft.name}' does not share the tokenizer of target '{target.name}' "
+            f"(vocab {draft.vocab_size} vs {target.vocab_size}); pick a draft model of the same family")

@@ -1,0 +1,58 @@
+"""`specframe train s4c`: train S4C heads for a target on a corpus, resumably."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+import typer
+
+train_app = typer.Typer(help="Train drafters that need training (S4C heads).", no_args_is_help=True)
+
+
+@train_app.command("s4c")
+def train_s4c(
+    model: str = typer.Option("smollm2-135m", help="target alias or local HF directory"),
+    data: list[str] = typer.Option(["python-stdlib"], help="corpus: python-stdlib[:N], a dir, .jsonl or text"),
+    out: Path = typer.Option(Path("s4c-run"), help="run directory: state.pt (resumable) and heads.safetensors"),
+    steps: int = typer.Option(1000, help="optimizer steps (length of the cosine schedule)"),
+    max_minutes: float = typer.Option(None, help="stop after this many minutes (state is saved; rerun to resume)"),
+    heads: int = typer.Option(3, help="number of draft heads"),
+    block: int = typer.Option(256, help="tokens per training sequence"),
+    batch: int = typer.Option(4, help="sequences per step"),
+    lr: float = typer.Option(3e-4),
+    draft_vocab: int = typer.Option(16384, help="draft vocabulary size (most frequent corpus tokens); 0 = all"),
+    max_tokens: int = typer.Option(None, help="use at most this many corpus tokens"),
+    threads: int = typer.Option(None, help="torch CPU threads"),
+    fresh: bool = typer.Option(False, help="ignore an existing state.pt in --out"),
+) -> None:
+    """Train S4C draft heads; progress goes to stdout, state to OUT/state.pt every few steps."""
+    import torch
+
+    import specframe
+    import time
+
+    from specframe_s4c.data import token_blocks
+    from specframe_s4c.features import FeatureCache
+    from specframe_s4c.train import Trainer, TrainConfig
+
+    start = time.time()
+    if threads:
+        torch.set_num_threads(threads)
+    target = specframe.load_target(model)
+    eos = min(target.eos_token_ids) if target.eos_token_ids else None
+    blocks = token_blocks(target.tokenizer, data, block, max_tokens=max_tokens, eos=eos)
+    print(f"s4c: {blocks.size} tokens in {len(blocks)} blocks of {block} from {data}", flush=True)
+    config = TrainConfig(num_heads=heads, block=block, batch=batch, lr=lr, steps=steps, draft_vocab=draft_vocab)
+    log = lambda line: print(line, flush=True)  # noqa: E731
+    cache = FeatureCache(out / "features", blocks, hidden=target.model.config.hidden_size)
+    cache.fill(target, batch=batch, log=log)  # the target's features, once (resumable)
+    trainer = Trainer(target, cache, out, config, log=log)
+    if not fresh and trainer.resume():
+        print(f"s4c: resumed {out / 'state.pt'} at step {trainer.step}", flush=True)
+    left = None if max_minutes is None else max(0.0, max_minutes - (time.time() - start) / 60)
+    trainer.run(max_minutes=left)
+    command = "specframe " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    trainer.export(out / "heads.safetensors", command, data)
+    print(f"s4c: wrote {out / 'heads.safetensors'} after {trainer.step} steps", flush=True)

@@ -1,0 +1,108 @@
+"""The `s4c` drafter: a candidate forest from S4C heads on the target's last feature.
+
+Mapping S4C onto specframe's step: the target's next token is already the pending root, and
+`DraftContext.hidden` is the feature that predicted it. Head 1 reads [e(root), hidden] and gives the
+depth-1 distribution; its top tokens are the root's children. S4C's "top-2 tokens as two inputs" then
+feed the next head in parallel: head k + 1 expands `widths[k]` nodes of depth k at once (batched, each
+with the feature head k predicted for it), the top-1 chain always among them (the vertical chain) and
+the rest by cumulative log-probability; every expanded node gets its `topk` most likely children
+(the horizontal alternatives). Scores are cumulative log q, so `static`, `beam` and `dynamic` tree
+builders can all shape the forest; rows of `draft_probs` are the real head distributions.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from specframe import DraftContext, DraftProposal, Drafter, DrafterCapabilities, DrawMethod
+from specframe.errors import ConfigurationError, ModelLoadError
+from specframe_s4c.heads import S4CHeads, target_parts
+
+WEIGHTS_DIR = Path(__file__).parent / "weights"
+DEFAULT_WIDTHS = (1, 2, 1)  # head 1 on the root, head 2 on the top-2 of head 1, head 3 on the top-1 chain
+
+
+def packaged_heads(model_name: str) -> Path:
+    """The heads shipped with specframe for a model alias."""
+    return WEIGHTS_DIR / model_name / "heads.safetensors"
+
+
+class S4CDrafter(Drafter):
+    name = "s4c"
+    capabilities = DrafterCapabilities(needs_hidden_states=True, provides_draft_probs=True, proposes_trees=True)
+
+    def __init__(self, target, *, heads: str | None = None, topk: int = 4,
+                 widths: int | tuple[int, ...] | list[int] = DEFAULT_WIDTHS):
+        super().__init__(target)
+        path = Path(heads) if heads else packaged_heads(target.name)
+        if not heads and not path.is_file():
+            raise ModelLoadError(
+                f"s4c: no trained heads ship for model '{target.name}' (looked in {path.parent}); train them "
+                f"with `specframe train s4c --model {target.name} --data python-stdlib` and pass "
+                "s4c(heads='RUN/heads.safetensors')")
+        self.heads = S4CHeads.load(target, path)
+        k = len(self.heads)
+        widths = (1, *([int(widths)] * (k - 1))) if isinstance(widths, int) else tuple(int(w) for w in widths)
+        if len(widths) != k or widths[0] != 1 or min(widths) < 1 or topk < 1:
+            raise ConfigurationError(
+                f"s4c: widths must list {k} positive counts of nodes each head expands, starting with 1 "
+                f"(the root), and topk >= 1; got widths={widths}, topk={topk}")
+        self.widths, self.topk = widths, int(topk)
+        self.embed, _, lm_head, _ = target_parts(target)
+        self.vocab_ids = self.heads.vocab_ids  # (Vd,)
+        self.lm_weight = lm_head.weight[self.vocab_ids].detach().clone()  # (Vd, H) the draft vocabulary's rows
+
+    @property
+    def extra_parameters(self) -> int:
+        """Parameters this drafter adds to the target (heads plus the draft vocabulary's LM-head rows)."""
+        return sum(p.numel() for p in self.heads.parameters()) + self.lm_weight.numel()
+
+    @torch.inference_mode()
+    def propose(self, context: DraftContext) -> DraftProposal:
+        if context.hidden is None or context.budget < 1:
+            return DraftProposal.empty()  # first step after prefill: no target feature yet
+        vocab_size = self.target.vocab_size
+        device = self.lm_weight.device
+        tokens: list[int] = []
+        parents: list[int] = []
+        scores: list[float] = []
+        rows: list[int] = []  # node -> row of `dists`
+        dists: list[torch.Tensor] = []  # one (n_k, Vd) block per head
+        # Frontier: nodes to expand now, with the feature that predicted them. The root first.
+        frontier = [-1]
+        frontier_tokens = torch.tensor([int(context.tokens[-1])], device=device)
+        frontier_feats = context.hidden.reshape(1, -1).to(self.lm_weight.dtype)  # (1, H)
+        chain = -1  # the top-1 chain's deepest node
+        row_base = 0
+        for k in range(len(self.heads)):
+            feats = self.heads(k, self.embed(frontier_tokens), frontier_feats)  # (n, H)
+            q = torch.softmax(feats @ self.lm_weight.T, -1)  # (n, Vd)
+            top_q, top_i = q.topk(min(self.topk, q.shape[-1]), dim=-1)  # (n, k)
+            dists.append(q)
+            first = len(tokens)
+            for j, parent in enumerate(frontier):
+                base = scores[parent] if parent >= 0 else 0.0
+                for r in range(top_i.shape[1]):
+                    tokens.append(int(self.vocab_ids[top_i[j, r]]))
+                    parents.append(parent)
+                    scores.append(base + float(torch.log(top_q[j, r])))
+                    rows.append(row_base + j)
+            batch_start, row_base = row_base, row_base + len(frontier)
+            if k + 1 == len(self.heads):
+                break
+            new = list(range(first, len(tokens)))
+            chain = next(i for i in new if parents[i] == chain)  # top-1 child of the chain's end
+            rest = sorted((i for i in new if i != chain), key=lambda i: -scores[i])
+            frontier = [chain, *rest[: self.widths[k + 1] - 1]]
+            frontier_tokens = torch.tensor([tokens[i] for i in frontier], device=device)
+            slots = [rows[i] - batch_start for i in frontier]  # where each node's parent sits in this batch
+            frontier_feats = feats[slots]  # (n', H) the feature head k predicted for each chosen node
+        q_all = torch.cat(dists)  # (rows, Vd)
+        full = torch.zeros(q_all.shape[0], vocab_size, dtype=torch.float32, device=device)
+        full[:, self.vocab_ids] = q_all.float()  # (rows, V): q is zero outside the draft vocabulary
+        probs = full[torch.tensor(rows, device=device)]  # (N, V) siblings share their row
+        return DraftProposal(np.array(tokens), np.array(parents), np.array(scores), probs, DrawMethod.TOPK)
+

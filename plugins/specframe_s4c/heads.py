@@ -1,0 +1,157 @@
+"""S4C draft heads: `h = Linear(concat[e, f])`, one decoder layer of the target's own architecture, a norm.
+
+Head k maps (token embedding e, feature f) to a predicted target feature, which the target's own (frozen,
+shared) LM head turns into a draft distribution. Head 1 starts from the target's real feature; head k + 1
+starts from head k's predicted feature (autoregressive between heads). The heads see only that one
+feature, never the context, so each input is a sequence of length one: the layer's attention reduces to
+its value/output projections, and drafting needs no draft KV cache (S4C's feature reuse).
+
+Checkpoints are safetensors files whose metadata names the target they were trained for; loading them
+for another target raises `S4CHeadsMismatch` with what differs.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+import specframe
+from specframe.errors import ModelLoadError
+
+FORMAT = "specframe-s4c-heads/1"
+
+
+class S4CHeadsMismatch(ModelLoadError):
+    """Heads were trained for a different target model."""
+
+
+def target_parts(target: specframe.Target) -> tuple[nn.Module, nn.Module, nn.Module, nn.ModuleList]:
+    """(embedding, final norm, LM head, decoder layers) of a Hugging Face causal LM."""
+    base = target.model.base_model
+    return target.model.get_input_embeddings(), base.norm, target.model.get_output_embeddings(), base.layers
+
+
+def fingerprint(target: specframe.Target) -> dict[str, str]:
+    """What identifies the target a set of heads belongs to: sizes, architecture and an embedding checksum."""
+    embed = target.model.get_input_embeddings().weight
+    checksum = float(embed[:256].detach().double().abs().sum())  # stable across float32 reloads of the same weights
+    return {"architecture": type(target.model).__name__, "hidden_size": str(embed.shape[1]),
+            "vocab_size": str(embed.shape[0]), "embed_checksum": f"{checksum:.4f}"}
+
+
+class S4CHead(nn.Module):
+    """One head: fc over [e, f] (2H -> H), a decoder layer of the target's class, a final norm."""
+
+    def __init__(self, layer: nn.Module, norm: nn.Module, hidden: int):
+        super().__init__()
+        self.fc = nn.Linear(2 * hidden, hidden, bias=True)
+        self.layer = layer
+        self.norm = norm
+
+    def forward(self, embeds: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        """(N, H) token embeddings and (N, H) input features -> (N, H) predicted next features."""
+        x = self.fc(torch.cat([embeds, features], dim=-1))[:, None]  # (N, 1, H)
+        head_dim = self.layer.self_attn.head_dim
+        cos = torch.ones(x.shape[0], 1, head_dim, dtype=x.dtype, device=x.device)  # rotary at position 0
+        sin = torch.zeros_like(cos)
+        x = self.layer(x, position_embeddings=(cos, sin))  # (N, 1, H)
+        return self.norm(x[:, 0])  # (N, H), comparable with the target's post-norm feature
+
+
+class S4CHeads(nn.Module):
+    """`num_heads` heads for one target. The target's embedding and LM head are used, never copied."""
+
+    def __init__(self, target: specframe.Target, num_heads: int = 3, vocab_ids: torch.Tensor | None = None,
+                 init_from_target: bool = True):
+        super().__init__()
+        embed, norm, _, layers = target_parts(target)
+        hidden = embed.weight.shape[1]
+        heads = []
+        for k in range(num_heads):
+            layer = copy.deepcopy(layers[-1])  # same architecture; the last layer is a good starting point
+            if not init_from_target:
+                layer.apply(_reset)
+            if hasattr(layer, "self_attn"):
+                layer.self_attn.layer_idx = k
+            head = S4CHead(layer, copy.deepcopy(norm), hidden)
+            with torch.no_grad():  # start as "feature in, feature out": identity on f, small weights on e
+                head.fc.weight.normal_(0.0, 0.02)
+                head.fc.weight[:, hidden:] += torch.eye(hidden)
+                head.fc.bias.zero_()
+            heads.append(head)
+        self.heads = nn.ModuleList(heads)
+        # Draft vocabulary: the token ids the heads may propose (a frequency-ranked subset keeps the LM-head
+        # product small, as in FR-Spec); all of them when None.
+        vocab = torch.arange(embed.weight.shape[0]) if vocab_ids is None else vocab_ids.long()
+        self.register_buffer("vocab_ids", vocab, persistent=True)  # (Vd,)
+        self.meta = fingerprint(target) | {"model": target.name, "num_heads": str(num_heads)}
+        self.requires_grad_(True)
+
+    def __len__(self) -> int:
+        return len(self.heads)
+
+    def forward(self, k: int, embeds: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        """Head k (0-based): (N, H), (N, H) -> (N, H)."""
+        return self.heads[k](embeds, features)
+
+    # --- checkpoints -------------------------------------------------------------------------------
+
+    def save(self, path: str | Path, extra: dict[str, str] | None = None, dtype=torch.float16) -> None:
+        """Write the heads as safetensors (fp16 by default) with the target's fingerprint as metadata."""
+        from safetensors.torch import save_file
+
+        tensors = {name: (t.detach().to(dtype) if t.is_floating_point() else t.detach()).contiguous()
+                   for name, t in self.state_dict().items()}
+        meta = {"format": FORMAT, **self.meta, **(extra or {})}
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        save_file(tensors, str(path), metadata=meta)
+
+    @classmethod
+    def load(cls, target: specframe.Target, path: str | Path) -> S4CHeads:
+        """Heads from `path`, checked against `target`; weights are cast to the target's dtype."""
+        from safetensors import safe_open
+
+        path = Path(path)
+        if not path.is_file():
+            raise ModelLoadError(f"s4c: no heads file at {path}; train one with `specframe train s4c`")
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+            tensors = {name: f.get_tensor(name) for name in f.keys()}
+        if meta.get("format") != FORMAT:
+            raise ModelLoadError(f"s4c: {path} is not an S4C heads file (format {meta.get('format')!r})")
+        check_fingerprint(target, meta, path)
+        heads = cls(target, num_heads=int(meta["num_heads"]), vocab_ids=tensors["vocab_ids"])
+        dtype = next(target.model.parameters()).dtype
+        heads.load_state_dict({k: v.to(dtype) if v.is_floating_point() else v for k, v in tensors.items()})
+        heads.meta = {k: v for k, v in meta.items() if k != "format"}
+        return heads.to(target.device).eval().requires_grad_(False)
+
+
+def check_fingerprint(target: specframe.Target, meta: dict[str, str], path: Path) -> None:
+    """Raise `S4CHeadsMismatch` naming every field where the heads' target differs from `target`."""
+    mine = fingerprint(target)
+    diffs = [f"{k}: heads {meta.get(k)!r} vs target {v!r}" for k, v in mine.items() if meta.get(k) != v]
+    if diffs:
+        raise S4CHeadsMismatch(
+            f"s4c: heads {path} were trained for model '{meta.get('model', '?')}', not for '{target.name}' "
+            f"({'; '.join(diffs)}). Train heads for this target with "
+            f"`specframe train s4c --model {target.name} --data ...` and pass them as s4c(heads=PATH).")
+
+
+def describe(path: str | Path) -> dict[str, str]:
+    """The metadata of a heads file (for `specframe train s4c --info` and the README)."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        return json.loads(json.dumps(f.metadata() or {}))
+
+
+def _reset(module: nn.Module) -> None:
+    if isinstance(module, nn.Linear):
+        nn.init.normal_(module.weight, 0.0, 0.02)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)

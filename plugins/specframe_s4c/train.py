@@ -1,0 +1,183 @@
+"""Training S4C heads on features of the frozen target (the paper's loss), resumable, with progress.
+
+For a token block x_0..x_{T-1} the target gives post-norm features F_i (F_i predicts x_{i+1}). At every
+position t, head 1 reads [e(x_t), F_{t-1}] and head k reads [e(x_{t+k-1}), F^_{k-1}], the feature head
+k - 1 predicted: exactly what the drafter feeds them at decode time. Head k is trained towards F_{t+k-1}:
+
+    loss_k = 0.1 * CE(q_k, x_{t+k}) + 1.0 * CE(q_k, p_{t+k-1}) + 0.1 * SmoothL1(F^_k, F_{t+k-1})
+
+where q_k is the head's draft distribution (over the draft vocabulary) and p the target's, restricted to
+the draft vocabulary (tokens outside it cannot be drafted, so the token CE ignores them).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+import specframe
+from specframe_s4c.features import FeatureCache
+from specframe_s4c.heads import S4CHeads, target_parts
+
+WEIGHTS = {"token": 0.1, "distribution": 1.0, "feature": 0.1}  # the paper's loss weights
+
+
+@dataclass
+class TrainConfig:
+    num_heads: int = 3
+    block: int = 256  # tokens per training sequence
+    batch: int = 4  # sequences per step
+    lr: float = 3e-4
+    warmup: int = 20
+    steps: int = 1000  # total optimizer steps (the cosine schedule's length)
+    draft_vocab: int = 16384  # most frequent corpus tokens the heads may propose; 0 = whole vocabulary
+    save_every: int = 20
+    seed: int = 0
+
+
+def frequent_tokens(blocks: np.ndarray, vocab_size: int, size: int, always: set[int] = frozenset()
+                    ) -> torch.Tensor:
+    """The `size` most frequent ids of `blocks` (ties: smaller id), plus `always` (e.g. EOS), sorted."""
+    if size <= 0 or size >= vocab_size:
+        return torch.arange(vocab_size)
+    counts = np.bincount(blocks.reshape(-1), minlength=vocab_size).astype(np.float64)
+    counts[list(always)] = np.inf
+    order = np.lexsort((np.arange(vocab_size), -counts))[:size]
+    return torch.from_numpy(np.sort(order))
+
+
+def head_losses(heads: S4CHeads, target: specframe.Target, ids: torch.Tensor, feats: torch.Tensor
+                ) -> tuple[torch.Tensor, list[dict[str, float]]]:
+    """The summed loss over heads for one batch, and per-head parts plus top-1 agreement with the target.
+
+    `ids` (B, T) and the target's features `feats` (B, T, H). The target distribution p is taken over the
+    draft vocabulary and renormalized there (the tokens outside it cannot be drafted anyway).
+    """
+    embed, _, lm_head, _ = target_parts(target)
+    k_heads = len(heads)
+    b, t, h = feats.shape
+    n = t - k_heads - 1  # positions t = 1..n have every head's targets inside the block
+    vocab = heads.vocab_ids  # (Vd,)
+    w = lm_head.weight[vocab].detach()  # (Vd, H)
+    remap = torch.full((lm_head.weight.shape[0],), -100, dtype=torch.long)
+    remap[vocab] = torch.arange(len(vocab))  # full id -> draft id, -100 (ignored) outside the draft vocab
+    with torch.no_grad():
+        p_all = torch.softmax(feats @ w.T, -1)  # (B, T, Vd)
+    feature = feats[:, 0:n].reshape(-1, h)  # (B*n, H) F_{t-1}
+    total = feats.new_zeros(())
+    report = []
+    for k in range(1, k_heads + 1):
+        tok_in = ids[:, k:k + n].reshape(-1)  # (B*n,) x_{t+k-1}
+        feature = heads(k - 1, embed(tok_in).detach(), feature)  # (B*n, H) F^_k
+        want_feat = feats[:, k:k + n].reshape(-1, h)  # (B*n, H) F_{t+k-1}
+        want_p = p_all[:, k:k + n].reshape(-1, len(vocab))  # (B*n, Vd)
+        want_tok = remap[ids[:, k + 1:k + 1 + n].reshape(-1)]  # (B*n,) x_{t+k} in draft ids
+        logq = torch.log_softmax(feature @ w.T, -1)  # (B*n, Vd)
+        parts = {
+            "token": F.nll_loss(logq, want_tok, ignore_index=-100),
+            "distribution": -(want_p * logq).sum(-1).mean(),
+            "feature": F.smooth_l1_loss(feature, want_feat),
+        }
+        total = total + sum(WEIGHTS[name] * value for name, value in parts.items())
+        agree = (logq.argmax(-1) == want_p.argmax(-1)).float().mean()
+        report.append({name: v.item() for name, v in parts.items()} | {"top1": agree.item()})
+    return total, report
+
+
+class Trainer:
+    """Owns heads, optimizer and the data cursor; `run` trains until `steps` or a time limit, resumably."""
+
+    def __init__(self, target: specframe.Target, cache: FeatureCache, out_dir: Path, config: TrainConfig,
+                 log=print):
+        self.target, self.cache, self.out_dir, self.config, self.log = target, cache, Path(out_dir), config, log
+        blocks = cache.ids
+        target.model.requires_grad_(False)
+        torch.manual_seed(config.seed)
+        eos = target.eos_token_ids
+        vocab = frequent_tokens(blocks, target.vocab_size, config.draft_vocab, always=set(eos))
+        self.heads = S4CHeads(target, config.num_heads, vocab_ids=vocab).train()
+        self.optimizer = torch.optim.AdamW(self.heads.parameters(), lr=config.lr, weight_decay=0.0)
+        self.step = 0
+        self.order = np.random.default_rng(config.seed).permutation(len(blocks))
+        self.history: list[dict] = []
+
+    @property
+    def state_path(self) -> Path:
+        return self.out_dir / "state.pt"
+
+    def resume(self) -> bool:
+        """Load `state.pt` from `out_dir` when present. True if a run was resumed."""
+        if not self.state_path.is_file():
+            return False
+        state = torch.load(self.state_path, weights_only=False)
+        if state["config"] != asdict(self.config) or len(state["order"]) != len(self.order):
+            raise specframe.ConfigurationError(
+                f"s4c training: {self.state_path} was written with other settings or data "
+                f"({state['config']}); use a new --out directory or the same options")
+        self.heads.load_state_dict(state["heads"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.step, self.order, self.history = state["step"], state["order"], state["history"]
+        return True
+
+    def save(self) -> None:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.state_path.with_suffix(".tmp")
+        torch.save({"config": asdict(self.config), "heads": self.heads.state_dict(),
+                    "optimizer": self.optimizer.state_dict(), "step": self.step, "order": self.order,
+                    "history": self.history}, tmp)
+        tmp.replace(self.state_path)
+
+    def lr_at(self, step: int) -> float:
+        c = self.config
+        if step < c.warmup:
+            return c.lr * (step + 1) / c.warmup
+        progress = min(1.0, (step - c.warmup) / max(1, c.steps - c.warmup))
+        return c.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+    def train_step(self) -> dict:
+        c = self.config
+        start = (self.step * c.batch) % len(self.order)
+        rows = self.order[np.arange(start, start + c.batch) % len(self.order)]
+        ids, feats = self.cache.batch(rows)  # (B, T), (B, T, H)
+        loss, parts = head_losses(self.heads, self.target, ids, feats)
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.lr_at(self.step)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.heads.parameters(), 1.0)
+        self.optimizer.step()
+        self.step += 1
+        return {"step": self.step, "loss": loss.item(), "heads": parts}
+
+    def run(self, max_minutes: float | None = None) -> None:
+        c = self.config
+        deadline = None if max_minutes is None else time.time() + 60 * max_minutes
+        t0, tokens = time.time(), 0
+        while self.step < c.steps and (deadline is None or time.time() < deadline):
+            record = self.train_step()
+            tokens += c.batch * c.block
+            self.history.append(record)
+            top1 = " ".join(f"{h['top1']:.3f}" for h in record["heads"])
+            self.log(f"step {self.step}/{c.steps} loss {record['loss']:.4f} top1 [{top1}] "
+                     f"lr {self.lr_at(self.step - 1):.2e} {tokens / (time.time() - t0):.0f} tok/s")
+            if self.step % c.save_every == 0:
+                self.save()
+        self.save()
+
+    def export(self, path: Path, command: str, sources: list[str]) -> None:
+        """fp16 safetensors with the reproduction recipe in its metadata, plus a JSON summary beside it."""
+        recent = self.history[-20:]
+        summary = {"steps": self.step, "tokens_seen": self.step * self.config.batch * self.config.block,
+                   "command": command, "data": sources, "config": asdict(self.config),
+                   "final_top1_per_head": [float(np.mean([r["heads"][k]["top1"] for r in recent]))
+                                           for k in range(len(self.heads))] if recent else []}
+        self.heads.save(path, extra={"command": command, "data": json.dumps(sources),
+                                     "steps": str(self.step), "train_config": json.dumps(asdict(self.config))})
+        path.with_suffix(".json").write_text(json.dumps(summary, indent=2) + "\n")

@@ -1,0 +1,107 @@
+"""`static`: a fixed tree shape given as paths of ranks (Medusa's `*_choices` format), with presets.
+
+A path `(r1, r2, ...)` names the node reached from the root by taking the r1-th best child, then that
+node's r2-th best child, and so on; "best" ranks siblings by the proposal's scores (higher first, ties:
+earlier node). A path the proposal cannot follow (too few children) is skipped. Paths are taken in the
+order given until the budget is full, so list the most valuable first; the presets are ordered by depth,
+then by the sum of their ranks.
+
+Presets (`static(preset=...)`):
+- `continuous` (S4C): the top-1 chain of length `depth` with the top-`width` alternatives at every depth:
+  paths (0,)*(d-1) + (r,) for d = 1..depth, r < width -> depth * width nodes.
+- `cartesian` (Medusa style): every prefix of the product of ranks range(w1) x range(w2) x ... for
+  `widths=(w1, w2, ...)` -> w1 + w1*w2 + ... nodes.
+- `A`..`E` (STree's width x depth configurations 3x4, 16x3, 6x3, 4x4, 3x5): `width` chains, the r-th best
+  root child followed by top-1 children down to `depth` -> width * depth nodes, the same nodes a beam
+  search of that width and depth keeps when every beam step is kept (see `beam`).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+import numpy as np
+
+from specframe import DraftProposal, TokenTree, TreeBuilder, TreeBuilderCapabilities
+from specframe.errors import ConfigurationError
+
+STREE_CONFIGS = {"A": (3, 4), "B": (16, 3), "C": (6, 3), "D": (4, 4), "E": (3, 5)}  # name -> (width, depth)
+
+Path = tuple[int, ...]
+
+
+def continuous_paths(depth: int = 3, width: int = 3) -> list[Path]:
+    """S4C's continuous tree: a vertical top-1 chain plus `width` horizontal alternatives at each depth."""
+    return [(0,) * (d - 1) + (r,) for d in range(1, depth + 1) for r in range(width)]
+
+
+def cartesian_paths(widths: Sequence[int]) -> list[Path]:
+    """Every prefix of the product of rank ranges: the full Medusa-style tree for per-depth top-k widths."""
+    paths = [p for d in range(1, len(widths) + 1) for p in itertools.product(*(range(w) for w in widths[:d]))]
+    return sorted(paths, key=lambda p: (len(p), sum(p), p))
+
+
+def chains_paths(width: int, depth: int) -> list[Path]:
+    """`width` chains: the r-th best root child, then top-1 children to `depth` (STree's width x depth)."""
+    return sorted(((r,) + (0,) * (d - 1) for r in range(width) for d in range(1, depth + 1)),
+                  key=lambda p: (len(p), sum(p), p))
+
+
+def preset_paths(preset: str, depth: int = 3, width: int = 3, widths: Sequence[int] = (3, 2, 2)) -> list[Path]:
+    if preset == "continuous":
+        return continuous_paths(depth, width)
+    if preset == "cartesian":
+        return cartesian_paths(widths)
+    if preset.upper() in STREE_CONFIGS:
+        return chains_paths(*STREE_CONFIGS[preset.upper()])
+    raise ConfigurationError(f"tree builder 'static': unknown preset '{preset}'; use continuous, cartesian, "
+                             f"{', '.join(STREE_CONFIGS)} or paths=[[0], [1], [0, 0], ...]")
+
+
+def ranked_children(proposal: DraftProposal) -> dict[int, list[int]]:
+    """parent -> its children, best score first (ties: earlier node). -1 is the root."""
+    kids: dict[int, list[int]] = {}
+    for i in np.lexsort((np.arange(len(proposal)), -proposal.scores)).tolist():
+        kids.setdefault(int(proposal.parents[i]), []).append(i)
+    return kids
+
+
+class StaticTreeBuilder(TreeBuilder):
+    """`static(preset=continuous, depth=3, width=3)`, `static(preset=cartesian, widths=(3, 2, 2))`,
+    `static(preset=B)` or `static(paths=[[0], [1], [0, 0]])`."""
+
+    name = "static"
+    capabilities = TreeBuilderCapabilities()
+
+    def __init__(self, *, preset: str = "continuous", paths: Sequence[Sequence[int]] | None = None,
+                 depth: int = 3, width: int = 3, widths: Sequence[int] = (3, 2, 2)):
+        super().__init__()
+        if paths is not None:
+            self.paths = [tuple(int(r) for r in p) for p in paths]
+        else:
+            if depth < 1 or width < 1 or not widths or min(widths) < 1:
+                raise ConfigurationError("tree builder 'static': depth, width and widths must be >= 1")
+            self.paths = preset_paths(str(preset), depth, width, tuple(widths))
+        if not self.paths or any(not p or min(p) < 0 for p in self.paths):
+            raise ConfigurationError("tree builder 'static': paths must be non-empty lists of ranks >= 0")
+
+    def build(self, proposal: DraftProposal, budget: int) -> TokenTree:
+        kids = ranked_children(proposal)
+        keep: dict[int, None] = {}  # ordered set of proposal nodes
+        for path in self.paths:
+            nodes, parent = [], -1
+            for rank in path:
+                siblings = kids.get(parent, [])
+                if rank >= len(siblings):
+                    nodes = None
+                    break
+                parent = siblings[rank]
+                nodes.append(parent)
+            if nodes is None:
+                continue
+            new = [n for n in nodes if n not in keep]
+            if len(keep) + len(new) > budget:
+                continue
+            keep.update(dict.fromkeys(new))
+        return TokenTree.from_proposal(proposal, list(keep))
