@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import specframe
 from specframe import DraftProposal, TokenTree, TreeBuilder, TreeBuilderCapabilities
+from specframe_trees.beam import BeamTreeBuilder
+from specframe_trees.dynamic import DynamicTreeBuilder
+from specframe_trees.static import StaticTreeBuilder
 from specframe_trees.trie import TrieTreeBuilder
 
 
@@ -37,3 +40,6 @@ def _children(proposal: DraftProposal) -> dict[int, list[int]]:
 def register_tree_builders(register):
     register(ChainTreeBuilder)
     register(TrieTreeBuilder)
+    register(StaticTreeBuilder)
+    register(BeamTreeBuilder)
+    register(DynamicTreeBuilder)
