@@ -1,0 +1,153 @@
+"""`model:PROMPTS.jsonl`: a self-built datastore from the target's own answers to a prompt file.
+
+The REST paper leaves this as future work: where no large permissive corpus exists (chat), the target's
+own greedy answers to representative prompts are the text it is most likely to repeat. Answers are
+generated in batches (left-padded, greedy), appended to a cache file after every batch, and a rerun
+skips the prompts already answered, so a long generation can be interrupted and resumed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from specframe_rest.datastore import DatastoreError
+from specframe_rest.sources import Source, TokenDocuments, parse_line
+
+PROMPT_FIELDS = ("prompt", "question", "instruction", "input", "text", "turns", "messages")
+
+
+@dataclass
+class ModelAnswers(Source):
+    path: Path = Path()
+    max_new_tokens: int = 256
+    batch_size: int = 8
+    target: object = None
+    cache: Path | None = None
+    prompts: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_spec(cls, spec: str, max_new_tokens: int = 256, batch_size: int = 8) -> ModelAnswers:
+        path = Path(spec.removeprefix("model:")).expanduser()
+        if not path.is_file():
+            raise DatastoreError(f"datastore source '{spec}': prompt file '{path}' does not exist")
+        prompts = read_prompts(path)
+        if not prompts:
+            raise DatastoreError(f"datastore source '{spec}': no prompts in '{path}'")
+        meta = {"prompts": len(prompts), "max_new_tokens": max_new_tokens}
+        return cls(spec, "model-answers", len(prompts), meta, path, max_new_tokens, batch_size, prompts=prompts)
+
+    def prepare(self, target, out: Path) -> None:
+        """Bind the target and put the resumable cache beside the output directory."""
+        if target.tokenizer is None:
+            raise DatastoreError(f"datastore source '{self.spec}': model '{target.name}' has no tokenizer")
+        self.target, self.cache = target, out.parent / f"{out.name}.answers.jsonl"
+        self.meta["cache"] = str(self.cache)
+
+    def batches(self) -> Iterator[tuple[list, int]]:
+        answers = self._generate_missing()
+        yield from TokenDocuments(self.spec, self.kind, documents=[answers[i] for i in range(len(self.prompts))
+                                                                   if answers[i]]).batches()
+
+    def _settings(self) -> dict:
+        digest = hashlib.sha256(self.path.read_bytes()).hexdigest()[:16]
+        return {"prompts": str(self.path), "prompts_sha256": digest, "model": self.target.name,
+                "max_new_tokens": self.max_new_tokens}
+
+    def _generate_missing(self) -> dict[int, list[int]]:
+        settings = self._settings()
+        answers = self._read_cache(settings)
+        todo = sorted((i for i in range(len(self.prompts)) if i not in answers),
+                      key=lambda i: len(self.prompts[i]))  # similar lengths share a batch: less padding
+        if not answers:
+            self.cache.write_text(json.dumps({"settings": settings}) + "\n")
+        with open(self.cache, "a", encoding="utf-8") as f, tqdm(
+                total=len(self.prompts), initial=len(answers), desc="answering prompts", unit="prompt") as bar:
+            for start in range(0, len(todo), self.batch_size):
+                batch = todo[start:start + self.batch_size]
+                for i, ids in zip(batch, self._answer([self.prompts[i] for i in batch])):
+                    answers[i] = ids
+                    f.write(json.dumps({"index": i, "ids": ids}) + "\n")
+                f.flush()
+                bar.update(len(batch))
+        self.meta["generated"] = len(todo)
+        return answers
+
+    def _read_cache(self, settings: dict) -> dict[int, list[int]]:
+        if not self.cache.is_file():
+            return {}
+        lines = self.cache.read_text(encoding="utf-8").splitlines()
+        try:
+            if not lines or json.loads(lines[0]).get("settings") != settings:
+                return {}  # another prompt file, model or length: start over
+            records = [json.loads(line) for line in lines[1:] if line.strip()]
+        except json.JSONDecodeError:
+            records = []  # a line cut by an interruption: keep what parsed before it
+            for line in lines[1:]:
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError:
+                    break
+        return {int(r["index"]): [int(t) for t in r["ids"]] for r in records}
+
+    @torch.inference_mode()
+    def _answer(self, prompts: list[str]) -> list[list[int]]:
+        """Greedy answers (without the EOS token) for one batch of prompts."""
+        target, tokenizer = self.target, self.target.tokenizer
+        encoded = [prompt_ids(tokenizer, p) for p in prompts]
+        eos = target.eos_token_ids
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos, default=0)
+        width = max(len(e) for e in encoded)
+        ids = torch.full((len(encoded), width), pad, dtype=torch.long)  # (B, L) left-padded
+        mask = torch.zeros_like(ids)
+        for row, e in enumerate(encoded):
+            ids[row, width - len(e):] = torch.tensor(e)
+            mask[row, width - len(e):] = 1
+        out = target.model.generate(ids.to(target.device), attention_mask=mask.to(target.device),
+                                    max_new_tokens=self.max_new_tokens, do_sample=False, pad_token_id=pad)
+        result = []
+        for row in out[:, width:].tolist():  # (B, T) new tokens
+            cut = next((j for j, t in enumerate(row) if t in eos), len(row))
+            result.append(row[:cut])
+        return result
+
+
+def prompt_ids(tokenizer, prompt: str) -> list[int]:
+    if getattr(tokenizer, "chat_template", None):
+        encoded = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                                tokenize=True, return_dict=True)
+        return list(encoded["input_ids"])
+    return list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+
+
+def read_prompts(path: Path) -> list[str]:
+    """The first user turn of every line of a JSONL prompt file."""
+    prompts = []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            record = parse_line(line, path, number)
+            prompt = record if isinstance(record, str) else next(
+                (_first_text(record[k]) for k in PROMPT_FIELDS if isinstance(record, dict) and k in record), None)
+            if not prompt:
+                raise DatastoreError(f"prompt file '{path}', line {number}: no prompt in any of "
+                                     f"{', '.join(PROMPT_FIELDS)}")
+            prompts.append(prompt)
+    return prompts
+
+
+def _first_text(value) -> str | None:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and value:
+        first = value[0]
+        return first if isinstance(first, str) else first.get("content") if isinstance(first, dict) else None
+    return None
+

@@ -1,0 +1,188 @@
+"""Building a datastore: tokenize sources in parallel batches, index the reversed corpus, write atomically.
+
+Everything is written into a temporary directory beside the output and renamed into place at the end, so
+an interrupted or failed build leaves no half-written datastore. `append=True` keeps the tokens of an
+existing datastore (no re-tokenization) and re-indexes the whole corpus, since a suffix array cannot be
+extended in place.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+from tqdm.auto import tqdm
+
+import specframe
+from specframe.metrics import peak_memory_bytes
+from specframe_rest.datastore import (
+    BUCKETS, FORMAT, FORMAT_VERSION, HEADER, SUFFIXES, TOKENS, Datastore, DatastoreError, TokenizerIdentity,
+    file_digest, suffix_dtype, token_dtype,
+)
+from specframe_rest.sources import Source
+
+CHUNK = 1 << 24  # items per pass when streaming large arrays
+
+
+def build_datastore(out: str | Path, sources: list[Source], target, *, append: bool = False,
+                    overwrite: bool = False, progress: bool = True) -> dict:
+    """Build (or extend, with `append`) the datastore at `out` for `target`'s tokenizer; return its header."""
+    start = time.perf_counter()
+    identity = TokenizerIdentity.of(target)
+    dtype, sep = token_dtype(identity.vocab_size), identity.vocab_size
+    out = Path(out).expanduser().absolute()
+    old = _existing(out, identity, append, overwrite)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.building-", dir=out.parent))
+    try:
+        with open(tmp / TOKENS, "wb") as f:
+            if old is not None:
+                for s in range(0, len(old.tokens), CHUNK):
+                    f.write(np.asarray(old.tokens[s:s + CHUNK]).tobytes())
+            else:
+                f.write(np.array([sep], dtype).tobytes())
+            tokenize_start = time.perf_counter()
+            stats = [write_source(source, target, f, dtype, sep, out, progress) for source in sources]
+            tokenize_s = time.perf_counter() - tokenize_start
+        new_docs, new_tokens = sum(s["documents"] for s in stats), sum(s["tokens"] for s in stats)
+        if new_docs == 0:
+            raise DatastoreError(f"datastore '{out}': the sources ({', '.join(s.spec for s in sources)}) hold no "
+                                 "documents (empty files, an empty glob match, or only binary files)")
+        n = (tmp / TOKENS).stat().st_size // dtype.itemsize
+        tokens = np.memmap(tmp / TOKENS, dtype=dtype, mode="r", shape=(n,))
+        index_start = time.perf_counter()
+        suffix_array(tokens).tofile(tmp / SUFFIXES)
+        bucket_offsets(tokens, sep).tofile(tmp / BUCKETS)
+        index_s = time.perf_counter() - index_start
+        del tokens
+        previous = old.header if old is not None else None
+        header = {
+            "format": FORMAT, "format_version": FORMAT_VERSION, "specframe_version": specframe.__version__,
+            "tokenizer": identity.to_json(), "separator": sep, "token_dtype": dtype.name,
+            "suffix_dtype": suffix_dtype(n).name, "n_positions": n,
+            "n_tokens": new_tokens + (previous["n_tokens"] if previous else 0),
+            "n_documents": new_docs + (previous["n_documents"] if previous else 0),
+            "sources": (previous["sources"] if previous else []) + stats,
+            "built_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "build": {"seconds": round(time.perf_counter() - start, 2), "tokenize_seconds": round(tokenize_s, 2),
+                      "index_seconds": round(index_s, 2),
+                      "tokens_per_second": round(new_tokens / tokenize_s) if tokenize_s else None,
+                      "peak_memory_bytes": peak_memory_bytes("cpu"), "appended": old is not None},
+            "files": {name: {"bytes": (tmp / name).stat().st_size, "sha256": file_digest(tmp / name)}
+                      for name in (TOKENS, SUFFIXES, BUCKETS)},
+        }
+        (tmp / HEADER).write_text(json.dumps(header, indent=2) + "\n")
+        Datastore.open(tmp, expect=identity)  # never publish a store that does not open
+        del old
+        _publish(tmp, out)
+        return header
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _existing(out: Path, identity: TokenizerIdentity, append: bool, overwrite: bool) -> Datastore | None:
+    """The datastore to extend (with `append`), after refusing to clobber anything by accident."""
+    if not out.exists():
+        return None
+    if append:
+        return Datastore.open(out, expect=identity)
+    if out.is_dir() and not any(out.iterdir()):
+        return None
+    if overwrite and (out / HEADER).is_file():
+        return None
+    raise DatastoreError(f"'{out}' already exists: pass --append to add to it, --overwrite to replace a "
+                         "datastore, or choose another --out")
+
+
+def _publish(tmp: Path, out: Path) -> None:
+    """Move the finished store into place; an older store is replaced only after the new one is complete."""
+    if out.exists():
+        trash = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+        out.rename(trash / "store")
+        tmp.rename(out)
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        tmp.rename(out)
+
+
+def write_source(source: Source, target, f, dtype: np.dtype, sep: int, out: Path, progress: bool) -> dict:
+    """Tokenize `source` batch by batch and append each document and a separator to `f`."""
+    source.prepare(target, out)
+    documents = tokens = 0
+    closing = np.array([sep], dtype).tobytes()
+    with tqdm(total=source.total or None, desc=f"tokenizing {source.spec}", unit=_unit(source),
+              disable=not progress, dynamic_ncols=True) as bar:
+        for batch, done in source.batches():
+            for ids in tokenize(target.tokenizer, batch, source.spec):
+                if len(ids) == 0:
+                    continue
+                if ids.min() < 0 or ids.max() >= sep:
+                    bad = int(ids.max() if ids.max() >= sep else ids.min())
+                    raise DatastoreError(f"datastore source '{source.spec}': token id {bad} is out of range for "
+                                         f"the target's vocabulary of {sep} ids (a tokenizer/model mismatch?)")
+                f.write(ids.astype(dtype).tobytes())
+                f.write(closing)
+                documents += 1
+                tokens += len(ids)
+            bar.update(done - bar.n)
+            bar.set_postfix(tokens=f"{tokens:,}", refresh=False)
+    return {**source.describe(), "documents": documents, "tokens": tokens}
+
+
+def _unit(source: Source) -> str:
+    return {"jsonl": "line", "model-answers": "doc"}.get(source.kind, "file")
+
+
+def tokenize(tokenizer, batch: list, spec: str) -> list[np.ndarray]:
+    """Token ids of every document of `batch`: text goes through the tokenizer (the fast backend encodes a
+    batch on all cores), id arrays pass through."""
+    texts = [d for d in batch if isinstance(d, str)]
+    if not texts:
+        return [np.asarray(d, dtype=np.int64) for d in batch]
+    if tokenizer is None:
+        raise DatastoreError(f"datastore source '{spec}' is text, but the target has no tokenizer: "
+                             "pass token ids instead")
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None and backend.truncation is None and backend.padding is None:
+        encode = getattr(backend, "encode_batch_fast", backend.encode_batch)
+        encoded = iter([np.asarray(e.ids, dtype=np.int64) for e in encode(texts, add_special_tokens=False)])
+    else:
+        encoded = iter([np.asarray(ids, dtype=np.int64)
+                        for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]])
+    return [next(encoded) if isinstance(d, str) else np.asarray(d, dtype=np.int64) for d in batch]
+
+
+def suffix_array(tokens: np.ndarray) -> np.ndarray:
+    """(n,) suffix array of `tokens[::-1]`, computed with libdivsufsort.
+
+    libdivsufsort sorts bytes; the tokens are laid out big-endian so that byte order equals token order,
+    and only the suffixes starting at a token boundary are kept (filtered in chunks to bound memory).
+    """
+    from pydivsufsort import divsufsort
+
+    width = tokens.dtype.itemsize
+    big_endian = np.ascontiguousarray(tokens[::-1]).astype(tokens.dtype.newbyteorder(">"))  # (n,)
+    byte_sa = divsufsort(big_endian.view(np.uint8))  # (n * width,) every byte suffix
+    del big_endian
+    result = np.empty(len(tokens), suffix_dtype(len(tokens)))
+    filled = 0
+    for s in range(0, len(byte_sa), CHUNK):
+        chunk = byte_sa[s:s + CHUNK]
+        aligned = chunk[chunk % width == 0] // width
+        result[filled:filled + len(aligned)] = aligned
+        filled += len(aligned)
+    assert filled == len(tokens), "libdivsufsort returned a malformed suffix array"
+    return result
+
+
+def bucket_offsets(tokens: np.ndarray, sep: int) -> np.ndarray:
+    """(sep + 2,) int64: the suffix-array range of suffixes whose first token is t is [b[t], b[t + 1])."""
+    counts = np.zeros(sep + 1, np.int64)
+    for s in range(0, len(tokens), CHUNK):
+        counts += np.bincount(tokens[s:s + CHUNK], minlength=sep + 1)
+    return np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)

@@ -1,0 +1,75 @@
+"""`specframe datastore build|info`: build a REST datastore from sources, and describe one."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Optional
+
+import typer
+
+app = typer.Typer(help="Build and inspect REST retrieval datastores.", no_args_is_help=True)
+
+
+@app.command()
+def build(
+    source: list[str] = typer.Option(..., help="A directory, a JSONL or text file, python-stdlib, python-site, "
+                                               "or model:PROMPTS.jsonl (repeatable)."),
+    out: str = typer.Option(..., help="Datastore directory to create (a bare name goes under "
+                                      "$SPECFRAME_HOME/datastores)."),
+    model: str = typer.Option("smollm2-135m", help="Model alias or directory whose tokenizer to use."),
+    glob: str = typer.Option("**/*", help="Files to take from a directory source."),
+    field: Optional[str] = typer.Option(None, help="JSONL field holding the text or the chat turns."),
+    append: bool = typer.Option(False, help="Add the sources to an existing datastore (no re-tokenizing)."),
+    overwrite: bool = typer.Option(False, help="Replace an existing datastore."),
+    answer_tokens: int = typer.Option(256, help="model: sources: new tokens per answer."),
+    batch_size: int = typer.Option(8, help="model: sources: prompts per generation batch."),
+) -> None:
+    """Tokenize SOURCEs with MODEL's tokenizer and index them into a datastore at OUT."""
+    from specframe.models import load_target
+    from specframe_rest.build import build_datastore
+    from specframe_rest.drafter import datastore_home
+    from specframe_rest.sources import parse_source
+
+    sources = [parse_source(s, glob, field, max_new_tokens=answer_tokens, batch_size=batch_size) for s in source]
+    target = load_target(model)
+    destination = out if ("/" in out or out.startswith(".")) else str(datastore_home() / out)
+    header = build_datastore(destination, sources, target, append=append, overwrite=overwrite)
+    stats = header["build"]
+    typer.echo(f"built {destination}: {header['n_tokens']:,} tokens in {header['n_documents']:,} documents, "
+               f"{stats['seconds']:.1f} s ({stats['tokens_per_second'] or 0:,} tokens/s tokenizing, "
+               f"{stats['index_seconds']:.1f} s indexing), peak memory {stats['peak_memory_bytes'] / 2**20:,.0f} MiB")
+
+
+@app.command()
+def info(
+    path: str = typer.Argument(..., help="Datastore directory or name."),
+    verify: bool = typer.Option(False, help="Also check every file against its recorded digest."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Print a datastore's header, sizes and load time."""
+    from specframe_rest.datastore import Datastore
+    from specframe_rest.drafter import resolve_datastore
+
+    start = time.perf_counter()
+    store = Datastore.open(resolve_datastore(path))
+    load_s = time.perf_counter() - start
+    if verify:
+        store.verify()
+    report = {**store.describe(), "load_seconds": round(load_s, 4), "verified": verify}
+    if as_json:
+        typer.echo(json.dumps(report, indent=2))
+        return
+    tok = report["tokenizer"]
+    lines = [("path", report["path"]), ("format", f"{report['format']} v{report['format_version']}"),
+             ("tokenizer", f"{tok['name']} (vocab {tok['vocab_size']}, {tok['fingerprint'][:23]})"),
+             ("tokens", f"{report['n_tokens']:,} ({report['token_dtype']})"),
+             ("documents", f"{report['n_documents']:,}"),
+             ("on disk", f"{report['bytes_on_disk'] / 2**20:,.1f} MiB, {report['bytes_per_token']:.2f} bytes/token"),
+             ("built", f"{report['built_at']} in {report['build']['seconds']} s"),
+             ("load", f"{load_s * 1e3:.1f} ms"), ("verified", "yes" if verify else "no (--verify)")]
+    lines += [(f"source {i}", f"{s['source']} [{s['kind']}]: {s['documents']:,} documents, {s['tokens']:,} tokens")
+              for i, s in enumerate(report["sources"], 1)]
+    width = max(len(name) for name, _ in lines)
+    for name, value in lines:
+        typer.echo(f"{name:<{width}}  {value}")

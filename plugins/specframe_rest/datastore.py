@@ -1,0 +1,205 @@
+"""The REST datastore on disk: a versioned directory, opened by memory map and checked before use.
+
+Layout of a datastore directory::
+
+    datastore.json   header: format and version, tokenizer identity, dtypes, counts, sources, file digests
+    tokens.bin       the corpus as one token array: SEP doc_1 SEP doc_2 SEP ... doc_D SEP
+    suffixes.bin     suffix array of the *reversed* token array (int32, or int64 past 2**31 tokens)
+    buckets.bin      int64 (SEP + 2,): suffixes starting with token t are suffixes[buckets[t]:buckets[t + 1]]
+
+SEP is the vocabulary size: no real token equals it, so no match can span two documents, and a
+continuation stops at the end of its document. Tokens are uint16 when SEP fits, else uint32 (ids are
+never truncated). Indexing the reversed corpus lets retrieval extend a match to the left one token at a
+time inside one suffix-array interval, instead of one fresh search per match length (see `retrieval.py`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from specframe import SpecframeError
+
+FORMAT = "specframe-rest-datastore"
+FORMAT_VERSION = 1
+HEADER, TOKENS, SUFFIXES, BUCKETS = "datastore.json", "tokens.bin", "suffixes.bin", "buckets.bin"
+BUILD_HINT = "rebuild it with `specframe datastore build --model MODEL --source SOURCE --out DIR`"
+
+
+class DatastoreError(SpecframeError):
+    """A REST datastore is missing, corrupt, from a newer format, empty, or built for another tokenizer."""
+
+
+@dataclass(frozen=True)
+class TokenizerIdentity:
+    """What a datastore's token ids mean: the tokenizer's name, a digest of its vocabulary, the id range."""
+
+    name: str
+    fingerprint: str
+    vocab_size: int
+
+    @classmethod
+    def of(cls, target) -> TokenizerIdentity:
+        """The identity of `target`'s tokenizer; targets without one (test models) speak raw ids."""
+        tokenizer = target.tokenizer
+        if tokenizer is None:
+            return cls(f"{target.name} (no tokenizer: raw ids)", "raw-ids", target.vocab_size)
+        vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: (kv[1], kv[0]))
+        digest = hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()
+        return cls(f"{target.name} ({type(tokenizer).__name__})", "sha256:" + digest, target.vocab_size)
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "fingerprint": self.fingerprint, "vocab_size": self.vocab_size}
+
+    def matches(self, other: TokenizerIdentity) -> bool:
+        return self.fingerprint == other.fingerprint and self.vocab_size == other.vocab_size
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """uint16 when every id and the separator (= vocab_size) fit, else uint32."""
+    if vocab_size < 1 or vocab_size >= 2**32 - 1:
+        raise DatastoreError(f"datastore: vocabulary size {vocab_size} is out of the supported range")
+    return np.dtype(np.uint16) if vocab_size <= np.iinfo(np.uint16).max else np.dtype(np.uint32)
+
+
+def suffix_dtype(n_positions: int) -> np.dtype:
+    return np.dtype(np.int32) if n_positions <= np.iinfo(np.int32).max else np.dtype(np.int64)
+
+
+def file_digest(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return "sha256:" + h.hexdigest()
+
+
+class Datastore:
+    """An opened datastore: `tokens` and `suffixes` are read-only memory maps of the files.
+
+    Opening checks the header, the file sizes, the separators framing the corpus, the token range and a
+    sample of the suffix array, so a truncated or corrupt store fails here with a clear message rather
+    than later with wrong drafts. `verify()` additionally compares every file with its recorded digest.
+    """
+
+    def __init__(self, path: Path, header: dict, tokens: np.ndarray, suffixes: np.ndarray, buckets: np.ndarray):
+        self.path, self.header = path, header
+        self.tokens, self.suffixes, self.buckets = tokens, suffixes, buckets
+        self.separator = int(header["separator"])
+        self.identity = TokenizerIdentity(**header["tokenizer"])
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @classmethod
+    def open(cls, path: str | os.PathLike, expect: TokenizerIdentity | None = None) -> Datastore:
+        """Open and check the datastore at `path`; with `expect`, refuse one built for another tokenizer."""
+        path = Path(path).expanduser()
+        header = read_header(path)
+        if expect is not None:
+            cls.check_identity(path, TokenizerIdentity(**header["tokenizer"]), expect)
+        n = int(header["n_positions"])
+        sep = int(header["separator"])
+        tokens = _map(path, TOKENS, header["token_dtype"], n)
+        suffixes = _map(path, SUFFIXES, header["suffix_dtype"], n)
+        buckets = np.array(_map(path, BUCKETS, "int64", sep + 2))
+        store = cls(path, header, tokens, suffixes, buckets)
+        store._check()
+        return store
+
+    @staticmethod
+    def check_identity(path: Path, have: TokenizerIdentity, expect: TokenizerIdentity) -> None:
+        """Refuse a datastore whose token ids mean something else for the target."""
+        if not have.matches(expect):
+            raise DatastoreError(
+                f"datastore '{path}' was built with tokenizer {have.name} (vocab {have.vocab_size}, "
+                f"{have.fingerprint[:19]}) but the target uses tokenizer {expect.name} (vocab "
+                f"{expect.vocab_size}, {expect.fingerprint[:19]}); {BUILD_HINT} for this model")
+
+    def _check(self) -> None:
+        """Cheap structural checks (one pass over the tokens, a sample of the suffix array)."""
+        tokens, sep, n = self.tokens, self.separator, len(self.tokens)
+        where = f"datastore '{self.path}'"
+        if n < 3 or tokens[0] != sep or tokens[-1] != sep:
+            raise DatastoreError(f"{where}: {TOKENS} does not start and end with the document separator: "
+                                 f"the file is corrupt; {BUILD_HINT}")
+        top = int(tokens.max())
+        if top > sep:
+            raise DatastoreError(f"{where}: token id {top} is out of range for vocabulary size {sep}: the file "
+                                 f"is corrupt or was written for another model; {BUILD_HINT}")
+        separators = int(np.count_nonzero(tokens == sep))
+        if separators != int(self.header["n_documents"]) + 1:
+            raise DatastoreError(f"{where}: {separators - 1} documents in {TOKENS} but the header says "
+                                 f"{self.header['n_documents']}: the store is corrupt; {BUILD_HINT}")
+        b = self.buckets
+        if b[0] != 0 or b[-1] != n or np.any(np.diff(b) < 0):
+            raise DatastoreError(f"{where}: {BUCKETS} is inconsistent with the token array; {BUILD_HINT}")
+        rng = np.random.default_rng(0)
+        sample = rng.integers(0, n - 1, size=min(256, n - 1))
+        pos = self.suffixes[sample].astype(np.int64)
+        nxt = self.suffixes[sample + 1].astype(np.int64)
+        if pos.min() < 0 or pos.max() >= n or nxt.min() < 0 or nxt.max() >= n:
+            raise DatastoreError(f"{where}: {SUFFIXES} holds positions outside the corpus; {BUILD_HINT}")
+        first, second = tokens[n - 1 - pos], tokens[n - 1 - nxt]  # first reversed token of each suffix
+        if np.any(first > second):
+            raise DatastoreError(f"{where}: {SUFFIXES} is not sorted: the file is corrupt; {BUILD_HINT}")
+
+    def verify(self) -> None:
+        """Compare every file with the digest recorded at build time (reads everything once)."""
+        for name, meta in self.header["files"].items():
+            if file_digest(self.path / name) != meta["sha256"]:
+                raise DatastoreError(f"datastore '{self.path}': {name} does not match its recorded digest: "
+                                     f"the file was modified or damaged; {BUILD_HINT}")
+
+    def describe(self) -> dict:
+        """The header plus derived sizes, as `specframe datastore info` prints it."""
+        on_disk = sum((self.path / name).stat().st_size for name in self.header["files"])
+        corpus = int(self.header["n_tokens"])
+        return {**self.header, "path": str(self.path), "bytes_on_disk": on_disk,
+                "bytes_per_token": on_disk / corpus if corpus else None}
+
+
+def read_header(path: Path) -> dict:
+    """The parsed, version-checked header of the datastore directory `path`."""
+    file = path / HEADER
+    if not file.is_file():
+        raise DatastoreError(f"no datastore at '{path}' ({HEADER} is missing); build one with "
+                             "`specframe datastore build --model MODEL --source SOURCE --out DIR`")
+    try:
+        header = json.loads(file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise DatastoreError(f"datastore '{path}': {HEADER} is not valid JSON ({err}); {BUILD_HINT}") from None
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        raise DatastoreError(f"'{path}' is not a specframe REST datastore ({HEADER} lacks "
+                             f"\"format\": \"{FORMAT}\")")
+    version = header.get("format_version")
+    if not isinstance(version, int) or version < 1:
+        raise DatastoreError(f"datastore '{path}': invalid format_version {version!r}; {BUILD_HINT}")
+    if version > FORMAT_VERSION:
+        raise DatastoreError(f"datastore '{path}' has format version {version}, newer than the version "
+                             f"{FORMAT_VERSION} this specframe reads: upgrade specframe, or {BUILD_HINT}")
+    required = ("tokenizer", "separator", "token_dtype", "suffix_dtype", "n_positions", "n_tokens",
+                "n_documents", "sources", "files")
+    missing = [key for key in required if key not in header]
+    if missing:
+        raise DatastoreError(f"datastore '{path}': {HEADER} lacks {', '.join(missing)}; {BUILD_HINT}")
+    if int(header["n_tokens"]) == 0:
+        raise DatastoreError(f"datastore '{path}' holds no tokens; {BUILD_HINT} from a non-empty source")
+    return header
+
+
+def _map(path: Path, name: str, dtype: str, count: int) -> np.ndarray:
+    """Memory-map `count` items of `dtype` from `path/name`, refusing a file of the wrong size."""
+    file = path / name
+    dtype = np.dtype(dtype)
+    expected = count * dtype.itemsize
+    size = file.stat().st_size if file.is_file() else None
+    if size != expected:
+        state = "is missing" if size is None else f"has {size} bytes, expected {expected}"
+        raise DatastoreError(f"datastore '{path}': {name} {state} (truncated or corrupt); {BUILD_HINT}")
+    return np.memmap(file, dtype=dtype, mode="r", shape=(count,))

@@ -1,0 +1,172 @@
+"""Corpus sources for a datastore: where documents come from, as batches of text or of token ids.
+
+`parse_source` reads the `--source` argument: a directory (with a glob), a JSONL file (a text field or
+chat turns), a single text file, `python-stdlib`, `python-site`, or `model:PROMPTS.jsonl` (the target's
+own answers to a prompt file, see `answers.py`). Every source yields documents in a fixed order, so a
+build is reproducible.
+"""
+
+from __future__ import annotations
+
+import json
+import sysconfig
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from specframe_rest.datastore import DatastoreError
+
+TEXT_FIELDS = ("text", "content", "answer", "output", "completion", "response", "code")
+TURN_FIELDS = ("messages", "conversations", "conversation", "turns")
+BATCH_BYTES = 1 << 20  # text handed to the tokenizer per batch
+
+
+@dataclass
+class Source:
+    """Documents from one place. `batches()` yields lists of `str` or of id arrays; `total` sizes progress."""
+
+    spec: str
+    kind: str
+    total: int = 0  # units for the progress bar (files, lines or prompts)
+    meta: dict = field(default_factory=dict)
+
+    def prepare(self, target, out: Path) -> None:
+        """Called by the builder before `batches()`; sources that need the target override it."""
+
+    def batches(self) -> Iterator[tuple[list, int]]:
+        """(documents, units done) pairs; documents are `str` (to tokenize) or int arrays (already ids)."""
+        raise NotImplementedError
+
+    def describe(self) -> dict:
+        return {"source": self.spec, "kind": self.kind, **self.meta}
+
+
+@dataclass
+class TextFiles(Source):
+    """Each file is one document; binary files (NUL bytes) and files that are not UTF-8 are skipped."""
+
+    files: list[Path] = field(default_factory=list)
+
+    def batches(self) -> Iterator[tuple[list, int]]:
+        docs, size, done, skipped = [], 0, 0, 0
+        for file in self.files:
+            done += 1
+            try:
+                raw = file.read_bytes()
+                text = raw.decode("utf-8") if b"\0" not in raw else None
+            except (OSError, UnicodeDecodeError):
+                text = None
+            if text is None:
+                skipped += 1
+                continue
+            if text.strip():
+                docs.append(text)
+                size += len(raw)
+            if size >= BATCH_BYTES:
+                yield docs, done
+                docs, size = [], 0
+        self.meta["skipped_files"] = skipped
+        if docs:
+            yield docs, done
+
+
+@dataclass
+class JsonlTexts(Source):
+    """One document per line (a text field), or one per chat turn (a list of messages or strings)."""
+
+    path: Path = Path()
+    field_name: str | None = None
+
+    def batches(self) -> Iterator[tuple[list, int]]:
+        docs, size = [], 0
+        with open(self.path, encoding="utf-8") as f:
+            for number, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                for text in texts_of(parse_line(line, self.path, number), self.field_name, self.path, number):
+                    docs.append(text)
+                    size += len(text)
+                if size >= BATCH_BYTES:
+                    yield docs, number
+                    docs, size = [], 0
+            if docs:
+                yield docs, number
+
+
+@dataclass
+class TokenDocuments(Source):
+    """Documents given directly as token ids (the Python API, tests, and the model's own answers)."""
+
+    documents: list = field(default_factory=list)
+
+    def batches(self) -> Iterator[tuple[list, int]]:
+        for start in range(0, len(self.documents), 256):
+            chunk = self.documents[start:start + 256]
+            yield [np.asarray(d, dtype=np.int64) for d in chunk], start + len(chunk)
+
+
+def parse_line(line: str, path: Path, number: int) -> object:
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as err:
+        raise DatastoreError(f"datastore source '{path}', line {number}: not valid JSON ({err})") from None
+
+
+def texts_of(record: object, field_name: str | None, path: Path, number: int) -> list[str]:
+    """The documents of one JSONL record: `field_name`, else the first known text or turns field."""
+    if isinstance(record, str):
+        return [record] if record.strip() else []
+    if not isinstance(record, dict):
+        raise DatastoreError(f"datastore source '{path}', line {number}: expected a JSON object or string")
+    names = (field_name,) if field_name else TURN_FIELDS + TEXT_FIELDS
+    for name in names:
+        value = record.get(name)
+        if isinstance(value, str):
+            return [value] if value.strip() else []
+        if isinstance(value, list):
+            turns = [t if isinstance(t, str) else next((t[k] for k in ("content", "value", "text")
+                                                        if isinstance(t, dict) and isinstance(t.get(k), str)), "")
+                     for t in value]
+            return [t for t in turns if t.strip()]
+    wanted = f"field '{field_name}'" if field_name else f"any of {', '.join(names)}"
+    raise DatastoreError(f"datastore source '{path}', line {number}: no text in {wanted} (keys: "
+                         f"{', '.join(map(str, record)) or 'none'}); name the field with --field")
+
+
+def python_files(root: Path, exclude_site: bool) -> list[Path]:
+    files = sorted(p for p in root.rglob("*.py") if p.is_file())
+    if exclude_site:
+        files = [p for p in files if not {"site-packages", "dist-packages"} & set(p.relative_to(root).parts)]
+    return files
+
+
+def parse_source(spec: str, glob: str = "**/*", field_name: str | None = None, **answer_options) -> Source:
+    """The `Source` named by a `--source` argument (see the module docstring). `answer_options`
+    (`max_new_tokens`, `batch_size`) apply to `model:` sources."""
+    if spec == "python-stdlib":
+        root = Path(sysconfig.get_paths()["stdlib"])
+        files = python_files(root, exclude_site=True)
+        return TextFiles(spec, "python-stdlib", len(files), {"root": str(root), "files": len(files)}, files)
+    if spec == "python-site":
+        roots = sorted({Path(sysconfig.get_paths()[k]) for k in ("purelib", "platlib")})
+        files = [f for root in roots if root.is_dir() for f in python_files(root, exclude_site=False)]
+        return TextFiles(spec, "python-site", len(files), {"roots": [str(r) for r in roots],
+                                                           "files": len(files)}, files)
+    if spec.startswith("model:"):
+        from specframe_rest.answers import ModelAnswers
+
+        return ModelAnswers.from_spec(spec, **answer_options)
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        files = sorted(p for p in path.glob(glob) if p.is_file())
+        return TextFiles(spec, "directory", len(files), {"glob": glob, "files": len(files)}, files)
+    if path.is_file() and path.suffix in (".jsonl", ".json"):
+        with open(path, "rb") as f:
+            lines = sum(1 for _ in f)
+        return JsonlTexts(spec, "jsonl", lines, {"field": field_name}, path, field_name)
+    if path.is_file():
+        return TextFiles(spec, "file", 1, {}, [path])
+    raise DatastoreError(f"datastore source '{spec}' is neither a directory, a file, python-stdlib, "
+                         "python-site nor model:PROMPTS.jsonl")
