@@ -25,12 +25,11 @@ class GreedyVerifier(Verifier):
     capabilities = VerifierCapabilities(lossless=True, supports_sampling=False)
 
     def verify(self, tree: TokenTree, scores: TargetScores, sampling: Sampler) -> VerifyResult:
-        best = scores.logits.argmax(-1).tolist()  # (N + 1,) target argmax after each packed entry
-        children, tokens = tree.children, tree.tokens
+        logits, children, tokens = scores.logits, tree.children, tree.tokens
         path: list[int] = []
         node = -1  # the root
         while True:
-            want = best[node + 1]
+            want = int(logits[node + 1].argmax())  # only rows on the accepted path are ever reduced
             nxt = next((c for c in children[node + 1] if tokens[c] == want), None)
             if nxt is None:
                 return VerifyResult(path=path, bonus=want)
