@@ -1,0 +1,36 @@
+"""Observer hooks see every step and the finished request."""
+
+from conftest import tiny_llama
+
+import specframe
+from specframe.registry import PluginRegistry
+
+
+class Recorder:
+    def __init__(self):
+        self.events, self.starts, self.results = [], [], []
+
+    @specframe.hookimpl
+    def on_decode_start(self, decoder, prompt_ids):
+        self.starts.append(list(prompt_ids))
+
+    @specframe.hookimpl
+    def on_step(self, decoder, event):
+        self.events.append(event)
+
+    @specframe.hookimpl
+    def on_decode_end(self, decoder, result):
+        self.results.append(result)
+
+
+def test_observers_see_every_step():
+    registry = PluginRegistry()
+    recorder = Recorder()
+    registry.register_plugin(recorder, name="recorder")
+    decoder = specframe.SpeculativeDecoder.from_names(tiny_llama(), "pld", registry=registry)
+    result = decoder.generate([4, 5, 6, 4, 5, 6, 4, 5], max_new_tokens=20)
+    assert recorder.starts == [[4, 5, 6, 4, 5, 6, 4, 5]]
+    assert recorder.results == [result]
+    assert len(recorder.events) == result.metrics.steps
+    assert [t for e in recorder.events for t in e.emitted] == result.tokens
+    assert all(set(e.times) >= {"draft", "tree", "forward", "verify", "commit", "other"} for e in recorder.events)
