@@ -52,9 +52,22 @@ class TokenTree:
         return cls(np.zeros(0, np.int64), np.zeros(0, np.int64))
 
     @classmethod
-    def from_proposal(cls, proposal: DraftProposal, keep: np.ndarray | list[int]) -> TokenTree:
-        """The sub-forest of `proposal` made of the nodes `keep` (closed under parents), renumbered."""
+    def from_proposal(cls, proposal: DraftProposal, keep: np.ndarray | list[int], *,
+                      draw_order_prefix: bool = False) -> TokenTree:
+        """The sub-forest of `proposal` made of the nodes `keep` (closed under parents), renumbered.
+
+        Sampled drafts stay verifiable with their q (verifier `rejection`) only if the kept children of
+        every node are still draws from q: when nothing is dropped, or when the builder's rule keeps,
+        below every node, a prefix of the children in draw order decided without looking at their
+        tokens (e.g. the first `budget` nodes), which the builder says with `draw_order_prefix=True`.
+        Otherwise (siblings picked by score) the tree is marked `RETRIEVED`, so it is verified by
+        sampling and matching, which is lossless for any tree.
+        """
         keep = np.sort(np.asarray(keep, dtype=np.int64))
+        draw = proposal.draw
+        sampled = draw in (DrawMethod.SAMPLED, DrawMethod.SAMPLED_WITHOUT_REPLACEMENT)
+        if sampled and len(keep) < len(proposal) and not draw_order_prefix:
+            draw = DrawMethod.RETRIEVED
         remap = np.full(len(proposal) + 1, -1, np.int64)  # last slot maps the root (-1) to -1
         remap[keep] = np.arange(len(keep))
         parents = proposal.parents[keep]
@@ -62,7 +75,7 @@ class TokenTree:
         if np.any((parents >= 0) & (new_parents < 0)):
             raise ValueError("TokenTree.from_proposal: kept nodes must include every ancestor")
         probs = None if proposal.draft_probs is None else proposal.draft_probs[torch.from_numpy(keep)]
-        return cls(proposal.tokens[keep], new_parents, probs, proposal.draw)
+        return cls(proposal.tokens[keep], new_parents, probs, draw)
 
     # --- packed quantities (root at index 0) -------------------------------------------------------
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 import pytest
 import torch
 from verifier_kit import (
-    Drafters, LogitTable, adversarial_q, chi_square_pvalue, exact_distribution, model_q, simulate, tiny_target,
+    Drafters, LogitTable, adversarial_q, chi_square_pvalue, exact_distribution, keep_all, model_q, simulate,
+    tiny_target,
 )
 
 from specframe import (
@@ -68,9 +69,9 @@ def drafter(kind: str, target: LogitTable, draft: LogitTable):
     raise ValueError(kind)
 
 
-def check_lossless(v: Verifier, propose, table: LogitTable, params: SamplingParams, seed: int = 0) -> float:
+def check_lossless(v: Verifier, propose, table: LogitTable, params: SamplingParams, build=keep_all) -> float:
     """The distribution check itself; returns the p-value, raises AssertionError below P_MIN."""
-    counts = simulate(v, propose, table, params, RUNS, seed=seed)
+    counts = simulate(v, propose, table, params, RUNS, seed=0, build=build)
     pvalue = chi_square_pvalue(counts, exact_distribution(table, params))
     assert pvalue >= P_MIN, f"{v.name}: first {table.depth} tokens do not follow the target (p = {pvalue:.3g})"
     return pvalue
@@ -100,6 +101,29 @@ SAMPLE_MATCH_CASES = [("static", 3, HOT), ("iid-trie-adversarial", 2, FILTERED)]
 def test_sample_match_is_lossless(tables, kind, depth, params):
     target, draft = tables[depth]
     check_lossless(verifier("sample-match"), drafter(kind, target, draft), target, params)
+
+
+def score_picked_trees(lie: bool):
+    """Trees from the first-party `chain` builder, which follows the most frequent child: the kept
+    children are no longer draws from q, so `TokenTree.from_proposal` marks the tree retrieved. With
+    `lie`, the tree claims its draws anyway (a builder breaking the `DrawMethod` contract)."""
+    chain = get_registry().get("tree builder", "chain")()
+
+    def build(proposal):
+        tree = chain.build(proposal, 8)
+        if lie:
+            tree.draw = proposal.draw
+        return tree
+
+    return build
+
+
+def test_rejection_stays_lossless_when_a_builder_picks_siblings_by_score(tables):
+    target, _ = tables[2]
+    propose = Drafters.sampled_sequences(adversarial_q(target, power=1.0), count=6, length=2)
+    check_lossless(verifier("rejection"), propose, target, HOT, build=score_picked_trees(lie=False))
+    with pytest.raises(AssertionError, match="do not follow"):
+        check_lossless(verifier("rejection"), propose, target, HOT, build=score_picked_trees(lie=True))
 
 
 # --- the same check on deliberately broken verifiers ------------------------------------------------

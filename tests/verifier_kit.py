@@ -191,9 +191,14 @@ def path_tokens(proposal, node: int) -> tuple[int, ...]:
     return tuple(out[::-1])
 
 
+def keep_all(proposal: DraftProposal) -> TokenTree:
+    return TokenTree.from_proposal(proposal, np.arange(len(proposal)))
+
+
 def simulate(verifier, propose: Callable, table: LogitTable, params: SamplingParams, runs: int,
-             seed: int = 0) -> Counter:
-    """Counts of the first `table.depth` tokens over `runs` fake decodes that call `verifier` directly."""
+             seed: int = 0, build: Callable[[DraftProposal], TokenTree] = keep_all) -> Counter:
+    """Counts of the first `table.depth` tokens over `runs` fake decodes that call `verifier` directly
+    on the trees `build` makes of the proposals."""
     sampler = Sampler(SamplingParams(params.temperature, params.top_p, params.top_k, seed=seed))
     rng = np.random.default_rng(seed + 1)
     counts: Counter = Counter()
@@ -201,7 +206,7 @@ def simulate(verifier, propose: Callable, table: LogitTable, params: SamplingPar
         emitted: tuple[int, ...] = ()
         while len(emitted) < table.depth:
             proposal = propose(emitted, rng)
-            tree = TokenTree.from_proposal(proposal, np.arange(len(proposal)))
+            tree = build(proposal)
             rows = [table(emitted)] + [table(emitted + path_tokens(tree, i)) for i in range(len(tree))]
             result = verifier.verify(tree, TargetScores(logits=torch.stack(rows)), sampler)  # (N + 1, V)
             emitted += tuple(int(t) for t in tree.tokens[result.path]) + (result.bonus,)
@@ -297,4 +302,4 @@ class KeepAllTreeBuilder(TreeBuilder):
     name = "test-keep-all"
 
     def build(self, proposal: DraftProposal, budget: int) -> TokenTree:
-        return TokenTree.from_proposal(proposal, np.arange(min(budget, len(proposal))))
+        return TokenTree.from_proposal(proposal, np.arange(min(budget, len(proposal))), draw_order_prefix=True)
