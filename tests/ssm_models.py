@@ -29,11 +29,12 @@ def _randomize_ssm(model: torch.nn.Module, seed: int) -> None:
                 m.D.copy_(torch.randn(m.D.shape, generator=gen))
 
 
-def tiny_target(kind: str = "mamba2", *, groups: int = 2, conv: int = 4, dt_min: float = 0.0,
+def tiny_ssm_target(kind: str = "mamba2", *, groups: int = 2, conv: int = 4, dt_min: float = 0.0,
                 seed: int = 0) -> Target:
     """A tiny random target of family `kind` ("mamba2", "bamba" or "nemotronh"), float32, eval mode."""
     torch.manual_seed(seed)
-    common = dict(vocab_size=VOCAB, hidden_size=32)
+    # A wide init so that every layer, the SSM ones included, moves the logits visibly.
+    common = dict(vocab_size=VOCAB, hidden_size=32, initializer_range=0.2)
     if kind == "mamba2":
         config = Mamba2Config(**common, num_hidden_layers=3, num_heads=4, head_dim=16, state_size=8,
                               n_groups=groups, expand=2, conv_kernel=conv, chunk_size=8,
@@ -94,4 +95,19 @@ def state_tensors(cache) -> dict[str, torch.Tensor]:
         elif getattr(layer, "is_initialized", False) and getattr(layer, "keys", None) is not None:
             out[f"keys{i}"] = layer.keys.clone()
             out[f"values{i}"] = layer.values.clone()
+    return out
+
+
+@torch.inference_mode()
+def reference_greedy(target: Target, prompt: list[int], max_new_tokens: int) -> list[int]:
+    """Plain greedy decoding with the unmodified model, one token per forward."""
+    from transformers import DynamicCache
+
+    model = target.model
+    cache = DynamicCache(config=model.config)
+    logits = run_sequence(model, cache, 0, prompt)[-1]
+    out: list[int] = []
+    while len(out) < max_new_tokens:
+        out.append(int(logits.argmax()))
+        logits = run_sequence(model, cache, len(prompt) + len(out) - 1, [out[-1]])[-1]
     return out

@@ -1,0 +1,210 @@
+"""`ssm-tree` and `ssm-unrolled` against the naive per-path reference (tests/ssm_models.py): tree logits
+equal plain per-path logits, scoring never touches the committed state, and after committing any path the
+conv state, SSM state, KV cache and next-token logits equal those of the plain sequential run."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+from ssm_models import VOCAB, path_reference, run_sequence, state_tensors, tiny_ssm_target
+from transformers import LlamaConfig, LlamaForCausalLM, MambaConfig, MambaForCausalLM
+
+from specframe import Target, TokenTree, UnsupportedModelError, get_registry
+
+PROMPT = [5, 9, 3, 7, 11, 2, 8, 9, 3]
+TREES = {
+    "chain": [-1, 0, 1, 2, 3, 4],
+    "star": [-1, -1, -1, -1, -1],
+    "shallow": [-1, 0, 0, 1, -1],  # depth 2, below the conv width
+    "deep": [-1, 0, 1, 2, 3, 1, 5, 6, 7],  # depth 5, the conv window leaves the committed state
+    "several roots": [-1, -1, 1, 0, 2, -1, 5],
+}
+ATOL = 1e-5
+
+
+def backend_cls(name: str):
+    return get_registry().get("backend", name)
+
+
+def make_tree(parents: list[int], seed: int = 0) -> TokenTree:
+    rng = np.random.default_rng(seed)
+    return TokenTree(rng.integers(0, VOCAB, len(parents)), np.array(parents))
+
+
+def packed_path(path: list[int]) -> list[int]:
+    return [0] + [i + 1 for i in path]
+
+
+def check_scores(target: Target, backend: str, tree: TokenTree, prompt=PROMPT, **options):
+    """Score `tree`; compare every root-to-leaf path with the reference; check nothing committed moved."""
+    b = backend_cls(backend)(target, **options)
+    b.prefill(prompt)
+    before = state_tensors(b.cache)
+    scores = b.score(tree)
+    assert scores.logits.shape == (len(tree) + 1, target.vocab_size)
+    after = state_tensors(b.cache)
+    for name, tensor in before.items():  # the committed part is unchanged (KV may grow by the tree)
+        torch.testing.assert_close(after[name][..., : tensor.shape[-2], :] if "keys" in name or "values" in name
+                                   else after[name], tensor, atol=0, rtol=0)
+    start = len(prompt) - 1
+    for path in tree.paths or [[]]:
+        tokens = [prompt[-1], *tree.tokens[path].tolist()]
+        want, _ = path_reference(target.model, b.cache if backend == "ssm-unrolled" else _committed_copy(b),
+                                 start, tokens)
+        torch.testing.assert_close(scores.logits[packed_path(path)], want, atol=ATOL, rtol=ATOL)
+    return b, scores
+
+
+def _committed_copy(b):
+    """The backend's cache with any scored tree rows dropped: the committed state only."""
+    import copy
+
+    from specframe_ssm.cache import crop_kv
+
+    cache = copy.deepcopy(b.cache)
+    crop_kv(cache, b.layout.attention, b.committed_length)
+    return cache
+
+
+def check_commit(target: Target, backend: str, tree: TokenTree, node: int, prompt=PROMPT, **options):
+    """Commit the path to `node` (-1: the root alone); compare states and next logits with a plain run."""
+    b = backend_cls(backend)(target, **options)
+    b.prefill(prompt)
+    committed = _committed_copy(b)
+    b.score(tree)
+    path = tree.path_to(node) if node >= 0 else []
+    tokens = [prompt[-1], *tree.tokens[path].tolist()]
+    _, want_cache = path_reference(target.model, committed, len(prompt) - 1, tokens)
+    bonus = 13
+    b.commit(path, bonus)
+    assert b.committed_length == len(prompt) - 1 + len(tokens)
+    got, want = state_tensors(b.cache), state_tensors(want_cache)
+    assert sorted(got) == sorted(want)
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], atol=ATOL, rtol=ATOL, msg=name)
+    next_logits = b.score(TokenTree.empty()).logits[0]
+    # Two tokens, not one: transformers' single-token Mamba2 step ignores time_step_limit (no dt clamp),
+    # its multi-token scan applies it; row 0 of a 2-token run is the clamped next-token output.
+    want_next = run_sequence(target.model, want_cache, b.committed_length, [bonus, 0])[0]
+    torch.testing.assert_close(next_logits, want_next, atol=ATOL, rtol=ATOL)
+
+
+@pytest.fixture(scope="module", params=["mamba2", "bamba", "nemotronh"])
+def target(request) -> Target:
+    return tiny_ssm_target(request.param)
+
+
+@pytest.mark.parametrize("backend", ["ssm-tree", "ssm-unrolled"])
+@pytest.mark.parametrize("shape", list(TREES))
+def test_tree_logits_equal_per_path_logits(target, backend, shape):
+    check_scores(target, backend, make_tree(TREES[shape]))
+
+
+@pytest.mark.parametrize("shape", ["deep", "several roots"])
+def test_commit_any_path_equals_sequential_run(target, shape):
+    tree = make_tree(TREES[shape])
+    for node in range(-1, len(tree)):
+        check_commit(target, "ssm-tree", tree, node)
+
+
+def test_unrolled_commit_equals_sequential_run(target):
+    tree = make_tree(TREES["several roots"])
+    for node in (-1, 4, 6):
+        check_commit(target, "ssm-unrolled", tree, node)
+
+
+@pytest.mark.parametrize("commit", ["replay", "closed"])
+def test_commit_rules_agree_with_the_reference(commit):
+    target = tiny_ssm_target("mamba2")
+    check_commit(target, "ssm-tree", make_tree(TREES["deep"]), node=8, commit=commit)
+
+
+@pytest.mark.parametrize(("groups", "conv"), [(1, 4), (2, 2), (4, 3)])
+def test_group_counts_and_conv_widths(groups, conv):
+    target = tiny_ssm_target("mamba2", groups=groups, conv=conv, seed=groups + conv)
+    tree = make_tree(TREES["deep"])
+    check_scores(target, "ssm-tree", tree)
+    check_commit(target, "ssm-tree", tree, node=7)
+
+
+@pytest.mark.parametrize("kind", ["mamba2", "bamba"])
+def test_dt_clamp_with_a_lower_bound(kind):
+    clamped = tiny_ssm_target(kind, dt_min=0.6, seed=3)
+    free = tiny_ssm_target(kind, seed=3)
+    tree = make_tree(TREES["several roots"])
+    _, scores = check_scores(clamped, "ssm-tree", tree)
+    _, free_scores = check_scores(free, "ssm-tree", tree)
+    assert not torch.allclose(scores.logits, free_scores.logits, atol=1e-4)  # the clamp does bind
+    check_commit(clamped, "ssm-tree", tree, node=6)
+
+
+@pytest.mark.parametrize("kind", ["mamba2", "bamba"])
+def test_single_token_prompt_starts_from_an_empty_state(kind):
+    target = tiny_ssm_target(kind)
+    tree = make_tree(TREES["deep"])
+    check_scores(target, "ssm-tree", tree, prompt=[4])
+    check_commit(target, "ssm-tree", tree, node=4, prompt=[4])
+
+
+def test_scoring_twice_then_committing(target):
+    b = backend_cls("ssm-tree")(target)
+    b.prefill(PROMPT)
+    b.score(make_tree(TREES["star"], seed=1))
+    tree = make_tree(TREES["deep"])
+    scores = b.score(tree)
+    b.commit(tree.path_to(3), 7)
+    fresh = backend_cls("ssm-tree")(target)
+    fresh.prefill(PROMPT)
+    torch.testing.assert_close(fresh.score(tree).logits, scores.logits)
+    fresh.commit(tree.path_to(3), 7)
+    for name, tensor in state_tensors(fresh.cache).items():
+        torch.testing.assert_close(state_tensors(b.cache)[name], tensor)
+
+
+@settings(max_examples=15, deadline=None)
+@given(data=st.data())
+def test_random_trees(data):
+    kind = data.draw(st.sampled_from(["mamba2", "bamba", "nemotronh"]))
+    target = _TARGETS.setdefault(kind, tiny_ssm_target(kind))
+    size = data.draw(st.integers(1, 12))
+    parents = [data.draw(st.integers(-1, i - 1)) for i in range(size)]
+    tree = make_tree(parents, seed=data.draw(st.integers(0, 1000)))
+    prompt = data.draw(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=12))
+    check_scores(target, "ssm-tree", tree, prompt=prompt)
+    check_commit(target, "ssm-tree", tree, node=data.draw(st.integers(-1, size - 1)), prompt=prompt)
+
+
+_TARGETS: dict[str, Target] = {}
+
+
+def test_mamba1_is_refused_naming_its_layer():
+    model = MambaForCausalLM(MambaConfig(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=1, state_size=4))
+    target = Target(model.eval(), None, "tiny-mamba1")
+    reason = backend_cls("ssm-tree").unsupported_reason(target)
+    assert "MambaMixer" in reason and "Mamba-1" in reason
+    with pytest.raises(UnsupportedModelError, match="MambaMixer"):
+        backend_cls("ssm-tree")(target)
+    with pytest.raises(UnsupportedModelError, match="ssm-unrolled"):
+        backend_cls("ssm-unrolled")(target)
+
+
+def test_attention_only_model_is_refused():
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=16, intermediate_size=32,
+                                         num_hidden_layers=1, num_attention_heads=2))
+    reason = backend_cls("ssm-tree").unsupported_reason(Target(model, None, "tiny-llama"))
+    assert "no Mamba2 layers" in reason and "'kv'" in reason
+
+
+def test_kv_backend_refuses_ssm_models(target):
+    assert "ssm-tree" in backend_cls("kv").unsupported_reason(target)
+
+
+def test_unknown_options_are_refused(target):
+    from specframe import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="commit"):
+        backend_cls("ssm-tree")(target, commit="lazy")
+    with pytest.raises(ConfigurationError, match="scan"):
+        backend_cls("ssm-tree")(target, scan="cuda")
