@@ -1,10 +1,15 @@
 """specframe's own conformance suites (specframe.testing) run on every first-party component that can be
-built without trained weights or a datastore, exactly as a third-party plugin would run them."""
+built without trained weights or a datastore, exactly as a third-party plugin would run them. The SSM
+backends run on the tiny Mamba2 / hybrid targets of tests/ssm_models.py (the `target` fixture is overridden)."""
 
 from __future__ import annotations
 
+import pytest
+
 from specframe.records import DrawMethod
-from specframe.testing import DrafterConformance, TreeBuilderConformance, VerifierConformance
+from specframe.testing import (
+    BackendConformance, DrafterConformance, TreeBuilderConformance, VerifierConformance,
+)
 
 
 class TestDraftModel(DrafterConformance):
@@ -48,3 +53,25 @@ class TestRejectionDraftsWithoutReplacement(VerifierConformance):
 
 class TestTypical(VerifierConformance):
     component = "typical"  # lossy when sampling: only its greedy behaviour and paths are checked
+
+
+class _SSMTarget:
+    family: str
+
+    @pytest.fixture
+    def target(self):
+        from ssm_models import tiny_ssm_target
+
+        return tiny_ssm_target(self.family)
+
+
+class TestSSMTreeOnMamba2(_SSMTarget, BackendConformance):
+    component, family = "ssm-tree", "mamba2"
+
+
+class TestSSMTreeOnBamba(_SSMTarget, BackendConformance):
+    component, family = "ssm-tree", "bamba"
+
+
+class TestSSMUnrolledOnNemotronH(_SSMTarget, BackendConformance):
+    component, family = "ssm-unrolled", "nemotronh"
