@@ -244,7 +244,9 @@ class TinyModelDrafter(Drafter):
 
     `draw="sampled"`: `count` sequences of `length` tokens drawn i.i.d. from q and merged into a trie;
     `draw="top-k"`: the `count` most likely tokens at the root, each followed by its argmax chain.
-    Draws use the drafter's own generator (`seed`), reset per request, so runs are reproducible.
+    Draws use the drafter's own generator, seeded once at construction and never reset: every request
+    gets fresh draws (a drafter replaying the same draws each request would not be sampling from q), and
+    a test that builds the drafter with a fixed `seed` is reproducible.
     """
 
     name = "test-tiny-model"
@@ -254,11 +256,8 @@ class TinyModelDrafter(Drafter):
                  temperature: float = 1.0, draw: str = "sampled", seed: int = 0):
         super().__init__(target)
         self.draft, self.count, self.length, self.temperature = draft, count, length, temperature
-        self.method, self.seed = DrawMethod(draw), seed
-        self.generator = torch.Generator()
-
-    def reset(self) -> None:
-        self.generator.manual_seed(self.seed)
+        self.method = DrawMethod(draw)
+        self.generator = torch.Generator().manual_seed(seed)
 
     @torch.inference_mode()
     def q(self, contexts: list[list[int]]) -> torch.Tensor:
