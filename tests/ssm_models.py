@@ -111,3 +111,21 @@ def reference_greedy(target: Target, prompt: list[int], max_new_tokens: int) -> 
         out.append(int(logits.argmax()))
         logits = run_sequence(model, cache, len(prompt) + len(out) - 1, [out[-1]])[-1]
     return out
+
+
+def make_repetitive(target: Target, cycle: int = 5, boost: float = 4.0) -> Target:
+    """Point the output head at a permutation of the input embeddings (cycles of `cycle` tokens) and make
+    the embeddings `boost` times larger, so greedy text tends to loop and prompt lookup drafts get
+    accepted. The SSM and attention layers still shape the logits; the head is untied from the embeddings."""
+    model = target.model
+    with torch.no_grad():
+        model.get_input_embeddings().weight.mul_(boost)
+    emb = model.get_input_embeddings().weight.detach().clone()  # (V, D)
+    vocab = emb.shape[0]
+    succ = torch.arange(vocab)
+    full = vocab - vocab % cycle
+    succ[:full] = (succ[:full] // cycle) * cycle + (succ[:full] % cycle + 1) % cycle
+    head = torch.empty_like(emb)
+    head[succ] = emb  # the logit of succ(t) is large when the hidden state looks like emb[t]
+    model.lm_head.weight = torch.nn.Parameter(head)
+    return target
