@@ -17,7 +17,7 @@ from hypothesis import given, settings, strategies as st  # noqa: E402
 
 pytest.importorskip("triton")
 from specframe_kernels import tree_scan, tree_scan_ref  # noqa: E402
-from specframe_kernels.tree_scan import tree_scan_triton  # noqa: E402
+from specframe_kernels.tree_scan_triton import tree_scan_triton  # noqa: E402
 
 from specframe import TokenTree  # noqa: E402
 

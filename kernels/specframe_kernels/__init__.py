@@ -31,7 +31,7 @@ def tree_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tenso
         raise ValueError(f"tree_scan: impl must be 'auto', 'torch' or 'triton', got {impl!r}")
     use_triton = impl == "triton" or (impl == "auto" and x.is_cuda and triton_available())
     if use_triton:
-        from specframe_kernels.tree_scan import tree_scan_triton
+        from specframe_kernels.tree_scan_triton import tree_scan_triton
 
         return tree_scan_triton(x, dt, A, B, C, D, mask, h0)
     return tree_scan_ref(x, dt, A, B, C, D, mask, h0)
