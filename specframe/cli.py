@@ -8,6 +8,7 @@ from typing import Optional
 
 import typer
 
+from specframe.bench.cli import bench_command
 from specframe.errors import SpecframeError
 
 app = typer.Typer(help="specframe: try, combine and compare speculative decoding methods.",
@@ -121,6 +122,9 @@ def print_report(report: dict) -> None:
     for name, value in rows:
         table.add_row(name, str(value))
     console.print(table)
+
+
+app.command("bench")(bench_command)
 
 
 def build_app() -> typer.Typer:

@@ -10,7 +10,7 @@ every component it names is registered.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from specframe.errors import ConfigurationError, UnknownComponentError
 from specframe.registry import ComponentSpec, PluginRegistry
@@ -19,15 +19,14 @@ KINDS = ("drafter", "tree builder", "verifier", "backend")
 DEFAULTS = ("none", "chain", "greedy", "kv")
 
 # Named pipelines. Each is usable only when the plugins providing its components are installed.
+# `rest` reads $SPECFRAME_DATASTORE; `s4c` the heads shipped for the model.
 PRESETS = {
     "pld": "pld+chain+greedy",
     "pld-trie": "pld(matches=4)+trie+greedy",
     "rest": "rest+trie+greedy",
+    "rest-live": "rest(live=1)+trie+greedy",
     "s4c": "s4c+static+greedy",
-    "draft-model": "draft-model+chain+greedy",
-    "pld-sample": "pld+chain+sample-match",
-    "rest-sample": "rest+trie+sample-match",
-    "s4c-rejection": "s4c+static+rejection",
+    "draft-model": "draft-model(layers=8)+chain+greedy",
 }
 
 
@@ -41,6 +40,7 @@ class MethodSpec:
     verifier: ComponentSpec
     backend: ComponentSpec
     budget: int
+    optional: bool = False  # from `all`: skipped with a warning when it cannot be built for the target
 
     @property
     def components(self) -> tuple[ComponentSpec, ...]:
@@ -101,11 +101,15 @@ def usable_presets(registry: PluginRegistry) -> dict[str, str]:
 
 
 def resolve_methods(texts: list[str], registry: PluginRegistry, default_budget: int = 8) -> list[MethodSpec]:
-    """Parse `--methods`; `all` expands to every usable preset. Duplicated labels are refused."""
-    expanded: list[str] = []
+    """Parse `--methods`; `all` expands to every usable preset (those that then fail to build for the
+    target, e.g. `rest` without a datastore, are skipped with a warning). Duplicated labels are refused."""
+    methods: list[MethodSpec] = []
     for text in texts:
-        expanded += list(usable_presets(registry)) if text.strip() == "all" else [text]
-    methods = [parse_method(t, registry, default_budget) for t in expanded]
+        if text.strip() == "all":
+            methods += [replace(parse_method(name, registry, default_budget), optional=True)
+                        for name in usable_presets(registry)]
+        else:
+            methods.append(parse_method(text, registry, default_budget))
     labels = [m.label for m in methods]
     duplicates = sorted({x for x in labels if labels.count(x) > 1} | ({"baseline"} & set(labels)))
     if duplicates:

@@ -1,0 +1,66 @@
+"""`specframe bench`: compare methods on a prompt suite (added to the CLI app in `specframe.cli`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+
+def bench_command(
+    suite: str = typer.Option("spec-bench", help="humaneval, spec-bench, mt-bench, or a Spec-Bench JSONL path."),
+    methods: str = typer.Option("pld", help="Comma list of presets or pipeline specs "
+                                "DRAFTER[+TREE[+VERIFIER[+BACKEND]]][@BUDGET], e.g. 'pld,rest(c=16)+trie+greedy@16'; "
+                                "'all' = every usable preset. The plain-decoding baseline always runs."),
+    peers: str = typer.Option("all", help="transformers peers: all, none, or a comma list of hf-generate, "
+                              "hf-pld(num_tokens=10), hf-assisted(layers=8,num_tokens=4)."),
+    limit: Optional[int] = typer.Option(None, help="Questions per category (default: all)."),
+    repeats: int = typer.Option(3, help="Timed runs of every (method, question)."),
+    out: Path = typer.Option(Path("results/bench"), help="Directory for records, tables and plots."),
+    model: str = typer.Option("smollm2-135m", help="Model alias or local Hugging Face model directory."),
+    max_new_tokens: int = typer.Option(128, "--max-new-tokens", help="Tokens to generate per turn at most."),
+    budget: int = typer.Option(8, help="Tree nodes per step for methods without '@BUDGET'."),
+    synthetic_acceptance: Optional[float] = typer.Option(
+        None, "--synthetic-acceptance", help="Also run a drafter accepted with this probability per token "
+        "(measures the framework's own overhead)."),
+    temperature: float = typer.Option(0.0, help="0 = greedy (outputs are then checked against the baseline)."),
+    seed: Optional[int] = typer.Option(None, help="Seed for sampled runs."),
+    threads: Optional[int] = typer.Option(None, help="torch intra-op threads (default: torch's choice). "
+                                          "On a busy machine 1 thread times far more steadily."),
+    plots: bool = typer.Option(True, help="Write PNG plots (needs matplotlib)."),
+    fresh: bool = typer.Option(False, help="Discard earlier records in --out instead of resuming."),
+    list_methods: bool = typer.Option(False, "--list-methods", help="Print the presets and exit."),
+) -> None:
+    """Benchmark speculative methods against plain decoding and transformers, Spec-Bench style."""
+    from specframe.bench.harness import run_benchmark
+    from specframe.bench.methods import PRESETS, usable_presets
+    from specframe.models import load_target
+    from specframe.registry import get_registry
+    from specframe.sampling import SamplingParams
+
+    if list_methods:
+        usable = usable_presets(get_registry())
+        for name, spec in PRESETS.items():
+            typer.echo(f"{name:16} {spec:32} {'usable' if name in usable else 'missing components'}")
+        return
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
+    target = load_target(model)
+    run, table = run_benchmark(
+        target, suite, _split(methods), out, peers=peers, limit=limit, repeats=repeats, max_new_tokens=max_new_tokens, budget=budget,
+        synthetic_acceptance=synthetic_acceptance, sampling=SamplingParams(temperature=temperature, seed=seed),
+        plots=plots)
+    typer.echo((out / "results.md").read_text("utf-8"))
+    typer.echo(f"written under {out}: records.jsonl, results.json, results.md" + (", *.png" if plots else ""))
+    if run.mismatches:
+        typer.secho(f"{len(run.mismatches)} LOSSLESS MISMATCH(ES): see {out / 'results.md'}", fg="red", err=True)
+        raise typer.Exit(3)
+
+
+def _split(methods: str) -> list[str]:
+    from specframe.bench.methods import split_parts
+
+    return [m for m in split_parts(methods, ",") if m]

@@ -1,0 +1,63 @@
+"""`run_benchmark`: the whole harness in one call (what `specframe bench` runs)."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+import torch
+
+from specframe.errors import ConfigurationError
+from specframe.models import Target
+from specframe.registry import PluginRegistry, get_registry
+from specframe.sampling import SamplingParams
+
+from specframe.bench.methods import resolve_methods
+from specframe.bench.peers import parse_peers
+from specframe.bench.report import write_reports
+from specframe.bench.runner import BenchRun, build_runners, check_settings, run_bench
+from specframe.bench.suites import BenchPrompt, load_suite
+
+
+def run_benchmark(target: Target, suite: str | list[BenchPrompt], methods: list[str], out: str | Path, *,
+                  peers: str = "all", limit: int | None = None, repeats: int = 3, max_new_tokens: int = 128,
+                  budget: int = 8, synthetic_acceptance: float | None = None,
+                  sampling: SamplingParams | None = None, registry: PluginRegistry | None = None,
+                  plots: bool = True, progress: bool = True, fresh: bool = False, warmup: bool = True,
+                  command: str | None = None) -> tuple[BenchRun, dict]:
+    """Benchmark `methods` (specs or presets) against plain decoding and the transformers `peers` on
+    `suite` (a suite name, a JSONL path, or prompts); write records, results and plots under `out`.
+
+    Returns the run and its summary table ({category: {method: stats}}).
+    """
+    registry = registry or get_registry()
+    sampling = sampling or SamplingParams()
+    out = Path(out)
+    prompts = load_suite(suite, limit) if isinstance(suite, str) else list(suite)
+    if not prompts:
+        raise ConfigurationError("no prompts to benchmark: check --suite and --limit")
+    specs = resolve_methods(methods, registry, budget)
+    runners = build_runners(target, specs, parse_peers(peers), sampling, registry, synthetic_acceptance,
+                            budget)
+    if fresh:
+        for name in ("records.jsonl", "settings.json"):
+            (out / name).unlink(missing_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    settings = {"model": target.name, "suite": suite if isinstance(suite, str) else "custom",
+                "max_new_tokens": max_new_tokens, "budget": budget, "temperature": sampling.temperature,
+                "top_p": sampling.top_p, "top_k": sampling.top_k, "seed": sampling.seed,
+                "threads": torch.get_num_threads()}
+    check_settings(out, settings)
+    run = run_bench(target, prompts, runners, repeats=repeats, max_new_tokens=max_new_tokens, out=out,
+                    check_identity=sampling.greedy, warmup=warmup, progress=progress)
+    command = command or "specframe " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    header = (f"## {settings['suite']}: {target.name}, {max_new_tokens} new tokens, {repeats} repeat(s), "
+              f"greedy={sampling.greedy}, {settings['threads']} torch thread(s)\n\nCommand: `{command}`\n")
+    table = write_reports(run, out, {**settings, "limit": limit, "repeats": repeats, "command": command},
+                          header)
+    if plots:
+        from specframe.bench.plots import write_plots
+
+        write_plots(table, out, title=f"{settings['suite']} ({target.name})")
+    return run, table

@@ -1,0 +1,148 @@
+"""Peers run in the same process on the same prompts: Hugging Face transformers' own decoding.
+
+- `hf-generate`: `model.generate`, greedy (Spec-Bench's baseline).
+- `hf-pld(num_tokens=10)`: transformers prompt lookup (`prompt_lookup_num_tokens`).
+- `hf-assisted(layers=8, num_tokens=4)`: transformers assisted generation with a draft model. No separate
+  small model sharing the tokenizer is available offline, so the assistant is the target's own first
+  `layers` decoder layers with its final norm and LM head (weights shared, nothing copied).
+
+Timing comes from a streamer: transformers calls `put` with the prompt, then once per target forward with
+the tokens that forward produced, so the first call after the prompt ends the prefill and every call is
+one verification step. Draft counts are not visible from outside, so a peer's alpha is None.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from specframe.errors import ConfigurationError, UnsupportedModelError
+from specframe.metrics import DecodeMetrics, peak_memory_bytes
+from specframe.models import Target
+from specframe.registry import ComponentSpec
+from specframe.sampling import SamplingParams
+
+from specframe.bench.methods import split_parts
+
+# Defaults match the `draft-model` preset: the first 8 layers (fewer on smaller models), 4 draft tokens.
+PEERS = {"hf-generate": {}, "hf-pld": {"num_tokens": 10}, "hf-assisted": {"layers": None, "num_tokens": 4}}
+DEFAULT_ASSISTANT_LAYERS = 8
+
+
+@dataclass(frozen=True)
+class PeerSpec:
+    label: str
+    name: str
+    options: dict = field(default_factory=dict)
+
+
+def parse_peers(text: str) -> list[PeerSpec]:
+    """`--peers`: a comma list of peer specs, `all` (the default set) or `none`."""
+    text = text.strip()
+    if text in ("", "none"):
+        return []
+    parts = list(PEERS) if text == "all" else [p for p in split_parts(text, ",") if p]
+    peers = []
+    for part in parts:
+        spec = ComponentSpec.parse(part)
+        if spec.name not in PEERS:
+            raise ConfigurationError(f"unknown peer '{spec.name}': known peers are {', '.join(PEERS)}")
+        unknown = set(spec.options) - set(PEERS[spec.name])
+        if unknown:
+            raise ConfigurationError(f"peer '{spec.name}' takes options {sorted(PEERS[spec.name]) or 'none'}, "
+                                     f"got {sorted(unknown)}")
+        peers.append(PeerSpec(part.strip(), spec.name, {**PEERS[spec.name], **spec.options}))
+    return peers
+
+
+class StepClock:
+    """A transformers streamer that timestamps every forward's output instead of printing it."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[float, int]] = []  # (time, tokens produced by that call)
+
+    def put(self, value: torch.Tensor) -> None:
+        self.events.append((time.perf_counter(), int(value.numel())))
+
+    def end(self) -> None:
+        pass
+
+
+def truncated_assistant(target: Target, layers: int | None) -> torch.nn.Module:
+    """The target's first `layers` decoder layers + final norm + LM head, sharing the target's weights.
+
+    `layers=None` takes `DEFAULT_ASSISTANT_LAYERS`, or all layers but one on smaller models."""
+    model = target.model
+    inner = getattr(model, "model", None)
+    blocks = getattr(inner, "layers", None)
+    if blocks is None or not hasattr(inner, "norm"):
+        raise UnsupportedModelError(f"peer 'hf-assisted' cannot cut model '{target.name}' into a draft model: "
+                                    "it has no `model.layers` / `model.norm`; use --peers without hf-assisted")
+    layers = min(DEFAULT_ASSISTANT_LAYERS, len(blocks) - 1) if layers is None else int(layers)
+    if not 1 <= layers < len(blocks):
+        raise ConfigurationError(f"peer 'hf-assisted': layers must be in [1, {len(blocks) - 1}], got {layers}")
+    config = copy.deepcopy(model.config)
+    config.num_hidden_layers = layers
+    if getattr(config, "layer_types", None):
+        config.layer_types = config.layer_types[:layers]
+    with torch.device("meta"):
+        assistant = type(model)(config)  # no memory: every module below is the target's own
+    assistant.model.embed_tokens = inner.embed_tokens
+    assistant.model.layers = torch.nn.ModuleList(list(blocks[:layers]))
+    assistant.model.norm = inner.norm
+    assistant.model.rotary_emb = inner.rotary_emb
+    assistant.lm_head = model.lm_head
+    assistant.generation_config = copy.deepcopy(model.generation_config)
+    left = [name for name, t in [*assistant.named_parameters(), *assistant.named_buffers()] if t.is_meta]
+    if left:
+        raise UnsupportedModelError(f"peer 'hf-assisted' does not know how to share {left[:3]} of model "
+                                    f"'{target.name}' with a truncated copy; use --peers without hf-assisted")
+    return assistant.eval()
+
+
+class PeerRunner:
+    """Runs one transformers peer; `generate` returns (new tokens, `DecodeMetrics.to_dict()`-shaped dict)."""
+
+    lossless = True  # greedy transformers decoding, with or without assistance, is plain greedy decoding
+
+    def __init__(self, target: Target, spec: PeerSpec, sampling: SamplingParams):
+        self.target, self.spec, self.label = target, spec, spec.label
+        self.kwargs: dict = {"do_sample": False} if sampling.greedy else {
+            "do_sample": True, "temperature": sampling.temperature, "top_p": sampling.top_p,
+            "top_k": sampling.top_k or None}
+        self.seed = sampling.seed
+        if spec.name == "hf-pld":
+            self.kwargs["prompt_lookup_num_tokens"] = int(spec.options["num_tokens"])
+        elif spec.name == "hf-assisted":
+            assistant = truncated_assistant(target, spec.options["layers"])
+            assistant.generation_config.num_assistant_tokens = int(spec.options["num_tokens"])
+            self.kwargs["assistant_model"] = assistant
+
+    @torch.inference_mode()
+    def generate(self, prompt_ids: list[int], max_new_tokens: int) -> tuple[list[int], dict]:
+        input_ids = torch.tensor([prompt_ids], device=self.target.device)  # (1, P)
+        clock = StepClock()
+        if self.seed is not None:
+            torch.manual_seed(self.seed)
+        eos = sorted(self.target.eos_token_ids)
+        start = time.perf_counter()
+        out = self.target.model.generate(
+            input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_new_tokens,
+            streamer=clock, pad_token_id=eos[0] if eos else None, **self.kwargs)  # (1, P + new)
+        wall = time.perf_counter() - start
+        tokens = out[0, len(prompt_ids):].tolist()
+        steps = clock.events[1:]  # the first call is the prompt itself
+        metrics = DecodeMetrics(prompt_tokens=len(prompt_ids), new_tokens=len(tokens), steps=len(steps),
+                                accepted_per_step=[n - 1 for _, n in steps],
+                                prefill_s=steps[0][0] - start if steps else wall, wall_s=wall,
+                                peak_memory_bytes=peak_memory_bytes(self.target.device))
+        record = metrics.to_dict()
+        decode_s = wall - metrics.prefill_s  # the prefill forward already produced the first token
+        record["decode_tokens_per_s"] = (len(tokens) - 1) / decode_s if decode_s > 0 else 0.0
+        for unknown in ("alpha", "draft_tokens", "accepted_draft_tokens", "mean_tree_size", "time_s",
+                        "time_per_step_ms"):
+            record[unknown] = None  # not observable from outside transformers
+        return tokens, record

@@ -1,0 +1,103 @@
+"""PNG plots of a benchmark summary: speedup by category and method, acceptance histogram, time split.
+
+matplotlib is an optional dependency (`pip install 'specframe[bench]'`); it is imported only here, with
+the non-interactive Agg backend so plots can be written on machines without a display.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from specframe.errors import ConfigurationError
+
+from specframe.bench.report import OVERALL
+
+PHASES = ("draft", "tree", "forward", "verify", "commit", "other")
+
+
+def _pyplot():
+    try:
+        import matplotlib
+    except ImportError:
+        raise ConfigurationError("plots need matplotlib: `pip install 'specframe[bench]'`, "
+                                 "or pass --no-plots") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def write_plots(table: dict, out: Path, title: str = "") -> list[Path]:
+    """Write the three plots of `table` (from `report.summarize`) into `out`; return their paths."""
+    plt = _pyplot()
+    paths = [speedup_plot(plt, table, out / "speedup.png", title),
+             histogram_plot(plt, table, out / "acceptance_histogram.png", title),
+             time_split_plot(plt, table, out / "time_split.png", title)]
+    plt.close("all")
+    return paths
+
+
+def speedup_plot(plt, table: dict, path: Path, title: str) -> Path:
+    """Grouped bars: one group per category, one bar per method (baselines left out), std as error bars."""
+    categories = list(table)
+    methods = [m for m in dict.fromkeys(m for rows in table.values() for m in rows)
+               if not m.startswith("baseline")]
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.6 * len(categories) * max(1, len(methods)) / 2 + 3), 4.5))
+    width = 0.8 / max(1, len(methods))
+    for i, method in enumerate(methods):
+        xs = [c + (i - (len(methods) - 1) / 2) * width for c in range(len(categories))]
+        stats = [table[c].get(method) for c in categories]
+        means = [s["speedup"]["mean"] if s else 0.0 for s in stats]
+        errs = [s["speedup"]["std"] if s else 0.0 for s in stats]
+        ax.bar(xs, means, width, yerr=errs, label=method, capsize=2)
+    ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+    ax.set_xticks(range(len(categories)), categories, rotation=30, ha="right")
+    ax.set_ylabel("speedup over plain decoding (prefill included)")
+    ax.set_title(title or "speedup by category")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def histogram_plot(plt, table: dict, path: Path, title: str) -> Path:
+    """Share of steps that accepted exactly j draft tokens, per method, over all categories."""
+    rows = table.get(OVERALL) or next(iter(table.values()))
+    methods = {m: s["acceptance_histogram"] for m, s in rows.items()
+               if not m.startswith("baseline") and sum(s["acceptance_histogram"])}
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    top = max((len(h) for h in methods.values()), default=1)
+    width = 0.8 / max(1, len(methods))
+    for i, (method, hist) in enumerate(methods.items()):
+        total = sum(hist)
+        xs = [j + (i - (len(methods) - 1) / 2) * width for j in range(len(hist))]
+        ax.bar(xs, [h / total for h in hist], width, label=method)
+    ax.set_xticks(range(top))
+    ax.set_xlabel("draft tokens accepted in a step")
+    ax.set_ylabel("share of steps")
+    ax.set_title(title or "acceptance-length histogram")
+    if methods:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def time_split_plot(plt, table: dict, path: Path, title: str) -> Path:
+    """Stacked horizontal bars: milliseconds per step in each phase, for the specframe pipelines."""
+    rows = table.get(OVERALL) or next(iter(table.values()))
+    methods = {m: s["time_per_step_ms"] for m, s in rows.items() if s["time_per_step_ms"]}
+    fig, ax = plt.subplots(figsize=(8, 1.2 + 0.45 * max(1, len(methods))))
+    labels = list(methods)
+    left = [0.0] * len(labels)
+    for phase in PHASES:
+        widths = [methods[m].get(phase, 0.0) for m in labels]
+        ax.barh(labels, widths, left=left, label=phase)
+        left = [a + b for a, b in zip(left, widths)]
+    ax.invert_yaxis()
+    ax.set_xlabel("ms per verification step")
+    ax.set_title(title or "time per step by phase")
+    ax.legend(fontsize=8, ncol=len(PHASES), loc="lower center", bbox_to_anchor=(0.5, 1.08), frameon=False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return path

@@ -1,0 +1,134 @@
+"""Aggregates of a benchmark run, written as `results.json` and a markdown table per category.
+
+Definitions (`shared/notes/anchors.md`): speedup = mean over turns of (tokens/s of the method) / (tokens/s
+of its baseline on the same turn and repeat), prefill included, and again with the prefill excluded;
+tokens/s = mean over turns of each turn's tokens/s;
+tau = tokens emitted / verification steps; alpha = accepted draft tokens / draft tokens. Speedups and
+tokens/s are computed per repeat, then reported as mean and standard deviation over repeats.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+from specframe.bench.runner import BenchRun
+
+OVERALL = "overall"
+
+
+def _mean_std(values: list[float]) -> dict:
+    return {"mean": statistics.fmean(values) if values else None,
+            "std": statistics.stdev(values) if len(values) > 1 else 0.0}
+
+
+def method_stats(records: list[dict], base: dict[tuple, dict] | None) -> dict:
+    """Aggregates of one method's records over one category; `base` maps (qid, turn, repeat) to the
+    baseline's record (None for a baseline itself)."""
+    repeats = sorted({r["repeat"] for r in records})
+    speed, speed_decode, tps, tps_decode = [], [], [], []
+    for rep in repeats:
+        mine = [r for r in records if r["repeat"] == rep]
+        m = [r["metrics"] for r in mine]
+        tps.append(statistics.fmean(x["tokens_per_s"] for x in m))
+        tps_decode.append(statistics.fmean(x["decode_tokens_per_s"] for x in m))
+        if base is None:
+            speed.append(1.0)
+            speed_decode.append(1.0)
+            continue
+        pairs = [(r["metrics"], base[(r["qid"], r["turn"], rep)]["metrics"]) for r in mine
+                 if (r["qid"], r["turn"], rep) in base]
+        speed.append(statistics.fmean(a["tokens_per_s"] / b["tokens_per_s"] for a, b in pairs
+                                      if b["tokens_per_s"]) if pairs else float("nan"))
+        speed_decode.append(statistics.fmean(a["decode_tokens_per_s"] / b["decode_tokens_per_s"]
+                                             for a, b in pairs if b["decode_tokens_per_s"])
+                            if pairs else float("nan"))
+    metrics = [r["metrics"] for r in records]
+    steps = sum(x["steps"] for x in metrics)
+    drafted = [x["draft_tokens"] for x in metrics]
+    alpha = (sum(x["accepted_draft_tokens"] for x in metrics) / sum(drafted)
+             if None not in drafted and sum(drafted) else None)
+    histogram: list[int] = []
+    for x in metrics:
+        for j, count in enumerate(x["acceptance_histogram"]):
+            histogram += [0] * (j + 1 - len(histogram))
+            histogram[j] += count
+    split = None
+    if all(x["time_s"] is not None for x in metrics) and steps:
+        split = {k: 1000 * sum(x["time_s"][k] for x in metrics) / steps for k in metrics[0]["time_s"]}
+    return {
+        "turns": len({(r["qid"], r["turn"]) for r in records}), "repeats": len(repeats),
+        "speedup": _mean_std(speed), "speedup_excl_prefill": _mean_std(speed_decode),
+        "tokens_per_s": _mean_std(tps), "decode_tokens_per_s": _mean_std(tps_decode),
+        "tau": sum(x["new_tokens"] for x in metrics) / steps if steps else None, "alpha": alpha,
+        "new_tokens": sum(x["new_tokens"] for x in metrics), "steps": steps,
+        "prefill_s": sum(x["prefill_s"] for x in metrics), "wall_s": sum(x["wall_s"] for x in metrics),
+        "acceptance_histogram": histogram, "time_per_step_ms": split,
+        "peak_memory_bytes": max(x["peak_memory_bytes"] for x in metrics),
+    }
+
+
+def summarize(run: BenchRun) -> dict:
+    """{category: {method: stats}} with an `overall` category, in the runners' order."""
+    by_method: dict[str, list[dict]] = {r.label: [] for r in run.runners}
+    for record in run.records:
+        by_method[record["method"]].append(record)
+    categories = [OVERALL] + list(dict.fromkeys(p.category for p in run.prompts))
+    if len(categories) == 2:
+        categories = categories[1:]  # one category: its table is the overall one
+    table: dict[str, dict] = {}
+    for category in categories:
+        table[category] = {}
+        for runner in run.runners:
+            mine = [r for r in by_method[runner.label] if category in (OVERALL, r["category"])]
+            if not mine:
+                continue
+            base = None
+            if runner.baseline is not None:
+                base = {(r["qid"], r["turn"], r["repeat"]): r for r in by_method[runner.baseline]}
+            stats = method_stats(mine, base)
+            stats["mismatches"] = sum(1 for m in run.mismatches if m.method == runner.label
+                                      and category in (OVERALL, m.category))
+            table[category][runner.label] = stats
+    return table
+
+
+def _fmt(stat: dict, digits: int = 2) -> str:
+    if stat["mean"] is None:
+        return "-"
+    return f"{stat['mean']:.{digits}f} ± {stat['std']:.{digits}f}" if stat["std"] else f"{stat['mean']:.{digits}f}"
+
+
+def markdown(table: dict, run: BenchRun, header: str = "") -> str:
+    """One markdown table per category (overall first), then the mismatch list."""
+    lossless = {r.label: (r.baseline is None or r.lossless) for r in run.runners}
+    lines = [header] if header else []
+    for category, rows in table.items():
+        lines += [f"### {category}", "",
+                  "| method | speedup | speedup excl. prefill | tau | alpha | tokens/s | tokens/s excl. prefill "
+                  "| identical to baseline |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for label, s in rows.items():
+            ident = "n/a" if not lossless[label] else ("MISMATCH x%d" % s["mismatches"] if s["mismatches"]
+                                                       else "yes")
+            alpha = "-" if s["alpha"] is None else f"{s['alpha']:.2f}"
+            tau = "-" if s["tau"] is None else f"{s['tau']:.2f}"
+            lines.append(f"| {label} | {_fmt(s['speedup'])} | {_fmt(s['speedup_excl_prefill'])} | {tau} | "
+                         f"{alpha} | {_fmt(s['tokens_per_s'], 1)} | {_fmt(s['decode_tokens_per_s'], 1)} | {ident} |")
+        lines.append("")
+    if run.mismatches:
+        lines += ["### Lossless mismatches", ""] + [f"- {m.describe()}" for m in run.mismatches] + [""]
+    return "\n".join(lines)
+
+
+def write_reports(run: BenchRun, out: Path, settings: dict, header: str = "") -> dict:
+    """Write `results.json` (settings, aggregates, mismatches, every record) and `results.md`."""
+    table = summarize(run)
+    methods = [{"label": r.label, "baseline": r.baseline, "lossless": r.baseline is None or r.lossless,
+                "kind": type(r).__name__} for r in run.runners]
+    payload = {"settings": settings, "methods": methods, "categories": table,
+               "mismatches": [vars(m) for m in run.mismatches], "records": run.records}
+    (out / "results.json").write_text(json.dumps(payload, indent=1), "utf-8")
+    (out / "results.md").write_text(markdown(table, run, header), "utf-8")
+    return table

@@ -1,0 +1,244 @@
+"""The benchmark loop: every method on every prompt, interleaved, resumable, checked against the baseline.
+
+Order: for each prompt, for each repeat, for each turn, every method runs once (baselines first, the
+others rotated by repeat), so slow drifts of a shared machine (thermal state, other processes) hit all
+methods alike. One warm-up generation per method runs before any timing and is not recorded.
+
+Every finished (method, question, turn, repeat) is appended at once to `records.jsonl`; a rerun with the
+same `--out` skips what is there, so an interrupted run resumes where it stopped. The output of every
+lossless method is compared token for token with its baseline's output on the same turn (greedy only);
+a difference is printed at once and collected in the results.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tqdm import tqdm
+
+from specframe.decoding import SpeculativeDecoder
+from specframe.errors import ConfigurationError, SpecframeError, SpecframeWarning
+from specframe.models import Target
+from specframe.registry import ComponentSpec, PluginRegistry
+from specframe.sampling import SamplingParams
+
+from specframe.bench.methods import MethodSpec, baseline_spec
+from specframe.bench.peers import PeerRunner, PeerSpec
+from specframe.bench.suites import BenchPrompt, encode_turn
+from specframe.bench.synthetic import SyntheticDrafter
+
+WARMUP_TOKENS = 16
+
+
+class PipelineRunner:
+    """A specframe pipeline; `generate` returns (new tokens, `DecodeMetrics.to_dict()`)."""
+
+    def __init__(self, target: Target, spec: MethodSpec, sampling: SamplingParams, registry: PluginRegistry,
+                 baseline: str | None):
+        self.label, self.spec, self.baseline = spec.label, spec, baseline
+        self.decoder = SpeculativeDecoder.from_names(target, *spec.components, budget=spec.budget,
+                                                     sampling=sampling, registry=registry)
+        self.lossless = registry.get("verifier", spec.verifier.name).capabilities.lossless
+
+    def generate(self, prompt_ids: list[int], max_new_tokens: int) -> tuple[list[int], dict]:
+        result = self.decoder.generate(prompt_ids, max_new_tokens=max_new_tokens)
+        return result.tokens, result.metrics.to_dict()
+
+
+class SyntheticRunner(PipelineRunner):
+    """The baseline's pipeline with a `SyntheticDrafter`, fed the baseline's output before each request."""
+
+    def __init__(self, target: Target, acceptance: float, base: MethodSpec, sampling: SamplingParams,
+                 registry: PluginRegistry, budget: int):
+        spec = MethodSpec(f"synthetic(p={acceptance:g})", base.drafter, base.tree, base.verifier,
+                          base.backend, budget)
+        super().__init__(target, spec, sampling, registry, base.label)
+        self.drafter = SyntheticDrafter(target, acceptance=acceptance)
+        self.decoder.pipeline.drafter = self.drafter
+
+
+class PeerAdapter(PeerRunner):
+    def __init__(self, target: Target, spec: PeerSpec, sampling: SamplingParams, baseline: str):
+        super().__init__(target, spec, sampling)
+        self.baseline = baseline
+
+
+def build_runners(target: Target, methods: list[MethodSpec], peers: list[PeerSpec], sampling: SamplingParams,
+                  registry: PluginRegistry, synthetic_acceptance: float | None = None,
+                  default_budget: int = 8) -> list:
+    """Baselines first (plain decoding through each backend the methods use; `kv` when it can serve the
+    target), then the methods, the synthetic method and the peers, who are measured against the first."""
+    backends: dict[str, ComponentSpec] = {}
+    if registry.get("backend", "kv").unsupported_reason(target) is None:
+        backends["kv"] = ComponentSpec("kv", {})
+    for method in methods:
+        backends.setdefault(spec_text(method.backend), method.backend)
+    if not backends:
+        raise ConfigurationError("no backend to run the plain-decoding baseline on: name one in a method, "
+                                 "e.g. 'pld+chain+greedy+ssm-tree'")
+    bases = [baseline_spec(b, "baseline" if key == "kv" else f"baseline[{key}]") for key, b in backends.items()]
+    base_of = {spec_text(b.backend): b.label for b in bases}
+    runners: list = [PipelineRunner(target, b, sampling, registry, None) for b in bases]
+    for method in methods:
+        try:
+            runners.append(PipelineRunner(target, method, sampling, registry, base_of[spec_text(method.backend)]))
+        except SpecframeError as err:
+            if not method.optional:
+                raise
+            warnings.warn(f"bench: skipping preset '{method.label}': {err}", SpecframeWarning, stacklevel=2)
+    if synthetic_acceptance is not None:
+        runners.append(SyntheticRunner(target, synthetic_acceptance, bases[0], sampling, registry,
+                                       default_budget))
+    runners += [PeerAdapter(target, p, sampling, bases[0].label) for p in peers]
+    return runners
+
+
+def spec_text(spec: ComponentSpec) -> str:
+    """`name` or `name(k=v, ...)`: the canonical text of a component spec."""
+    options = ", ".join(f"{k}={v!r}" for k, v in sorted(spec.options.items()))
+    return f"{spec.name}({options})" if options else spec.name
+
+
+@dataclass
+class Mismatch:
+    method: str
+    baseline: str
+    qid: str
+    category: str
+    turn: int
+    repeat: int
+    position: int  # first differing token index
+    baseline_text: str
+    method_text: str
+
+    def describe(self) -> str:
+        return (f"LOSSLESS MISMATCH: '{self.method}' differs from '{self.baseline}' on question {self.qid} "
+                f"turn {self.turn + 1} repeat {self.repeat + 1} at new token {self.position}: "
+                f"baseline ...{self.baseline_text!r} vs method ...{self.method_text!r}")
+
+
+class RecordStore:
+    """Append-only JSONL of finished runs, keyed by (method, question, turn, repeat)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.records: dict[tuple, dict] = {}
+        if path.exists():
+            text = path.read_text("utf-8")
+            if text and not text.endswith("\n"):
+                with path.open("a", encoding="utf-8") as f:
+                    f.write("\n")  # end a line cut short, so the next record starts on its own line
+            for line in text.splitlines():
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # a line cut short by an interrupted write: that run is simply redone
+                self.records[self.key(record)] = record
+
+    @staticmethod
+    def key(record: dict) -> tuple:
+        return record["method"], record["qid"], record["turn"], record["repeat"]
+
+    def get(self, method: str, qid: str, turn: int, repeat: int) -> dict | None:
+        return self.records.get((method, qid, turn, repeat))
+
+    def add(self, record: dict) -> None:
+        self.records[self.key(record)] = record
+        with self.path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+@dataclass
+class BenchRun:
+    """What a finished run hands to the reports."""
+
+    records: list[dict]
+    runners: list
+    prompts: list[BenchPrompt]
+    mismatches: list[Mismatch] = field(default_factory=list)
+
+
+def check_settings(out: Path, settings: dict) -> None:
+    """Refuse to resume into a directory produced with other settings; record them on a fresh one."""
+    path = out / "settings.json"
+    if path.exists():
+        old = json.loads(path.read_text("utf-8"))
+        changed = {k: (old.get(k), v) for k, v in settings.items() if old.get(k) != v}
+        if changed:
+            raise ConfigurationError(
+                f"{out} holds results made with other settings ({changed}, as (old, new)); "
+                "resume with the same settings, or pass another --out (or --fresh to start over)")
+    else:
+        path.write_text(json.dumps(settings, indent=2), "utf-8")
+
+
+def run_bench(target: Target, prompts: list[BenchPrompt], runners: list, *, repeats: int,
+              max_new_tokens: int, out: Path, check_identity: bool = True, warmup: bool = True,
+              progress: bool = True) -> BenchRun:
+    """Run every runner on every turn of every prompt `repeats` times; see the module docstring."""
+    if target.tokenizer is None:
+        raise ConfigurationError(f"benchmarking model '{target.name}' needs its tokenizer")
+    if repeats < 1:
+        raise ConfigurationError(f"--repeats must be >= 1, got {repeats}")
+    out.mkdir(parents=True, exist_ok=True)
+    store = RecordStore(out / "records.jsonl")
+    tokenizer = target.tokenizer
+    wanted = [(r.label, p.qid, t, rep) for p in prompts for rep in range(repeats)
+              for t in range(len(p.turns)) for r in runners]
+    todo = [k for k in wanted if k not in store.records]
+    run = BenchRun([], runners, prompts)
+    bar = tqdm(total=len(wanted), initial=len(wanted) - len(todo), desc="bench", unit="gen",
+               disable=not progress, file=sys.stderr, mininterval=1 if sys.stderr.isatty() else 20)
+    if warmup and todo:
+        busy = {k[0] for k in todo}
+        ids = encode_turn(tokenizer, prompts[0], 0, [])
+        for runner in runners:
+            if runner.label in busy:
+                if isinstance(runner, SyntheticRunner):
+                    runner.drafter.reference = []
+                runner.generate(ids, min(WARMUP_TOKENS, max_new_tokens))
+    bases = [r for r in runners if r.baseline is None]
+    others = [r for r in runners if r.baseline is not None]
+    for prompt in prompts:
+        for rep in range(repeats):
+            shift = rep % len(others) if others else 0
+            order = bases + others[shift:] + others[:shift]
+            answers: dict[str, list[str]] = {r.label: [] for r in runners}
+            for turn in range(len(prompt.turns)):
+                for runner in order:
+                    record = store.get(runner.label, prompt.qid, turn, rep)
+                    if record is None:
+                        ids = encode_turn(tokenizer, prompt, turn, answers[runner.label])
+                        if isinstance(runner, SyntheticRunner):
+                            runner.drafter.reference = store.get(runner.baseline, prompt.qid, turn, rep)["tokens"]
+                        tokens, metrics = runner.generate(ids, max_new_tokens)
+                        record = {"method": runner.label, "qid": prompt.qid, "category": prompt.category,
+                                  "turn": turn, "repeat": rep, "tokens": tokens, "metrics": metrics}
+                        store.add(record)
+                        bar.update()
+                    run.records.append(record)
+                    answers[runner.label].append(tokenizer.decode(record["tokens"], skip_special_tokens=True))
+                    if check_identity and runner.baseline is not None and runner.lossless:
+                        base = store.get(runner.baseline, prompt.qid, turn, rep)
+                        mismatch = compare(record, base, runner.baseline, tokenizer)
+                        if mismatch:
+                            run.mismatches.append(mismatch)
+                            tqdm.write(f"\033[1;31m{mismatch.describe()}\033[0m", file=sys.stderr)
+    bar.close()
+    return run
+
+
+def compare(record: dict, base: dict, baseline: str, tokenizer) -> Mismatch | None:
+    """The first token where `record` departs from its baseline `base`, or None when identical."""
+    a, b = base["tokens"], record["tokens"]
+    if a == b:
+        return None
+    position = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    lo = max(0, position - 8)
+    return Mismatch(record["method"], baseline, record["qid"], record["category"], record["turn"],
+                    record["repeat"], position, tokenizer.decode(a[lo:position + 8]),
+                    tokenizer.decode(b[lo:position + 8]))

@@ -1,0 +1,162 @@
+"""The benchmark harness end to end on a tiny random Llama with the real SmolLM2 tokenizer.
+
+Every kind of method runs (presets, pipeline specs from several plugins, the synthetic drafter, the
+transformers peers); a verifier broken on purpose is reported as a lossless mismatch; tables, JSON and
+plots are written; an interrupted run resumes without redoing finished work.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import specframe
+from specframe.bench import BenchPrompt, run_benchmark
+from specframe.bench import runner as bench_runner
+from specframe.errors import ConfigurationError, SpecframeWarning
+from specframe.metrics import DecodeMetrics
+from specframe.testing import tiny_target
+
+PROMPTS = [
+    BenchPrompt("q1", "writing", ("Write a short poem about the sea. The sea, the sea, the sea.",
+                                  "Now make it rhyme.")),
+    BenchPrompt("code-1", "coding", ("def add(a, b):\n    return a + b\n\ndef add3(a, b, c):\n",), chat=False),
+]
+NEW_TOKENS = 10
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """One intra-op thread: on a busy 2-core machine, more threads spin and run 20x slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def target():
+    """A random 2-layer Llama over SmolLM2's vocabulary, with SmolLM2's tokenizer and chat template."""
+    from transformers import AutoTokenizer
+
+    from specframe.models import resolve_model_dir
+
+    tiny = tiny_target(seed=3, vocab_size=49152, hidden_size=32)
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_dir("smollm2-135m"))
+    return specframe.Target(model=tiny.model, tokenizer=tokenizer, name="tiny-smollm2-vocab")
+
+
+def test_every_method_runs_and_reports(target, tmp_path):
+    methods = ["pld", "pld-trie", "rest-live", "pld+chain+sample-match@4", "draft-model(layers=1)+chain+greedy"]
+    run, table = run_benchmark(target, PROMPTS, methods, tmp_path, repeats=2, max_new_tokens=NEW_TOKENS,
+                               synthetic_acceptance=0.7, progress=False)
+    labels = [r.label for r in run.runners]
+    assert labels == ["baseline", *methods, "synthetic(p=0.7)", "hf-generate", "hf-pld", "hf-assisted"]
+    turns = sum(len(p.turns) for p in PROMPTS)
+    assert len(run.records) == len(labels) * turns * 2
+    assert run.mismatches == []  # every method here is lossless at temperature 0
+
+    results = json.loads((tmp_path / "results.json").read_text())
+    keys = set(DecodeMetrics().to_dict())
+    assert all(set(r["metrics"]) == keys for r in results["records"])
+    assert set(results["categories"]) == {"overall", "writing", "coding"}
+    overall = results["categories"]["overall"]
+    assert overall["baseline"]["tau"] == 1.0 and overall["baseline"]["speedup"]["mean"] == 1.0
+    assert overall["hf-generate"]["tau"] == 1.0 and overall["hf-generate"]["alpha"] is None
+    assert overall["synthetic(p=0.7)"]["tau"] > 1.0  # the synthetic drafter is accepted
+    markdown = (tmp_path / "results.md").read_text()
+    for category in ("overall", "writing", "coding"):
+        assert f"### {category}" in markdown
+    for label in labels:
+        assert f"| {label} |" in markdown
+    for png in ("speedup.png", "acceptance_histogram.png", "time_split.png"):
+        assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_second_turn_sees_the_first_answer(target, tmp_path):
+    run, _ = run_benchmark(target, PROMPTS[:1], ["pld"], tmp_path, peers="none", repeats=1,
+                           max_new_tokens=NEW_TOKENS, plots=False, progress=False)
+    first, second = [r for r in run.records if r["method"] == "baseline"]
+    answer = target.tokenizer.decode(first["tokens"], skip_special_tokens=True)
+    assert second["metrics"]["prompt_tokens"] > first["metrics"]["prompt_tokens"] + len(first["tokens"]) - 2
+    assert answer.strip() and answer.strip() in _decoded_prompt(target, PROMPTS[0], answer)
+
+
+def _decoded_prompt(target, prompt, answer):
+    from specframe.bench.suites import encode_turn
+
+    return target.tokenizer.decode(encode_turn(target.tokenizer, prompt, 1, [answer]))
+
+
+class AcceptEverything(specframe.Verifier):
+    """A broken verifier that claims to be lossless but accepts every draft token."""
+
+    name = "accept-everything"
+    capabilities = specframe.VerifierCapabilities(lossless=True)
+
+    def verify(self, tree, scores, sampling):
+        path, node = [], -1
+        while tree.children[node + 1]:
+            node = tree.children[node + 1][0]
+            path.append(node)
+        return specframe.VerifyResult(path=path, bonus=int(scores.logits[node + 1].argmax()))
+
+
+class BrokenPlugin:
+    @specframe.hookimpl
+    def register_verifiers(register):
+        register(AcceptEverything)
+
+
+def test_a_broken_verifier_is_reported_as_a_mismatch(target, tmp_path):
+    registry = specframe.PluginRegistry()
+    registry.register_plugin(BrokenPlugin, name="broken")
+    method = "pld(min_ngram=1)+chain+accept-everything"
+    run, table = run_benchmark(target, PROMPTS[1:], [method], tmp_path, peers="hf-generate", repeats=1,
+                               max_new_tokens=24, registry=registry, plots=False, progress=False)
+    assert run.mismatches and {m.method for m in run.mismatches} == {method}
+    assert table["coding"][method]["mismatches"] == len(run.mismatches)
+    assert table["coding"]["hf-generate"]["mismatches"] == 0
+    markdown = (tmp_path / "results.md").read_text()
+    assert "MISMATCH" in markdown and "LOSSLESS MISMATCH" in markdown
+
+
+def test_an_interrupted_run_resumes_where_it_stopped(target, tmp_path, monkeypatch):
+    real = bench_runner.PipelineRunner.generate
+    calls = {"n": 0}
+
+    def flaky(self, ids, max_new_tokens):
+        calls["n"] += 1
+        if calls["n"] == 6:  # 2 warm-ups, then 3 timed generations, then the "power cut"
+            raise KeyboardInterrupt
+        return real(self, ids, max_new_tokens)
+
+    monkeypatch.setattr(bench_runner.PipelineRunner, "generate", flaky)
+    kwargs = dict(peers="none", repeats=2, max_new_tokens=NEW_TOKENS, plots=False, progress=False)
+    with pytest.raises(KeyboardInterrupt):
+        run_benchmark(target, PROMPTS, ["pld"], tmp_path, **kwargs)
+    lines = (tmp_path / "records.jsonl").read_text().splitlines()
+    assert len(lines) == 3
+    with (tmp_path / "records.jsonl").open("a") as f:
+        f.write('{"method": "pld", "qid": "q1", "tur')  # a record cut short by the interruption
+    monkeypatch.setattr(bench_runner.PipelineRunner, "generate", real)
+    run, _ = run_benchmark(target, PROMPTS, ["pld"], tmp_path, **kwargs)
+    expected = 2 * sum(len(p.turns) for p in PROMPTS) * 2
+    assert len(run.records) == expected
+    before = [json.loads(line) for line in lines]
+    assert all(r in run.records for r in before)  # the finished runs were kept, not redone
+    assert len((tmp_path / "records.jsonl").read_text().splitlines()) == 3 + 1 + expected - 3  # the cut line stays, skipped
+
+    with pytest.raises(ConfigurationError, match="other settings"):
+        run_benchmark(target, PROMPTS, ["pld"], tmp_path, **{**kwargs, "max_new_tokens": NEW_TOKENS + 1})
+
+
+def test_all_skips_presets_that_cannot_be_built(target, tmp_path):
+    with pytest.warns(SpecframeWarning) as caught:
+        run, _ = run_benchmark(target, PROMPTS[1:], ["all"], tmp_path, peers="none", repeats=1,
+                               max_new_tokens=4, plots=False, progress=False)
+    assert any("skipping preset 's4c'" in str(w.message) for w in caught)  # no heads for this model
+    assert "pld" in [r.label for r in run.runners]
+    assert "s4c" not in [r.label for r in run.runners]
