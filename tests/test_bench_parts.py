@@ -1,0 +1,110 @@
+"""The benchmark harness's parts: method specs, suites, the synthetic drafter, peers and the aggregates."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import specframe
+from specframe.bench.methods import parse_method, resolve_methods, split_parts, usable_presets
+from specframe.bench.peers import parse_peers, truncated_assistant
+from specframe.bench.report import method_stats
+from specframe.bench.suites import load_suite
+from specframe.bench.synthetic import SyntheticDrafter
+from specframe.errors import ConfigurationError, UnknownComponentError
+from specframe.testing import tiny_target
+
+
+def test_split_parts_ignores_separators_inside_parentheses():
+    assert split_parts("rest(w=a+b)+trie+greedy") == ["rest(w=a+b)", "trie", "greedy"]
+    assert split_parts("pld,hf-assisted(layers=2,num_tokens=3)", ",") == ["pld", "hf-assisted(layers=2,num_tokens=3)"]
+
+
+def test_pipeline_specs_and_presets_resolve_through_the_registry():
+    registry = specframe.get_registry()
+    spec = parse_method("pld(max_ngram=4)+trie+sample-match@16", registry)
+    assert (spec.drafter.name, spec.drafter.options) == ("pld", {"max_ngram": 4})
+    assert [c.name for c in spec.components] == ["pld", "trie", "sample-match", "kv"]
+    assert spec.budget == 16 and spec.label == "pld(max_ngram=4)+trie+sample-match@16"
+    short = parse_method("pld", registry, default_budget=5)
+    assert [c.name for c in short.components] == ["pld", "chain", "greedy", "kv"] and short.budget == 5
+    assert "pld" in usable_presets(registry)
+
+
+def test_bad_method_specs_fail_with_the_known_names():
+    registry = specframe.get_registry()
+    with pytest.raises(UnknownComponentError, match="Known drafters: .*pld"):
+        parse_method("nosuch+chain", registry)
+    with pytest.raises(UnknownComponentError, match="unknown verifier 'nosuch'"):
+        parse_method("pld+chain+nosuch", registry)
+    with pytest.raises(ConfigurationError, match="DRAFTER"):
+        parse_method("pld+chain+greedy+kv+extra", registry)
+    with pytest.raises(ConfigurationError, match="unique"):
+        resolve_methods(["pld", "pld"], registry)
+    with pytest.raises(ConfigurationError, match="unknown peer"):
+        parse_peers("hf-nosuch")
+    with pytest.raises(ConfigurationError, match="takes options"):
+        parse_peers("hf-pld(layers=3)")
+
+
+def test_suites_ship_every_question():
+    spec = load_suite("spec-bench")
+    categories = {p.category for p in spec}
+    assert len(spec) == 480 and len(categories) == 13
+    limited = load_suite("spec-bench", limit=5)
+    assert len(limited) == 13 * 5 and {p.category for p in limited} == categories
+    mt = load_suite("mt-bench")
+    assert len(mt) == 80 and all(len(p.turns) == 2 and p.chat for p in mt)
+    humaneval = load_suite("humaneval", limit=3)
+    assert [p.qid for p in humaneval] == ["HumanEval/0", "HumanEval/1", "HumanEval/2"]
+    assert not humaneval[0].chat and humaneval[0].turns[0].startswith("from typing")
+    with pytest.raises(ConfigurationError, match="unknown suite"):
+        load_suite("nosuch")
+
+
+def test_synthetic_drafter_keeps_each_token_with_the_given_rate():
+    target = tiny_target(vocab_size=64)
+    reference = list(np.random.default_rng(0).integers(0, 64, size=4000))
+    drafter = SyntheticDrafter(target, acceptance=0.6, seed=1)
+    drafter.reference = reference
+    prompt = np.arange(5)
+    kept = []
+    for start in range(0, 3992, 8):
+        context = specframe.DraftContext(np.concatenate([prompt, reference[:start]]), 5, 8)
+        proposal = drafter.propose(context)
+        assert len(proposal) == 8 and list(proposal.parents) == list(range(-1, 7))  # a chain
+        kept += list(proposal.tokens == reference[start:start + 8])
+    assert abs(np.mean(kept) - 0.6) < 0.03
+
+
+def test_truncated_assistant_shares_the_target_weights():
+    target = tiny_target(layers=3)
+    assistant = truncated_assistant(target, 2)
+    assert len(assistant.model.layers) == 2 and assistant.config.num_hidden_layers == 2
+    assert assistant.model.layers[0] is target.model.model.layers[0]
+    assert assistant.lm_head.weight.data_ptr() == target.model.lm_head.weight.data_ptr()
+    with pytest.raises(ConfigurationError, match="layers must be"):
+        truncated_assistant(target, 3)
+
+
+def _record(qid, rep, tps, decode_tps, new=10, steps=5, drafted=8, accepted=5, hist=(1, 2, 2)):
+    metrics = specframe.DecodeMetrics().to_dict()
+    metrics.update(new_tokens=new, steps=steps, draft_tokens=drafted, accepted_draft_tokens=accepted,
+                   tokens_per_s=tps, decode_tokens_per_s=decode_tps, acceptance_histogram=list(hist),
+                   wall_s=new / tps, prefill_s=0.1, time_s=dict.fromkeys(metrics["time_s"], 0.01))
+    return {"qid": qid, "turn": 0, "repeat": rep, "category": "c", "metrics": metrics}
+
+
+def test_speedup_is_the_mean_of_per_turn_ratios_over_repeats():
+    base = {(q, 0, r): _record(q, r, tps, tps) for q, r, tps in
+            [("a", 0, 10.0), ("b", 0, 20.0), ("a", 1, 10.0), ("b", 1, 20.0)]}
+    mine = [_record("a", 0, 20.0, 30.0), _record("b", 0, 20.0, 20.0),
+            _record("a", 1, 30.0, 30.0), _record("b", 1, 20.0, 20.0)]
+    stats = method_stats(mine, base)
+    # repeat 0: mean(2, 1) = 1.5; repeat 1: mean(3, 1) = 2.0
+    assert stats["speedup"]["mean"] == pytest.approx(1.75)
+    assert stats["speedup"]["std"] == pytest.approx(np.std([1.5, 2.0], ddof=1))
+    assert stats["speedup_excl_prefill"]["mean"] == pytest.approx(np.mean([(3 + 1) / 2, (3 + 1) / 2]))
+    assert stats["tau"] == pytest.approx(40 / 20) and stats["alpha"] == pytest.approx(20 / 32)
+    assert stats["acceptance_histogram"] == [4, 8, 8]
+    assert stats["time_per_step_ms"]["forward"] == pytest.approx(1000 * 0.04 / 20)
