@@ -29,20 +29,20 @@ def tree_scan_ref(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.T
     T, H, P = x.shape
     G = B.shape[1]
     x, dt, A, B, C = (t.float() for t in (x, dt, A, B, C))
-    heads_per_group = H // G
-    Bh = B.repeat_interleave(heads_per_group, dim=1)  # (T, H, N)
-    Ch = C.repeat_interleave(heads_per_group, dim=1)  # (T, H, N)
-    a = dt * A  # (T, H) log-decay of each node
+    # Head-major layout: every product below is a batched matmul over heads (or groups).
+    xh = x.permute(1, 0, 2)  # (H, T, P)
+    Bg, Cg = B.permute(1, 0, 2), C.permute(1, 0, 2)  # (G, T, N)
+    a = (dt * A).t()  # (H, T) log-decay of each node
     Lf = mask.to(x.dtype)  # (T, T)
-    a_tree = Lf @ a  # (T, H) decay from the committed state to each node
-    # seg[i, j] = sum of a over the nodes on i's chain that are not on j's chain (exact when L[i, j]).
-    seg = torch.einsum("ik,jk,kh->ijh", Lf, 1.0 - Lf, a)  # (T, T, H)
-    decay = torch.exp(seg.masked_fill(~mask[:, :, None], float("-inf")))  # (T, T, H), 0 off the ancestors
-    cb = torch.einsum("ihn,jhn->ijh", Ch, Bh)  # (T, T, H)
-    m_u = decay * cb * dt[None, :, :]  # (T, T, H)
-    y = torch.einsum("ijh,jhp->ihp", m_u, x)  # (T, H, P)
+    a_tree = a @ Lf.t()  # (H, T) decay from the committed state to each node
+    # seg[h, i, j] = sum of a over the nodes on i's chain that are not on j's chain (exact when L[i, j]).
+    seg = (Lf[None] * a[:, None, :]) @ (1.0 - Lf).t()  # (H, T, T)
+    decay = torch.exp(seg.masked_fill(~mask[None], float("-inf")))  # (H, T, T), 0 off the ancestors
+    cb = (Cg @ Bg.transpose(1, 2)).repeat_interleave(H // G, dim=0)  # (H, T, T)
+    y = (decay * cb * dt.t()[:, None, :]) @ xh  # (H, T, P)
     if h0 is not None:
-        y = y + torch.exp(a_tree)[:, :, None] * torch.einsum("ihn,hpn->ihp", Ch, h0.float())  # (T, H, P)
+        Ch = Cg.repeat_interleave(H // G, dim=0)  # (H, T, N)
+        y = y + torch.exp(a_tree)[:, :, None] * (Ch @ h0.float().transpose(1, 2))  # (H, T, P)
     if D is not None:
-        y = y + (D.float()[:, None] if D.dim() == 1 else D.float()) * x  # (T, H, P)
-    return y
+        y = y + (D.float()[:, None, None] if D.dim() == 1 else D.float()[:, None, :]) * xh  # (H, T, P)
+    return y.permute(1, 0, 2)  # (T, H, P)

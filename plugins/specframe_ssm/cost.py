@@ -65,10 +65,11 @@ def default_cost_model(backend: str, model=None) -> RuntimeModel:
 
 
 def full_binary_tree(depth: int) -> list[int]:
-    """Parents of a full binary tree under the root with `depth` levels of nodes (2 + 4 + ... nodes)."""
+    """Parents of the nodes of a full binary tree of `depth` levels counting the root, as the STree paper
+    counts them: depth 4, 5, 6 give 15, 31, 63 packed nodes (root included), i.e. 14, 30, 62 tree nodes."""
     parents: list[int] = []
     level = [-1]
-    for _ in range(depth):
+    for _ in range(depth - 1):
         nxt = []
         for p in level:
             for _ in range(2):
@@ -78,7 +79,7 @@ def full_binary_tree(depth: int) -> list[int]:
     return parents
 
 
-def calibrate(backend, prompt: list[int], depths=(1, 2, 3, 4), repeats: int = 3) -> RuntimeModel:
+def calibrate(backend, prompt: list[int], depths=(2, 3, 4, 5), repeats: int = 3) -> RuntimeModel:
     """Time `backend.score` on full binary trees after prefilling `prompt`; fit the paper's model form.
 
     The degree is 2 when the target has attention layers, else 1. N counts the root.

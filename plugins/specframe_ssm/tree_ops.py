@@ -39,7 +39,10 @@ def tree_conv(xbc: torch.Tensor, conv: torch.Tensor, weight: torch.Tensor, bias:
     Returns act(conv) (T, Cd).
     """
     ext = torch.cat([conv.t().to(xbc.dtype), xbc], dim=0)  # (K + T, Cd)
-    out = torch.einsum("tkc,ck->tc", ext[index], weight.to(xbc.dtype))  # (T, Cd)
+    weight = weight.to(xbc.dtype)
+    out = ext[index[:, 0]] * weight[:, 0]  # (T, Cd)
+    for k in range(1, weight.shape[1]):
+        out = out + ext[index[:, k]] * weight[:, k]
     if bias is not None:
         out = out + bias
     return act(out)

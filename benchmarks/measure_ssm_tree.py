@@ -1,0 +1,158 @@
+"""Forward time and peak memory of one target call, packed tree (`ssm-tree`) vs unrolled (`ssm-unrolled`).
+
+Full binary trees of depth 4, 5 and 6 (15, 31, 63 packed nodes) on random-weight models with Mamba2-2.7B
+layer dimensions (d_model 2560, 80 heads x 64, d_state 128, 1 group, conv 4, vocab 50288), float32:
+- `ssm`: a Mamba2ForCausalLM with `--layers` Mamba2 layers;
+- `hybrid`: a NemotronH model in the Mamba2-attention 2.7B layout, one attention layer (20 heads x 128) per
+  ten layers, `--hybrid-layers` layers in all.
+Each (model, backend, depth) runs in a fresh subprocess. Peak memory is the growth of the process's peak
+resident set during the call (VmHWM reset through /proc/self/clear_refs, freed heap trimmed first); on a
+GPU it is torch.cuda.max_memory_allocated growth. Time is the minimum of `--repeats` calls after a warm-up.
+Then the STree paper's runtime models are fitted per backend: t = kN + C (ssm), t = aN^2 + bN + c (hybrid).
+
+    python benchmarks/measure_ssm_tree.py --layers 8 --hybrid-layers 10 --out results/ssm_tree
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+DIMS = dict(hidden=2560, heads=80, head_dim=64, state=128, groups=1, conv=4, vocab=50288)
+
+
+def build_model(kind: str, layers: int, chunk: int):
+    from transformers import Mamba2Config, Mamba2ForCausalLM, NemotronHConfig, NemotronHForCausalLM
+
+    d = DIMS
+    if kind == "ssm":
+        config = Mamba2Config(vocab_size=d["vocab"], hidden_size=d["hidden"], num_hidden_layers=layers,
+                              num_heads=d["heads"], head_dim=d["head_dim"], state_size=d["state"],
+                              n_groups=d["groups"], expand=2, conv_kernel=d["conv"], chunk_size=chunk)
+        return Mamba2ForCausalLM(config)
+    types = ["full_attention" if i % 10 == 9 else "linear_attention" for i in range(layers)]
+    config = NemotronHConfig(vocab_size=d["vocab"], hidden_size=d["hidden"], layers_block_type=types,
+                             mamba_num_heads=d["heads"], mamba_head_dim=d["head_dim"], n_groups=d["groups"],
+                             ssm_state_size=d["state"], conv_kernel=d["conv"], chunk_size=chunk, expand=2,
+                             num_attention_heads=20, num_key_value_heads=20, head_dim=128)
+    return NemotronHForCausalLM(config)
+
+
+def _rss_kib(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field):
+            return int(line.split()[1])
+    raise RuntimeError(field)
+
+
+def _reset_peak() -> None:
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    Path("/proc/self/clear_refs").write_text("5")
+
+
+def one_case(kind: str, layers: int, backend_name: str, depth: int, prefix: int, repeats: int,
+             chunk: int, device: str) -> dict:
+    """Build the model, prefill `prefix` tokens, score one full binary tree; time and memory of `score`."""
+    import specframe
+    from specframe_ssm import full_binary_tree
+
+    torch.manual_seed(0)
+    model = build_model(kind, layers, chunk).to(device).eval()
+    target = specframe.Target(model=model, tokenizer=None, name=f"{kind}-{layers}L")
+    backend = specframe.get_registry().get("backend", backend_name)(target)
+    rng = np.random.default_rng(0)
+    backend.prefill(rng.integers(0, DIMS["vocab"], prefix).tolist())
+    parents = full_binary_tree(depth)
+    tree = specframe.TokenTree(rng.integers(0, DIMS["vocab"], len(parents)), np.array(parents))
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    backend.score(tree)  # warm-up
+    times = []
+    for _ in range(repeats):
+        sync()
+        start = time.perf_counter()
+        backend.score(tree)
+        sync()
+        times.append(time.perf_counter() - start)
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        backend.score(tree)
+        peak = torch.cuda.max_memory_allocated() - base
+    else:
+        _reset_peak()
+        base = _rss_kib("VmRSS")
+        backend.score(tree)
+        peak = (_rss_kib("VmHWM") - base) * 1024
+    return dict(kind=kind, layers=layers, backend=backend_name, depth=depth, nodes=len(tree) + 1,
+                prefix=prefix, seconds=min(times), all_seconds=times, peak_bytes=int(peak),
+                threads=torch.get_num_threads(), device=device)
+
+
+def fit(rows: list[dict]) -> dict:
+    """Per (kind, backend): t = kN + C for ssm, t = aN^2 + bN + c for hybrid (seconds, N packed nodes)."""
+    from specframe_ssm import RuntimeModel
+
+    fits = {}
+    for kind in sorted({r["kind"] for r in rows}):
+        for backend in sorted({r["backend"] for r in rows}):
+            sel = [r for r in rows if r["kind"] == kind and r["backend"] == backend]
+            if len(sel) >= 3:
+                model = RuntimeModel.fit([r["nodes"] for r in sel], [r["seconds"] for r in sel],
+                                         1 if kind == "ssm" else 2)
+                fits[f"{kind}/{backend}"] = dict(coefficients=model.coefficients, layers=sel[0]["layers"])
+    return fits
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--hybrid-layers", type=int, default=10)
+    parser.add_argument("--depths", type=int, nargs="+", default=[2, 3, 4, 5, 6])
+    parser.add_argument("--prefix", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--chunk", type=int, default=8, help="HF chunk size; >= the longest path avoids "
+                        "padding each unrolled path to a long chunk")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--kinds", nargs="+", default=["ssm", "hybrid"])
+    parser.add_argument("--out", default="results/ssm_tree")
+    parser.add_argument("--case", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.case:  # child process: one measurement, JSON on stdout
+        kind, backend, depth = args.case.split(":")
+        layers = args.layers if kind == "ssm" else args.hybrid_layers
+        print(json.dumps(one_case(kind, layers, backend, int(depth), args.prefix, args.repeats, args.chunk,
+                                  args.device)))
+        return
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for kind in args.kinds:
+        for depth in args.depths:
+            for backend in ("ssm-tree", "ssm-unrolled"):
+                cmd = [sys.executable, __file__, "--case", f"{kind}:{backend}:{depth}", *_passthrough(args)]
+                result = subprocess.run(cmd, capture_output=True, text=True, check=True)
+                row = json.loads(result.stdout.strip().splitlines()[-1])
+                rows.append(row)
+                print(f"{kind:6s} {backend:12s} depth {depth} N={row['nodes']:3d} "
+                      f"{row['seconds'] * 1e3:9.1f} ms  peak {row['peak_bytes'] / 2**20:8.1f} MiB", flush=True)
+                (out / "rows.json").write_text(json.dumps(rows, indent=1))
+    fits = fit(rows)
+    (out / "fits.json").write_text(json.dumps(fits, indent=1))
+    print(json.dumps(fits, indent=1))
+
+
+def _passthrough(args) -> list[str]:
+    return ["--layers", str(args.layers), "--hybrid-layers", str(args.hybrid_layers), "--prefix",
+            str(args.prefix), "--repeats", str(args.repeats), "--chunk", str(args.chunk), "--device", args.device]
+
+
+if __name__ == "__main__":
+    main()
