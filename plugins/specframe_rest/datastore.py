@@ -139,8 +139,8 @@ class Datastore:
         b = self.buckets
         if b[0] != 0 or b[-1] != n or np.any(np.diff(b) < 0):
             raise DatastoreError(f"{where}: {BUCKETS} is inconsistent with the token array; {BUILD_HINT}")
-        rng = np.random.default_rng(0)
-        sample = rng.integers(0, n - 1, size=min(256, n - 1))
+        sample = (np.arange(n - 1) if n <= 4097  # every adjacent pair of a small store, else a fixed sample
+                  else np.random.default_rng(0).integers(0, n - 1, size=4096))
         pos = self.suffixes[sample].astype(np.int64)
         nxt = self.suffixes[sample + 1].astype(np.int64)
         if pos.min() < 0 or pos.max() >= n or nxt.min() < 0 or nxt.max() >= n:
