@@ -16,6 +16,7 @@ def bench_command(
     peers: str = typer.Option("all", help="transformers peers: all, none, or a comma list of hf-generate, "
                               "hf-pld(num_tokens=10), hf-assisted(layers=8,num_tokens=4)."),
     limit: Optional[int] = typer.Option(None, help="Questions per category (default: all)."),
+    turns: Optional[int] = typer.Option(None, help="Turns per question at most (default: all; MT-Bench has 2)."),
     repeats: int = typer.Option(3, help="Timed runs of every (method, question)."),
     out: Path = typer.Option(Path("results/bench"), help="Directory for records, tables and plots."),
     model: str = typer.Option("smollm2-135m", help="Model alias or local Hugging Face model directory."),
@@ -51,7 +52,8 @@ def bench_command(
     target = load_target(model)
     run, table = run_benchmark(
         target, suite, _split(methods), out, peers=peers, limit=limit, repeats=repeats, max_new_tokens=max_new_tokens, budget=budget,
-        synthetic_acceptance=synthetic_acceptance, sampling=SamplingParams(temperature=temperature, seed=seed),
+        synthetic_acceptance=synthetic_acceptance, max_turns=turns,
+        sampling=SamplingParams(temperature=temperature, seed=seed),
         plots=plots)
     typer.echo((out / "results.md").read_text("utf-8"))
     typer.echo(f"written under {out}: records.jsonl, results.json, results.md" + (", *.png" if plots else ""))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shlex
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -24,8 +25,8 @@ def run_benchmark(target: Target, suite: str | list[BenchPrompt], methods: list[
                   peers: str = "all", limit: int | None = None, repeats: int = 3, max_new_tokens: int = 128,
                   budget: int = 8, synthetic_acceptance: float | None = None,
                   sampling: SamplingParams | None = None, registry: PluginRegistry | None = None,
-                  plots: bool = True, progress: bool = True, fresh: bool = False, warmup: bool = True,
-                  command: str | None = None) -> tuple[BenchRun, dict]:
+                  max_turns: int | None = None, plots: bool = True, progress: bool = True, fresh: bool = False,
+                  warmup: bool = True, command: str | None = None) -> tuple[BenchRun, dict]:
     """Benchmark `methods` (specs or presets) against plain decoding and the transformers `peers` on
     `suite` (a suite name, a JSONL path, or prompts); write records, results and plots under `out`.
 
@@ -37,6 +38,10 @@ def run_benchmark(target: Target, suite: str | list[BenchPrompt], methods: list[
     prompts = load_suite(suite, limit) if isinstance(suite, str) else list(suite)
     if not prompts:
         raise ConfigurationError("no prompts to benchmark: check --suite and --limit")
+    if max_turns is not None:
+        if max_turns < 1:
+            raise ConfigurationError(f"--turns must be >= 1, got {max_turns}")
+        prompts = [replace(p, turns=p.turns[:max_turns]) for p in prompts]
     specs = resolve_methods(methods, registry, budget)
     runners = build_runners(target, specs, parse_peers(peers), sampling, registry, synthetic_acceptance,
                             budget)
@@ -54,7 +59,8 @@ def run_benchmark(target: Target, suite: str | list[BenchPrompt], methods: list[
     command = command or "specframe " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     header = (f"## {settings['suite']}: {target.name}, {max_new_tokens} new tokens, {repeats} repeat(s), "
               f"greedy={sampling.greedy}, {settings['threads']} torch thread(s)\n\nCommand: `{command}`\n")
-    table = write_reports(run, out, {**settings, "limit": limit, "repeats": repeats, "command": command},
+    table = write_reports(run, out, {**settings, "limit": limit, "repeats": repeats, "turns": max_turns,
+                                          "command": command},
                           header)
     if plots:
         from specframe.bench.plots import write_plots

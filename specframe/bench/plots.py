@@ -64,7 +64,7 @@ def histogram_plot(plt, table: dict, path: Path, title: str) -> Path:
     """Share of steps that accepted exactly j draft tokens, per method, over all categories."""
     rows = table.get(OVERALL) or next(iter(table.values()))
     methods = {m: s["acceptance_histogram"] for m, s in rows.items()
-               if not m.startswith("baseline") and sum(s["acceptance_histogram"])}
+               if len(s["acceptance_histogram"]) > 1}  # methods that ever accepted a draft token
     fig, ax = plt.subplots(figsize=(7, 4.5))
     top = max((len(h) for h in methods.values()), default=1)
     width = 0.8 / max(1, len(methods))
@@ -87,7 +87,7 @@ def time_split_plot(plt, table: dict, path: Path, title: str) -> Path:
     """Stacked horizontal bars: milliseconds per step in each phase, for the specframe pipelines."""
     rows = table.get(OVERALL) or next(iter(table.values()))
     methods = {m: s["time_per_step_ms"] for m, s in rows.items() if s["time_per_step_ms"]}
-    fig, ax = plt.subplots(figsize=(8, 1.2 + 0.45 * max(1, len(methods))))
+    fig, ax = plt.subplots(figsize=(8, 1.8 + 0.45 * max(1, len(methods))))
     labels = list(methods)
     left = [0.0] * len(labels)
     for phase in PHASES:
@@ -97,7 +97,7 @@ def time_split_plot(plt, table: dict, path: Path, title: str) -> Path:
     ax.invert_yaxis()
     ax.set_xlabel("ms per verification step")
     ax.set_title(title or "time per step by phase")
-    ax.legend(fontsize=8, ncol=len(PHASES), loc="lower center", bbox_to_anchor=(0.5, 1.08), frameon=False)
+    ax.legend(fontsize=8, ncol=len(PHASES), loc="upper center", bbox_to_anchor=(0.5, -0.25), frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     return path
