@@ -1,0 +1,89 @@
+"""Issue 6 measurements: tau and speedup of S4C (continuous and static trees), draft-model layers:N and
+pld against plain decoding, in one run per suite, plus each drafter's extra memory and S4C's r.
+
+    .venv/bin/python benchmarks/s4c_measure.py --humaneval 20 --spec-bench 10 --max-new-tokens 128
+
+Records, tables and plots go under `--out` (default results/s4c); rerunning resumes from the records.
+Extra memory = the drafter's own parameters (float32, as run) plus, for draft-model, its KV cache at the
+longest context of the run; r = speedup / extra GB (undefined for drafters that add nothing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+import specframe
+from specframe.bench.harness import run_benchmark
+from specframe.registry import ComponentSpec, get_registry
+
+METHODS = [
+    "s4c+static(preset=continuous)@9",  # S4C's continuous tree: top-1 chain, 3 alternatives per depth
+    "s4c+static(preset=continuous, width=2)@6",
+    "s4c+chain@3",
+    "s4c(widths=(1, 3, 6), topk=3)+static(preset=cartesian, widths=(3, 2, 2))@21",
+    "draft-model(layers=6, num_tokens=4)+chain@4",
+    "draft-model(layers=12, num_tokens=4)+chain@4",
+    "pld+chain@8",
+]
+
+
+def extra_bytes(target: specframe.Target, method: str, context: int) -> int:
+    """Memory a method's drafter adds to the target: its parameters and, for draft-model, its KV cache."""
+    spec = ComponentSpec.parse(method.split("+")[0])
+    drafter = get_registry().get("drafter", spec.name)(target, **spec.options)
+    params = getattr(drafter, "extra_parameters", 0) * 4  # float32
+    if spec.name != "draft-model":
+        return params
+    config = drafter.model.config
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    kv = 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * 4 * context
+    return params + kv
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--humaneval", type=int, default=20, help="first N HumanEval problems (0 = skip)")
+    parser.add_argument("--spec-bench", type=int, default=10, help="questions per Spec-Bench category (0 = skip)")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--methods", default=",".join(METHODS), help="';'-separated pipeline specs")
+    parser.add_argument("--out", type=Path, default=Path("results/s4c"))
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    methods = args.methods.split(";") if ";" in args.methods else METHODS
+    target = specframe.load_target("smollm2-135m")
+    tables = {}
+    for suite, limit in (("humaneval", args.humaneval), ("spec-bench", args.spec_bench)):
+        if limit:
+            _, tables[suite] = run_benchmark(
+                target, suite, methods, args.out / suite, peers="none", limit=limit, repeats=1,
+                max_new_tokens=args.max_new_tokens, max_turns=1, plots=False,
+                command=f"python benchmarks/s4c_measure.py --humaneval {args.humaneval} --spec-bench "
+                        f"{args.spec_bench} --max-new-tokens {args.max_new_tokens} --threads {args.threads}")
+    context = 2048  # an upper bound on prompt + answer for the KV-cache share of draft-model
+    memory = {m: extra_bytes(target, m, context) for m in methods}
+    rows = ["| suite | method | tau | speedup | extra MB | r = speedup / extra GB |", "|---|---|---|---|---|---|"]
+    summary = {}
+    for suite, table in tables.items():
+        overall = table.get("overall") or table[next(iter(table))]
+        for method in methods:
+            stats = overall[method]
+            speed, mb = stats["speedup"]["mean"], memory[method] / 2**20
+            r = speed / (memory[method] / 2**30) if memory[method] else None
+            summary[f"{suite}/{method}"] = {"tau": stats["tau"], "speedup": speed, "extra_bytes": memory[method],
+                                            "r": r, "turns": stats["turns"]}
+            rows.append(f"| {suite} | `{method}` | {stats['tau']:.2f} | {speed:.2f} | {mb:.1f} | "
+                        f"{'-' if r is None else f'{r:.1f}'} |")
+    text = "\n".join(rows) + "\n"
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "summary.md").write_text(text)
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

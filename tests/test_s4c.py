@@ -1,0 +1,166 @@
+"""S4C heads, their training and checkpoints, and the `s4c` drafter."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import specframe
+from specframe.testing import DrafterConformance, reference_greedy, repetitive_prompt, tiny_target
+from specframe_s4c.drafter import S4CDrafter, packaged_heads
+from specframe_s4c.features import FeatureCache
+from specframe_s4c.heads import S4CHeads, S4CHeadsMismatch
+from specframe_s4c.train import Trainer, TrainConfig, frequent_tokens, head_losses
+
+_TMP = Path(tempfile.mkdtemp(prefix="specframe-s4c-test-"))
+
+
+def tiny_heads_file(seed: int = 0, vocab_ids: torch.Tensor | None = None) -> Path:
+    """Untrained heads for `tiny_target(seed)`, written once per test session."""
+    path = _TMP / f"heads-{seed}-{0 if vocab_ids is None else len(vocab_ids)}.safetensors"
+    if not path.is_file():
+        torch.manual_seed(seed)
+        S4CHeads(tiny_target(seed=seed), 3, vocab_ids=vocab_ids).save(path)
+    return path
+
+
+class TestS4CConformance(DrafterConformance):
+    component = "s4c"
+    max_new_tokens = 24
+
+    @property
+    def options(self):
+        return {"heads": str(tiny_heads_file(0)), "widths": 2}
+
+
+def test_head_shapes_and_parameter_sharing():
+    target = tiny_target(seed=0)
+    heads = S4CHeads(target, num_heads=3)
+    hidden = target.config.hidden_size
+    out = heads(1, torch.randn(5, hidden), torch.randn(5, hidden))
+    assert out.shape == (5, hidden)
+    head = heads.heads[0]
+    assert head.fc.weight.shape == (hidden, 2 * hidden)
+    assert type(head.layer) is type(target.model.model.layers[0])  # a decoder layer of the target's class
+    # the heads own no embedding / LM head: nothing of vocabulary size
+    assert all(target.vocab_size not in p.shape for p in heads.parameters())
+    # each head has its own weights, none shared with the target
+    target_ptrs = {p.data_ptr() for p in target.model.parameters()}
+    head_ptrs = [{p.data_ptr() for p in h.parameters()} for h in heads.heads]
+    assert not (head_ptrs[0] & head_ptrs[1]) and not (head_ptrs[0] & target_ptrs)
+    drafter = S4CDrafter(target, heads=str(tiny_heads_file(0)))
+    assert drafter.embed is target.model.get_input_embeddings()  # shared, not copied
+
+
+def _tiny_trainer(tmp_path, steps=1, **config):
+    target = tiny_target(seed=0)
+    blocks = np.asarray([repetitive_prompt(target.vocab_size, 24, seed=s) for s in range(8)])  # (8, 24)
+    cache = FeatureCache(tmp_path / "features", blocks, hidden=target.config.hidden_size)
+    cache.fill(target, batch=4, log=lambda line: None)
+    defaults = {"block": 24, "batch": 4, "steps": steps, "lr": 3e-3, "warmup": 1, "draft_vocab": 48}
+    return Trainer(target, cache, tmp_path / "run", TrainConfig(**(defaults | config)), log=lambda line: None)
+
+
+def test_cached_features_are_the_targets_last_hidden_states(tmp_path):
+    trainer = _tiny_trainer(tmp_path)
+    ids, feats = trainer.cache.batch(np.array([0, 3]))
+    with torch.no_grad():
+        out = trainer.target.model(input_ids=ids, output_hidden_states=True)
+    torch.testing.assert_close(feats, out.hidden_states[-1], atol=2e-2, rtol=1e-2)  # stored as float16
+
+
+def test_a_training_step_lowers_the_loss(tmp_path):
+    trainer = _tiny_trainer(tmp_path, steps=30)
+    ids, feats = trainer.cache.batch(np.arange(4))
+    with torch.no_grad():
+        before, parts = head_losses(trainer.heads, trainer.target, ids, feats)
+    assert len(parts) == 3 and set(parts[0]) == {"token", "distribution", "feature", "top1"}
+    for _ in range(5):
+        trainer.train_step()
+    with torch.no_grad():
+        after, _ = head_losses(trainer.heads, trainer.target, ids, feats)
+    assert after.item() < before.item()
+
+
+def test_checkpoint_round_trip_and_resume(tmp_path):
+    trainer = _tiny_trainer(tmp_path, steps=4)
+    trainer.run()
+    path = tmp_path / "heads.safetensors"
+    trainer.export(path, "specframe train s4c ...", ["test"])
+    loaded = S4CHeads.load(trainer.target, path)
+    assert torch.equal(loaded.vocab_ids, trainer.heads.vocab_ids) and len(loaded.vocab_ids) == 48
+    for (name, a), b in zip(trainer.heads.state_dict().items(), loaded.state_dict().values()):
+        torch.testing.assert_close(a.float(), b.float(), atol=2e-3, rtol=2e-3, msg=name)  # fp16 storage
+    assert loaded.meta["model"] == "tiny-llama-0" and loaded.meta["steps"] == "4"
+    resumed = _tiny_trainer(tmp_path, steps=4)
+    assert resumed.resume() and resumed.step == 4
+    for a, b in zip(trainer.heads.parameters(), resumed.heads.parameters()):
+        assert torch.equal(a, b)
+    other = _tiny_trainer(tmp_path, steps=9)  # another schedule: refuse to mix states
+    with pytest.raises(specframe.ConfigurationError, match="other settings"):
+        other.resume()
+
+
+def test_heads_for_another_model_are_a_clear_error():
+    with pytest.raises(S4CHeadsMismatch, match="trained for model 'tiny-llama-0'.*embed_checksum"):
+        S4CHeads.load(tiny_target(seed=1), tiny_heads_file(0))
+    with pytest.raises(S4CHeadsMismatch, match="hidden_size"):
+        S4CHeads.load(tiny_target(seed=0, hidden_size=48), tiny_heads_file(0))
+    with pytest.raises(specframe.ModelLoadError, match="no trained heads ship"):
+        S4CDrafter(tiny_target(seed=0))
+
+
+def test_frequent_tokens_keep_the_most_common_and_the_forced():
+    blocks = np.array([[5, 5, 5, 2, 2, 9]])
+    assert frequent_tokens(blocks, 16, 2).tolist() == [2, 5]
+    assert frequent_tokens(blocks, 16, 2, always={11}).tolist() == [5, 11]
+    assert frequent_tokens(blocks, 16, 0).tolist() == list(range(16))
+
+
+def test_proposals_form_a_scored_forest():
+    target = tiny_target(seed=0)
+    vocab = torch.arange(0, 96, 2)  # an even-token draft vocabulary
+    drafter = S4CDrafter(target, heads=str(tiny_heads_file(0, vocab)), topk=3, widths=(1, 2, 2))
+    context = specframe.DraftContext(np.arange(10), 5, 20, torch.randn(target.config.hidden_size))
+    proposal = drafter.propose(context)
+    depth = np.ones(len(proposal), int)
+    for i, p in enumerate(proposal.parents):
+        depth[i] = 1 if p < 0 else depth[p] + 1
+    assert list(np.bincount(depth)[1:]) == [3, 6, 6]  # topk x (1, 2, 2) expanded nodes
+    assert np.all(proposal.tokens % 2 == 0)
+    probs = proposal.draft_probs
+    assert probs.shape == (15, target.vocab_size)
+    torch.testing.assert_close(probs.sum(-1), torch.ones(15))
+    assert torch.all(probs[:, 1::2] == 0)  # q is zero outside the draft vocabulary
+    for i, p in enumerate(proposal.parents):  # scores are cumulative log q
+        base = proposal.scores[p] if p >= 0 else 0.0
+        assert proposal.scores[i] == pytest.approx(base + float(probs[i, proposal.tokens[i]].log()), abs=1e-5)
+    chain_children = [i for i in range(len(proposal)) if proposal.parents[i] == 0]
+    assert len(chain_children) == 3  # the top-1 chain is always expanded
+    assert drafter.propose(specframe.DraftContext(np.arange(10), 5, 20, None)).tokens.size == 0
+
+
+@pytest.mark.parametrize("tree", ["chain", "static", "static(preset=cartesian, widths=(2, 2, 2))",
+                                  "static(preset=A)", "beam(config=D)", "dynamic(topk=3)"])
+def test_greedy_lossless_with_every_tree_builder(tree):
+    target = tiny_target(seed=0)
+    decoder = specframe.SpeculativeDecoder.from_names(
+        target, f"s4c(heads='{tiny_heads_file(0)}', widths=3, topk=3)", tree, budget=10)
+    for seed in (0, 1):
+        prompt = repetitive_prompt(target.vocab_size, 30, seed=seed)
+        assert decoder.generate(prompt, max_new_tokens=30).tokens == reference_greedy(target, prompt, 30)
+
+
+@pytest.mark.slow
+def test_packaged_heads_on_the_real_model_are_lossless_and_accepted(smollm2):
+    assert packaged_heads("smollm2-135m").is_file()
+    prompt = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
+    decoder = specframe.SpeculativeDecoder.from_names(smollm2, "s4c", "static(preset=continuous)", budget=9)
+    result = decoder.generate(prompt, max_new_tokens=32)
+    ids = smollm2.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    assert result.tokens == reference_greedy(smollm2, ids, 32)
+    assert result.metrics.accepted_draft_tokens > 0  # trained heads do get drafts accepted
