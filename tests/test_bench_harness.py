@@ -160,3 +160,23 @@ def test_all_skips_presets_that_cannot_be_built(target, tmp_path):
     assert any("skipping preset 's4c'" in str(w.message) for w in caught)  # no heads for this model
     assert "pld" in [r.label for r in run.runners]
     assert "s4c" not in [r.label for r in run.runners]
+
+
+def test_the_bench_command_writes_tables_and_plots(target, tmp_path):
+    from typer.testing import CliRunner
+
+    from specframe.cli import app
+
+    model_dir = tmp_path / "model"
+    target.model.save_pretrained(model_dir)
+    target.tokenizer.save_pretrained(model_dir)
+    questions = tmp_path / "questions.jsonl"
+    questions.write_text(json.dumps({"question_id": 7, "category": "qa", "turns": ["Name three colors."]}) + "\n")
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, [
+        "bench", "--model", str(model_dir), "--suite", str(questions), "--methods", "pld,pld(max_ngram=2)+chain",
+        "--peers", "hf-generate", "--repeats", "1", "--max-new-tokens", "6", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "| pld(max_ngram=2)+chain |" in result.output and "### qa" in result.output
+    assert {p.name for p in out.iterdir()} >= {"records.jsonl", "results.json", "results.md", "speedup.png",
+                                               "acceptance_histogram.png", "time_split.png", "settings.json"}
