@@ -8,7 +8,6 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-
 from specframe_rest.build import build_datastore
 from specframe_rest.datastore import HEADER, SUFFIXES, TOKENS, Datastore, DatastoreError, TokenizerIdentity
 from specframe_rest.sources import TokenDocuments, parse_source
@@ -21,8 +20,9 @@ def ids_target(vocab: int = 50, name: str = "ids"):
 
 
 def build(out: Path, docs=DOCS, vocab: int = 50, **kwargs) -> dict:
-    return build_datastore(out, [TokenDocuments("docs", "ids", documents=docs)], ids_target(vocab),
-                           progress=False, **kwargs)
+    return build_datastore(
+        out, [TokenDocuments("docs", "ids", documents=docs)], ids_target(vocab), progress=False, **kwargs
+    )
 
 
 def leftovers(parent: Path) -> list[str]:
@@ -88,8 +88,11 @@ def test_ids_out_of_range_fail_and_leave_nothing(tmp_path):
 
 def test_other_tokenizer_is_named_at_load(tmp_path):
     build(tmp_path / "ds")
-    with pytest.raises(DatastoreError, match=r"built with tokenizer ids .*vocab 50.*target uses tokenizer "
-                                             r"other .*vocab 64.*datastore build"):
+    with pytest.raises(
+        DatastoreError,
+        match=r"built with tokenizer ids .*vocab 50.*target uses tokenizer "
+        r"other .*vocab 64.*datastore build",
+    ):
         Datastore.open(tmp_path / "ds", expect=TokenizerIdentity.of(ids_target(64, "other")))
 
 
@@ -111,7 +114,9 @@ def edit_header(path: Path, **changes) -> None:
 def test_newer_format_and_corrupt_header(tmp_path):
     build(tmp_path / "ds")
     edit_header(tmp_path / "ds", format_version=99)
-    with pytest.raises(DatastoreError, match="format version 99, newer than the version 1.*upgrade specframe"):
+    with pytest.raises(
+        DatastoreError, match="format version 99, newer than the version 1.*upgrade specframe"
+    ):
         Datastore.open(tmp_path / "ds")
     (tmp_path / "ds" / HEADER).write_text('{"format": "specframe-rest')
     with pytest.raises(DatastoreError, match="not valid JSON"):
@@ -168,9 +173,17 @@ def test_text_sources(tmp_path):
     assert [[d for d in docs] for docs, _ in source.batches()] == [["def f():\n    return 1\n"]]
     assert source.meta["skipped_files"] == 1
     jsonl = tmp_path / "chat.jsonl"
-    jsonl.write_text("\n".join(json.dumps(r) for r in [
-        {"text": "one"}, {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]},
-        {"turns": ["a", "b"]}]) + "\n")
+    jsonl.write_text(
+        "\n".join(
+            json.dumps(r)
+            for r in [
+                {"text": "one"},
+                {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]},
+                {"turns": ["a", "b"]},
+            ]
+        )
+        + "\n"
+    )
     docs = [d for batch, _ in parse_source(str(jsonl)).batches() for d in batch]
     assert docs == ["one", "hi", "yo", "a", "b"]
     jsonl.write_text(json.dumps({"body": "x"}) + "\n")

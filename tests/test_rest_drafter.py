@@ -9,12 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import plain_greedy, tiny_llama
-
-import specframe
-from specframe import ConfigurationError, DraftContext, SpeculativeDecoder
 from specframe_rest.datastore import DatastoreError
 from specframe_rest.drafter import RestDrafter
 from specframe_rest.examples import own_continuations
+
+import specframe
+from specframe import ConfigurationError, DraftContext, SpeculativeDecoder
 
 
 @pytest.fixture(scope="module")
@@ -41,11 +41,18 @@ def tiny_cases(tiny):
     return [(p, plain_greedy(target, p, 32)) for p in prompts]
 
 
-@pytest.mark.parametrize("drafter,tree,budget", [
-    ("rest(datastore=DS)", "trie", 8), ("rest(datastore=DS, c=2)", "chain", 8),
-    ("rest(datastore=DS, live=1, k=3, m=4)", "trie", 16), ("rest(live=1)", "trie", 6),
-])
-def test_greedy_output_equals_plain_greedy_on_a_tiny_llama(tiny, tiny_store, tiny_cases, drafter, tree, budget):
+@pytest.mark.parametrize(
+    "drafter,tree,budget",
+    [
+        ("rest(datastore=DS)", "trie", 8),
+        ("rest(datastore=DS, c=2)", "chain", 8),
+        ("rest(datastore=DS, live=1, k=3, m=4)", "trie", 16),
+        ("rest(live=1)", "trie", 6),
+    ],
+)
+def test_greedy_output_equals_plain_greedy_on_a_tiny_llama(
+    tiny, tiny_store, tiny_cases, drafter, tree, budget
+):
     spec = drafter.replace("DS", repr(str(tiny_store)))
     decoder = SpeculativeDecoder.from_names(tiny[0], spec, tree, "greedy", budget=budget)
     accepted = 0
@@ -70,8 +77,14 @@ def test_proposal_size_and_no_match(tiny, tiny_store):
     proposal = drafter.propose(DraftContext(tokens, len(tokens), budget=5))
     assert len(proposal) == 5 and np.all(proposal.parents < np.arange(5))
     assert drafter.last_match_length >= 8  # the whole context occurs in the corpus
-    assert len(RestDrafter(target, datastore=str(tiny_store), c=3).propose(
-        DraftContext(tokens, len(tokens), budget=5))) == 3
+    assert (
+        len(
+            RestDrafter(target, datastore=str(tiny_store), c=3).propose(
+                DraftContext(tokens, len(tokens), budget=5)
+            )
+        )
+        == 3
+    )
     unseen = [t for t in range(target.vocab_size) if all(t not in doc for doc in corpus)]
     if unseen:
         empty = drafter.propose(DraftContext(np.array([unseen[0]]), 1, budget=5))
@@ -81,6 +94,7 @@ def test_proposal_size_and_no_match(tiny, tiny_store):
 def test_options_and_datastore_resolution(tiny, tiny_store, monkeypatch, tmp_path):
     target = tiny[0]
     monkeypatch.delenv("SPECFRAME_DATASTORE", raising=False)
+    monkeypatch.setenv("SPECFRAME_HOME", str(tmp_path))  # no default python-site store there
     with pytest.raises(ConfigurationError, match="rest needs a datastore"):
         RestDrafter(target)
     with pytest.raises(ConfigurationError, match="need c, k, m"):
@@ -90,16 +104,20 @@ def test_options_and_datastore_resolution(tiny, tiny_store, monkeypatch, tmp_pat
     monkeypatch.setenv("SPECFRAME_DATASTORE", str(tiny_store))
     assert RestDrafter(target).store.path == tiny_store
     monkeypatch.delenv("SPECFRAME_DATASTORE")
-    monkeypatch.setenv("SPECFRAME_HOME", str(tmp_path))
     (tmp_path / "datastores").mkdir()
     (tmp_path / "datastores" / "mine").symlink_to(tiny_store)
     assert RestDrafter(target, datastore="mine").store.header["n_documents"] == 6
+    (tmp_path / "datastores" / "python-site").symlink_to(tiny_store)
+    assert RestDrafter(target).store.path == tmp_path / "datastores" / "python-site"  # the default store
 
 
 def test_datastore_of_another_vocabulary_is_refused(tiny_store):
     other = tiny_llama(seed=1, vocab=128)
-    with pytest.raises(DatastoreError, match=r"built with tokenizer tiny-llama-3.*vocab 96.*target uses "
-                                             r"tokenizer tiny-llama-1.*vocab 128"):
+    with pytest.raises(
+        DatastoreError,
+        match=r"built with tokenizer tiny-llama-3.*vocab 96.*target uses "
+        r"tokenizer tiny-llama-1.*vocab 128",
+    ):
         SpeculativeDecoder.from_names(other, f"rest(datastore={str(tiny_store)!r})", "trie", "greedy")
 
 
@@ -120,8 +138,14 @@ def stdlib_store(smollm2, tmp_path_factory):
 def test_real_model_rest_equals_plain_greedy(smollm2, stdlib_store):
     prompt = "import functools\n\n\ndef cached(func):\n    "
     plain = specframe.generate(prompt, target=smollm2, drafter="none", max_new_tokens=32)
-    result = specframe.generate(prompt, target=smollm2, drafter=f"rest(datastore={str(stdlib_store)!r})",
-                                tree="trie", budget=8, max_new_tokens=32)
+    result = specframe.generate(
+        prompt,
+        target=smollm2,
+        drafter=f"rest(datastore={str(stdlib_store)!r})",
+        tree="trie",
+        budget=8,
+        max_new_tokens=32,
+    )
     assert result.tokens == plain.tokens
     assert result.metrics.steps < 32  # some drafts were accepted
 
@@ -142,13 +166,26 @@ def test_cli_build_info_and_model_answers(smollm2, tmp_path, monkeypatch):
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     assert "built ./ds" in result.output
-    answers = ["datastore", "build", "--source", f"model:{prompts}", "--out", "./ds", "--answer-tokens", "6",
-               "--batch-size", "2"]
+    answers = [
+        "datastore",
+        "build",
+        "--source",
+        f"model:{prompts}",
+        "--out",
+        "./ds",
+        "--answer-tokens",
+        "6",
+        "--batch-size",
+        "2",
+    ]
     result = runner.invoke(app, answers + ["--append"])
     assert result.exit_code == 0, result.output
     result = runner.invoke(app, ["datastore", "info", "./ds", "--json", "--verify"])
     info = json.loads(result.output)
-    assert info["n_documents"] == 1 + 2 and [s["kind"] for s in info["sources"]] == ["directory", "model-answers"]
+    assert info["n_documents"] == 1 + 2 and [s["kind"] for s in info["sources"]] == [
+        "directory",
+        "model-answers",
+    ]
     assert info["sources"][1]["generated"] == 2 and info["bytes_per_token"] > 0
     lines = (tmp_path / "ds.answers.jsonl").read_text().splitlines()
     assert len(lines) == 3 and json.loads(lines[0])["settings"]["max_new_tokens"] == 6

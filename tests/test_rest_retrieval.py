@@ -10,13 +10,13 @@ from types import SimpleNamespace
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from specframe import DraftProposal
 from specframe_rest.build import build_datastore
 from specframe_rest.datastore import Datastore
 from specframe_rest.retrieval import PAD, SuffixIndex, build_trie, context_continuations, top_nodes
 from specframe_rest.sources import TokenDocuments
 from specframe_trees.trie import TrieTreeBuilder
+
+from specframe import DraftProposal
 
 
 def ids_target(vocab: int):
@@ -48,8 +48,12 @@ def brute_force(docs: list[list[int]], query: list[int], n_max: int, m: int):
     continuations (at most m tokens, cut at the document's end) of all its occurrences."""
     for n in range(min(n_max, len(query)), 0, -1):
         pattern = query[-n:]
-        found = [tuple(doc[s + n: s + n + m]) for doc in docs for s in range(len(doc) - n)
-                 if doc[s:s + n] == pattern]
+        found = [
+            tuple(doc[s + n : s + n + m])
+            for doc in docs
+            for s in range(len(doc) - n)
+            if doc[s : s + n] == pattern
+        ]
         if found:
             return n, sorted(found)
     return 0, []
@@ -98,19 +102,23 @@ def test_spread_sample_covers_the_whole_range():
 
 
 @settings(max_examples=60, deadline=None)
-@given(tokens=st.lists(st.integers(0, 3), min_size=1, max_size=40), n_max=st.integers(1, 16),
-       m=st.integers(1, 5), k=st.integers(1, 50))
+@given(
+    tokens=st.lists(st.integers(0, 3), min_size=1, max_size=40),
+    n_max=st.integers(1, 16),
+    m=st.integers(1, 5),
+    k=st.integers(1, 50),
+)
 def test_live_context_matches_equal_brute_force(tokens, n_max, m, k):
     length, rows = context_continuations(np.array(tokens), n_max, m, k)
     n = len(tokens)
     expected_len, ends = 0, []
     for size in range(min(n_max, n - 1), 0, -1):
-        ends = [j for j in range(size - 1, n - 1) if tokens[j - size + 1: j + 1] == tokens[n - size:]]
+        ends = [j for j in range(size - 1, n - 1) if tokens[j - size + 1 : j + 1] == tokens[n - size :]]
         if ends:
             expected_len = size
             break
     assert length == expected_len
-    expected = [tuple(tokens[j + 1: j + 1 + m]) for j in sorted(ends, reverse=True)[:k]]
+    expected = [tuple(tokens[j + 1 : j + 1 + m]) for j in sorted(ends, reverse=True)[:k]]
     assert [tuple(int(t) for t in row if t != PAD) for row in rows] == expected
 
 
@@ -158,7 +166,10 @@ def test_top_c_equals_brute_force(rows, weights, c):
     assert np.isclose(chosen.scores.sum(), best)
     # the `trie` tree builder selects the very same nodes (same tie-breaking)
     tree = TrieTreeBuilder().build(trie, c)
-    assert canonical(DraftProposal(tree.tokens, tree.parents, np.zeros(len(tree)))).keys() == canonical(chosen).keys()
+    assert (
+        canonical(DraftProposal(tree.tokens, tree.parents, np.zeros(len(tree)))).keys()
+        == canonical(chosen).keys()
+    )
 
 
 def test_trie_builder_is_deterministic_on_ties_and_respects_parents():

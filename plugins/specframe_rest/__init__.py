@@ -14,8 +14,14 @@ from __future__ import annotations
 import specframe
 from specframe_rest.datastore import Datastore, DatastoreError, TokenizerIdentity
 
-__all__ = ["Datastore", "DatastoreError", "TokenizerIdentity", "build_datastore", "register_commands",
-           "register_drafters"]
+__all__ = [
+    "Datastore",
+    "DatastoreError",
+    "TokenizerIdentity",
+    "build_datastore",
+    "register_commands",
+    "register_drafters",
+]
 
 
 def build_datastore(*args, **kwargs):

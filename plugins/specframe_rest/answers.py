@@ -41,7 +41,9 @@ class ModelAnswers(Source):
         if not prompts:
             raise DatastoreError(f"datastore source '{spec}': no prompts in '{path}'")
         meta = {"prompts": len(prompts), "max_new_tokens": max_new_tokens}
-        return cls(spec, "model-answers", len(prompts), meta, path, max_new_tokens, batch_size, prompts=prompts)
+        return cls(
+            spec, "model-answers", len(prompts), meta, path, max_new_tokens, batch_size, prompts=prompts
+        )
 
     def prepare(self, target, out: Path) -> None:
         """Bind the target and put the resumable cache beside the output directory."""
@@ -52,25 +54,35 @@ class ModelAnswers(Source):
 
     def batches(self) -> Iterator[tuple[list, int]]:
         answers = self._generate_missing()
-        yield from TokenDocuments(self.spec, self.kind, documents=[answers[i] for i in range(len(self.prompts))
-                                                                   if answers[i]]).batches()
+        yield from TokenDocuments(
+            self.spec, self.kind, documents=[answers[i] for i in range(len(self.prompts)) if answers[i]]
+        ).batches()
 
     def _settings(self) -> dict:
         digest = hashlib.sha256(self.path.read_bytes()).hexdigest()[:16]
-        return {"prompts": str(self.path), "prompts_sha256": digest, "model": self.target.name,
-                "max_new_tokens": self.max_new_tokens}
+        return {
+            "prompts": str(self.path),
+            "prompts_sha256": digest,
+            "model": self.target.name,
+            "max_new_tokens": self.max_new_tokens,
+        }
 
     def _generate_missing(self) -> dict[int, list[int]]:
         settings = self._settings()
         answers = self._read_cache(settings)
-        todo = sorted((i for i in range(len(self.prompts)) if i not in answers),
-                      key=lambda i: len(self.prompts[i]))  # similar lengths share a batch: less padding
+        todo = sorted(
+            (i for i in range(len(self.prompts)) if i not in answers), key=lambda i: len(self.prompts[i])
+        )  # similar lengths share a batch: less padding
         if not answers:
             self.cache.write_text(json.dumps({"settings": settings}) + "\n")
-        with open(self.cache, "a", encoding="utf-8") as f, tqdm(
-                total=len(self.prompts), initial=len(answers), desc="answering prompts", unit="prompt") as bar:
+        with (
+            open(self.cache, "a", encoding="utf-8") as f,
+            tqdm(
+                total=len(self.prompts), initial=len(answers), desc="answering prompts", unit="prompt"
+            ) as bar,
+        ):
             for start in range(0, len(todo), self.batch_size):
-                batch = todo[start:start + self.batch_size]
+                batch = todo[start : start + self.batch_size]
                 for i, ids in zip(batch, self._answer([self.prompts[i] for i in batch])):
                     answers[i] = ids
                     f.write(json.dumps({"index": i, "ids": ids}) + "\n")
@@ -107,10 +119,15 @@ class ModelAnswers(Source):
         ids = torch.full((len(encoded), width), pad, dtype=torch.long)  # (B, L) left-padded
         mask = torch.zeros_like(ids)
         for row, e in enumerate(encoded):
-            ids[row, width - len(e):] = torch.tensor(e)
-            mask[row, width - len(e):] = 1
-        out = target.model.generate(ids.to(target.device), attention_mask=mask.to(target.device),
-                                    max_new_tokens=self.max_new_tokens, do_sample=False, pad_token_id=pad)
+            ids[row, width - len(e) :] = torch.tensor(e)
+            mask[row, width - len(e) :] = 1
+        out = target.model.generate(
+            ids.to(target.device),
+            attention_mask=mask.to(target.device),
+            max_new_tokens=self.max_new_tokens,
+            do_sample=False,
+            pad_token_id=pad,
+        )
         result = []
         for row in out[:, width:].tolist():  # (B, T) new tokens
             cut = next((j for j, t in enumerate(row) if t in eos), len(row))
@@ -120,8 +137,9 @@ class ModelAnswers(Source):
 
 def prompt_ids(tokenizer, prompt: str) -> list[int]:
     if getattr(tokenizer, "chat_template", None):
-        encoded = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                                tokenize=True, return_dict=True)
+        encoded = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True, return_dict=True
+        )
         return list(encoded["input_ids"])
     return list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
 
@@ -134,11 +152,22 @@ def read_prompts(path: Path) -> list[str]:
             if not line.strip():
                 continue
             record = parse_line(line, path, number)
-            prompt = record if isinstance(record, str) else next(
-                (_first_text(record[k]) for k in PROMPT_FIELDS if isinstance(record, dict) and k in record), None)
+            prompt = (
+                record
+                if isinstance(record, str)
+                else next(
+                    (
+                        _first_text(record[k])
+                        for k in PROMPT_FIELDS
+                        if isinstance(record, dict) and k in record
+                    ),
+                    None,
+                )
+            )
             if not prompt:
-                raise DatastoreError(f"prompt file '{path}', line {number}: no prompt in any of "
-                                     f"{', '.join(PROMPT_FIELDS)}")
+                raise DatastoreError(
+                    f"prompt file '{path}', line {number}: no prompt in any of {', '.join(PROMPT_FIELDS)}"
+                )
             prompts.append(prompt)
     return prompts
 
@@ -150,4 +179,3 @@ def _first_text(value) -> str | None:
         first = value[0]
         return first if isinstance(first, str) else first.get("content") if isinstance(first, dict) else None
     return None
-

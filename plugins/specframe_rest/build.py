@@ -21,16 +21,33 @@ from tqdm.auto import tqdm
 import specframe
 from specframe.metrics import peak_memory_bytes
 from specframe_rest.datastore import (
-    BUCKETS, FORMAT, FORMAT_VERSION, HEADER, SUFFIXES, TOKENS, Datastore, DatastoreError, TokenizerIdentity,
-    file_digest, suffix_dtype, token_dtype,
+    BUCKETS,
+    FORMAT,
+    FORMAT_VERSION,
+    HEADER,
+    SUFFIXES,
+    TOKENS,
+    Datastore,
+    DatastoreError,
+    TokenizerIdentity,
+    file_digest,
+    suffix_dtype,
+    token_dtype,
 )
 from specframe_rest.sources import Source
 
 CHUNK = 1 << 24  # items per pass when streaming large arrays
 
 
-def build_datastore(out: str | Path, sources: list[Source], target, *, append: bool = False,
-                    overwrite: bool = False, progress: bool = True) -> dict:
+def build_datastore(
+    out: str | Path,
+    sources: list[Source],
+    target,
+    *,
+    append: bool = False,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> dict:
     """Build (or extend, with `append`) the datastore at `out` for `target`'s tokenizer; return its header."""
     start = time.perf_counter()
     identity = TokenizerIdentity.of(target)
@@ -43,7 +60,7 @@ def build_datastore(out: str | Path, sources: list[Source], target, *, append: b
         with open(tmp / TOKENS, "wb") as f:
             if old is not None:
                 for s in range(0, len(old.tokens), CHUNK):
-                    f.write(np.asarray(old.tokens[s:s + CHUNK]).tobytes())
+                    f.write(np.asarray(old.tokens[s : s + CHUNK]).tobytes())
             else:
                 f.write(np.array([sep], dtype).tobytes())
             tokenize_start = time.perf_counter()
@@ -51,8 +68,10 @@ def build_datastore(out: str | Path, sources: list[Source], target, *, append: b
             tokenize_s = time.perf_counter() - tokenize_start
         new_docs, new_tokens = sum(s["documents"] for s in stats), sum(s["tokens"] for s in stats)
         if new_docs == 0:
-            raise DatastoreError(f"datastore '{out}': the sources ({', '.join(s.spec for s in sources)}) hold no "
-                                 "documents (empty files, an empty glob match, or only binary files)")
+            raise DatastoreError(
+                f"datastore '{out}': the sources ({', '.join(s.spec for s in sources)}) hold no "
+                "documents (empty files, an empty glob match, or only binary files)"
+            )
         n = (tmp / TOKENS).stat().st_size // dtype.itemsize
         tokens = np.memmap(tmp / TOKENS, dtype=dtype, mode="r", shape=(n,))
         index_start = time.perf_counter()
@@ -62,19 +81,30 @@ def build_datastore(out: str | Path, sources: list[Source], target, *, append: b
         del tokens
         previous = old.header if old is not None else None
         header = {
-            "format": FORMAT, "format_version": FORMAT_VERSION, "specframe_version": specframe.__version__,
-            "tokenizer": identity.to_json(), "separator": sep, "token_dtype": dtype.name,
-            "suffix_dtype": suffix_dtype(n).name, "n_positions": n,
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "specframe_version": specframe.__version__,
+            "tokenizer": identity.to_json(),
+            "separator": sep,
+            "token_dtype": dtype.name,
+            "suffix_dtype": suffix_dtype(n).name,
+            "n_positions": n,
             "n_tokens": new_tokens + (previous["n_tokens"] if previous else 0),
             "n_documents": new_docs + (previous["n_documents"] if previous else 0),
             "sources": (previous["sources"] if previous else []) + stats,
             "built_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "build": {"seconds": round(time.perf_counter() - start, 2), "tokenize_seconds": round(tokenize_s, 2),
-                      "index_seconds": round(index_s, 2),
-                      "tokens_per_second": round(new_tokens / tokenize_s) if tokenize_s else None,
-                      "peak_memory_bytes": peak_memory_bytes("cpu"), "appended": old is not None},
-            "files": {name: {"bytes": (tmp / name).stat().st_size, "sha256": file_digest(tmp / name)}
-                      for name in (TOKENS, SUFFIXES, BUCKETS)},
+            "build": {
+                "seconds": round(time.perf_counter() - start, 2),
+                "tokenize_seconds": round(tokenize_s, 2),
+                "index_seconds": round(index_s, 2),
+                "tokens_per_second": round(new_tokens / tokenize_s) if tokenize_s else None,
+                "peak_memory_bytes": peak_memory_bytes("cpu"),
+                "appended": old is not None,
+            },
+            "files": {
+                name: {"bytes": (tmp / name).stat().st_size, "sha256": file_digest(tmp / name)}
+                for name in (TOKENS, SUFFIXES, BUCKETS)
+            },
         }
         (tmp / HEADER).write_text(json.dumps(header, indent=2) + "\n")
         Datastore.open(tmp, expect=identity)  # never publish a store that does not open
@@ -95,8 +125,10 @@ def _existing(out: Path, identity: TokenizerIdentity, append: bool, overwrite: b
         return None
     if overwrite and (out / HEADER).is_file():
         return None
-    raise DatastoreError(f"'{out}' already exists: pass --append to add to it, --overwrite to replace a "
-                         "datastore, or choose another --out")
+    raise DatastoreError(
+        f"'{out}' already exists: pass --append to add to it, --overwrite to replace a "
+        "datastore, or choose another --out"
+    )
 
 
 def _publish(tmp: Path, out: Path) -> None:
@@ -115,16 +147,23 @@ def write_source(source: Source, target, f, dtype: np.dtype, sep: int, out: Path
     source.prepare(target, out)
     documents = tokens = 0
     closing = np.array([sep], dtype).tobytes()
-    with tqdm(total=source.total or None, desc=f"tokenizing {source.spec}", unit=_unit(source),
-              disable=not progress, dynamic_ncols=True) as bar:
+    with tqdm(
+        total=source.total or None,
+        desc=f"tokenizing {source.spec}",
+        unit=_unit(source),
+        disable=not progress,
+        dynamic_ncols=True,
+    ) as bar:
         for batch, done in source.batches():
             for ids in tokenize(target.tokenizer, batch, source.spec):
                 if len(ids) == 0:
                     continue
                 if ids.min() < 0 or ids.max() >= sep:
                     bad = int(ids.max() if ids.max() >= sep else ids.min())
-                    raise DatastoreError(f"datastore source '{source.spec}': token id {bad} is out of range for "
-                                         f"the target's vocabulary of {sep} ids (a tokenizer/model mismatch?)")
+                    raise DatastoreError(
+                        f"datastore source '{source.spec}': token id {bad} is out of range for "
+                        f"the target's vocabulary of {sep} ids (a tokenizer/model mismatch?)"
+                    )
                 f.write(ids.astype(dtype).tobytes())
                 f.write(closing)
                 documents += 1
@@ -145,15 +184,20 @@ def tokenize(tokenizer, batch: list, spec: str) -> list[np.ndarray]:
     if not texts:
         return [np.asarray(d, dtype=np.int64) for d in batch]
     if tokenizer is None:
-        raise DatastoreError(f"datastore source '{spec}' is text, but the target has no tokenizer: "
-                             "pass token ids instead")
+        raise DatastoreError(
+            f"datastore source '{spec}' is text, but the target has no tokenizer: pass token ids instead"
+        )
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None and backend.truncation is None and backend.padding is None:
         encode = getattr(backend, "encode_batch_fast", backend.encode_batch)
         encoded = iter([np.asarray(e.ids, dtype=np.int64) for e in encode(texts, add_special_tokens=False)])
     else:
-        encoded = iter([np.asarray(ids, dtype=np.int64)
-                        for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]])
+        encoded = iter(
+            [
+                np.asarray(ids, dtype=np.int64)
+                for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]
+            ]
+        )
     return [next(encoded) if isinstance(d, str) else np.asarray(d, dtype=np.int64) for d in batch]
 
 
@@ -172,9 +216,9 @@ def suffix_array(tokens: np.ndarray) -> np.ndarray:
     result = np.empty(len(tokens), suffix_dtype(len(tokens)))
     filled = 0
     for s in range(0, len(byte_sa), CHUNK):
-        chunk = byte_sa[s:s + CHUNK]
+        chunk = byte_sa[s : s + CHUNK]
         aligned = chunk[chunk % width == 0] // width
-        result[filled:filled + len(aligned)] = aligned
+        result[filled : filled + len(aligned)] = aligned
         filled += len(aligned)
     assert filled == len(tokens), "libdivsufsort returned a malformed suffix array"
     return result
@@ -184,5 +228,5 @@ def bucket_offsets(tokens: np.ndarray, sep: int) -> np.ndarray:
     """(sep + 2,) int64: the suffix-array range of suffixes whose first token is t is [b[t], b[t + 1])."""
     counts = np.zeros(sep + 1, np.int64)
     for s in range(0, len(tokens), CHUNK):
-        counts += np.bincount(tokens[s:s + CHUNK], minlength=sep + 1)
+        counts += np.bincount(tokens[s : s + CHUNK], minlength=sep + 1)
     return np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)

@@ -13,10 +13,14 @@ app = typer.Typer(help="Build and inspect REST retrieval datastores.", no_args_i
 
 @app.command()
 def build(
-    source: list[str] = typer.Option(..., help="A directory, a JSONL or text file, python-stdlib, python-site, "
-                                               "or model:PROMPTS.jsonl (repeatable)."),
-    out: str = typer.Option(..., help="Datastore directory to create (a bare name goes under "
-                                      "$SPECFRAME_HOME/datastores)."),
+    source: list[str] = typer.Option(
+        ...,
+        help="A directory, a JSONL or text file, python-stdlib, python-site, "
+        "or model:PROMPTS.jsonl (repeatable).",
+    ),
+    out: str = typer.Option(
+        ..., help="Datastore directory to create (a bare name goes under $SPECFRAME_HOME/datastores)."
+    ),
     model: str = typer.Option("smollm2-135m", help="Model alias or directory whose tokenizer to use."),
     glob: str = typer.Option("**/*", help="Files to take from a directory source."),
     field: Optional[str] = typer.Option(None, help="JSONL field holding the text or the chat turns."),
@@ -31,14 +35,18 @@ def build(
     from specframe_rest.drafter import datastore_home
     from specframe_rest.sources import parse_source
 
-    sources = [parse_source(s, glob, field, max_new_tokens=answer_tokens, batch_size=batch_size) for s in source]
+    sources = [
+        parse_source(s, glob, field, max_new_tokens=answer_tokens, batch_size=batch_size) for s in source
+    ]
     target = load_target(model)
     destination = out if ("/" in out or out.startswith(".")) else str(datastore_home() / out)
     header = build_datastore(destination, sources, target, append=append, overwrite=overwrite)
     stats = header["build"]
-    typer.echo(f"built {destination}: {header['n_tokens']:,} tokens in {header['n_documents']:,} documents, "
-               f"{stats['seconds']:.1f} s ({stats['tokens_per_second'] or 0:,} tokens/s tokenizing, "
-               f"{stats['index_seconds']:.1f} s indexing), peak memory {stats['peak_memory_bytes'] / 2**20:,.0f} MiB")
+    typer.echo(
+        f"built {destination}: {header['n_tokens']:,} tokens in {header['n_documents']:,} documents, "
+        f"{stats['seconds']:.1f} s ({stats['tokens_per_second'] or 0:,} tokens/s tokenizing, "
+        f"{stats['index_seconds']:.1f} s indexing), peak memory {stats['peak_memory_bytes'] / 2**20:,.0f} MiB"
+    )
 
 
 @app.command()
@@ -61,15 +69,24 @@ def info(
         typer.echo(json.dumps(report, indent=2))
         return
     tok = report["tokenizer"]
-    lines = [("path", report["path"]), ("format", f"{report['format']} v{report['format_version']}"),
-             ("tokenizer", f"{tok['name']} (vocab {tok['vocab_size']}, {tok['fingerprint'][:23]})"),
-             ("tokens", f"{report['n_tokens']:,} ({report['token_dtype']})"),
-             ("documents", f"{report['n_documents']:,}"),
-             ("on disk", f"{report['bytes_on_disk'] / 2**20:,.1f} MiB, {report['bytes_per_token']:.2f} bytes/token"),
-             ("built", f"{report['built_at']} in {report['build']['seconds']} s"),
-             ("load", f"{load_s * 1e3:.1f} ms"), ("verified", "yes" if verify else "no (--verify)")]
-    lines += [(f"source {i}", f"{s['source']} [{s['kind']}]: {s['documents']:,} documents, {s['tokens']:,} tokens")
-              for i, s in enumerate(report["sources"], 1)]
+    lines = [
+        ("path", report["path"]),
+        ("format", f"{report['format']} v{report['format_version']}"),
+        ("tokenizer", f"{tok['name']} (vocab {tok['vocab_size']}, {tok['fingerprint'][:23]})"),
+        ("tokens", f"{report['n_tokens']:,} ({report['token_dtype']})"),
+        ("documents", f"{report['n_documents']:,}"),
+        (
+            "on disk",
+            f"{report['bytes_on_disk'] / 2**20:,.1f} MiB, {report['bytes_per_token']:.2f} bytes/token",
+        ),
+        ("built", f"{report['built_at']} in {report['build']['seconds']} s"),
+        ("load", f"{load_s * 1e3:.1f} ms"),
+        ("verified", "yes" if verify else "no (--verify)"),
+    ]
+    lines += [
+        (f"source {i}", f"{s['source']} [{s['kind']}]: {s['documents']:,} documents, {s['tokens']:,} tokens")
+        for i, s in enumerate(report["sources"], 1)
+    ]
     width = max(len(name) for name, _ in lines)
     for name, value in lines:
         typer.echo(f"{name:<{width}}  {value}")

@@ -87,7 +87,9 @@ class Datastore:
     than later with wrong drafts. `verify()` additionally compares every file with its recorded digest.
     """
 
-    def __init__(self, path: Path, header: dict, tokens: np.ndarray, suffixes: np.ndarray, buckets: np.ndarray):
+    def __init__(
+        self, path: Path, header: dict, tokens: np.ndarray, suffixes: np.ndarray, buckets: np.ndarray
+    ):
         self.path, self.header = path, header
         self.tokens, self.suffixes, self.buckets = tokens, suffixes, buckets
         self.separator = int(header["separator"])
@@ -119,28 +121,38 @@ class Datastore:
             raise DatastoreError(
                 f"datastore '{path}' was built with tokenizer {have.name} (vocab {have.vocab_size}, "
                 f"{have.fingerprint[:19]}) but the target uses tokenizer {expect.name} (vocab "
-                f"{expect.vocab_size}, {expect.fingerprint[:19]}); {BUILD_HINT} for this model")
+                f"{expect.vocab_size}, {expect.fingerprint[:19]}); {BUILD_HINT} for this model"
+            )
 
     def _check(self) -> None:
         """Cheap structural checks (one pass over the tokens, a sample of the suffix array)."""
         tokens, sep, n = self.tokens, self.separator, len(self.tokens)
         where = f"datastore '{self.path}'"
         if n < 3 or tokens[0] != sep or tokens[-1] != sep:
-            raise DatastoreError(f"{where}: {TOKENS} does not start and end with the document separator: "
-                                 f"the file is corrupt; {BUILD_HINT}")
+            raise DatastoreError(
+                f"{where}: {TOKENS} does not start and end with the document separator: "
+                f"the file is corrupt; {BUILD_HINT}"
+            )
         top = int(tokens.max())
         if top > sep:
-            raise DatastoreError(f"{where}: token id {top} is out of range for vocabulary size {sep}: the file "
-                                 f"is corrupt or was written for another model; {BUILD_HINT}")
+            raise DatastoreError(
+                f"{where}: token id {top} is out of range for vocabulary size {sep}: the file "
+                f"is corrupt or was written for another model; {BUILD_HINT}"
+            )
         separators = int(np.count_nonzero(tokens == sep))
         if separators != int(self.header["n_documents"]) + 1:
-            raise DatastoreError(f"{where}: {separators - 1} documents in {TOKENS} but the header says "
-                                 f"{self.header['n_documents']}: the store is corrupt; {BUILD_HINT}")
+            raise DatastoreError(
+                f"{where}: {separators - 1} documents in {TOKENS} but the header says "
+                f"{self.header['n_documents']}: the store is corrupt; {BUILD_HINT}"
+            )
         b = self.buckets
         if b[0] != 0 or b[-1] != n or np.any(np.diff(b) < 0):
             raise DatastoreError(f"{where}: {BUCKETS} is inconsistent with the token array; {BUILD_HINT}")
-        sample = (np.arange(n - 1) if n <= 4097  # every adjacent pair of a small store, else a fixed sample
-                  else np.random.default_rng(0).integers(0, n - 1, size=4096))
+        sample = (
+            np.arange(n - 1)
+            if n <= 4097  # every adjacent pair of a small store, else a fixed sample
+            else np.random.default_rng(0).integers(0, n - 1, size=4096)
+        )
         pos = self.suffixes[sample].astype(np.int64)
         nxt = self.suffixes[sample + 1].astype(np.int64)
         if pos.min() < 0 or pos.max() >= n or nxt.min() < 0 or nxt.max() >= n:
@@ -153,38 +165,60 @@ class Datastore:
         """Compare every file with the digest recorded at build time (reads everything once)."""
         for name, meta in self.header["files"].items():
             if file_digest(self.path / name) != meta["sha256"]:
-                raise DatastoreError(f"datastore '{self.path}': {name} does not match its recorded digest: "
-                                     f"the file was modified or damaged; {BUILD_HINT}")
+                raise DatastoreError(
+                    f"datastore '{self.path}': {name} does not match its recorded digest: "
+                    f"the file was modified or damaged; {BUILD_HINT}"
+                )
 
     def describe(self) -> dict:
         """The header plus derived sizes, as `specframe datastore info` prints it."""
         on_disk = sum((self.path / name).stat().st_size for name in self.header["files"])
         corpus = int(self.header["n_tokens"])
-        return {**self.header, "path": str(self.path), "bytes_on_disk": on_disk,
-                "bytes_per_token": on_disk / corpus if corpus else None}
+        return {
+            **self.header,
+            "path": str(self.path),
+            "bytes_on_disk": on_disk,
+            "bytes_per_token": on_disk / corpus if corpus else None,
+        }
 
 
 def read_header(path: Path) -> dict:
     """The parsed, version-checked header of the datastore directory `path`."""
     file = path / HEADER
     if not file.is_file():
-        raise DatastoreError(f"no datastore at '{path}' ({HEADER} is missing); build one with "
-                             "`specframe datastore build --model MODEL --source SOURCE --out DIR`")
+        raise DatastoreError(
+            f"no datastore at '{path}' ({HEADER} is missing); build one with "
+            "`specframe datastore build --model MODEL --source SOURCE --out DIR`"
+        )
     try:
         header = json.loads(file.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise DatastoreError(f"datastore '{path}': {HEADER} is not valid JSON ({err}); {BUILD_HINT}") from None
+        raise DatastoreError(
+            f"datastore '{path}': {HEADER} is not valid JSON ({err}); {BUILD_HINT}"
+        ) from None
     if not isinstance(header, dict) or header.get("format") != FORMAT:
-        raise DatastoreError(f"'{path}' is not a specframe REST datastore ({HEADER} lacks "
-                             f"\"format\": \"{FORMAT}\")")
+        raise DatastoreError(
+            f'\'{path}\' is not a specframe REST datastore ({HEADER} lacks "format": "{FORMAT}")'
+        )
     version = header.get("format_version")
     if not isinstance(version, int) or version < 1:
         raise DatastoreError(f"datastore '{path}': invalid format_version {version!r}; {BUILD_HINT}")
     if version > FORMAT_VERSION:
-        raise DatastoreError(f"datastore '{path}' has format version {version}, newer than the version "
-                             f"{FORMAT_VERSION} this specframe reads: upgrade specframe, or {BUILD_HINT}")
-    required = ("tokenizer", "separator", "token_dtype", "suffix_dtype", "n_positions", "n_tokens",
-                "n_documents", "sources", "files")
+        raise DatastoreError(
+            f"datastore '{path}' has format version {version}, newer than the version "
+            f"{FORMAT_VERSION} this specframe reads: upgrade specframe, or {BUILD_HINT}"
+        )
+    required = (
+        "tokenizer",
+        "separator",
+        "token_dtype",
+        "suffix_dtype",
+        "n_positions",
+        "n_tokens",
+        "n_documents",
+        "sources",
+        "files",
+    )
     missing = [key for key in required if key not in header]
     if missing:
         raise DatastoreError(f"datastore '{path}': {HEADER} lacks {', '.join(missing)}; {BUILD_HINT}")

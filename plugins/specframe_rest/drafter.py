@@ -1,4 +1,5 @@
-"""`rest`: retrieval-based drafting (He et al., 2023) from a datastore, optionally merged with the live context.
+"""`rest`: retrieval-based drafting (He et al., 2023) from a datastore, optionally merged with the live
+context.
 
 Each step: find the longest suffix of the text (up to `n_max` tokens) in the datastore, take the next
 `m` tokens after up to `k` of its occurrences spread over all of them, merge them into a frequency trie
@@ -16,12 +17,13 @@ from pathlib import Path
 
 import numpy as np
 
-from specframe import ConfigurationError, DraftContext, DraftProposal, Drafter, DrafterCapabilities
+from specframe import ConfigurationError, DraftContext, Drafter, DrafterCapabilities, DraftProposal
 from specframe.models import specframe_home
-from specframe_rest.datastore import HEADER, Datastore, TokenizerIdentity
+from specframe_rest.datastore import HEADER, Datastore, TokenizerIdentity, read_header
 from specframe_rest.retrieval import SuffixIndex, build_trie, context_continuations, top_nodes
 
 ENV_DATASTORE = "SPECFRAME_DATASTORE"
+DEFAULT_DATASTORE = "python-site"  # used when neither the option nor the environment names one, if built
 _opened: dict[tuple[str, int], tuple[Datastore, SuffixIndex]] = {}  # (path, header mtime) -> store
 _identities: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> identity
 
@@ -31,12 +33,17 @@ def datastore_home() -> Path:
     return specframe_home() / "datastores"
 
 
-def resolve_datastore(value: str | os.PathLike | None) -> Path | None:
+def resolve_datastore(value: str | os.PathLike | None, target=None) -> Path | None:
     """A datastore path from an option, else `$SPECFRAME_DATASTORE`; a bare name means one in
-    `datastore_home()` (e.g. `python-site`)."""
+    `datastore_home()`. Without either, the `python-site` store in `datastore_home()` if it was built for
+    `target`'s tokenizer (a default store for another model is not an error: it is just not a default)."""
     value = value if value else os.environ.get(ENV_DATASTORE)
     if not value:
-        return None
+        default = datastore_home() / DEFAULT_DATASTORE
+        if target is None or not (default / HEADER).is_file():
+            return None
+        built_for = TokenizerIdentity(**read_header(default)["tokenizer"])
+        return default if built_for.matches(target_identity(target)) else None
     path = Path(value).expanduser()
     named = datastore_home() / str(value)
     if not path.exists() and os.sep not in str(value) and named.exists():
@@ -68,7 +75,8 @@ def target_identity(target) -> TokenizerIdentity:
 
 
 class RestDrafter(Drafter):
-    """Options: `datastore` (a directory or a name in `datastore_home()`; default `$SPECFRAME_DATASTORE`),
+    """Options: `datastore` (a directory or a name in `datastore_home()`; default `$SPECFRAME_DATASTORE`,
+    else `python-site` if built for the target),
     `c` (nodes proposed, default the step's budget), `k` (matches sampled), `m` (continuation length),
     `n_max` (longest suffix tried), `live` (weight of the context as a second source; 0 = off) and
     `live_k` (context matches used)."""
@@ -76,19 +84,32 @@ class RestDrafter(Drafter):
     name = "rest"
     capabilities = DrafterCapabilities(proposes_trees=True)
 
-    def __init__(self, target, *, datastore: str | None = None, c: int | None = None, k: int = 256,
-                 m: int = 10, n_max: int = 16, live: float = 0.0, live_k: int = 8):
+    def __init__(
+        self,
+        target,
+        *,
+        datastore: str | None = None,
+        c: int | None = None,
+        k: int = 256,
+        m: int = 10,
+        n_max: int = 16,
+        live: float = 0.0,
+        live_k: int = 8,
+    ):
         super().__init__(target)
         live = float(live)
         if min(k, m, n_max, live_k) < 1 or (c is not None and c < 1) or live < 0:
-            raise ConfigurationError(f"rest: need c, k, m, n_max, live_k >= 1 and live >= 0; got c={c}, k={k}, "
-                                     f"m={m}, n_max={n_max}, live={live}, live_k={live_k}")
-        path = resolve_datastore(datastore)
+            raise ConfigurationError(
+                f"rest: need c, k, m, n_max, live_k >= 1 and live >= 0; got c={c}, k={k}, "
+                f"m={m}, n_max={n_max}, live={live}, live_k={live_k}"
+            )
+        path = resolve_datastore(datastore, target)
         if path is None and live == 0:
             raise ConfigurationError(
-                "rest needs a datastore: rest(datastore=DIR), or set $SPECFRAME_DATASTORE (build one with "
-                "`specframe datastore build --model MODEL --source python-stdlib --out DIR`), or use only the "
-                "live context with rest(live=1)")
+                "rest needs a datastore: rest(datastore=DIR), or set $SPECFRAME_DATASTORE, or build the "
+                "default one with `specframe datastore build --model MODEL --source python-site --out "
+                "python-site`; or use only the live context with rest(live=1)"
+            )
         self.store, self.index = open_datastore(path, target) if path is not None else (None, None)
         self.c, self.k, self.m, self.n_max, self.live, self.live_k = c, k, m, n_max, live, live_k
         self.last_match_length = 0  # longest datastore match of the latest step, for diagnostics
@@ -107,7 +128,7 @@ class RestDrafter(Drafter):
         tokens = context.tokens
         rows, weights = [], []
         if self.index is not None:
-            match = self.index.longest_match(tokens[-self.n_max:], self.n_max, self.k)
+            match = self.index.longest_match(tokens[-self.n_max :], self.n_max, self.k)
             self.last_match_length = match.length
             if len(match.starts):
                 rows.append(self.index.continuations(match.starts, self.m))  # (S, m)

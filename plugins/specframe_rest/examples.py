@@ -39,6 +39,11 @@ def own_continuations(target, prompts: int = 6, new_tokens: int = 64) -> list[li
     generator = torch.Generator().manual_seed(0)
     vocab = target.vocab_size
     starts = torch.randint(0, vocab, (prompts, 4), generator=generator)  # (P, 4)
-    out = target.model.generate(starts.to(target.device), attention_mask=torch.ones_like(starts).to(target.device),
-                                max_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+    out = target.model.generate(
+        starts.to(target.device),
+        attention_mask=torch.ones_like(starts).to(target.device),
+        max_new_tokens=new_tokens,
+        do_sample=False,
+        pad_token_id=0,
+    )
     return out.tolist()  # (P, 4 + new_tokens)

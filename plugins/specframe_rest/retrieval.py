@@ -56,7 +56,7 @@ class SuffixIndex:
         return cls(store.tokens, store.suffixes, store.buckets, store.separator)
 
     def intervals(self, query: np.ndarray, n_max: int) -> list[tuple[int, int]]:
-        """[lo, hi) suffix-array intervals of the last 1, 2, ... tokens of `query`, down to the first empty."""
+        """[lo, hi) suffix-array intervals of the last 1, 2, ... tokens of `query`, up to the first empty."""
         found: list[tuple[int, int]] = []
         if len(query) == 0 or not 0 <= query[-1] < self.separator:
             return found
@@ -116,7 +116,7 @@ class SuffixIndex:
         """Starts of the occurrences in [lo, hi) that continue (rarely needed: only when a whole spread
         sample ended documents), scanned in blocks."""
         for s in range(lo, hi, 1 << 16):
-            starts = self.n - self.suffixes[s:min(hi, s + (1 << 16))].astype(np.int64)
+            starts = self.n - self.suffixes[s : min(hi, s + (1 << 16))].astype(np.int64)
             starts = starts[self.tokens[starts] != self.separator]
             if len(starts):
                 return starts

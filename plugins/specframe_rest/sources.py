@@ -103,7 +103,7 @@ class TokenDocuments(Source):
 
     def batches(self) -> Iterator[tuple[list, int]]:
         for start in range(0, len(self.documents), 256):
-            chunk = self.documents[start:start + 256]
+            chunk = self.documents[start : start + 256]
             yield [np.asarray(d, dtype=np.int64) for d in chunk], start + len(chunk)
 
 
@@ -126,13 +126,25 @@ def texts_of(record: object, field_name: str | None, path: Path, number: int) ->
         if isinstance(value, str):
             return [value] if value.strip() else []
         if isinstance(value, list):
-            turns = [t if isinstance(t, str) else next((t[k] for k in ("content", "value", "text")
-                                                        if isinstance(t, dict) and isinstance(t.get(k), str)), "")
-                     for t in value]
+            turns = [
+                t
+                if isinstance(t, str)
+                else next(
+                    (
+                        t[k]
+                        for k in ("content", "value", "text")
+                        if isinstance(t, dict) and isinstance(t.get(k), str)
+                    ),
+                    "",
+                )
+                for t in value
+            ]
             return [t for t in turns if t.strip()]
     wanted = f"field '{field_name}'" if field_name else f"any of {', '.join(names)}"
-    raise DatastoreError(f"datastore source '{path}', line {number}: no text in {wanted} (keys: "
-                         f"{', '.join(map(str, record)) or 'none'}); name the field with --field")
+    raise DatastoreError(
+        f"datastore source '{path}', line {number}: no text in {wanted} (keys: "
+        f"{', '.join(map(str, record)) or 'none'}); name the field with --field"
+    )
 
 
 def python_files(root: Path, exclude_site: bool) -> list[Path]:
@@ -152,8 +164,9 @@ def parse_source(spec: str, glob: str = "**/*", field_name: str | None = None, *
     if spec == "python-site":
         roots = sorted({Path(sysconfig.get_paths()[k]) for k in ("purelib", "platlib")})
         files = [f for root in roots if root.is_dir() for f in python_files(root, exclude_site=False)]
-        return TextFiles(spec, "python-site", len(files), {"roots": [str(r) for r in roots],
-                                                           "files": len(files)}, files)
+        return TextFiles(
+            spec, "python-site", len(files), {"roots": [str(r) for r in roots], "files": len(files)}, files
+        )
     if spec.startswith("model:"):
         from specframe_rest.answers import ModelAnswers
 
@@ -168,5 +181,7 @@ def parse_source(spec: str, glob: str = "**/*", field_name: str | None = None, *
         return JsonlTexts(spec, "jsonl", lines, {"field": field_name}, path, field_name)
     if path.is_file():
         return TextFiles(spec, "file", 1, {}, [path])
-    raise DatastoreError(f"datastore source '{spec}' is neither a directory, a file, python-stdlib, "
-                         "python-site nor model:PROMPTS.jsonl")
+    raise DatastoreError(
+        f"datastore source '{spec}' is neither a directory, a file, python-stdlib, "
+        "python-site nor model:PROMPTS.jsonl"
+    )
