@@ -7,10 +7,13 @@ layer dimensions (d_model 2560, 80 heads x 64, d_state 128, 1 group, conv 4, voc
   ten layers, `--hybrid-layers` layers in all.
 Each (model, backend, depth) runs in a fresh subprocess. Peak memory is the growth of the process's peak
 resident set during the call (VmHWM reset through /proc/self/clear_refs, freed heap trimmed first); on a
-GPU it is torch.cuda.max_memory_allocated growth. Time is the minimum of `--repeats` calls after a warm-up.
+GPU it is torch.cuda.max_memory_allocated growth. Time is the minimum of `--repeats` calls after a warm-up,
+as wall time and as process CPU time; on a shared CPU run with `--threads 1` and read the CPU time, which
+other processes' load does not inflate.
 Then the STree paper's runtime models are fitted per backend: t = kN + C (ssm), t = aN^2 + bN + c (hybrid).
 
-    python benchmarks/measure_ssm_tree.py --layers 8 --hybrid-layers 10 --out results/ssm_tree
+    python benchmarks/measure_ssm_tree.py --layers 4 --hybrid-layers 10 --threads 1 --time cpu \
+        --out results/ssm_tree
 """
 
 from __future__ import annotations
@@ -74,13 +77,14 @@ def one_case(kind: str, layers: int, backend_name: str, depth: int, prefix: int,
     tree = specframe.TokenTree(rng.integers(0, DIMS["vocab"], len(parents)), np.array(parents))
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     backend.score(tree)  # warm-up
-    times = []
+    times, cpu_times = [], []
     for _ in range(repeats):
         sync()
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         backend.score(tree)
         sync()
         times.append(time.perf_counter() - start)
+        cpu_times.append(time.process_time() - cpu_start)
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
@@ -92,11 +96,12 @@ def one_case(kind: str, layers: int, backend_name: str, depth: int, prefix: int,
         backend.score(tree)
         peak = (_rss_kib("VmHWM") - base) * 1024
     return dict(kind=kind, layers=layers, backend=backend_name, depth=depth, nodes=len(tree) + 1,
-                prefix=prefix, seconds=min(times), all_seconds=times, peak_bytes=int(peak),
+                prefix=prefix, seconds=min(times), all_seconds=times, cpu_seconds=min(cpu_times),
+                all_cpu_seconds=cpu_times, peak_bytes=int(peak),
                 threads=torch.get_num_threads(), device=device)
 
 
-def fit(rows: list[dict]) -> dict:
+def fit(rows: list[dict], key: str = "seconds") -> dict:
     """Per (kind, backend): t = kN + C for ssm, t = aN^2 + bN + c for hybrid (seconds, N packed nodes)."""
     from specframe_ssm import RuntimeModel
 
@@ -105,7 +110,7 @@ def fit(rows: list[dict]) -> dict:
         for backend in sorted({r["backend"] for r in rows}):
             sel = [r for r in rows if r["kind"] == kind and r["backend"] == backend]
             if len(sel) >= 3:
-                model = RuntimeModel.fit([r["nodes"] for r in sel], [r["seconds"] for r in sel],
+                model = RuntimeModel.fit([r["nodes"] for r in sel], [r[key] for r in sel],
                                          1 if kind == "ssm" else 2)
                 fits[f"{kind}/{backend}"] = dict(coefficients=model.coefficients, layers=sel[0]["layers"])
     return fits
@@ -123,8 +128,12 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--kinds", nargs="+", default=["ssm", "hybrid"])
     parser.add_argument("--out", default="results/ssm_tree")
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    parser.add_argument("--time", choices=["wall", "cpu"], default="wall", help="which time the fits use")
     parser.add_argument("--case", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args.case:  # child process: one measurement, JSON on stdout
         kind, backend, depth = args.case.split(":")
         layers = args.layers if kind == "ssm" else args.hybrid_layers
@@ -142,16 +151,17 @@ def main() -> None:
                 row = json.loads(result.stdout.strip().splitlines()[-1])
                 rows.append(row)
                 print(f"{kind:6s} {backend:12s} depth {depth} N={row['nodes']:3d} "
-                      f"{row['seconds'] * 1e3:9.1f} ms  peak {row['peak_bytes'] / 2**20:8.1f} MiB", flush=True)
+                      f"wall {row['seconds'] * 1e3:9.1f} ms  cpu {row['cpu_seconds'] * 1e3:9.1f} ms  peak {row['peak_bytes'] / 2**20:8.1f} MiB", flush=True)
                 (out / "rows.json").write_text(json.dumps(rows, indent=1))
-    fits = fit(rows)
+    fits = fit(rows, "seconds" if args.time == "wall" else "cpu_seconds")
     (out / "fits.json").write_text(json.dumps(fits, indent=1))
     print(json.dumps(fits, indent=1))
 
 
 def _passthrough(args) -> list[str]:
     return ["--layers", str(args.layers), "--hybrid-layers", str(args.hybrid_layers), "--prefix",
-            str(args.prefix), "--repeats", str(args.repeats), "--chunk", str(args.chunk), "--device", args.device]
+            str(args.prefix), "--repeats", str(args.repeats), "--chunk", str(args.chunk), "--device", args.device,
+            "--threads", str(args.threads)]
 
 
 if __name__ == "__main__":

@@ -1,49 +1,16 @@
 """End to end on tiny random Mamba2, Bamba and NemotronH targets: speculative greedy decoding through the
 SSM backends emits exactly the tokens of plain greedy decoding (the `none` drafter, and a plain loop of
-the unmodified model)."""
+the unmodified model), with prompt lookup and REST drafts, chains, tries and static trees."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 from ssm_models import make_repetitive, reference_greedy, tiny_ssm_target
 
-import specframe
-from specframe import DraftProposal, PluginRegistry, SpeculativeDecoder, TokenTree, TreeBuilder
+from specframe import SpeculativeDecoder
 
 PROMPT = [3, 4, 5, 6, 7, 3, 4, 5, 6, 7, 3, 4, 5, 9, 10, 11, 3, 4, 5, 6]
 NEW_TOKENS = 32
-
-
-class BestFirstTree(TreeBuilder):
-    """`best-first` (tests only): the `budget` highest-scored nodes whose ancestors are all kept."""
-
-    name = "best-first"
-
-    def build(self, proposal: DraftProposal, budget: int) -> TokenTree:
-        order = sorted(range(len(proposal)), key=lambda i: (-proposal.scores[i], i))
-        keep: set[int] = set()
-        for i in order:
-            if len(keep) == budget:
-                break
-            if proposal.parents[i] < 0 or proposal.parents[i] in keep:
-                keep.add(i)
-        return TokenTree.from_proposal(proposal, np.array(sorted(keep), np.int64))
-
-
-class TestTrees:
-    @staticmethod
-    @specframe.hookimpl
-    def register_tree_builders(register):
-        register(BestFirstTree)
-
-
-@pytest.fixture(scope="module")
-def registry() -> PluginRegistry:
-    registry = PluginRegistry()
-    registry.load()
-    registry.register_plugin(TestTrees, name="ssm-test-trees")
-    return registry
 
 
 @pytest.fixture(scope="module", params=["mamba2", "bamba", "nemotronh"])
@@ -52,23 +19,39 @@ def target(request):
 
 
 @pytest.fixture(scope="module")
-def plain(target, registry) -> list[int]:
-    decoder = SpeculativeDecoder.from_names(target, "none", "chain", "greedy", "ssm-tree", registry=registry)
+def plain(target) -> list[int]:
+    decoder = SpeculativeDecoder.from_names(target, "none", "chain", "greedy", "ssm-tree")
     tokens = decoder.generate(PROMPT, max_new_tokens=NEW_TOKENS).tokens
     assert tokens == reference_greedy(target, PROMPT, NEW_TOKENS)
     return tokens
 
 
+@pytest.fixture(scope="module")
+def datastore(target, tmp_path_factory):
+    """A REST datastore of the target's own greedy continuations of a few prompts, this one included."""
+    from specframe_rest.build import build_datastore
+    from specframe_rest.sources import TokenDocuments
+
+    starts = [PROMPT[:8], [1, 2, 3], [20, 30, 40, 50]]
+    documents = [s + reference_greedy(target, s, 48) for s in starts]
+    out = tmp_path_factory.mktemp("rest") / target.name
+    build_datastore(out, [TokenDocuments("own", "ids", documents=documents)], target, progress=False)
+    return str(out)
+
+
 @pytest.mark.parametrize(("drafter", "tree", "backend"), [
     ("pld", "chain", "ssm-tree"),
     ("pld(matches=3)", "chain", "ssm-tree"),
-    ("pld(matches=3, num_tokens=4)", "best-first", "ssm-tree"),
-    ("pld(matches=3, num_tokens=4)", "best-first", "ssm-tree(commit=closed)"),
-    ("pld(matches=3, num_tokens=4)", "best-first", "ssm-unrolled"),
+    ("pld(matches=3, num_tokens=4)", "trie", "ssm-tree"),
+    ("pld(matches=3, num_tokens=4)", "trie", "ssm-tree(commit=closed)"),
+    ("pld(matches=3, num_tokens=4)", "trie", "ssm-unrolled"),
+    ("rest(datastore=DS, k=8, m=4)", "trie", "ssm-tree"),
+    ("rest(datastore=DS, k=8, m=4)", "static(preset=continuous, depth=4, width=2)", "ssm-tree"),
+    ("rest(datastore=DS, live=1, k=4, m=4)", "static(preset=cartesian, widths=(2, 2, 1))", "ssm-tree"),
 ])
-def test_speculative_greedy_equals_plain_greedy(target, registry, plain, drafter, tree, backend):
-    decoder = SpeculativeDecoder.from_names(target, drafter, tree, "greedy", backend, budget=8,
-                                            registry=registry)
+def test_speculative_greedy_equals_plain_greedy(target, plain, datastore, drafter, tree, backend):
+    decoder = SpeculativeDecoder.from_names(target, drafter.replace("DS", repr(datastore)), tree, "greedy",
+                                            backend, budget=8)
     result = decoder.generate(PROMPT, max_new_tokens=NEW_TOKENS)
     assert result.tokens == plain
     assert result.metrics.accepted_draft_tokens > 0  # drafts were accepted: the check is not vacuous
