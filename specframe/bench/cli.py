@@ -9,14 +9,15 @@ import typer
 
 
 def bench_command(
-    suite: str = typer.Option("spec-bench", help="humaneval, spec-bench, mt-bench, or a Spec-Bench JSONL path."),
+    suite: str = typer.Option("spec-bench", help="humaneval, spec-bench, mt-bench, or a JSONL file."),
     methods: str = typer.Option("pld", help="Comma list of presets or pipeline specs "
-                                "DRAFTER[+TREE[+VERIFIER[+BACKEND]]][@BUDGET], e.g. 'pld,rest(c=16)+trie+greedy@16'; "
-                                "'all' = every usable preset. The plain-decoding baseline always runs."),
+                                "DRAFTER[+TREE[+VERIFIER[+BACKEND]]][@BUDGET], e.g. "
+                                "'pld,rest(c=16)+trie+greedy@16'; 'all' = every usable preset. "
+                                "The plain-decoding baseline always runs."),
     peers: str = typer.Option("all", help="transformers peers: all, none, or a comma list of hf-generate, "
                               "hf-pld(num_tokens=10), hf-assisted(layers=8,num_tokens=4)."),
     limit: Optional[int] = typer.Option(None, help="Questions per category (default: all)."),
-    turns: Optional[int] = typer.Option(None, help="Turns per question at most (default: all; MT-Bench has 2)."),
+    turns: Optional[int] = typer.Option(None, help="Turns per question at most (default: all)."),
     repeats: int = typer.Option(3, help="Timed runs of every (method, question)."),
     out: Path = typer.Option(Path("results/bench"), help="Directory for records, tables and plots."),
     model: str = typer.Option("smollm2-135m", help="Model alias or local Hugging Face model directory."),
@@ -25,7 +26,7 @@ def bench_command(
     synthetic_acceptance: Optional[float] = typer.Option(
         None, "--synthetic-acceptance", help="Also run a drafter accepted with this probability per token "
         "(measures the framework's own overhead)."),
-    temperature: float = typer.Option(0.0, help="0 = greedy (outputs are then checked against the baseline)."),
+    temperature: float = typer.Option(0.0, help="0 = greedy (outputs then checked against the baseline)."),
     seed: Optional[int] = typer.Option(None, help="Seed for sampled runs."),
     threads: Optional[int] = typer.Option(None, help="torch intra-op threads (default: torch's choice). "
                                           "On a busy machine 1 thread times far more steadily."),
@@ -51,14 +52,16 @@ def bench_command(
         torch.set_num_threads(threads)
     target = load_target(model)
     run, table = run_benchmark(
-        target, suite, _split(methods), out, peers=peers, limit=limit, repeats=repeats, max_new_tokens=max_new_tokens, budget=budget,
+        target, suite, _split(methods), out, peers=peers, limit=limit, repeats=repeats,
+        max_new_tokens=max_new_tokens, budget=budget,
         synthetic_acceptance=synthetic_acceptance, max_turns=turns,
         sampling=SamplingParams(temperature=temperature, seed=seed),
         plots=plots)
     typer.echo((out / "results.md").read_text("utf-8"))
     typer.echo(f"written under {out}: records.jsonl, results.json, results.md" + (", *.png" if plots else ""))
     if run.mismatches:
-        typer.secho(f"{len(run.mismatches)} LOSSLESS MISMATCH(ES): see {out / 'results.md'}", fg="red", err=True)
+        typer.secho(f"{len(run.mismatches)} LOSSLESS MISMATCH(ES): see {out / 'results.md'}",
+                    fg="red", err=True)
         raise typer.Exit(3)
 
 

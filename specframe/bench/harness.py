@@ -25,8 +25,9 @@ def run_benchmark(target: Target, suite: str | list[BenchPrompt], methods: list[
                   peers: str = "all", limit: int | None = None, repeats: int = 3, max_new_tokens: int = 128,
                   budget: int = 8, synthetic_acceptance: float | None = None,
                   sampling: SamplingParams | None = None, registry: PluginRegistry | None = None,
-                  max_turns: int | None = None, plots: bool = True, progress: bool = True, fresh: bool = False,
-                  warmup: bool = True, command: str | None = None) -> tuple[BenchRun, dict]:
+                  max_turns: int | None = None, plots: bool = True, progress: bool = True,
+                  fresh: bool = False, warmup: bool = True,
+                  command: str | None = None) -> tuple[BenchRun, dict]:
     """Benchmark `methods` (specs or presets) against plain decoding and the transformers `peers` on
     `suite` (a suite name, a JSONL path, or prompts); write records, results and plots under `out`.
 

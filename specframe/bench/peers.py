@@ -52,8 +52,8 @@ def parse_peers(text: str) -> list[PeerSpec]:
             raise ConfigurationError(f"unknown peer '{spec.name}': known peers are {', '.join(PEERS)}")
         unknown = set(spec.options) - set(PEERS[spec.name])
         if unknown:
-            raise ConfigurationError(f"peer '{spec.name}' takes options {sorted(PEERS[spec.name]) or 'none'}, "
-                                     f"got {sorted(unknown)}")
+            raise ConfigurationError(f"peer '{spec.name}' takes options "
+                                     f"{sorted(PEERS[spec.name]) or 'none'}, got {sorted(unknown)}")
         peers.append(PeerSpec(part.strip(), spec.name, {**PEERS[spec.name], **spec.options}))
     return peers
 
@@ -79,11 +79,13 @@ def truncated_assistant(target: Target, layers: int | None) -> torch.nn.Module:
     inner = getattr(model, "model", None)
     blocks = getattr(inner, "layers", None)
     if blocks is None or not hasattr(inner, "norm"):
-        raise UnsupportedModelError(f"peer 'hf-assisted' cannot cut model '{target.name}' into a draft model: "
-                                    "it has no `model.layers` / `model.norm`; use --peers without hf-assisted")
+        raise UnsupportedModelError(f"peer 'hf-assisted' cannot cut model '{target.name}' into a draft "
+                                    "model: it has no `model.layers` / `model.norm`; use --peers without "
+                                    "hf-assisted")
     layers = min(DEFAULT_ASSISTANT_LAYERS, len(blocks) - 1) if layers is None else int(layers)
     if not 1 <= layers < len(blocks):
-        raise ConfigurationError(f"peer 'hf-assisted': layers must be in [1, {len(blocks) - 1}], got {layers}")
+        raise ConfigurationError(f"peer 'hf-assisted': layers must be in [1, {len(blocks) - 1}], "
+                                 f"got {layers}")
     config = copy.deepcopy(model.config)
     config.num_hidden_layers = layers
     if getattr(config, "layer_types", None):
@@ -108,8 +110,8 @@ class PeerRunner:
 
     lossless = True  # greedy transformers decoding, with or without assistance, is plain greedy decoding
 
-    def __init__(self, target: Target, spec: PeerSpec, sampling: SamplingParams):
-        self.target, self.spec, self.label = target, spec, spec.label
+    def __init__(self, target: Target, spec: PeerSpec, sampling: SamplingParams, baseline: str = "baseline"):
+        self.target, self.spec, self.label, self.baseline = target, spec, spec.label, baseline
         self.kwargs: dict = {"do_sample": False} if sampling.greedy else {
             "do_sample": True, "temperature": sampling.temperature, "top_p": sampling.top_p,
             "top_k": sampling.top_k or None}

@@ -97,7 +97,8 @@ def summarize(run: BenchRun) -> dict:
 def _fmt(stat: dict, digits: int = 2) -> str:
     if stat["mean"] is None:
         return "-"
-    return f"{stat['mean']:.{digits}f} ± {stat['std']:.{digits}f}" if stat["std"] else f"{stat['mean']:.{digits}f}"
+    mean = f"{stat['mean']:.{digits}f}"
+    return f"{mean} ± {stat['std']:.{digits}f}" if stat["std"] else mean
 
 
 def markdown(table: dict, run: BenchRun, header: str = "") -> str:
@@ -106,8 +107,8 @@ def markdown(table: dict, run: BenchRun, header: str = "") -> str:
     lines = [header] if header else []
     for category, rows in table.items():
         lines += [f"### {category}", "",
-                  "| method | speedup | speedup excl. prefill | tau | alpha | tokens/s | tokens/s excl. prefill "
-                  "| identical to baseline |",
+                  "| method | speedup | speedup excl. prefill | tau | alpha | tokens/s "
+                  "| tokens/s excl. prefill | identical to baseline |",
                   "|---|---|---|---|---|---|---|---|"]
         for label, s in rows.items():
             ident = "n/a" if not lossless[label] else ("MISMATCH x%d" % s["mismatches"] if s["mismatches"]
@@ -115,7 +116,8 @@ def markdown(table: dict, run: BenchRun, header: str = "") -> str:
             alpha = "-" if s["alpha"] is None else f"{s['alpha']:.2f}"
             tau = "-" if s["tau"] is None else f"{s['tau']:.2f}"
             lines.append(f"| {label} | {_fmt(s['speedup'])} | {_fmt(s['speedup_excl_prefill'])} | {tau} | "
-                         f"{alpha} | {_fmt(s['tokens_per_s'], 1)} | {_fmt(s['decode_tokens_per_s'], 1)} | {ident} |")
+                         f"{alpha} | {_fmt(s['tokens_per_s'], 1)} | {_fmt(s['decode_tokens_per_s'], 1)} "
+                         f"| {ident} |")
         lines.append("")
     if run.mismatches:
         lines += ["### Lossless mismatches", ""] + [f"- {m.describe()}" for m in run.mismatches] + [""]

@@ -61,12 +61,6 @@ class SyntheticRunner(PipelineRunner):
         self.decoder.pipeline.drafter = self.drafter
 
 
-class PeerAdapter(PeerRunner):
-    def __init__(self, target: Target, spec: PeerSpec, sampling: SamplingParams, baseline: str):
-        super().__init__(target, spec, sampling)
-        self.baseline = baseline
-
-
 def build_runners(target: Target, methods: list[MethodSpec], peers: list[PeerSpec], sampling: SamplingParams,
                   registry: PluginRegistry, synthetic_acceptance: float | None = None,
                   default_budget: int = 8) -> list:
@@ -80,12 +74,14 @@ def build_runners(target: Target, methods: list[MethodSpec], peers: list[PeerSpe
     if not backends:
         raise ConfigurationError("no backend to run the plain-decoding baseline on: name one in a method, "
                                  "e.g. 'pld+chain+greedy+ssm-tree'")
-    bases = [baseline_spec(b, "baseline" if key == "kv" else f"baseline[{key}]") for key, b in backends.items()]
+    bases = [baseline_spec(b, "baseline" if key == "kv" else f"baseline[{key}]")
+             for key, b in backends.items()]
     base_of = {spec_text(b.backend): b.label for b in bases}
     runners: list = [PipelineRunner(target, b, sampling, registry, None) for b in bases]
     for method in methods:
         try:
-            runners.append(PipelineRunner(target, method, sampling, registry, base_of[spec_text(method.backend)]))
+            base = base_of[spec_text(method.backend)]
+            runners.append(PipelineRunner(target, method, sampling, registry, base))
         except SpecframeError as err:
             if not method.optional:
                 raise
@@ -93,7 +89,7 @@ def build_runners(target: Target, methods: list[MethodSpec], peers: list[PeerSpe
     if synthetic_acceptance is not None:
         runners.append(SyntheticRunner(target, synthetic_acceptance, bases[0], sampling, registry,
                                        default_budget))
-    runners += [PeerAdapter(target, p, sampling, bases[0].label) for p in peers]
+    runners += [PeerRunner(target, p, sampling, baseline=bases[0].label) for p in peers]
     return runners
 
 
@@ -214,7 +210,8 @@ def run_bench(target: Target, prompts: list[BenchPrompt], runners: list, *, repe
                     if record is None:
                         ids = encode_turn(tokenizer, prompt, turn, answers[runner.label])
                         if isinstance(runner, SyntheticRunner):
-                            runner.drafter.reference = store.get(runner.baseline, prompt.qid, turn, rep)["tokens"]
+                            base = store.get(runner.baseline, prompt.qid, turn, rep)
+                            runner.drafter.reference = base["tokens"]
                         tokens, metrics = runner.generate(ids, max_new_tokens)
                         record = {"method": runner.label, "qid": prompt.qid, "category": prompt.category,
                                   "turn": turn, "repeat": rep, "tokens": tokens, "metrics": metrics}
