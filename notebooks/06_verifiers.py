@@ -24,7 +24,6 @@ from collections import Counter
 
 import matplotlib.pyplot as plt
 import numpy as np
-import torch
 
 import specframe
 from specframe import DrawMethod, Sampler, SamplingParams
