@@ -35,8 +35,9 @@ from __future__ import annotations
 
 import torch
 
-from specframe import DrawMethod, Sampler, TargetScores, TokenTree, Verifier, VerifierCapabilities, VerifyResult
-from specframe.errors import SpecframeError
+from specframe import (
+    DrawMethod, Sampler, SpecframeError, TargetScores, TokenTree, Verifier, VerifierCapabilities, VerifyResult,
+)
 
 from specframe_verify.sample_match import child_with_token
 
@@ -47,7 +48,7 @@ def recursive_rejection(p: torch.Tensor, children: list[int], tokens, q: torch.T
                         sampling: Sampler) -> tuple[int | None, torch.Tensor]:
     """Try `children` (node indices in draw order, tokens `tokens[c]`, all drawn from the (V,) row `q`)
     against the (V,) target distribution `p`. Returns (accepted child or None, residual distribution)."""
-    remaining = q.to(torch.float64).clone()  # (V,) draft mass not yet drawn
+    remaining = q.to(device=p.device, dtype=torch.float64, copy=True)  # (V,) draft mass not yet drawn
     tried: set[int] = set()
     for child in children:
         token = int(tokens[child])

@@ -22,8 +22,9 @@ import math
 import numpy as np
 import torch
 
-from specframe import Sampler, TargetScores, TokenTree, Verifier, VerifierCapabilities, VerifyResult
-from specframe.errors import ConfigurationError
+from specframe import (
+    ConfigurationError, Sampler, TargetScores, TokenTree, Verifier, VerifierCapabilities, VerifyResult,
+)
 
 
 class TypicalVerifier(Verifier):
