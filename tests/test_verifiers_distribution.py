@@ -7,9 +7,9 @@ target logits (`verifier_kit.simulate`), with drafters that draw their trees fro
 random model, or an adversarial q that puts most mass on the tokens the target likes least.
 
 False-alarm rate: a check passes when the chi-square p-value is >= P_MIN = 1e-4, so a correct verifier
-fails one check with probability 1e-4 over seeds (about 2e-3 over this file's checks). Seeds are fixed,
-so the outcome is deterministic; the broken verifiers below score p-values many orders of magnitude
-below P_MIN.
+fails one check with probability 1e-4 over seeds (below 1e-3 over the 8 checks of this file). Seeds are
+fixed, so the outcome is deterministic; the broken verifiers below score p-values at least four orders of
+magnitude below P_MIN.
 """
 
 from __future__ import annotations
