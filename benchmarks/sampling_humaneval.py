@@ -45,8 +45,9 @@ def parse_method(text: str) -> tuple[str, str, str]:
 def run(decoder: SpeculativeDecoder, ids: list[int], max_new_tokens: int) -> dict:
     result = decoder.generate(ids, max_new_tokens=max_new_tokens)
     m = result.metrics
-    return {"tokens": result.tokens, "new_tokens": m.new_tokens, "steps": m.steps, "draft_tokens": m.draft_tokens,
-            "accepted_draft_tokens": m.accepted_draft_tokens, "wall_s": m.wall_s, "prefill_s": m.prefill_s,
+    return {"tokens": result.tokens, "new_tokens": m.new_tokens, "steps": m.steps,
+            "draft_tokens": m.draft_tokens, "accepted_draft_tokens": m.accepted_draft_tokens,
+            "wall_s": m.wall_s, "prefill_s": m.prefill_s,
             "tokens_per_s": m.tokens_per_s, "decode_tokens_per_s": m.decode_tokens_per_s}
 
 

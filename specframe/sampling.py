@@ -39,7 +39,8 @@ class SamplingParams:
             raise ConfigurationError(
                 f"sampling: temperature must be a finite number >= 0, got {self.temperature!r}; "
                 "use 0 for greedy decoding or e.g. 0.7 for sampling (--temperature)")
-        if isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
+        if isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float)) or not (
+                0 < self.top_p <= 1):
             raise ConfigurationError(
                 f"sampling: top_p must be in (0, 1], got {self.top_p!r}; use 1 to switch nucleus "
                 "filtering off or e.g. 0.9 to keep the smallest set of tokens holding 90% of the mass "

@@ -116,8 +116,8 @@ def test_seeded_draws_repeat_and_the_initial_seed_replays_an_unseeded_sampler():
     def draws(sampler):
         return [sampler.sample(logits) for _ in range(30)] + [sampler.uniform()]
 
-    assert draws(Sampler(SamplingParams(temperature=1.0, seed=3))) == draws(Sampler(SamplingParams(1.0, seed=3)))
-    assert draws(Sampler(SamplingParams(temperature=1.0, seed=3))) != draws(Sampler(SamplingParams(1.0, seed=4)))
+    assert draws(Sampler(SamplingParams(1.0, seed=3))) == draws(Sampler(SamplingParams(1.0, seed=3)))
+    assert draws(Sampler(SamplingParams(1.0, seed=3))) != draws(Sampler(SamplingParams(1.0, seed=4)))
     unseeded = Sampler(SamplingParams(temperature=1.0))
     assert draws(Sampler(SamplingParams(temperature=1.0, seed=unseeded.initial_seed))) == draws(unseeded)
 
@@ -145,7 +145,7 @@ def target():
     return tiny_llama(seed=0)
 
 
-SAMPLED_SETTINGS = [SamplingParams(temperature=0.2, seed=1), SamplingParams(temperature=0.7, top_p=0.5, seed=1),
+SAMPLED_SETTINGS = [SamplingParams(temperature=0.2, seed=1), SamplingParams(0.7, top_p=0.5, seed=1),
                     SamplingParams(temperature=1.0, top_k=2, seed=1)]
 
 

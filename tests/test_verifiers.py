@@ -25,6 +25,7 @@ from specframe.errors import SpecframeWarning
 from specframe.registry import get_registry
 
 SAMPLING_VERIFIERS = ["sample-match", "rejection", "typical"]
+HOT = SamplingParams(temperature=0.7, seed=0)
 PROMPT = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7, 3, 4, 5, 6]
 
 
@@ -139,7 +140,7 @@ def test_typical_is_declared_lossy_and_warns_when_sampling(target):
     cls = get_registry().get("verifier", "typical")
     assert not cls.capabilities.lossless and "LOSSY" in cls.__doc__
     with pytest.warns(SpecframeWarning, match="'typical' is lossy"):
-        SpeculativeDecoder.from_names(target, "pld", "chain", "typical", sampling=SamplingParams(temperature=0.7))
+        SpeculativeDecoder.from_names(target, "pld", "chain", "typical", sampling=HOT)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         SpeculativeDecoder.from_names(target, "pld", "chain", "typical")  # temperature 0: exact, no warning
@@ -154,9 +155,9 @@ def test_lossless_sampling_verifiers_are_declared():
 
 def test_capability_errors_name_the_fix(target):
     with pytest.raises(CapabilityError, match="'rejection' needs draft probabilities.*'sample-match'"):
-        SpeculativeDecoder.from_names(target, "pld", "chain", "rejection", sampling=SamplingParams(temperature=1))
+        SpeculativeDecoder.from_names(target, "pld", "chain", "rejection", sampling=HOT)
     with pytest.raises(CapabilityError, match="'greedy' is greedy only"):
-        SpeculativeDecoder.from_names(target, "pld", "chain", "greedy", sampling=SamplingParams(temperature=1))
+        SpeculativeDecoder.from_names(target, "pld", "chain", "greedy", sampling=HOT)
 
 
 def test_rejection_refuses_a_draft_token_its_q_could_not_have_drawn():
@@ -164,7 +165,7 @@ def test_rejection_refuses_a_draft_token_its_q_could_not_have_drawn():
                              draft_probs=torch.tensor([[0.5, 0.5, 0.0, 0.0]]), draw=DrawMethod.SAMPLED)
     tree = TokenTree.from_proposal(proposal, [0])
     with pytest.raises(SpecframeError, match="rejection.*draft probability 0"):
-        verifier("rejection").verify(tree, TargetScores(torch.zeros(2, 4)), Sampler(SamplingParams(1.0, seed=0)))
+        verifier("rejection").verify(tree, TargetScores(torch.zeros(2, 4)), Sampler(HOT))
 
 
 @pytest.mark.parametrize("options", [dict(threshold=0), dict(threshold=1.5), dict(alpha=-1)])

@@ -301,4 +301,5 @@ class KeepAllTreeBuilder(TreeBuilder):
     name = "test-keep-all"
 
     def build(self, proposal: DraftProposal, budget: int) -> TokenTree:
-        return TokenTree.from_proposal(proposal, np.arange(min(budget, len(proposal))), draw_order_prefix=True)
+        keep = np.arange(min(budget, len(proposal)))
+        return TokenTree.from_proposal(proposal, keep, draw_order_prefix=True)

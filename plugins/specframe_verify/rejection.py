@@ -36,7 +36,8 @@ from __future__ import annotations
 import torch
 
 from specframe import (
-    DrawMethod, Sampler, SpecframeError, TargetScores, TokenTree, Verifier, VerifierCapabilities, VerifyResult,
+    DrawMethod, Sampler, SpecframeError, TargetScores, TokenTree, Verifier, VerifierCapabilities,
+    VerifyResult,
 )
 
 from specframe_verify.sample_match import child_with_token
