@@ -163,3 +163,16 @@ def test_a_seeded_run_is_reproducible_and_sample_match_replays_plain_sampling(ta
     other = SamplingParams(params.temperature, params.top_p, params.top_k, seed=params.seed + 1)
     assert SpeculativeDecoder.from_names(target, "none", "chain", "sample-match", sampling=other).generate(
         PROMPT, max_new_tokens=40).tokens != first.tokens
+
+
+
+@pytest.mark.parametrize("flags,match", [(["--temperature", "-1"], "temperature"), (["--top-p", "0"], "top_p"),
+                                         (["--top-k", "-2"], "top_k")])
+def test_cli_refuses_bad_sampling_flags_before_loading_a_model(monkeypatch, capsys, flags, match):
+    from specframe.cli import main
+
+    monkeypatch.setattr("sys.argv", ["specframe", "generate", "hi", "--model", "no-such-model", *flags])
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    assert exit_info.value.code == 2
+    assert f"error: sampling: {match}" in capsys.readouterr().err
