@@ -53,6 +53,7 @@ def test_suites_ship_every_question():
     assert len(spec) == 480 and len(categories) == 13
     limited = load_suite("spec-bench", limit=5)
     assert len(limited) == 13 * 5 and {p.category for p in limited} == categories
+    assert len({p.category for p in limited[:13]}) == 13  # round-robin: a partial run covers every category
     mt = load_suite("mt-bench")
     assert len(mt) == 80 and all(len(p.turns) == 2 and p.chat for p in mt)
     humaneval = load_suite("humaneval", limit=3)

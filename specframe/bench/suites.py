@@ -29,7 +29,7 @@ class BenchPrompt:
 
 
 def load_suite(suite: str, limit: int | None = None) -> list[BenchPrompt]:
-    """The prompts of `suite`, at most `limit` per category (in file order).
+    """The prompts of `suite`, at most `limit` per category, round-robin over categories.
 
     `suite` is a name of `SUITES` or the path of a JSONL file in the Spec-Bench format
     (`{"question_id", "category", "turns": [...]}` per line).
@@ -77,15 +77,13 @@ def _parse_jsonl(lines: list[str], source: str) -> list[BenchPrompt]:
 
 
 def _limit_per_category(prompts: list[BenchPrompt], limit: int | None) -> list[BenchPrompt]:
-    if limit is None:
-        return prompts
-    seen: dict[str, int] = {}
-    kept = []
+    """At most `limit` prompts per category, in round-robin order over the categories (the first of each
+    category, then the second of each, ...), so that a run stopped early still covers every category."""
+    by_category: dict[str, list[BenchPrompt]] = {}
     for prompt in prompts:
-        seen[prompt.category] = seen.get(prompt.category, 0) + 1
-        if seen[prompt.category] <= limit:
-            kept.append(prompt)
-    return kept
+        by_category.setdefault(prompt.category, []).append(prompt)
+    rounds = max(len(v) for v in by_category.values()) if limit is None else limit
+    return [group[i] for i in range(rounds) for group in by_category.values() if i < len(group)]
 
 
 def encode_turn(tokenizer, prompt: BenchPrompt, turn: int, answers: list[str]) -> list[int]:
