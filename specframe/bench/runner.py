@@ -1,8 +1,8 @@
 """The benchmark loop: every method on every prompt, interleaved, resumable, checked against the baseline.
 
-Order: for each prompt, for each repeat, for each turn, every method runs once (baselines first, the
-others rotated by repeat), so slow drifts of a shared machine (thermal state, other processes) hit all
-methods alike. One warm-up generation per method runs before any timing and is not recorded.
+Order: for each prompt, for each repeat, for each turn, every method runs once, the order rotated by one
+place per prompt and repeat, so slow drifts of a shared machine (thermal state, other processes) and any
+cost of running first or after a given method hit all methods alike. One warm-up generation per method runs before any timing and is not recorded.
 
 Every finished (method, question, turn, repeat) is appended at once to `records.jsonl`; a rerun with the
 same `--out` skips what is there, so an interrupted run resumes where it stopped. The output of every
@@ -197,12 +197,9 @@ def run_bench(target: Target, prompts: list[BenchPrompt], runners: list, *, repe
                 if isinstance(runner, SyntheticRunner):
                     runner.drafter.reference = []
                 runner.generate(ids, min(WARMUP_TOKENS, max_new_tokens))
-    bases = [r for r in runners if r.baseline is None]
-    others = [r for r in runners if r.baseline is not None]
-    for prompt in prompts:
+    for index, prompt in enumerate(prompts):
         for rep in range(repeats):
-            shift = rep % len(others) if others else 0
-            order = bases + others[shift:] + others[:shift]
+            order = rotation(runners, index * repeats + rep)
             answers: dict[str, list[str]] = {r.label: [] for r in runners}
             for turn in range(len(prompt.turns)):
                 for runner in order:
@@ -219,14 +216,25 @@ def run_bench(target: Target, prompts: list[BenchPrompt], runners: list, *, repe
                         bar.update()
                     run.records.append(record)
                     answers[runner.label].append(tokenizer.decode(record["tokens"], skip_special_tokens=True))
-                    if check_identity and runner.baseline is not None and runner.lossless:
-                        base = store.get(runner.baseline, prompt.qid, turn, rep)
-                        mismatch = compare(record, base, runner.baseline, tokenizer)
+                for runner in order if check_identity else ():
+                    if runner.baseline is not None and runner.lossless:
+                        mismatch = compare(store.get(runner.label, prompt.qid, turn, rep),
+                                           store.get(runner.baseline, prompt.qid, turn, rep), runner.baseline,
+                                           tokenizer)
                         if mismatch:
                             run.mismatches.append(mismatch)
                             tqdm.write(f"\033[1;31m{mismatch.describe()}\033[0m", file=sys.stderr)
     bar.close()
     return run
+
+
+def rotation(runners: list, shift: int) -> list:
+    """The runners rotated by `shift`, so that no method always runs first (or right after another),
+    with synthetic runners moved last: they need their baseline's output on the same turn."""
+    shift %= len(runners)
+    order = runners[shift:] + runners[:shift]
+    return [r for r in order if not isinstance(r, SyntheticRunner)] + [
+        r for r in order if isinstance(r, SyntheticRunner)]
 
 
 def compare(record: dict, base: dict, baseline: str, tokenizer) -> Mismatch | None:
