@@ -4,6 +4,8 @@ conv state, SSM state, KV cache and next-token logits equal those of the plain s
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -12,6 +14,7 @@ from ssm_models import VOCAB, path_reference, run_sequence, state_tensors, tiny_
 from transformers import LlamaConfig, LlamaForCausalLM, MambaConfig, MambaForCausalLM
 
 from specframe import Target, TokenTree, UnsupportedModelError, get_registry
+from specframe_ssm.cache import crop_kv
 
 PROMPT = [5, 9, 3, 7, 11, 2, 8, 9, 3]
 TREES = {
@@ -51,18 +54,13 @@ def check_scores(target: Target, backend: str, tree: TokenTree, prompt=PROMPT, *
     start = len(prompt) - 1
     for path in tree.paths or [[]]:
         tokens = [prompt[-1], *tree.tokens[path].tolist()]
-        want, _ = path_reference(target.model, b.cache if backend == "ssm-unrolled" else _committed_copy(b),
-                                 start, tokens)
+        want, _ = path_reference(target.model, _committed_copy(b), start, tokens)
         torch.testing.assert_close(scores.logits[packed_path(path)], want, atol=ATOL, rtol=ATOL)
     return b, scores
 
 
 def _committed_copy(b):
     """The backend's cache with any scored tree rows dropped: the committed state only."""
-    import copy
-
-    from specframe_ssm.cache import crop_kv
-
     cache = copy.deepcopy(b.cache)
     crop_kv(cache, b.layout.attention, b.committed_length)
     return cache
@@ -163,6 +161,9 @@ def test_scoring_twice_then_committing(target):
         torch.testing.assert_close(state_tensors(b.cache)[name], tensor)
 
 
+_TARGETS: dict[str, Target] = {}
+
+
 @settings(max_examples=15, deadline=None)
 @given(data=st.data())
 def test_random_trees(data):
@@ -174,9 +175,6 @@ def test_random_trees(data):
     prompt = data.draw(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=12))
     check_scores(target, "ssm-tree", tree, prompt=prompt)
     check_commit(target, "ssm-tree", tree, node=data.draw(st.integers(-1, size - 1)), prompt=prompt)
-
-
-_TARGETS: dict[str, Target] = {}
 
 
 def test_mamba1_is_refused_naming_its_layer():
