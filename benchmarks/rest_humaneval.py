@@ -102,13 +102,13 @@ class StepTimes:
         self.ms.append(1e3 * (event.times.get("draft", 0.0) + event.times.get("tree", 0.0)))
 
 
-def methods(datastore: str, sizes: list[int], live: float) -> dict[str, tuple[str, str, int]]:
+def methods(datastore: str, sizes: list[int], live: float, extra: str = "") -> dict[str, tuple]:
     """name -> (drafter spec, tree spec, budget)."""
     table = {}
     for c in sizes:
         table[f"rest@{c}"] = (f"rest(datastore={datastore!r})", "trie", c)
         table[f"pld@{c}"] = (f"pld(matches={math.ceil(c / 10)})", "trie", c)
-        table[f"rest+live@{c}"] = (f"rest(datastore={datastore!r}, live={live})", "trie", c)
+        table[f"rest+live@{c}"] = (f"rest(datastore={datastore!r}, live={live}{extra})", "trie", c)
     return table
 
 
@@ -178,8 +178,12 @@ def run_record(result) -> dict:
 def replay_phase(target, problems, references, table, out: Path) -> dict:
     """Exact tau and per-step drafter times for every method, with modeled speedups."""
     registry = get_registry()
-    summary = {}
-    for name, (drafter_spec, tree_spec, budget) in tqdm(table.items(), desc="replay"):
+    path = out / "humaneval_replay.json"
+    summary = json.loads(path.read_text()) if path.exists() else {}
+    todo = {name: spec for name, spec in table.items()
+            if summary.get(name, {}).get("problems") != len(problems)
+            or summary[name]["drafter"] != spec[0]}  # resumable: reuse finished methods
+    for name, (drafter_spec, tree_spec, budget) in tqdm(todo.items(), desc="replay"):
         recorder = StepTimes()
         registry.register_plugin(recorder, name=f"step-times-{name}")
         template = specframe.assemble(target, drafter_spec, tree_spec, "greedy", "kv")
@@ -212,9 +216,10 @@ def replay_phase(target, problems, references, table, out: Path) -> dict:
             "draft_tree_ms_median": float(np.median(ms)),
             "draft_tree_ms_p99": float(np.percentile(ms, 99)),
             "steps": len(ms),
+            "problems": len(problems),
         }
-    (out / "humaneval_replay.json").write_text(json.dumps(summary, indent=1))
-    return summary
+        path.write_text(json.dumps(summary, indent=1))
+    return {name: summary[name] for name in table}
 
 
 def measured_phase(target, problems, references, table, args, out: Path) -> dict:
@@ -309,17 +314,21 @@ def main() -> None:
     parser.add_argument("--measure-limit", type=int, default=0, help="problems decoded for real per method")
     parser.add_argument("--measure", action="append", default=None, help="methods to measure (e.g. rest@8)")
     parser.add_argument("--batch", type=int, default=8, help="prompts per batch in the reference phase")
+    parser.add_argument("--live-options", default="", help="more rest+live options, e.g. ', by_length=True'")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     parser.add_argument("--phases", default="reference,replay,measured")
     parser.add_argument("--out", default="results/rest")
     args = parser.parse_args()
     args.measure = args.measure or ["rest@8", "pld@8", "rest+live@8"]
 
     torch.set_grad_enabled(False)
+    if args.threads:
+        torch.set_num_threads(args.threads)  # on an oversubscribed CPU, spinning intra-op threads cost more
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     target = specframe.load_target("smollm2-135m")
     problems = list(read_problems().values())[: args.limit]
-    table = methods(args.datastore, [int(c) for c in args.sizes.split(",")], args.live)
+    table = methods(args.datastore, [int(c) for c in args.sizes.split(",")], args.live, args.live_options)
     references = reference_phase(target, problems, args, out)
     replay = replay_phase(target, problems, references, table, out) if "replay" in args.phases else {}
     measured = measured_phase(target, problems, references, table, args, out) if args.measure_limit else {}

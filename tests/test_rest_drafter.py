@@ -46,7 +46,7 @@ def tiny_cases(tiny):
     [
         ("rest(datastore=DS)", "trie", 8),
         ("rest(datastore=DS, c=2)", "chain", 8),
-        ("rest(datastore=DS, live=1, k=3, m=4)", "trie", 16),
+        ("rest(datastore=DS, live=1, k=3, m=4, by_length=True)", "trie", 16),
         ("rest(live=1)", "trie", 6),
     ],
 )

@@ -133,16 +133,16 @@ class Datastore:
                 f"{where}: {TOKENS} does not start and end with the document separator: "
                 f"the file is corrupt; {BUILD_HINT}"
             )
-        top = int(tokens.max())
-        if top > sep:
+        high = sum(int(np.count_nonzero(tokens[s : s + (1 << 20)] >= sep)) for s in range(0, n, 1 << 20))
+        if high != int(self.header["n_documents"]) + 1:  # one cheap pass; the exact diagnosis only on failure
+            top = int(tokens.max())
+            if top > sep:
+                raise DatastoreError(
+                    f"{where}: token id {top} is out of range for vocabulary size {sep}: the file "
+                    f"is corrupt or was written for another model; {BUILD_HINT}"
+                )
             raise DatastoreError(
-                f"{where}: token id {top} is out of range for vocabulary size {sep}: the file "
-                f"is corrupt or was written for another model; {BUILD_HINT}"
-            )
-        separators = int(np.count_nonzero(tokens == sep))
-        if separators != int(self.header["n_documents"]) + 1:
-            raise DatastoreError(
-                f"{where}: {separators - 1} documents in {TOKENS} but the header says "
+                f"{where}: {high - 1} documents in {TOKENS} but the header says "
                 f"{self.header['n_documents']}: the store is corrupt; {BUILD_HINT}"
             )
         b = self.buckets

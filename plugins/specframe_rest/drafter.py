@@ -78,8 +78,8 @@ class RestDrafter(Drafter):
     """Options: `datastore` (a directory or a name in `datastore_home()`; default `$SPECFRAME_DATASTORE`,
     else `python-site` if built for the target),
     `c` (nodes proposed, default the step's budget), `k` (matches sampled), `m` (continuation length),
-    `n_max` (longest suffix tried), `live` (weight of the context as a second source; 0 = off) and
-    `live_k` (context matches used)."""
+    `n_max` (longest suffix tried), `live` (weight of the context as a second source; 0 = off),
+    `live_k` (context matches used) and `by_length` (scale each source's weight by its match length)."""
 
     name = "rest"
     capabilities = DrafterCapabilities(proposes_trees=True)
@@ -95,6 +95,7 @@ class RestDrafter(Drafter):
         n_max: int = 16,
         live: float = 0.0,
         live_k: int = 8,
+        by_length: bool = False,
     ):
         super().__init__(target)
         live = float(live)
@@ -112,6 +113,7 @@ class RestDrafter(Drafter):
             )
         self.store, self.index = open_datastore(path, target) if path is not None else (None, None)
         self.c, self.k, self.m, self.n_max, self.live, self.live_k = c, k, m, n_max, live, live_k
+        self.by_length = bool(by_length)
         self.last_match_length = 0  # longest datastore match of the latest step, for diagnostics
 
     @classmethod
@@ -132,12 +134,14 @@ class RestDrafter(Drafter):
             self.last_match_length = match.length
             if len(match.starts):
                 rows.append(self.index.continuations(match.starts, self.m))  # (S, m)
-                weights.append(np.full(len(match.starts), 1.0 / len(match.starts)))
+                share = match.length if self.by_length else 1.0
+                weights.append(np.full(len(match.starts), share / len(match.starts)))
         if self.live > 0:
-            _, live_rows = context_continuations(tokens, self.n_max, self.m, self.live_k)  # (S', m)
+            length, live_rows = context_continuations(tokens, self.n_max, self.m, self.live_k)  # (S', m)
             if len(live_rows):
                 rows.append(live_rows)
-                weights.append(np.full(len(live_rows), self.live / len(live_rows)))
+                share = self.live * (length if self.by_length else 1.0)
+                weights.append(np.full(len(live_rows), share / len(live_rows)))
         if not rows:
             return DraftProposal.empty()
         return top_nodes(build_trie(np.concatenate(rows), np.concatenate(weights)), c)
