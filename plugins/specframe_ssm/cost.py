@@ -1,11 +1,10 @@
 """Runtime models of one `score` call against the packed tree size N, for tree builders that size trees.
 
 As in the STree paper's analysis: a pure SSM target costs t = k N + C (every layer is linear in N), a
-hybrid with attention costs t = a N^2 + b N + c (the tree's attention block is quadratic). `fit` fits
-either form to timings; `calibrate` times a backend on the current machine and model; `default_cost_model`
-returns per-layer coefficients measured on this project's reference CPU (2 cores, benchmarks/
-bench_ssm_tree.py, Mamba2-2.7B layer dimensions), scaled by layer counts and layer width. Those defaults
-only rank tree sizes roughly; calibrate for decisions that matter.
+hybrid with attention costs t = a N^2 + b N + c (the tree's attention block is quadratic). `RuntimeModel.fit`
+fits either form to timings; `calibrate` times a backend on the current machine and model;
+`default_cost_model` scales the fits measured on this project's reference CPU by the model's layer count
+and layer width. Those defaults only rank tree sizes roughly; calibrate for decisions that matter.
 """
 
 from __future__ import annotations
@@ -15,12 +14,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# Seconds per layer at Mamba2-2.7B layer dims (d_model 2560, 80x64 heads, N 128), float32, 2 CPU cores.
-# Polynomial coefficients in N (packed nodes, root included), highest power first. Measured with
-# `python benchmarks/measure_ssm_tree.py` (docs/results/ssm-tree.md).
-REFERENCE_PER_LAYER = {
-    "ssm-tree": {"ssm": (1.0e-3, 8.0e-3), "attention": (0.0, 4.0e-4, 4.0e-3)},
-    "ssm-unrolled": {"ssm": (3.0e-3, 8.0e-3), "attention": (0.0, 1.0e-3, 4.0e-3)},
+# Fits of one `score` call (process CPU seconds, 1 thread, float32) measured with
+#   python benchmarks/measure_ssm_tree.py --layers 4 --hybrid-layers 10 --threads 1 --time cpu
+# on random models with Mamba2-2.7B layer dims (d_model 2560, 80 x 64 heads, N 128, vocab 50288), full
+# binary trees of N = 3..63 packed nodes after a 128-token prefix (docs/results/ssm-tree.md).
+# kind -> (coefficients, highest power first; layers of the measured model)
+REFERENCE_FITS = {
+    "ssm-tree": {"ssm": ((6.442e-3, 1.384e-1), 4), "hybrid": ((8.633e-5, 7.029e-3, 2.849e-1), 10)},
+    "ssm-unrolled": {"ssm": ((6.230e-2, -1.667e-1), 4), "hybrid": ((3.096e-4, 8.047e-2, 1.361e-2), 10)},
 }
 REFERENCE_WIDTH = 2560 * 10576  # d_model x in_proj outputs of one Mamba2-2.7B layer
 
@@ -32,7 +33,7 @@ class RuntimeModel:
     coefficients: tuple[float, ...]  # highest power first
 
     def predict(self, nodes: int | np.ndarray) -> float | np.ndarray:
-        return np.polyval(self.coefficients, nodes)
+        return np.maximum(np.polyval(self.coefficients, nodes), 0.0)
 
     def __call__(self, nodes):
         return self.predict(nodes)
@@ -55,13 +56,16 @@ def layer_counts(model) -> tuple[int, int, float]:
 
 
 def default_cost_model(backend: str, model=None) -> RuntimeModel:
-    """The reference per-layer coefficients, summed over the model's layers (one SSM layer if no model)."""
-    per_layer = REFERENCE_PER_LAYER[backend]
-    ssm, attention, width = (1, 0, 1.0) if model is None else layer_counts(model)
-    coeffs = ssm * width * np.array((0.0, *per_layer["ssm"])) + attention * width * np.array(per_layer["attention"])
-    if attention == 0:
-        coeffs = coeffs[1:]  # t = k N + C
-    return RuntimeModel(tuple(float(c) for c in coeffs))
+    """The reference fit of the model's kind (ssm or hybrid), scaled by its layers and layer width.
+
+    Without a model: the measured 4-layer pure SSM reference itself.
+    """
+    if model is None:
+        return RuntimeModel(REFERENCE_FITS[backend]["ssm"][0])
+    ssm, attention, width = layer_counts(model)
+    coefficients, layers = REFERENCE_FITS[backend]["hybrid" if attention else "ssm"]
+    scale = (ssm + attention) / layers * width
+    return RuntimeModel(tuple(c * scale for c in coefficients))
 
 
 def full_binary_tree(depth: int) -> list[int]:
