@@ -25,9 +25,10 @@ def small_model(kind: str):
                                                state_size=32, n_groups=1))
     else:
         types = ["linear_attention", "linear_attention", "full_attention", "linear_attention"]
-        model = NemotronHForCausalLM(NemotronHConfig(**dims, layers_block_type=types, mamba_num_heads=8,
-                                                     mamba_head_dim=64, n_groups=1, ssm_state_size=32,
-                                                     num_attention_heads=4, num_key_value_heads=4, head_dim=64))
+        config = NemotronHConfig(**dims, layers_block_type=types, mamba_num_heads=8, mamba_head_dim=64,
+                                 n_groups=1, ssm_state_size=32, num_attention_heads=4, num_key_value_heads=4,
+                                 head_dim=64)
+        model = NemotronHForCausalLM(config)
     return specframe.Target(model=model.eval(), tokenizer=None, name=f"small-{kind}")
 
 

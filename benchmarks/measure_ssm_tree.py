@@ -151,7 +151,8 @@ def main() -> None:
                 row = json.loads(result.stdout.strip().splitlines()[-1])
                 rows.append(row)
                 print(f"{kind:6s} {backend:12s} depth {depth} N={row['nodes']:3d} "
-                      f"wall {row['seconds'] * 1e3:9.1f} ms  cpu {row['cpu_seconds'] * 1e3:9.1f} ms  peak {row['peak_bytes'] / 2**20:8.1f} MiB", flush=True)
+                      f"wall {row['seconds'] * 1e3:9.1f} ms  cpu {row['cpu_seconds'] * 1e3:9.1f} ms  "
+                      f"peak {row['peak_bytes'] / 2**20:8.1f} MiB", flush=True)
                 (out / "rows.json").write_text(json.dumps(rows, indent=1))
     fits = fit(rows, "seconds" if args.time == "wall" else "cpu_seconds")
     (out / "fits.json").write_text(json.dumps(fits, indent=1))
@@ -159,9 +160,9 @@ def main() -> None:
 
 
 def _passthrough(args) -> list[str]:
-    return ["--layers", str(args.layers), "--hybrid-layers", str(args.hybrid_layers), "--prefix",
-            str(args.prefix), "--repeats", str(args.repeats), "--chunk", str(args.chunk), "--device", args.device,
-            "--threads", str(args.threads)]
+    return ["--layers", str(args.layers), "--hybrid-layers", str(args.hybrid_layers),
+            "--prefix", str(args.prefix), "--repeats", str(args.repeats), "--chunk", str(args.chunk),
+            "--device", args.device, "--threads", str(args.threads)]
 
 
 if __name__ == "__main__":

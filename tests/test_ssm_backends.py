@@ -49,8 +49,8 @@ def check_scores(target: Target, backend: str, tree: TokenTree, prompt=PROMPT, *
     assert scores.logits.shape == (len(tree) + 1, target.vocab_size)
     after = state_tensors(b.cache)
     for name, tensor in before.items():  # the committed part is unchanged (KV may grow by the tree)
-        torch.testing.assert_close(after[name][..., : tensor.shape[-2], :] if "keys" in name or "values" in name
-                                   else after[name], tensor, atol=0, rtol=0)
+        now = after[name][..., : tensor.shape[-2], :] if name.startswith(("keys", "values")) else after[name]
+        torch.testing.assert_close(now, tensor, atol=0, rtol=0)
     start = len(prompt) - 1
     for path in tree.paths or [[]]:
         tokens = [prompt[-1], *tree.tokens[path].tolist()]

@@ -104,7 +104,8 @@ def test_tree_scan_ref_equals_sequential_recurrence_on_every_chain(seeds, groups
         h = inputs["h0"].clone()
         for j in chain_of(leaf, parents):  # h <- exp(dt A) h + dt x B^T ; y = C h + D x
             dt = inputs["dt"][j]
-            h = torch.exp(dt * inputs["A"])[:, None, None] * h + (dt[:, None] * inputs["x"][j])[..., None] * Bh[j][:, None]
+            update = (dt[:, None] * inputs["x"][j])[..., None] * Bh[j][:, None]  # (H, P, N)
+            h = torch.exp(dt * inputs["A"])[:, None, None] * h + update
             want = torch.einsum("hpn,hn->hp", h, Ch[j]) + inputs["D"][:, None] * inputs["x"][j]
             torch.testing.assert_close(y[j], want, atol=1e-5, rtol=1e-5)
 

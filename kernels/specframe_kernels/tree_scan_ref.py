@@ -9,8 +9,8 @@ of i), per head h of group g(h), with a = dt * A the per-node log-decay:
         + D x_i
 
 `A_tree_i - A_tree_j` is computed as the segment sum over the nodes on the path from j (excluded) down
-to i, which has no cancellation. This is the oracle the Triton kernel in `tree_scan_triton.py` is tested against,
-and the CPU path of the `ssm-tree` backend.
+to i, which has no cancellation. This is the oracle the Triton kernel in `tree_scan_triton.py` is tested
+against, and the CPU path of the `ssm-tree` backend.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Each program computes a (BLOCK_M nodes x BLOCK_P channels) tile of one head's output:
 
-    y_i = exp(A_tree_i) C_i h0^T  +  sum_{j <= i} [L_ij] exp(A_tree_i - A_tree_j) dt_j (C_i . B_j) x_j  +  D x_i
+    y_i = exp(A_tree_i) C_i h0^T + sum_{j <= i} [L_ij] exp(A_tree_i - A_tree_j) dt_j (C_i . B_j) x_j + D x_i
 
 Ancestors come before their descendants (topological order), so the loop over source nodes j stops at
 the tile's last row. Inputs are cast to float32 and the dots accumulate in float32 with IEEE precision.

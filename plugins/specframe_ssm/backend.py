@@ -96,7 +96,8 @@ def chain_allowed(prefix: int, length: int, batch: int, device) -> torch.Tensor:
 
 def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """(B, 1, T, S) additive float mask from a (B, T, S) bool mask: 0 where allowed, finfo.min elsewhere."""
-    mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
     return mask[:, None]
 
 
@@ -111,12 +112,14 @@ class SSMTreeBackend(SSMBackendBase):
             raise ConfigurationError(f"backend 'ssm-tree': commit must be one of {sorted(COMMIT_RULES)}, "
                                      f"got {commit!r}")
         if scan not in ("auto", "torch", "triton"):
-            raise ConfigurationError(f"backend 'ssm-tree': scan must be 'auto', 'torch' or 'triton', got {scan!r}")
+            raise ConfigurationError(
+                f"backend 'ssm-tree': scan must be 'auto', 'torch' or 'triton', got {scan!r}")
         super().__init__(target, want_hidden=want_hidden)
         self.commit_rule, self.scan = commit, scan
         widths = {m.conv_kernel_size for m in self.layout.mixers.values()}
         if len(widths) != 1:
-            raise UnsupportedModelError(f"backend 'ssm-tree': mixers use different conv widths {sorted(widths)}")
+            raise UnsupportedModelError(
+                f"backend 'ssm-tree': the mixers use different conv widths {sorted(widths)}")
         self.conv_width = widths.pop()
         self._run: TreeRun | None = None
 

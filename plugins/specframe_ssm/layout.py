@@ -36,7 +36,8 @@ class ModelLayout:
 
 def _state_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
     """Modules holding an SSM (an `A_log` parameter): Mamba-1 and Mamba2 mixers alike."""
-    return [(name, m) for name, m in model.named_modules() if isinstance(getattr(m, "A_log", None), torch.Tensor)]
+    return [(name, m) for name, m in model.named_modules()
+            if isinstance(getattr(m, "A_log", None), torch.Tensor)]
 
 
 def unsupported_reason(model: torch.nn.Module) -> str | None:
@@ -60,7 +61,8 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
         return "it has no Mamba2 layers; use the 'kv' backend for attention-only models"
     unknown = sorted(set(layer_types) - ATTENTION_TYPES - STATELESS_TYPES - {SSM_TYPE})
     if unknown:
-        return f"its layer types {unknown} are not supported (only Mamba2, full attention, MLP and MoE blocks)"
+        return (f"its layer types {unknown} are not supported "
+                "(only Mamba2, full attention, MLP and MoE blocks)")
     ssm_layers = [i for i, t in enumerate(layer_types) if t == SSM_TYPE]
     if sorted(m.layer_idx for m in mixers) != ssm_layers:
         return ("its Mamba2 mixers do not match config.layer_types one to one "
