@@ -13,7 +13,6 @@ for another target raises `S4CHeadsMismatch` with what differs.
 from __future__ import annotations
 
 import copy
-import json
 from pathlib import Path
 
 import torch
@@ -65,16 +64,13 @@ class S4CHead(nn.Module):
 class S4CHeads(nn.Module):
     """`num_heads` heads for one target. The target's embedding and LM head are used, never copied."""
 
-    def __init__(self, target: specframe.Target, num_heads: int = 3, vocab_ids: torch.Tensor | None = None,
-                 init_from_target: bool = True):
+    def __init__(self, target: specframe.Target, num_heads: int = 3, vocab_ids: torch.Tensor | None = None):
         super().__init__()
         embed, norm, _, layers = target_parts(target)
         hidden = embed.weight.shape[1]
         heads = []
         for k in range(num_heads):
             layer = copy.deepcopy(layers[-1])  # same architecture; the last layer is a good starting point
-            if not init_from_target:
-                layer.apply(_reset)
             if hasattr(layer, "self_attn"):
                 layer.self_attn.layer_idx = k
             head = S4CHead(layer, copy.deepcopy(norm), hidden)
@@ -141,17 +137,3 @@ def check_fingerprint(target: specframe.Target, meta: dict[str, str], path: Path
             f"({'; '.join(diffs)}). Train heads for this target with "
             f"`specframe train s4c --model {target.name} --data ...` and pass them as s4c(heads=PATH).")
 
-
-def describe(path: str | Path) -> dict[str, str]:
-    """The metadata of a heads file (for `specframe train s4c --info` and the README)."""
-    from safetensors import safe_open
-
-    with safe_open(str(path), framework="pt") as f:
-        return json.loads(json.dumps(f.metadata() or {}))
-
-
-def _reset(module: nn.Module) -> None:
-    if isinstance(module, nn.Linear):
-        nn.init.normal_(module.weight, 0.0, 0.02)
-        if module.bias is not None:
-            nn.init.zeros_(module.bias)
