@@ -163,3 +163,12 @@ def test_packaged_heads_on_the_real_model_are_lossless_and_accepted(smollm2):
     ids = smollm2.tokenizer(prompt, add_special_tokens=False)["input_ids"]
     assert result.tokens == reference_greedy(smollm2, ids, 32)
     assert result.metrics.accepted_draft_tokens > 0  # trained heads do get drafts accepted
+
+
+def test_train_command_is_registered():
+    from typer.testing import CliRunner
+
+    from specframe.cli import build_app
+
+    result = CliRunner().invoke(build_app(), ["train", "s4c", "--help"])
+    assert result.exit_code == 0 and "--draft-vocab" in result.output and "--max-minutes" in result.output
