@@ -18,6 +18,7 @@ import torch
 
 import specframe
 from specframe.bench.harness import run_benchmark
+from specframe.bench.report import method_stats
 from specframe.registry import ComponentSpec, get_registry
 
 METHODS = [
@@ -42,6 +43,24 @@ def extra_bytes(target: specframe.Target, method: str, context: int) -> int:
     return params + kv
 
 
+def complete_prompt_stats(path: Path, methods: list[str]) -> dict[str, dict] | None:
+    """Stats per method over the prompts every method (and the baseline) finished, from a records file."""
+    if not path.is_file():
+        return None
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    done: dict[str, set[str]] = {}
+    for r in records:
+        done.setdefault(r["qid"], set()).add(r["method"])
+    complete = {q for q, ms in done.items() if ms >= {"baseline", *methods}}
+    keep = [r for r in records if r["qid"] in complete]
+    base = {(r["qid"], r["turn"], r["repeat"]): r for r in keep if r["method"] == "baseline"}
+    out = {}
+    for method in methods:
+        mine = [r for r in keep if r["method"] == method]
+        out[method] = method_stats(mine, base) | {"categories": sorted({r["category"] for r in mine})}
+    return out if complete else None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--humaneval", type=int, default=20, help="first N HumanEval problems (0 = skip)")
@@ -50,14 +69,15 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--methods", default=",".join(METHODS), help="';'-separated pipeline specs")
     parser.add_argument("--out", type=Path, default=Path("results/s4c"))
+    parser.add_argument("--summary-only", action="store_true",
+                        help="summarize the records already under --out (e.g. of an interrupted run)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     methods = args.methods.split(";") if ";" in args.methods else METHODS
     target = specframe.load_target("smollm2-135m")
-    tables = {}
     for suite, limit in (("humaneval", args.humaneval), ("spec-bench", args.spec_bench)):
-        if limit:
-            _, tables[suite] = run_benchmark(
+        if limit and not args.summary_only:
+            run_benchmark(
                 target, suite, methods, args.out / suite, peers="none", limit=limit, repeats=1,
                 max_new_tokens=args.max_new_tokens, max_turns=1, plots=False,
                 command=f"python benchmarks/s4c_measure.py --humaneval {args.humaneval} --spec-bench "
@@ -67,15 +87,17 @@ def main() -> None:
     rows = ["| suite | method | tau | speedup | speedup excl. prefill | extra MB | r = speedup / extra GB |",
             "|---|---|---|---|---|---|---|"]
     summary = {}
-    for suite, table in tables.items():
-        overall = table.get("overall") or table[next(iter(table))]
-        for method in methods:
+    for suite in ("humaneval", "spec-bench"):
+        overall = complete_prompt_stats(args.out / suite / "records.jsonl", methods)
+        for method in methods if overall else []:
             stats = overall[method]
             speed, mb = stats["speedup"]["mean"], memory[method] / 2**20
             decode = stats["speedup_excl_prefill"]["mean"]
             r = speed / (memory[method] / 2**30) if memory[method] else None
             summary[f"{suite}/{method}"] = {"tau": stats["tau"], "speedup": speed, "speedup_excl_prefill": decode,
-                                            "extra_bytes": memory[method], "r": r, "turns": stats["turns"]}
+                                            "extra_bytes": memory[method], "r": r, "prompts": stats["turns"],
+                                            "categories": stats["categories"],
+                                            "time_per_step_ms": stats["time_per_step_ms"]}
             rows.append(f"| {suite} | `{method}` | {stats['tau']:.2f} | {speed:.2f} | {decode:.2f} | {mb:.1f} | "
                         f"{'-' if r is None else f'{r:.1f}'} |")
     text = "\n".join(rows) + "\n"
