@@ -83,12 +83,13 @@ class S4CDrafter(Drafter):
             top_q, top_i = q.topk(min(self.topk, q.shape[-1]), dim=-1)  # (n, k)
             dists.append(q)
             first = len(tokens)
+            top_tokens, top_logq = self.vocab_ids[top_i].tolist(), top_q.log().tolist()
             for j, parent in enumerate(frontier):
                 base = scores[parent] if parent >= 0 else 0.0
-                for r in range(top_i.shape[1]):
-                    tokens.append(int(self.vocab_ids[top_i[j, r]]))
+                for tok, logq in zip(top_tokens[j], top_logq[j]):
+                    tokens.append(tok)
                     parents.append(parent)
-                    scores.append(base + float(torch.log(top_q[j, r])))
+                    scores.append(base + logq)
                     rows.append(row_base + j)
             batch_start, row_base = row_base, row_base + len(frontier)
             if k + 1 == len(self.heads):
