@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#   execution:
+#     timeout: 900
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -61,7 +63,7 @@ prompt = ("def fibonacci(n):\n    if n < 2:\n        return n\n    return fibona
 results = {}
 for drafter, tree in (("none", "chain"), ("pld", "chain"), ("pld(matches=3)", "trie")):
     decoder = specframe.SpeculativeDecoder.from_names(target, drafter=drafter, tree=tree, budget=8)
-    results[drafter] = decoder.generate(prompt, max_new_tokens=48)
+    results[drafter] = decoder.generate(prompt, max_new_tokens=40)
 print(results["pld"].text)
 for name, r in results.items():
     assert r.tokens == results["none"].tokens, name  # lossless: identical tokens

@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#   execution:
+#     timeout: 900
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -79,7 +81,7 @@ runs = {"none": ("none", "chain"), "rest": (f"rest(datastore='{store}')", "trie"
 results = {}
 for label, (drafter_spec, tree) in runs.items():
     decoder = specframe.SpeculativeDecoder.from_names(target, drafter=drafter_spec, tree=tree, budget=8)
-    results[label] = decoder.generate(prompt, max_new_tokens=48)
+    results[label] = decoder.generate(prompt, max_new_tokens=32)
 print(results["rest"].text)
 for label, r in results.items():
     assert r.tokens == results["none"].tokens, label

@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#   execution:
+#     timeout: 900
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -20,7 +22,7 @@
 # probabilities, which `static(preset=continuous)`, `beam` or `dynamic` then cut into a tree.
 #
 # Heads must be trained for each target: `specframe train s4c`. This notebook trains deliberately tiny
-# heads for a few seconds (4096 tokens of standard-library code, 20 steps), so it shows the workflow, not
+# heads for a few seconds (2048 tokens of standard-library code, 10 steps), so it shows the workflow, not
 # the acceptance that properly trained heads reach.
 
 # %%
@@ -45,8 +47,8 @@ print(S4C.capabilities)
 # %%
 run = Path(tempfile.mkdtemp(prefix="specframe-s4c-"))
 command = [sys.executable, "-c", "from specframe.cli import main; main()", "train", "s4c",
-           "--data", "python-stdlib:4", "--max-tokens", "4096", "--block", "64", "--batch", "4",
-           "--steps", "20", "--draft-vocab", "2048", "--out", str(run), "--fresh"]
+           "--data", "python-stdlib:4", "--max-tokens", "2048", "--block", "64", "--batch", "4",
+           "--steps", "10", "--draft-vocab", "2048", "--out", str(run), "--fresh"]
 out = subprocess.run(command, capture_output=True, text=True, check=True)
 print("\n".join(out.stdout.splitlines()[-4:]))
 heads = run / "heads.safetensors"

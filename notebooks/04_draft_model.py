@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#   execution:
+#     timeout: 900
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -55,11 +57,11 @@ for i in range(len(proposal)):
 
 # %%
 prompt = "def fibonacci(n):\n    if n < 2:\n        return n\n    return"
-plain = specframe.SpeculativeDecoder.from_names(target, drafter="none").generate(prompt, max_new_tokens=24)
-for layers, tree in ((8, "chain"), (16, "chain"), (16, "dynamic(topk=2, depth=4)")):
+plain = specframe.SpeculativeDecoder.from_names(target, drafter="none").generate(prompt, max_new_tokens=16)
+for layers, tree in ((8, "chain"), (16, "dynamic(topk=2, depth=4)")):
     spec = f"draft-model(layers={layers}, num_tokens=4, topk=2)"
     decoder = specframe.SpeculativeDecoder.from_names(target, drafter=spec, tree=tree, budget=6)
-    r = decoder.generate(prompt, max_new_tokens=24)
+    r = decoder.generate(prompt, max_new_tokens=16)
     assert r.tokens == plain.tokens
     m = r.metrics
     print(f"layers={layers:2d} {tree:25} tau={m.tau:.2f} alpha={m.alpha:.2f} "
@@ -76,8 +78,8 @@ hot = SamplingParams(temperature=0.8, seed=3)
 decoder = specframe.SpeculativeDecoder.from_names(
     target, drafter="draft-model(layers=16, num_tokens=4, topk=2)", tree="dynamic(topk=2, depth=4)",
     verifier="rejection", budget=6, sampling=hot)
-a = decoder.generate(prompt, max_new_tokens=24)
-b = decoder.generate(prompt, max_new_tokens=24)
+a = decoder.generate(prompt, max_new_tokens=16)
+b = decoder.generate(prompt, max_new_tokens=16)
 assert a.tokens == b.tokens
 print(a.text)
 print(f"tau = {a.metrics.tau:.2f}")

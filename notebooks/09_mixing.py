@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#   execution:
+#     timeout: 900
 #   kernelspec:
 #     display_name: Python 3
 #     language: python

@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#   execution:
+#     timeout: 900
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -22,7 +24,7 @@
 # specframe bench --suite humaneval --methods "pld,pld(matches=3)+trie" --limit 5 --repeats 3
 # ```
 #
-# This notebook runs a deliberately tiny version (2 HumanEval prompts, 32 new tokens, one repeat) through
+# This notebook runs a deliberately tiny version (1 HumanEval prompt, 24 new tokens, one repeat) through
 # the Python API, so it finishes in seconds; real measurements need more prompts and repeats.
 
 # %%
@@ -37,8 +39,8 @@ from specframe.bench.harness import run_benchmark
 
 target = specframe.load_target("smollm2-135m")
 out = Path(tempfile.mkdtemp(prefix="specframe-bench-"))
-run, table = run_benchmark(target, "humaneval", ["pld", "pld(matches=3)+trie"], out, peers="hf-generate",
-                           limit=2, repeats=1, max_new_tokens=32, plots=False, progress=False,
+run, table = run_benchmark(target, "humaneval", ["pld", "pld(matches=3)+trie"], out, peers="none",
+                           limit=1, repeats=1, max_new_tokens=24, plots=False, progress=False,
                            command="notebooks/10_benchmarking.py")
 print(sorted(p.name for p in out.iterdir()))
 
