@@ -42,7 +42,7 @@ def speedup_plot(plt, table: dict, path: Path, title: str) -> Path:
     categories = list(table)
     methods = [m for m in dict.fromkeys(m for rows in table.values() for m in rows)
                if not m.startswith("baseline")]
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.6 * len(categories) * max(1, len(methods)) / 2 + 3), 4.5))
+    fig, ax = plt.subplots(figsize=(min(14.0, max(6.0, 3 + 0.2 * len(categories) * max(1, len(methods)))), 5))
     width = 0.8 / max(1, len(methods))
     for i, method in enumerate(methods):
         xs = [c + (i - (len(methods) - 1) / 2) * width for c in range(len(categories))]
