@@ -45,11 +45,14 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=20)
     parser.add_argument("--max-new-tokens", type=int, default=160)
     parser.add_argument("--pld", action="append", default=None,
-                        help="specframe pld spec as drafter[@budget], repeatable (default: pld@8)")
+                        help="specframe drafter spec as drafter[@budget], repeatable (default: pld)")
     parser.add_argument("--out", default="results/core_humaneval.json")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     args = parser.parse_args()
 
     torch.set_grad_enabled(False)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     target = specframe.load_target("smollm2-135m")
     problems = list(read_problems().values())[: args.limit + 1]
     methods = {
@@ -57,10 +60,10 @@ def main() -> None:
         "transformers-pld": lambda ids: hf_generate(target, ids, args.max_new_tokens,
                                                     prompt_lookup_num_tokens=10),
     }
-    for spec in args.pld or ["pld@8"]:
+    for spec in args.pld or ["pld"]:
         drafter, _, budget = spec.partition("@")
         decoder = specframe.SpeculativeDecoder.from_names(target, drafter, "chain", "greedy", "kv",
-                                                          budget=int(budget or 8))
+                                                          budget=int(budget or specframe.DEFAULT_BUDGET))
         methods[f"specframe-{spec}"] = lambda ids, d=decoder: specframe_run(d, ids, args.max_new_tokens)
 
     rows: dict[str, list[dict]] = {name: [] for name in methods}
@@ -74,7 +77,16 @@ def main() -> None:
             run["identical"] = run["tokens"] == reference
             run["task_id"] = problem["task_id"]
             rows[name].append(run)
+        summary = summarize(rows)  # written after every prompt, so an interrupted run still reports
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps({"args": vars(args), "summary": summary, "runs": rows}, indent=1))
+    print(f"{'method':28} {'tok/s':>7} {'speedup':>8} {'tau':>5} identical")
+    for name, s in summary.items():
+        print(f"{name:28} {s['tokens_per_s']:7.1f} {s['speedup_vs_transformers']:7.2f}x {s['tau']:5.2f} "
+              f"{s['identical']}/{s['prompts']}")
 
+
+def summarize(rows: dict[str, list[dict]]) -> dict:
     base = rows["transformers"]
     summary = {}
     for name, runs in rows.items():
@@ -89,13 +101,7 @@ def main() -> None:
         if "time_per_step_ms" in runs[0]:
             summary[name]["time_per_step_ms"] = {
                 k: statistics.mean(r["time_per_step_ms"][k] for r in runs) for k in runs[0]["time_per_step_ms"]}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"args": vars(args), "summary": summary, "runs": rows}, indent=1))
-    print(f"{'method':28} {'tok/s':>7} {'speedup':>8} {'tau':>5} identical")
-    for name, s in summary.items():
-        print(f"{name:28} {s['tokens_per_s']:7.1f} {s['speedup_vs_transformers']:7.2f}x {s['tau']:5.2f} "
-              f"{s['identical']}/{s['prompts']}")
-
+    return summary
 
 if __name__ == "__main__":
     main()

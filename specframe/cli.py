@@ -9,6 +9,7 @@ from typing import Optional
 import typer
 
 from specframe.bench.cli import bench_command
+from specframe.decoding import DEFAULT_BUDGET
 from specframe.errors import SpecframeError
 
 app = typer.Typer(help="specframe: try, combine and compare speculative decoding methods.",
@@ -31,7 +32,7 @@ def generate(
     tree: str = typer.Option("chain", help="Tree builder spec."),
     verifier: str = typer.Option("greedy", help="Verifier spec."),
     backend: str = typer.Option("kv", help="State backend spec."),
-    budget: int = typer.Option(8, help="Maximum draft tree nodes per step."),
+    budget: int = typer.Option(DEFAULT_BUDGET, help="Maximum draft tree nodes per step."),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", help="Tokens to generate at most."),
     chat: bool = typer.Option(False, help="Wrap the prompt in the model's chat template."),
     stop: Optional[list[str]] = typer.Option(None, help="Stop string (repeatable)."),

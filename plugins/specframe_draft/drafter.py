@@ -85,6 +85,11 @@ class DraftModelDrafter(Drafter):
         self.cached: list[int] = []  # the tokens whose keys/values the cache holds, in order
         self._step_base = 0
 
+    @classmethod
+    def example_options(cls, target, workdir: str) -> dict:
+        """Self-speculation with the target's first layer: works for any decoder-only target."""
+        return {"layers": 1}
+
     @torch.inference_mode()
     def propose(self, context: DraftContext) -> DraftProposal:
         length = min(self.num_tokens, context.budget)

@@ -60,6 +60,15 @@ class S4CDrafter(Drafter):
         """Parameters this drafter adds to the target (heads plus the draft vocabulary's LM-head rows)."""
         return sum(p.numel() for p in self.heads.parameters()) + self.lm_weight.numel()
 
+    @classmethod
+    def example_options(cls, target, workdir: str) -> dict:
+        """Untrained heads for any target, saved in `workdir`: drafts are poor but verification still runs."""
+        path = Path(workdir) / f"s4c-untrained-{target.name}.safetensors"
+        if not path.is_file():
+            torch.manual_seed(0)
+            S4CHeads(target).save(path)
+        return {"heads": str(path)}
+
     @torch.inference_mode()
     def propose(self, context: DraftContext) -> DraftProposal:
         if context.hidden is None or context.budget < 1:
