@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from typing import Optional
 
@@ -35,6 +36,8 @@ def generate(
     budget: int = typer.Option(DEFAULT_BUDGET, help="Maximum draft tree nodes per step."),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", help="Tokens to generate at most."),
     chat: bool = typer.Option(False, help="Wrap the prompt in the model's chat template."),
+    datastore: Optional[str] = typer.Option(
+        None, help="Datastore for retrieval drafters such as rest (sets $SPECFRAME_DATASTORE)."),
     stop: Optional[list[str]] = typer.Option(None, help="Stop string (repeatable)."),
     temperature: float = typer.Option(0.0, help="0 = greedy."),
     top_p: float = typer.Option(1.0, "--top-p"),
@@ -49,6 +52,8 @@ def generate(
     from specframe.sampling import SamplingParams
 
     sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
+    if datastore:
+        os.environ["SPECFRAME_DATASTORE"] = datastore  # read by retrieval drafters when no option names one
     target = load_target(model)
     decoder = SpeculativeDecoder.from_names(target, drafter, tree, verifier, backend, budget=budget,
                                             sampling=sampling)
