@@ -23,6 +23,15 @@ def tiny_llama(seed: int = 0, vocab: int = 96, kv_heads: int = 2, layers: int = 
     return specframe.Target(model=model, tokenizer=None, name=f"tiny-llama-{seed}")
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """One intra-op thread for modules of tiny tensors: on a busy 2-core machine more threads only spin."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def smollm2() -> specframe.Target:
     return specframe.load_target("smollm2-135m")

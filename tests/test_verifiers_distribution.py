@@ -15,7 +15,6 @@ magnitude below P_MIN.
 from __future__ import annotations
 
 import pytest
-import torch
 from verifier_kit import (
     Drafters, LogitTable, adversarial_q, chi_square_pvalue, exact_distribution, keep_all, model_q, simulate,
     tiny_target,
@@ -35,13 +34,7 @@ FILTERED = SamplingParams(temperature=0.7, top_k=6, top_p=0.9)
 STATIC = ([3, 5, 7, 1, 5, 2], [-1, -1, 0, 2, 0, 1])  # a fixed retrieved tree: two branches, depth 3
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny tensors: intra-op threads only add contention on a shared CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # fixture in conftest.py
 
 
 @pytest.fixture(scope="module")
