@@ -22,6 +22,7 @@ from specframe.bench.report import method_stats
 from specframe.registry import ComponentSpec, get_registry
 
 METHODS = [
+    "s4c+static(preset=continuous, width=1)@3",  # the vertical chain alone: one token per head
     "s4c+static(preset=continuous)@9",  # S4C's continuous tree: top-1 chain, 3 alternatives per depth
     "s4c(widths=(1, 3, 6), topk=3)+static(preset=cartesian, widths=(3, 2, 2))@21",
     "draft-model(layers=20, num_tokens=3)+chain@3",  # SmolLM2's early exits agree rarely with its

@@ -83,7 +83,7 @@ class SpeculativeDecoder:
             timer, step_start = PhaseTimer(sync), time.perf_counter()
             budget = min(self.budget, max_new_tokens - len(new) - 1, self._room(tokens))
             with timer("draft"):
-                context = DraftContext(tokens, len(prompt_ids), max(budget, 0), hidden)
+                context = DraftContext(tokens, len(prompt_ids), max(budget, 0), hidden, sampler=sampler)
                 proposal = drafter.propose(context)
             with timer("tree"):
                 tree = tree_builder.build(proposal, budget) if budget > 0 and len(proposal) else TokenTree.empty()

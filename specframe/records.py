@@ -11,8 +11,13 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from specframe.sampling import Sampler
 
 
 class DrawMethod(str, enum.Enum):
@@ -40,6 +45,9 @@ class DraftContext:
     `tokens` holds the prompt and every token emitted so far; its last token is the tree root, whose
     target output is not computed yet. `hidden` is the target's last hidden state at the previous
     root (the feature that predicted the last token), when the pipeline asked the backend for it.
+    `sampler` is the request's sampler: a drafter that samples its drafts (for lossless rejection
+    sampling) processes its logits with `sampler.probs` and draws with `sampler.generator`, so a whole
+    request replays from one seed; it is greedy when the request is.
     """
 
     tokens: np.ndarray  # (L,) int64
@@ -47,6 +55,7 @@ class DraftContext:
     budget: int
     hidden: torch.Tensor | None = None  # (H,)
     root_logits: torch.Tensor | None = None  # (V,) not known before scoring; None for now
+    sampler: Sampler | None = None
 
 
 @dataclass

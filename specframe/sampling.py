@@ -7,7 +7,9 @@ Randomness comes from one seeded `torch.Generator` per request, and every random
 uniform numbers (`Sampler.uniform`): a token is drawn by inverse CDF with exactly one uniform
 (`Sampler.draw`). So a seeded run is reproducible, and a verifier that draws one token per emitted token
 (`sample-match`) emits the same tokens as plain sampling with the same seed, up to floating-point
-differences between tree-scored and sequentially-scored logits.
+differences between tree-scored and sequentially-scored logits. Drafters that sample their drafts use a
+second generator derived from the same seed (`Sampler.draw_drafts`), so drafting never shifts the
+verifier's stream.
 """
 
 from __future__ import annotations
@@ -18,6 +20,30 @@ from dataclasses import dataclass
 import torch
 
 from specframe.errors import ConfigurationError
+
+
+DRAFT_SEED_OFFSET = 0x5EED  # the drafting generator's seed is the request's seed plus this
+DRAFT_DRAWS = ("auto", "top-k", "sample")  # the `draw` option of drafters with real probabilities
+
+
+def check_draw(component: str, draw: str) -> str:
+    """Validate a drafter's `draw` option at construction; returns it."""
+    if draw not in DRAFT_DRAWS:
+        raise ConfigurationError(f"{component}: draw must be one of {', '.join(DRAFT_DRAWS)}, got {draw!r} "
+                                 "(auto samples drafts when the request samples)")
+    return draw
+
+
+def samples_drafts(draw: str, sampler: Sampler | None) -> bool:
+    """Whether a drafter with option `draw` samples its drafts for this request.
+
+    `auto` samples when the request samples (temperature > 0), so the `rejection` verifier can accept a
+    draft with probability min(1, p/q); greedy requests keep deterministic top-k drafts, which verify
+    best against an argmax. `top-k` and `sample` force one way.
+    """
+    if draw == "auto":
+        return sampler is not None and not sampler.greedy
+    return draw == "sample" and sampler is not None
 
 
 @dataclass(frozen=True)
@@ -69,6 +95,8 @@ class Sampler:
         else:
             self.generator.seed()
         self.initial_seed = self.generator.initial_seed()  # pass as `seed` to replay this request
+        self.draft_generator = torch.Generator(device=self.device)
+        self.draft_generator.manual_seed((self.initial_seed + DRAFT_SEED_OFFSET) % 2**63)
 
     @property
     def greedy(self) -> bool:
@@ -115,6 +143,15 @@ class Sampler:
         if index >= len(cdf):  # u * total rounded up to total: take the last token with mass
             index = int(torch.nonzero(probs > 0)[-1])
         return index
+
+    def draw_drafts(self, probs: torch.Tensor, n: int) -> list[list[int]]:
+        """`n` i.i.d. draft draws from each row of (R, V) `probs`, merged at their first appearance.
+
+        Row r gives the distinct tokens in the order they were first drawn: the order the `rejection`
+        verifier needs (see `DrawMethod`). Draws come from the drafting generator, not the verifier's.
+        """
+        draws = torch.multinomial(probs.float(), n, replacement=True, generator=self.draft_generator)  # (R, n)
+        return [list(dict.fromkeys(row)) for row in draws.tolist()]
 
     def sample(self, logits: torch.Tensor) -> int:
         """One token from (V,) logits: argmax when greedy, else a draw from `probs(logits)`."""

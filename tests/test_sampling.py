@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from verifier_kit import chi_square_pvalue
 
 from specframe import ConfigurationError, Sampler, SamplingParams, SpeculativeDecoder
+from specframe.sampling import check_draw, samples_drafts
 
 PROMPT = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7, 3, 4, 5, 6]
 
@@ -120,6 +121,24 @@ def test_seeded_draws_repeat_and_the_initial_seed_replays_an_unseeded_sampler():
     assert draws(Sampler(SamplingParams(1.0, seed=3))) != draws(Sampler(SamplingParams(1.0, seed=4)))
     unseeded = Sampler(SamplingParams(temperature=1.0))
     assert draws(Sampler(SamplingParams(temperature=1.0, seed=unseeded.initial_seed))) == draws(unseeded)
+
+
+def test_draft_draws_merge_in_first_drawn_order_and_leave_the_verifier_stream_alone():
+    probs = torch.tensor([[0.5, 0.3, 0.2, 0.0], [0.0, 0.0, 0.0, 1.0]])
+    plain, drafting = Sampler(SamplingParams(1.0, seed=5)), Sampler(SamplingParams(1.0, seed=5))
+    rows = drafting.draw_drafts(probs, 6)
+    assert all(len(set(row)) == len(row) for row in rows) and rows[1] == [3]
+    assert 3 not in rows[0]  # no mass, never drawn
+    assert [plain.uniform() for _ in range(5)] == [drafting.uniform() for _ in range(5)]
+    firsts = Counter(Sampler(SamplingParams(1.0, seed=s)).draw_drafts(probs[:1], 3)[0][0] for s in range(3000))
+    assert chi_square_pvalue(firsts, {0: 0.5, 1: 0.3, 2: 0.2}) >= 1e-4
+
+
+def test_draft_draw_option_is_checked_and_auto_follows_the_request():
+    assert samples_drafts("auto", Sampler(SamplingParams(0.8))) and not samples_drafts("auto", Sampler())
+    assert not samples_drafts("top-k", Sampler(SamplingParams(0.8))) and not samples_drafts("auto", None)
+    with pytest.raises(ConfigurationError, match="draw must be one of auto, top-k, sample"):
+        check_draw("s4c", "nucleus")
 
 
 def test_uniforms_are_uniform():

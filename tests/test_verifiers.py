@@ -17,6 +17,7 @@ from verifier_kit import (
     KeepAllTreeBuilder, LogitTable, TinyModelDrafter, chi_square_pvalue, exact_distribution, tiny_target,
 )
 
+import specframe
 from specframe import (
     CapabilityError, ConfigurationError, DraftProposal, DrawMethod, Pipeline, Sampler, SamplingParams,
     SpecframeError, SpeculativeDecoder, TargetScores, TokenTree,
@@ -125,6 +126,42 @@ def test_rejection_end_to_end_matches_the_target_distribution(vocab12, draw, par
         counts[key] += 1
         accepted += result.metrics.accepted_draft_tokens
     assert accepted > E2E_RUNS / 4  # drafts were really accepted, so the tree path was exercised
+    assert chi_square_pvalue(counts, exact_distribution(table, params)) >= 1e-4
+
+
+@pytest.mark.parametrize("drafter_spec", ["draft-model(layers=1, num_tokens=2, topk=2)", "s4c(heads={heads}, widths=2, topk=2)"],
+                         ids=["draft-model", "s4c"])
+def test_drafters_with_real_q_sample_their_drafts_and_stay_lossless(vocab12, tmp_path, drafter_spec):
+    """`draw=auto` drafters sample from their processed q when the request samples, and `trie` keeps the
+    whole (budget-sized) proposal, so the rejection verifier sees sampled drafts and uses q itself."""
+    from specframe_s4c.heads import S4CHeads
+
+    target, table = vocab12
+    heads = tmp_path / "heads.safetensors"
+    torch.manual_seed(0)
+    S4CHeads(target, 3).save(heads)
+    seen: set[DrawMethod] = set()
+
+    class Recording(get_registry().get("verifier", "rejection")):
+        def verify(self, tree, scores, sampler):
+            if len(tree):
+                seen.add(tree.draw)
+            return super().verify(tree, scores, sampler)
+
+    params = SamplingParams(temperature=0.9, top_k=8)
+    template = specframe.assemble(target, drafter_spec.format(heads=repr(str(heads))), "trie", "rejection", "kv",
+                                  sampling=params)
+    decoder = SpeculativeDecoder(target, Pipeline(template.drafter, template.tree_builder, Recording(),
+                                                  template.backend), budget=6)
+    counts: Counter = Counter()
+    accepted = 0
+    for seed in range(E2E_RUNS):
+        decoder.sampling = SamplingParams(params.temperature, params.top_p, params.top_k, seed=seed)
+        result = decoder.generate([1, 2, 3, 4], max_new_tokens=4)
+        counts[tuple(result.tokens[:2])] += 1
+        accepted += result.metrics.accepted_draft_tokens
+    assert seen == {DrawMethod.SAMPLED}
+    assert accepted > E2E_RUNS / 10  # drafts were really accepted
     assert chi_square_pvalue(counts, exact_distribution(table, params)) >= 1e-4
 
 

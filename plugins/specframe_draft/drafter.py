@@ -9,6 +9,10 @@ read yet (the last step's accepted tokens and the new root) and then drafts a ch
 greedy tokens, one forward each. Every chain node also gets its `topk - 1` next best tokens as sibling
 leaves, so the proposal is a candidate forest (scores = cumulative log q, `draft_probs` = the draft
 model's real distributions) that `static(preset=continuous)`, `beam` and `dynamic` can shape.
+When the request samples (`draw=auto`, the default), the chain and its siblings are i.i.d. draws from
+the draft distribution processed like the target's, the first draw continuing the chain: with `chain`
+(or `trie`) and the `rejection` verifier that is classic speculative sampling, accepting each draft
+with probability min(1, p/q).
 `observe` rolls the cache back to the committed tokens; `propose` also checks the cached tokens against
 the context, so a new request or an unexpected context never reuses stale state.
 """
@@ -24,6 +28,7 @@ from torch import nn
 import specframe
 from specframe import DraftContext, DraftProposal, Drafter, DrafterCapabilities, DrawMethod, StepOutcome
 from specframe.errors import ConfigurationError
+from specframe.sampling import check_draw, samples_drafts
 
 
 def truncated_model(target: specframe.Target, layers: int) -> nn.Module:
@@ -53,7 +58,7 @@ class DraftModelDrafter(Drafter):
     capabilities = DrafterCapabilities(provides_draft_probs=True, proposes_trees=True)
 
     def __init__(self, target, *, model: str | None = None, layers: int | None = None, num_tokens: int = 4,
-                 topk: int = 1):
+                 topk: int = 1, draw: str = "auto"):
         super().__init__(target)
         if isinstance(model, str) and model.startswith("layers:"):
             model, layers = None, int(model.split(":", 1)[1])
@@ -62,7 +67,7 @@ class DraftModelDrafter(Drafter):
                                      "(e.g. draft-model(layers=8))")
         if num_tokens < 1 or topk < 1:
             raise ConfigurationError(f"draft-model: num_tokens and topk must be >= 1, got {num_tokens}, {topk}")
-        self.num_tokens, self.topk = int(num_tokens), int(topk)
+        self.num_tokens, self.topk, self.draw = int(num_tokens), int(topk), check_draw("draft-model", draw)
         self.shares_target = layers is not None
         if layers is not None:
             self.model = truncated_model(target, int(layers))
@@ -100,16 +105,21 @@ class DraftModelDrafter(Drafter):
         self._crop(common)
         self._step_base = len(tokens)
         logits = self._feed(tokens[common:])  # (V,) the draft distribution after the root
+        sampler = context.sampler if samples_drafts(self.draw, context.sampler) else None
         vocab = self.target.vocab_size
-        chain_tokens, q_rows = [], []
+        picks, q_rows = [], []  # per depth: the chain token first, then its siblings; the q they came from
         for d in range(length):
-            q = torch.softmax(logits.float(), -1)  # (V_draft,)
+            q = sampler.probs(logits) if sampler is not None else torch.softmax(logits.float(), -1)
             q = nn.functional.pad(q, (0, vocab - q.shape[0])) if q.shape[0] < vocab else q[:vocab]  # (V,)
             q_rows.append(q)
-            chain_tokens.append(int(q.argmax()))
+            picks.append(sampler.draw_drafts(q[None], self.topk)[0] if sampler is not None  # i.i.d. draws
+                         else q.topk(self.topk).indices.tolist())  # the first of either continues the chain
             if d + 1 < length:
-                logits = self._feed([chain_tokens[-1]])
-        return forest_from_chain(chain_tokens, torch.stack(q_rows), self.topk)
+                logits = self._feed([picks[-1][0]])
+        if sampler is None:
+            return forest_from_picks(picks, torch.stack(q_rows), DrawMethod.ARGMAX if self.topk == 1
+                                     else DrawMethod.TOPK)
+        return forest_from_picks(picks, torch.stack(q_rows), DrawMethod.SAMPLED, limit=context.budget)
 
     def observe(self, outcome: StepOutcome) -> None:
         """Keep the cache of the context and of the chain tokens the target accepted, drop the rest."""
@@ -135,25 +145,37 @@ class DraftModelDrafter(Drafter):
 def forest_from_chain(chain: list[int], q: torch.Tensor, topk: int) -> DraftProposal:
     """The greedy chain, each chain node with its `topk - 1` runner-up siblings as leaves.
 
-    `q` (L, V): row d is the distribution of depth d + 1. Nodes are ordered depth by depth, the chain
-    node first, so a parent always precedes its children. Scores are cumulative log q.
+    `q` (L, V): row d is the distribution of depth d + 1. Scores are cumulative log q.
+    """
+    picks = [[tok] + [t for t in q[d].topk(topk).indices.tolist() if t != tok][: topk - 1]
+             for d, tok in enumerate(chain)]
+    return forest_from_picks(picks, q, DrawMethod.ARGMAX if topk == 1 else DrawMethod.TOPK)
+
+
+def forest_from_picks(picks: list[list[int]], q: torch.Tensor, draw: DrawMethod,
+                      limit: int | None = None) -> DraftProposal:
+    """A chain whose depth-d node is `picks[d][0]`, with `picks[d][1:]` as sibling leaves.
+
+    `q` (L, V): row d is the distribution the depth-(d + 1) tokens came from. Nodes are ordered depth by
+    depth, the chain node first, so a parent always precedes its children; at most `limit` nodes (a
+    prefix in that order, which keeps sampled siblings a prefix of their draws). Scores are cumulative
+    log q.
     """
     tokens, parents, scores, rows = [], [], [], []
     parent, base = -1, 0.0
-    for d, tok in enumerate(chain):
+    for d, siblings in enumerate(picks):
         logq = torch.log(q[d].clamp_min(1e-30))  # (V,)
-        top = q[d].topk(topk).indices.tolist()
-        siblings = [tok] + [t for t in top if t != tok][: topk - 1]
         first = len(tokens)
-        for t in siblings:
+        for t in siblings[: None if limit is None else limit - len(tokens)]:
             tokens.append(t)
             parents.append(parent)
             scores.append(base + float(logq[t]))
             rows.append(d)
+        if len(tokens) == first:
+            break
         parent, base = first, scores[first]
     probs = q[torch.tensor(rows)]  # (N, V) siblings share their row
-    return DraftProposal(np.array(tokens), np.array(parents), np.array(scores), probs,
-                         DrawMethod.ARGMAX if topk == 1 else DrawMethod.TOPK)
+    return DraftProposal(np.array(tokens), np.array(parents), np.array(scores), probs, draw)
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:

@@ -8,6 +8,14 @@ with the feature head k predicted for it), the top-1 chain always among them (th
 the rest by cumulative log-probability; every expanded node gets its `topk` most likely children
 (the horizontal alternatives). Scores are cumulative log q, so `static`, `beam` and `dynamic` tree
 builders can all shape the forest; rows of `draft_probs` are the real head distributions.
+
+`draw=auto` (the default) drafts that way for greedy requests. When the request samples, the children of
+each node are instead `topk` i.i.d. draws from the head's distribution processed like the target's
+(temperature, top-k, top-p), merged in the order first drawn, and the proposal stops at the step's
+budget: with a builder that then keeps every node (`trie`, or `chain` for a chain) the `rejection`
+verifier accepts each draft with probability min(1, p/q) and stays lossless. A builder that prunes a
+sampled forest by score makes the verifier treat it as deterministic, which is lossless too but accepts
+less. `draw=top-k` or `draw=sample` force one mode.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ import torch
 
 from specframe import DraftContext, DraftProposal, Drafter, DrafterCapabilities, DrawMethod
 from specframe.errors import ConfigurationError, ModelLoadError
+from specframe.sampling import Sampler, check_draw, samples_drafts
 from specframe_s4c.heads import S4CHeads, target_parts
 
 WEIGHTS_DIR = Path(__file__).parent / "weights"
@@ -35,7 +44,7 @@ class S4CDrafter(Drafter):
     capabilities = DrafterCapabilities(needs_hidden_states=True, provides_draft_probs=True, proposes_trees=True)
 
     def __init__(self, target, *, heads: str | None = None, topk: int = 4,
-                 widths: int | tuple[int, ...] | list[int] = DEFAULT_WIDTHS):
+                 widths: int | tuple[int, ...] | list[int] = DEFAULT_WIDTHS, draw: str = "auto"):
         super().__init__(target)
         path = Path(heads) if heads else packaged_heads(target.name)
         if not heads and not path.is_file():
@@ -50,7 +59,7 @@ class S4CDrafter(Drafter):
             raise ConfigurationError(
                 f"s4c: widths must list {k} positive counts of nodes each head expands, starting with 1 "
                 f"(the root), and topk >= 1; got widths={widths}, topk={topk}")
-        self.widths, self.topk = widths, int(topk)
+        self.widths, self.topk, self.draw = widths, int(topk), check_draw("s4c", draw)
         self.embed, _, lm_head, _ = target_parts(target)
         self.vocab_ids = self.heads.vocab_ids  # (Vd,)
         self.lm_weight = lm_head.weight[self.vocab_ids].detach().clone()  # (Vd, H) the draft vocabulary's rows
@@ -73,7 +82,8 @@ class S4CDrafter(Drafter):
     def propose(self, context: DraftContext) -> DraftProposal:
         if context.hidden is None or context.budget < 1:
             return DraftProposal.empty()  # first step after prefill: no target feature yet
-        vocab_size = self.target.vocab_size
+        sampled = samples_drafts(self.draw, context.sampler)
+        limit = context.budget if sampled else None  # sampled: stop at the budget, so no builder prunes
         device = self.lm_weight.device
         tokens: list[int] = []
         parents: list[int] = []
@@ -84,35 +94,42 @@ class S4CDrafter(Drafter):
         frontier = [-1]
         frontier_tokens = torch.tensor([int(context.tokens[-1])], device=device)
         frontier_feats = context.hidden.reshape(1, -1).to(self.lm_weight.dtype)  # (1, H)
-        chain = -1  # the top-1 chain's deepest node
+        chain = -1  # the top-1 (sampled: first-drawn) chain's deepest node
         row_base = 0
         for k in range(len(self.heads)):
             feats = self.heads(k, self.embed(frontier_tokens), frontier_feats)  # (n, H)
-            q = torch.softmax(feats @ self.lm_weight.T, -1)  # (n, Vd)
-            top_q, top_i = q.topk(min(self.topk, q.shape[-1]), dim=-1)  # (n, k)
+            logits = feats @ self.lm_weight.T  # (n, Vd)
+            q = context.sampler.probs(logits) if sampled else torch.softmax(logits.float(), -1)  # (n, Vd)
+            picks = self._pick(q, context.sampler if sampled else None)  # per row: draft-vocab indices
             dists.append(q)
             first = len(tokens)
-            top_tokens, top_logq = self.vocab_ids[top_i].tolist(), top_q.log().tolist()
             for j, parent in enumerate(frontier):
                 base = scores[parent] if parent >= 0 else 0.0
-                for tok, logq in zip(top_tokens[j], top_logq[j]):
-                    tokens.append(tok)
+                for index in picks[j][: None if limit is None else limit - len(tokens)]:
+                    tokens.append(int(self.vocab_ids[index]))
                     parents.append(parent)
-                    scores.append(base + logq)
+                    scores.append(base + float(q[j, index].log()))
                     rows.append(row_base + j)
             batch_start, row_base = row_base, row_base + len(frontier)
-            if k + 1 == len(self.heads):
-                break
             new = list(range(first, len(tokens)))
-            chain = next(i for i in new if parents[i] == chain)  # top-1 child of the chain's end
+            if k + 1 == len(self.heads) or not new or (limit is not None and len(tokens) >= limit):
+                break
+            chain = next((i for i in new if parents[i] == chain), new[0])  # first child of the chain's end
             rest = sorted((i for i in new if i != chain), key=lambda i: -scores[i])
             frontier = [chain, *rest[: self.widths[k + 1] - 1]]
             frontier_tokens = torch.tensor([tokens[i] for i in frontier], device=device)
             slots = [rows[i] - batch_start for i in frontier]  # where each node's parent sits in this batch
             frontier_feats = feats[slots]  # (n', H) the feature head k predicted for each chosen node
         q_all = torch.cat(dists)  # (rows, Vd)
-        full = torch.zeros(q_all.shape[0], vocab_size, dtype=torch.float32, device=device)
+        full = torch.zeros(q_all.shape[0], self.target.vocab_size, dtype=torch.float32, device=device)
         full[:, self.vocab_ids] = q_all.float()  # (rows, V): q is zero outside the draft vocabulary
         probs = full[torch.tensor(rows, device=device)]  # (N, V) siblings share their row
-        return DraftProposal(np.array(tokens), np.array(parents), np.array(scores), probs, DrawMethod.TOPK)
+        draw = DrawMethod.SAMPLED if sampled else DrawMethod.TOPK
+        return DraftProposal(np.array(tokens), np.array(parents), np.array(scores), probs, draw)
 
+    def _pick(self, q: torch.Tensor, sampler: Sampler | None) -> list[list[int]]:
+        """Children of each row of (n, Vd) q as draft-vocabulary indices: the `topk` most likely, or (with
+        a sampler) `topk` i.i.d. draws merged in the order first drawn."""
+        if sampler is not None:
+            return sampler.draw_drafts(q, self.topk)
+        return q.topk(min(self.topk, q.shape[-1]), dim=-1).indices.tolist()
