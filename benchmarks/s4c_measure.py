@@ -53,6 +53,8 @@ def complete_prompt_stats(path: Path, methods: list[str]) -> dict[str, dict] | N
     for r in records:
         done.setdefault(r["qid"], set()).add(r["method"])
     complete = {q for q, ms in done.items() if ms >= {"baseline", *methods}}
+    if not complete:
+        return None
     keep = [r for r in records if r["qid"] in complete]
     base = {(r["qid"], r["turn"], r["repeat"]): r for r in keep if r["method"] == "baseline"}
     out = {}
