@@ -18,6 +18,7 @@ import torch
 
 import specframe
 from specframe.bench.harness import run_benchmark
+from specframe.bench.methods import PRESETS, split_parts
 from specframe.bench.report import method_stats
 from specframe.registry import ComponentSpec, get_registry
 
@@ -25,15 +26,15 @@ METHODS = [
     "s4c+static(preset=continuous, width=1)@3",  # the vertical chain alone: one token per head
     "s4c+static(preset=continuous)@9",  # S4C's continuous tree: top-1 chain, 3 alternatives per depth
     "s4c(widths=(1, 3, 6), topk=3)+static(preset=cartesian, widths=(3, 2, 2))@21",
-    "draft-model(layers=20, num_tokens=3)+chain@3",  # SmolLM2's early exits agree rarely with its
+    "draft-model",  # preset: the first 8 layers, 4 tokens. SmolLM2's early exits agree rarely with its
     "draft-model(layers=27, num_tokens=3)+chain@3",  # last layer (12: 6%, 20: 12%, 27: 45% top-1)
-    "pld+chain@8",
+    "pld",
 ]
 
 
 def extra_bytes(target: specframe.Target, method: str, context: int) -> int:
     """Memory a method's drafter adds to the target: its parameters and, for draft-model, its KV cache."""
-    spec = ComponentSpec.parse(method.split("+")[0])
+    spec = ComponentSpec.parse(split_parts(PRESETS.get(method, method), "+")[0])  # a preset or a spec
     drafter = get_registry().get("drafter", spec.name)(target, **spec.options)
     params = getattr(drafter, "extra_parameters", 0) * 4  # float32
     if spec.name != "draft-model":
