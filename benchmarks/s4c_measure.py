@@ -45,11 +45,13 @@ def extra_bytes(target: specframe.Target, method: str, context: int) -> int:
     return params + kv
 
 
-def complete_prompt_stats(path: Path, methods: list[str]) -> dict[str, dict] | None:
-    """Stats per method over the prompts every method (and the baseline) finished, from a records file."""
+def complete_prompt_stats(path: Path, methods: list[str], turns: int = 1) -> dict[str, dict] | None:
+    """Stats per method over the prompts every method (and the baseline) finished, from a records file,
+    counting the first `turns` turns of each question."""
     if not path.is_file():
         return None
     records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    records = [r for r in records if r["turn"] < turns]
     done: dict[str, set[str]] = {}
     for r in records:
         done.setdefault(r["qid"], set()).add(r["method"])
@@ -73,6 +75,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--methods", default=",".join(METHODS), help="';'-separated pipeline specs")
     parser.add_argument("--out", type=Path, default=Path("results/s4c"))
+    parser.add_argument("--turns", type=int, default=1, help="turns per question to run and count")
     parser.add_argument("--summary-only", action="store_true",
                         help="summarize the records already under --out (e.g. of an interrupted run)")
     args = parser.parse_args()
@@ -83,7 +86,7 @@ def main() -> None:
         if limit and not args.summary_only:
             run_benchmark(
                 target, suite, methods, args.out / suite, peers="none", limit=limit, repeats=1,
-                max_new_tokens=args.max_new_tokens, max_turns=1, plots=False,
+                max_new_tokens=args.max_new_tokens, max_turns=args.turns, plots=False,
                 command=f"python benchmarks/s4c_measure.py --humaneval {args.humaneval} --spec-bench "
                         f"{args.spec_bench} --max-new-tokens {args.max_new_tokens} --threads {args.threads}")
     context = 2048  # an upper bound on prompt + answer for the KV-cache share of draft-model
@@ -92,7 +95,7 @@ def main() -> None:
             "|---|---|---|---|---|---|---|"]
     summary = {}
     for suite in ("humaneval", "spec-bench"):
-        overall = complete_prompt_stats(args.out / suite / "records.jsonl", methods)
+        overall = complete_prompt_stats(args.out / suite / "records.jsonl", methods, args.turns)
         for method in methods if overall else []:
             stats = overall[method]
             speed, mb = stats["speedup"]["mean"], memory[method] / 2**20
