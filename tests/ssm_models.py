@@ -2,13 +2,17 @@
 
 The reference deep-copies the committed cache and runs the unmodified transformers model on one
 root-to-leaf path as a plain sequence with explicit positions: no tree code is involved.
+`tiny_recurrent_target` builds tiny models of the recurrent families that no backend serves yet
+(LFM2, Mamba-1, gated delta-rule attention), for the tests of the backends' refusals.
 """
 
 from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
+import transformers
 from transformers import (
     BambaConfig, BambaForCausalLM, Mamba2Config, Mamba2ForCausalLM, NemotronHConfig, NemotronHForCausalLM,
 )
@@ -62,6 +66,42 @@ def tiny_ssm_target(kind: str = "mamba2", *, groups: int = 2, conv: int = 4, dt_
                 m.time_step_limit = (dt_min, float("inf"))
     model.eval()
     return Target(model=model, tokenizer=None, name=f"tiny-{kind}")
+
+
+_NO_SPECIAL_IDS = dict(vocab_size=VOCAB, pad_token_id=None, bos_token_id=None, eos_token_id=None)
+_ATTENTION = dict(hidden_size=16, intermediate_size=32, num_attention_heads=2, num_key_value_heads=1)
+# family -> (transformers class prefix, config keywords): one recurrent layer, plus attention in hybrids.
+RECURRENT_FAMILIES = {
+    "lfm2": ("Lfm2", dict(**_ATTENTION, num_hidden_layers=2, layer_types=["conv", "full_attention"])),
+    "mamba": ("Mamba", dict(hidden_size=16, num_hidden_layers=1, state_size=4)),
+    "falcon_mamba": ("FalconMamba", dict(hidden_size=16, num_hidden_layers=1, state_size=4)),
+    "jamba": ("Jamba", dict(**_ATTENTION, num_hidden_layers=2, attn_layer_period=2, attn_layer_offset=1,
+                            expert_layer_period=10, mamba_d_state=4)),
+    "qwen3_next": ("Qwen3Next", dict(**_ATTENTION, num_hidden_layers=2, layer_types=["linear_attention",
+                                                                                      "full_attention"],
+                                     head_dim=8, linear_num_value_heads=2, linear_num_key_heads=1,
+                                     linear_key_head_dim=8, linear_value_head_dim=8, num_experts=2,
+                                     num_experts_per_tok=1, moe_intermediate_size=8,
+                                     shared_expert_intermediate_size=8)),
+    "kimi_linear": ("KimiLinear", dict(**_ATTENTION, num_hidden_layers=2, layer_types=["linear_attention",
+                                                                                       "full_attention"],
+                                       linear_num_heads=2, linear_head_dim=8, kv_lora_rank=8,
+                                       qk_rope_head_dim=4, qk_nope_head_dim=4, v_head_dim=8,
+                                       num_local_experts=2, num_experts_per_tok=1, moe_intermediate_size=8)),
+}
+
+
+def tiny_recurrent_target(family: str) -> Target:
+    """A tiny random model of a `RECURRENT_FAMILIES` family, float32, eval mode; skips the calling test
+    when the installed transformers does not have that family."""
+    prefix, kwargs = RECURRENT_FAMILIES[family]
+    config_cls = getattr(transformers, f"{prefix}Config", None)
+    model_cls = getattr(transformers, f"{prefix}ForCausalLM", None)
+    if config_cls is None or model_cls is None:
+        pytest.skip(f"transformers {transformers.__version__} has no {prefix}ForCausalLM")
+    torch.manual_seed(0)
+    return Target(model=model_cls(config_cls(**_NO_SPECIAL_IDS, **kwargs)).eval(), tokenizer=None,
+                  name=f"tiny-{family}")
 
 
 def cache_kwarg(model) -> str:

@@ -5,15 +5,18 @@ conv state, SSM state, KV cache and next-token logits equal those of the plain s
 from __future__ import annotations
 
 import copy
+import re
 
 import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
-from ssm_models import VOCAB, path_reference, run_sequence, state_tensors, tiny_ssm_target
+from ssm_models import (
+    VOCAB, path_reference, run_sequence, state_tensors, tiny_recurrent_target, tiny_ssm_target,
+)
 from transformers import LlamaConfig, LlamaForCausalLM, MambaConfig, MambaForCausalLM
 
-from specframe import Target, TokenTree, UnsupportedModelError, get_registry
+from specframe import SpeculativeDecoder, Target, TokenTree, UnsupportedModelError, get_registry
 from specframe_ssm.cache import crop_kv
 
 PROMPT = [5, 9, 3, 7, 11, 2, 8, 9, 3]
@@ -191,12 +194,58 @@ def test_mamba1_is_refused_naming_its_layer():
 def test_attention_only_model_is_refused():
     model = LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=16, intermediate_size=32,
                                          num_hidden_layers=1, num_attention_heads=2))
-    reason = backend_cls("ssm-tree").unsupported_reason(Target(model, None, "tiny-llama"))
+    target = Target(model, None, "tiny-llama")
+    reason = backend_cls("ssm-tree").unsupported_reason(target)
     assert "no Mamba2 layers" in reason and "'kv'" in reason
+    check_recommendations(target)
 
 
 def test_kv_backend_refuses_ssm_models(target):
-    assert "ssm-tree" in backend_cls("kv").unsupported_reason(target)
+    assert "use the 'ssm-tree' backend" in backend_cls("kv").unsupported_reason(target)
+    check_recommendations(target)
+
+
+RECOMMENDS = re.compile(r"use the '([\w-]+)' backend")
+
+
+def check_recommendations(target: Target) -> None:
+    """A backend's refusal recommends only backends that accept the model (naming one in an explanation,
+    as in "the Mamba2 tree scan (ssm-tree)", is not a recommendation)."""
+    for name in ("kv", "ssm-tree"):
+        reason = backend_cls(name).unsupported_reason(target) or ""
+        for other in RECOMMENDS.findall(reason):
+            assert backend_cls(other).unsupported_reason(target) is None, f"{name} names {other}: {reason}"
+
+
+# family -> (the module class of its recurrent layer, what the refusals call that layer)
+UNSERVED = {
+    "lfm2": ("Lfm2ShortConv", "a gated short convolution"),
+    "mamba": ("MambaMixer", "a Mamba-1 selective scan"),
+    "falcon_mamba": ("FalconMambaMixer", "a Mamba-1 selective scan"),
+    "jamba": ("JambaMambaMixer", "a Mamba-1 selective scan"),
+    "qwen3_next": ("Qwen3NextGatedDeltaNet", "a gated delta-rule linear attention"),
+    "kimi_linear": ("KimiLinearDeltaAttention", "a gated delta-rule linear attention"),
+}
+
+
+@pytest.mark.parametrize("family", list(UNSERVED))
+def test_recurrent_layers_no_backend_serves_are_refused_by_both(family):
+    target = tiny_recurrent_target(family)
+    layer_class, kind = UNSERVED[family]
+    for name in ("kv", "ssm-tree"):
+        reason = backend_cls(name).unsupported_reason(target)
+        assert f"{kind} ({layer_class})" in reason and "no backend serves it yet" in reason, reason
+        assert ("Mamba-1" in reason) == ("Mamba-1" in kind), reason
+        assert not RECOMMENDS.search(reason), reason
+        with pytest.raises(UnsupportedModelError, match=layer_class):
+            SpeculativeDecoder.from_names(target, "pld", backend=name)
+    check_recommendations(target)
+
+
+def test_lfm2_refusal_says_what_would_serve_it():
+    reason = backend_cls("kv").unsupported_reason(tiny_recurrent_target("lfm2"))
+    assert "neither cropping a KV cache (kv) nor the Mamba2 tree scan (ssm-tree)" in reason
+    assert "tree form of the gated short conv" in reason and "ancestor path" in reason
 
 
 def test_unknown_options_are_refused(target):

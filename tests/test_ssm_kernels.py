@@ -70,6 +70,55 @@ def test_kernel_matches_reference_on_random_trees(seeds, seed):
     torch.testing.assert_close(tree_scan_triton(**args), tree_scan_ref(**args), atol=1e-5, rtol=1e-5)
 
 
+def large_step_inputs(seed):
+    """Time steps 100x those of `inputs` on a chain of 48 nodes, then a calm binary subtree of 16 nodes.
+
+    With A in [-8, -2] the chain drives the running sums A_tree past -1e4, while below it the decays
+    between calm nodes stay O(1): their outputs hang on the exact differences of those large sums.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    parents = list(range(-1, 47)) + [47 if c < 2 else 48 + (c - 2) // 2 for c in range(16)]
+    T, H, P, N = len(parents) + 1, 4, 16, 16
+    mask = torch.from_numpy(TokenTree(np.zeros(len(parents), np.int64), np.array(parents)).ancestor_mask)
+    dt = torch.rand(T, H, generator=gen)
+    dt[:49] *= 100.0  # the root and the chain
+    return dict(x=torch.randn(T, H, P, generator=gen), dt=dt, A=-2.0 - 6.0 * torch.rand(H, generator=gen),
+                B=torch.randn(T, 1, N, generator=gen), C=torch.randn(T, 1, N, generator=gen),
+                D=torch.randn(H, generator=gen), mask=mask, h0=torch.randn(H, P, N, generator=gen))
+
+
+def running_sum_scan(x, dt, A, B, C, D, mask, h0, dtype):
+    """The tree scan (D per head, h0 given) with each decay formed as exp(A_tree_i - A_tree_j), in `dtype`.
+
+    In float32 this is the arithmetic the kernel used before it loaded segment sums; in float64 the
+    difference of the running sums keeps far more digits than a float32 result has, so it is the exact
+    answer to compare with.
+    """
+    x, dt, A, B, C, h0 = (t.to(dtype) for t in (x, dt, A, B, C, h0))
+    H, G = x.shape[1], B.shape[1]
+    a_tree = mask.to(dtype) @ (dt * A)  # (T, H)
+    diff = (a_tree[:, None] - a_tree[None]).permute(2, 0, 1).clamp(max=0.0)  # (H, T, T)
+    decay = torch.exp(diff.masked_fill(~mask[None], float("-inf")))  # (H, T, T)
+    cb = torch.einsum("ign,jgn->gij", C, B).repeat_interleave(H // G, dim=0)  # (H, T, T)
+    y = torch.einsum("hij,jh,jhp->ihp", decay * cb, dt, x)  # (T, H, P)
+    Ch = C.repeat_interleave(H // G, dim=1)  # (T, H, N)
+    y = y + torch.exp(a_tree)[..., None] * torch.einsum("ihn,hpn->ihp", Ch, h0)  # (T, H, P)
+    return y + D.to(dtype)[None, :, None] * x
+
+
+@in_this_process
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_kernel_keeps_its_precision_with_large_time_steps(seed):
+    args = large_step_inputs(seed)
+    exact = running_sum_scan(**args, dtype=torch.float64)
+    y = tree_scan_triton(**args)
+    tol = dict(atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(y, tree_scan_ref(**args), **tol)
+    torch.testing.assert_close(y.double(), exact, **tol)
+    # The check has teeth: decays from differences of float32 running sums miss the same tolerance.
+    assert not torch.allclose(running_sum_scan(**args, dtype=torch.float32).double(), exact, **tol)
+
+
 @in_this_process
 def test_dispatch_runs_the_kernel_when_asked():
     args = inputs([-1, 0, 1], 2, 1, 16, 16, seed=5)

@@ -9,13 +9,27 @@ of i), per head h of group g(h), with a = dt * A the per-node log-decay:
         + D x_i
 
 `A_tree_i - A_tree_j` is computed as the segment sum over the nodes on the path from j (excluded) down
-to i, which has no cancellation. This is the oracle the Triton kernel in `tree_scan_triton.py` is tested
-against, and the CPU path of the `ssm-tree` backend.
+to i (`ancestor_log_decay`), which has no cancellation. This is the oracle the Triton kernel in
+`tree_scan_triton.py` is tested against, and the CPU path of the `ssm-tree` backend.
 """
 
 from __future__ import annotations
 
 import torch
+
+
+def ancestor_log_decay(a: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """log of the decay from each node j to each node i, (H, T, T): -inf where j is not an ancestor of i.
+
+    a: (H, T) per-node log-decay (<= 0); mask: (T, T) bool ancestor-or-self mask. Entry [h, i, j] is the
+    sum of a[h] over the nodes on i's chain that are not on j's chain, i.e. A_tree_i - A_tree_j for an
+    ancestor j, summed from nonpositive terms only. Subtracting the running sums A_tree_i - A_tree_j
+    instead cancels catastrophically when large time steps make those sums large. The Triton kernel's
+    wrapper calls this too, so both scans use the same decays.
+    """
+    Lf = mask.to(a.dtype)  # (T, T)
+    seg = (Lf[None] * a[:, None, :]) @ (1.0 - Lf).t()  # (H, T, T)
+    return seg.masked_fill(~mask[None], float("-inf"))  # (H, T, T)
 
 
 def tree_scan_ref(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
@@ -33,11 +47,8 @@ def tree_scan_ref(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.T
     xh = x.permute(1, 0, 2)  # (H, T, P)
     Bg, Cg = B.permute(1, 0, 2), C.permute(1, 0, 2)  # (G, T, N)
     a = (dt * A).t()  # (H, T) log-decay of each node
-    Lf = mask.to(x.dtype)  # (T, T)
-    a_tree = a @ Lf.t()  # (H, T) decay from the committed state to each node
-    # seg[h, i, j] = sum of a over the nodes on i's chain that are not on j's chain (exact when L[i, j]).
-    seg = (Lf[None] * a[:, None, :]) @ (1.0 - Lf).t()  # (H, T, T)
-    decay = torch.exp(seg.masked_fill(~mask[None], float("-inf")))  # (H, T, T), 0 off the ancestors
+    a_tree = a @ mask.to(x.dtype).t()  # (H, T) decay from the committed state to each node
+    decay = torch.exp(ancestor_log_decay(a, mask))  # (H, T, T), 0 off the ancestors
     cb = (Cg @ Bg.transpose(1, 2)).repeat_interleave(H // G, dim=0)  # (H, T, T)
     y = (decay * cb * dt.t()[:, None, :]) @ xh  # (H, T, P)
     if h0 is not None:

@@ -12,6 +12,27 @@ import torch
 
 import specframe
 from specframe import BackendCapabilities, StateBackend, TargetScores, TokenTree
+from specframe.errors import UnknownComponentError
+
+# Layer types whose only state is the KV cache (attention) or that have no state at all (NemotronH blocks).
+CACHELESS_TYPES = {"full_attention", "sliding_attention", "mlp", "moe"}
+
+
+def _recurrent_reason(target, recurrent: list[str]) -> str:
+    """Why cropping a KV cache cannot serve a model with `recurrent` layer types, and what can, if anything.
+
+    'ssm-tree' is recommended only when that backend accepts the model; otherwise its own refusal, which
+    names the layer, what it is and says that no backend serves it yet (Mamba-1 scans, LFM2's short
+    convolutions, gated delta-rule attention), is passed on. Layer types alone cannot tell those apart
+    from Mamba2: transformers types them all "linear_attention" (LFM2's are "conv").
+    """
+    lead = f"it has recurrent layers ({recurrent}) whose state cannot be rolled back by cropping a KV cache"
+    try:
+        tree_backend = specframe.get_registry().get("backend", "ssm-tree")
+    except UnknownComponentError:
+        return f"{lead}; no installed backend serves recurrent layers"
+    reason = tree_backend.unsupported_reason(target)
+    return f"{lead}; use the 'ssm-tree' backend" if reason is None else f"{lead}; {reason}"
 
 
 class KVCacheBackend(StateBackend):
@@ -30,10 +51,9 @@ class KVCacheBackend(StateBackend):
         from transformers import DynamicCache
 
         layer_types = getattr(target.config, "layer_types", None) or []
-        stateful = [t for t in layer_types if t not in ("full_attention", "sliding_attention")]
-        if stateful:
-            return (f"it has recurrent layers ({sorted(set(stateful))}) whose state cannot be rolled back "
-                    "by cropping a KV cache; use the 'ssm-tree' backend")
+        recurrent = sorted(set(layer_types) - CACHELESS_TYPES)
+        if recurrent:
+            return _recurrent_reason(target, recurrent)
         if getattr(target.config, "sliding_window", None) and "sliding_attention" in layer_types:
             return "sliding-window attention layers are not supported yet"
         cache = DynamicCache(config=target.config)

@@ -1,5 +1,9 @@
 """What a model is made of, as far as the SSM backends care: its Mamba2 mixers, its attention layers and
 how its forward takes the cache. Detected from the modules and `config.layer_types`, never configured.
+
+Recurrent layers are told apart by module class (`layer_kind`): transformers types them all
+"linear_attention" (Mamba-1, Mamba2, gated DeltaNet, Kimi delta attention alike), and several of them
+carry an `A_log` parameter. Only Mamba2 mixers run in the tree scan; a refusal names what the layer is.
 """
 
 from __future__ import annotations
@@ -19,6 +23,27 @@ ATTENTION_TYPES = {"full_attention"}
 STATELESS_TYPES = {"mlp", "moe"}  # blocks without a cache (NemotronH)
 SSM_TYPE = "linear_attention"
 
+# Kinds of recurrent layer (see `layer_kind`).
+MAMBA2, MAMBA1, DELTA_RULE, SHORT_CONV, OTHER = "mamba2", "mamba1", "delta-rule", "short-conv", "other"
+MAMBA1_MIXERS = ("MambaMixer", "FalconMambaMixer", "JambaMambaMixer")
+DELTA_RULE_MARKS = ("DeltaNet", "DeltaAttention")  # Qwen3NextGatedDeltaNet, KimiLinearDeltaAttention
+NO_BACKEND = "no backend serves it yet"
+# What each kind other than Mamba2 is ({cls}: its module class) and why neither 'kv' nor 'ssm-tree' serves it.
+UNSERVED = {
+    MAMBA1: ("a Mamba-1 selective scan ({cls})",
+             "its decay A (shape {shape}) has one rate per channel and state, where the Mamba2 tree scan "
+             "(ssm-tree) takes one scalar per head, and cropping a KV cache (kv) cannot roll its state back"),
+    DELTA_RULE: ("a gated delta-rule linear attention ({cls})",
+                 "its matrix state is rewritten by a gated delta rule, not by the decay-and-add of the "
+                 "Mamba2 tree scan (ssm-tree), and cropping a KV cache (kv) cannot roll it back"),
+    SHORT_CONV: ("a gated short convolution ({cls})",
+                 "LFM2's short gated convolution layers keep a rolling conv state that neither cropping a "
+                 "KV cache (kv) nor the Mamba2 tree scan (ssm-tree) handles; a tree form of the gated short "
+                 "conv, with each node's conv window gathered along its ancestor path, would serve it"),
+    OTHER: ("a recurrent layer of type {cls}",
+            "neither cropping a KV cache (kv) nor the Mamba2 tree scan (ssm-tree) handles its state"),
+}
+
 
 @dataclass
 class ModelLayout:
@@ -34,39 +59,106 @@ class ModelLayout:
         return bool(self.attention)
 
 
+def _decay_parameter(module: torch.nn.Module) -> torch.Tensor | None:
+    """The module's `A_log`, or that of a gate child (KimiLinearForgetGate in its attention); else None."""
+    a_log = getattr(module, "A_log", None)
+    if isinstance(a_log, torch.Tensor):
+        return a_log
+    for child in module.children():
+        if type(child).__name__.endswith("Gate") and isinstance(getattr(child, "A_log", None), torch.Tensor):
+            return child.A_log
+    return None
+
+
+def layer_kind(module: torch.nn.Module) -> str | None:
+    """The kind of recurrent layer `module` is, from its class (and `A_log` rank); None if it is not one.
+
+    The class name decides first because other layers carry an `A_log` too: a 1-D one (a decay per head)
+    makes a Mamba2 mixer only in a class named like a Mamba mixer.
+    """
+    cls = type(module).__name__
+    if cls in MAMBA1_MIXERS:
+        return MAMBA1
+    if any(mark in cls for mark in DELTA_RULE_MARKS):
+        return DELTA_RULE
+    if cls.endswith("ShortConv"):  # Lfm2ShortConv, Lfm2MoeShortConv
+        return SHORT_CONV
+    a_log = _decay_parameter(module)
+    if a_log is None:
+        return None
+    if "Mamba" in cls or "Mixer" in cls:
+        return MAMBA2 if a_log.dim() == 1 else MAMBA1  # ZambaMambaMixer: a per-channel A for each head
+    return OTHER
+
+
+def recurrent_layers(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module, str]]:
+    """(name, module, kind) of every module that owns a recurrent state, outermost only."""
+    layers: list[tuple[str, torch.nn.Module, str]] = []
+    for name, module in model.named_modules():
+        if any(name.startswith(outer + ".") for outer, _, _ in layers):
+            continue  # inside a layer already found
+        kind = layer_kind(module)
+        if kind is not None:
+            layers.append((name, module, kind))
+    return layers
+
+
 def _state_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
-    """Modules holding an SSM (an `A_log` parameter): Mamba-1 and Mamba2 mixers alike."""
-    return [(name, m) for name, m in model.named_modules()
-            if isinstance(getattr(m, "A_log", None), torch.Tensor)]
+    """The Mamba2 mixers of a model, by module name."""
+    return [(name, m) for name, m, kind in recurrent_layers(model) if kind == MAMBA2]
+
+
+def _unserved_reason(name: str, module: torch.nn.Module, kind: str) -> str:
+    """What a recurrent layer other than a Mamba2 mixer is, and why no backend serves it yet."""
+    what, why = UNSERVED[kind]
+    fields = dict(cls=type(module).__name__, shape=tuple(getattr(module, "A_log", torch.empty(0)).shape))
+    return f"layer '{name}' is {what.format(**fields)}; {NO_BACKEND}: {why.format(**fields)}"
+
+
+def _mixer_reason(name: str, module: torch.nn.Module) -> str | None:
+    """Why a Mamba2-type mixer cannot run in the tree forward, or None when it can."""
+    kind = type(module).__name__
+    missing = [a for a in MIXER_ATTRIBUTES if not hasattr(module, a)]
+    if missing:
+        return f"layer '{name}' ({kind}) is not a recognised Mamba2 mixer: it lacks {missing}; {NO_BACKEND}"
+    extra = [a for a in EXTRA_SCALING if hasattr(module, a)]
+    if extra:
+        return (f"layer '{name}' ({kind}) scales its SSM inputs ({extra}), which the tree scan does not do; "
+                f"{NO_BACKEND}")
+    return None
+
+
+def _no_recurrent_module_reason(layer_types: list[str]) -> str:
+    """The refusal of a model without a recognised recurrent module: attention-only, or of an unknown kind."""
+    recurrent = sorted(set(layer_types) - ATTENTION_TYPES - STATELESS_TYPES - {"sliding_attention"})
+    if recurrent:  # MiniMax lightning attention, RecurrentGemma's RG-LRU: typed, but no module we know
+        return (f"its layers of type {recurrent} hold no recurrent module the tree scan recognises; "
+                f"{NO_BACKEND}")
+    return "it has no Mamba2 layers; use the 'kv' backend for attention-only models"
 
 
 def unsupported_reason(model: torch.nn.Module) -> str | None:
-    """Why the SSM backends cannot run `model`, naming the offending layer; None when they can."""
-    config = model.config
-    layer_types = list(getattr(config, "layer_types", None) or [])
-    for name, module in _state_modules(model):
-        kind = type(module).__name__
-        if module.A_log.dim() != 1:
-            return (f"layer '{name}' is a {kind} with a Mamba-1 selective scan (A of shape "
-                    f"{tuple(module.A_log.shape)}, per channel); the tree scan supports Mamba2 mixers only "
-                    "(per-head scalar A)")
-        missing = [a for a in MIXER_ATTRIBUTES if not hasattr(module, a)]
-        if missing:
-            return f"layer '{name}' ({kind}) is not a recognised Mamba2 mixer: it lacks {missing}"
-        extra = [a for a in EXTRA_SCALING if hasattr(module, a)]
-        if extra:
-            return f"layer '{name}' ({kind}) scales its SSM inputs ({extra}), which the tree scan does not do"
-    mixers = [m for _, m in _state_modules(model)]
-    if not mixers:
-        return "it has no Mamba2 layers; use the 'kv' backend for attention-only models"
+    """Why the SSM backends cannot run `model`, naming the offending layer and what it is; None when they can.
+
+    Every refusal of a model with recurrent layers says "no backend serves it yet": the `kv` backend
+    recommends 'ssm-tree' only when this returns None, and passes the explanation on otherwise.
+    """
+    layers = recurrent_layers(model)
+    for name, module, kind in layers:
+        reason = _mixer_reason(name, module) if kind == MAMBA2 else _unserved_reason(name, module, kind)
+        if reason:
+            return reason
+    layer_types = list(getattr(model.config, "layer_types", None) or [])
+    if not layers:
+        return _no_recurrent_module_reason(layer_types)
     unknown = sorted(set(layer_types) - ATTENTION_TYPES - STATELESS_TYPES - {SSM_TYPE})
     if unknown:
         return (f"its layer types {unknown} are not supported "
-                "(only Mamba2, full attention, MLP and MoE blocks)")
+                f"(only Mamba2, full attention, MLP and MoE blocks); {NO_BACKEND}")
     ssm_layers = [i for i, t in enumerate(layer_types) if t == SSM_TYPE]
-    if sorted(m.layer_idx for m in mixers) != ssm_layers:
+    if sorted(m.layer_idx for _, m, _ in layers) != ssm_layers:
         return ("its Mamba2 mixers do not match config.layer_types one to one "
-                "(shared or parallel blocks are not supported)")
+                f"(shared or parallel blocks are not supported); {NO_BACKEND}")
     return None
 
 
