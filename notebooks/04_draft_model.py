@@ -70,16 +70,19 @@ for layers, tree in ((8, "chain"), (16, "dynamic(topk=2, depth=4)")):
 # %% [markdown]
 # ## Sampling with rejection
 #
-# At temperature 0.8, `rejection` accepts a draft token x with probability min(1, p(x)/q(x)), which keeps
-# the output distribution exactly the target's. The same seed gives the same output.
+# At temperature 0.8, the drafter samples its drafts from q and `rejection` accepts a draft token x with
+# probability min(1, p(x)/q(x)), which keeps the output distribution exactly the target's. The tree builder
+# must keep the sampled drafts as drawn: `trie` keeps the first drafts in draw order (`beam` and `dynamic`
+# choose by score, so pairing them with `rejection` while sampling is refused). The same seed gives the
+# same output, and no step falls back to sample-and-match.
 
 # %%
 hot = SamplingParams(temperature=0.8, seed=3)
 decoder = specframe.SpeculativeDecoder.from_names(
-    target, drafter="draft-model(layers=16, num_tokens=4, topk=2)", tree="dynamic(topk=2, depth=4)",
+    target, drafter="draft-model(layers=16, num_tokens=4, topk=2)", tree="trie",
     verifier="rejection", budget=6, sampling=hot)
 a = decoder.generate(prompt, max_new_tokens=16)
 b = decoder.generate(prompt, max_new_tokens=16)
 assert a.tokens == b.tokens
 print(a.text)
-print(f"tau = {a.metrics.tau:.2f}")
+print(f"tau = {a.metrics.tau:.2f}, steps verified by sample-and-match instead: {a.metrics.fallback_steps}")

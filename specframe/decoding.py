@@ -101,7 +101,7 @@ class SpeculativeDecoder:
             new += emitted
             tokens = np.concatenate([tokens, np.asarray(emitted, dtype=np.int64)])
             timer.times["other"] = time.perf_counter() - step_start - sum(timer.times.values())
-            metrics.record_step(len(tree), result.accepted, timer.times)
+            metrics.record_step(len(tree), result.accepted, timer.times, result.fallback)
             self.registry.hook.on_step(decoder=self, event=StepEvent(
                 metrics.steps, len(tree), result.accepted, emitted, timer.times))
         metrics.new_tokens = len(new)

@@ -23,18 +23,23 @@ class DrafterCapabilities:
     needs_hidden_states: bool = False  # wants `DraftContext.hidden` from the target
     provides_draft_probs: bool = False  # fills `DraftProposal.draft_probs` with the real q
     proposes_trees: bool = False  # may propose several children per node
+    samples_drafts: bool = False  # may propose `DrawMethod.SAMPLED` drafts (when the request samples)
 
 
 @dataclass(frozen=True)
 class TreeBuilderCapabilities:
     needs_draft_probs: bool = False  # expands by draft distributions (beam, dynamic)
     keeps_draft_probs: bool = True  # passes q of the kept nodes on to the tree
+    # Keeps, from a sampled proposal, a draw-order prefix under every node chosen without looking at the
+    # tokens (`specframe.tree.draw_order_prefix`), so the tree stays `SAMPLED` and `rejection` can use q.
+    keeps_draw_order: bool = False
 
 
 @dataclass(frozen=True)
 class VerifierCapabilities:
     lossless: bool = True  # preserves the target's (processed) distribution exactly
-    needs_draft_probs: bool = False
+    needs_draft_probs: bool = False  # refuses drafters without q
+    uses_draft_probs: bool = False  # uses q of sampled trees; other trees are verified by sample-and-match
     supports_sampling: bool = False  # handles temperature > 0
 
 

@@ -7,6 +7,8 @@
   accepted depth d / steps that accepted depth d - 1.
 - histogram[j] = steps that accepted exactly j draft tokens.
 - time split per step: draft, tree, forward, verify, commit, other.
+- fallback steps: steps that a verifier using draft probabilities (`rejection`) verified by sampling and
+  matching instead, by reason (no draft q, deterministic drafts, not sampled in draw order).
 """
 
 from __future__ import annotations
@@ -45,9 +47,13 @@ class DecodeMetrics:
     prefill_s: float = 0.0
     wall_s: float = 0.0  # prefill included
     peak_memory_bytes: int = 0
+    fallbacks: dict[str, int] = field(default_factory=dict)  # reason -> steps (see `VerifyResult.fallback`)
 
-    def record_step(self, tree_size: int, accepted: int, times: dict[str, float]) -> None:
+    def record_step(self, tree_size: int, accepted: int, times: dict[str, float],
+                    fallback: str | None = None) -> None:
         self.steps += 1
+        if fallback:
+            self.fallbacks[fallback] = self.fallbacks.get(fallback, 0) + 1
         self.draft_tokens += tree_size
         self.accepted_draft_tokens += accepted
         self.tree_sizes.append(tree_size)
@@ -62,6 +68,11 @@ class DecodeMetrics:
     @property
     def alpha(self) -> float:
         return self.accepted_draft_tokens / self.draft_tokens if self.draft_tokens else 0.0
+
+    @property
+    def fallback_steps(self) -> int:
+        """Steps verified by sample-and-match although the verifier uses draft probabilities."""
+        return sum(self.fallbacks.values())
 
     @property
     def tokens_per_s(self) -> float:
@@ -111,6 +122,7 @@ class DecodeMetrics:
             "prefill_s": self.prefill_s, "wall_s": self.wall_s,
             "tokens_per_s": self.tokens_per_s, "decode_tokens_per_s": self.decode_tokens_per_s,
             "peak_memory_bytes": self.peak_memory_bytes,
+            "fallback_steps": self.fallback_steps, "fallbacks": dict(self.fallbacks),
         }
 
 

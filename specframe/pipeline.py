@@ -40,6 +40,13 @@ def check_compatible(target: Target, drafter: type[Drafter], tree: type[TreeBuil
     if v.needs_draft_probs and not t.keeps_draft_probs:
         problems.append(f"verifier '{verifier.name}' needs draft probabilities, which tree builder "
                         f"'{tree.name}' drops")
+    if (v.uses_draft_probs and d.samples_drafts and not sampling.greedy
+            and not (t.keeps_draw_order and t.keeps_draft_probs)):
+        problems.append(
+            f"tree builder '{tree.name}' chooses among the drafts that drafter '{drafter.name}' samples by "
+            f"their scores, so the kept drafts are no longer draws from q and verifier '{verifier.name}' "
+            "would be biased; with sampled drafts use tree 'chain', 'trie' or 'static' (they keep a "
+            f"draw-order prefix), or verify '{tree.name}' trees with 'sample-match'")
     if t.needs_draft_probs and not d.provides_draft_probs:
         problems.append(f"tree builder '{tree.name}' expands by draft probabilities, which drafter "
                         f"'{drafter.name}' does not provide")

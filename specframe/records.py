@@ -23,12 +23,21 @@ if TYPE_CHECKING:
 class DrawMethod(str, enum.Enum):
     """How a drafter chose its tokens. Verifiers that use draft probabilities need to know.
 
-    For the sampled methods, lossless rejection sampling (verifier `rejection`) relies on this contract:
-    the children of a node are listed in the order they were drawn from their shared q row (i.i.d.
-    draws merged into one node at their first appearance, as `DraftProposal.from_sequences` does), and
-    whether a child is kept may depend on the draws before it but never on its own token or later ones
-    (keep a prefix of the draws; never pick siblings by score). Deterministic drafts (argmax, top-k) may
-    be shaped freely: they are verified as if q were one-hot.
+    For the sampled methods, lossless rejection sampling (verifier `rejection`) relies on this contract
+    (`docs/explanation/lossless-sampling.md` gives the proof):
+
+    1. The children of a node are listed in the order they were drawn from their shared q row: i.i.d.
+       draws either merged at their first appearance (`DraftProposal.from_sequences`,
+       `Sampler.draw_drafts`) or left as the raw stream with repeats (the verifier skips a repeat).
+    2. Nodes are numbered in the order the drafter drew them: whether node i exists, and its index, are
+       decided before its own token is drawn, by draws that are neither its later siblings nor their
+       descendants. (Depth by depth, or sequence by sequence, both satisfy this.)
+    3. A tree built from such a proposal keeps its `SAMPLED` label only if the builder keeps a prefix of
+       every node's children in draw order, decided without looking at the kept tokens
+       (`specframe.tree.draw_order_prefix` is such a rule). `TokenTree.from_proposal` drops the label
+       otherwise, and the verifier then samples and matches instead (lossless for any tree).
+
+    Deterministic drafts (argmax, top-k) may be shaped freely: they are verified as if q were one-hot.
     """
 
     ARGMAX = "argmax"  # deterministic: the most likely token(s) of the drafter
@@ -136,6 +145,9 @@ class VerifyResult:
 
     path: list[int]  # accepted tree nodes, root child first
     bonus: int  # the token sampled from the target after the last accepted node
+    # Why a verifier that uses draft probabilities verified this step by sampling and matching instead
+    # (e.g. "no draft q", "deterministic drafts", "not a draw-order prefix"); None when it did not.
+    fallback: str | None = None
 
     @property
     def accepted(self) -> int:

@@ -8,12 +8,15 @@ backend feeds it to the target together with the nodes: packed index 0 = root, p
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from functools import cached_property
 
 import numpy as np
 import torch
 
 from specframe.records import DraftProposal, DrawMethod
+
+SAMPLED_DRAWS = (DrawMethod.SAMPLED, DrawMethod.SAMPLED_WITHOUT_REPLACEMENT)
 
 
 @dataclass(eq=False)
@@ -56,17 +59,17 @@ class TokenTree:
                       draw_order_prefix: bool = False) -> TokenTree:
         """The sub-forest of `proposal` made of the nodes `keep` (closed under parents), renumbered.
 
-        Sampled drafts stay verifiable with their q (verifier `rejection`) only if the kept children of
-        every node are still draws from q: when nothing is dropped, or when the builder's rule keeps,
-        below every node, a prefix of the children in draw order decided without looking at their
-        tokens (e.g. the first `budget` nodes), which the builder says with `draw_order_prefix=True`.
-        Otherwise (siblings picked by score) the tree is marked `RETRIEVED`, so it is verified by
-        sampling and matching, which is lossless for any tree.
+        A sampled proposal stays verifiable with its q (verifier `rejection`) only if the builder chose
+        `keep` by a rule that never looks at the drawn tokens and keeps, below every node, a prefix of
+        the children in draw order; the builder says so with `draw_order_prefix=True` (the function
+        `draw_order_prefix` below is such a rule). Otherwise the tree is labelled `RETRIEVED`, even when
+        every node happens to be kept: whether everything fits a budget, or whether i.i.d. draws
+        coincided, depends on the drawn tokens, so "nothing was dropped" is itself biased evidence.
+        `RETRIEVED` trees are verified by sampling and matching, which is lossless for any tree.
         """
         keep = np.sort(np.asarray(keep, dtype=np.int64))
         draw = proposal.draw
-        sampled = draw in (DrawMethod.SAMPLED, DrawMethod.SAMPLED_WITHOUT_REPLACEMENT)
-        if sampled and len(keep) < len(proposal) and not draw_order_prefix:
+        if draw in SAMPLED_DRAWS and not draw_order_prefix:
             draw = DrawMethod.RETRIEVED
         remap = np.full(len(proposal) + 1, -1, np.int64)  # last slot maps the root (-1) to -1
         remap[keep] = np.arange(len(keep))
@@ -76,6 +79,11 @@ class TokenTree:
             raise ValueError("TokenTree.from_proposal: kept nodes must include every ancestor")
         probs = None if proposal.draft_probs is None else proposal.draft_probs[torch.from_numpy(keep)]
         return cls(proposal.tokens[keep], new_parents, probs, draw)
+
+    @property
+    def sampled(self) -> bool:
+        """True when the children of every node are draws from their q row (see `DrawMethod`)."""
+        return self.draw in SAMPLED_DRAWS and self.draft_probs is not None
 
     # --- packed quantities (root at index 0) -------------------------------------------------------
 
@@ -129,3 +137,41 @@ class TokenTree:
             path.append(node)
             node = int(self.parents[node])
         return path[::-1]
+
+
+def draw_order_prefix(proposal: DraftProposal, budget: int,
+                      allowed: Callable[[tuple[int, ...]], bool] | None = None) -> list[int]:
+    """Nodes to keep from a sampled proposal, chosen without looking at any drawn token.
+
+    Walks the nodes in index order (the drafter's draw order, `DrawMethod` rule 2) and keeps node i when
+    its parent was kept, every earlier sibling was kept, `allowed(ranks)` holds for its rank path (its
+    rank among its siblings in draw order, then its parent's, up to the root: `(r1, ..., rk)` from the
+    root down) and fewer than `budget` nodes are kept. Each decision depends only on the positions of
+    draws made before node i, never on its token or on later draws, so the kept children of every node
+    are a prefix of its draws whose length is independent of their values: exactly what rejection
+    sampling needs (pass the result to `TokenTree.from_proposal(..., draw_order_prefix=True)`).
+
+    `allowed=None` keeps the first `budget` nodes (a `trie` for sampled drafts); `lambda r: r[-1] == 0`
+    follows the first-drawn child (a `chain`); a set of rank paths gives a static shape.
+    """
+    parents = proposal.parents.tolist()
+    kept = [False] * len(parents)
+    rank_path: dict[int, tuple[int, ...]] = {-1: ()}
+    seen: dict[int, int] = {}  # parent -> children met so far, in index order
+    taken: dict[int, int] = {}  # parent -> children kept so far
+    keep: list[int] = []
+    for i, parent in enumerate(parents):
+        if len(keep) >= budget:
+            break
+        if parent >= 0 and not kept[parent]:
+            continue
+        rank = seen.get(parent, 0)
+        seen[parent] = rank + 1
+        path = rank_path[parent] + (rank,)
+        if taken.get(parent, 0) != rank or (allowed is not None and not allowed(path)):
+            continue  # an earlier sibling was dropped, or the shape excludes this rank
+        kept[i] = True
+        rank_path[i] = path
+        taken[parent] = rank + 1
+        keep.append(i)
+    return keep

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 
-from specframe.records import DrawMethod
 from specframe.testing import (
     BackendConformance, DrafterConformance, TreeBuilderConformance, VerifierConformance,
 )
@@ -40,15 +39,12 @@ class TestDynamic(TreeBuilderConformance):
 
 class TestSampleMatch(VerifierConformance):
     component = "sample-match"
+    law_runs = 2000  # a smoke run: test_lossless_power.py checks the first-party verifiers at 20,000
 
 
-class TestRejectionSampledDrafts(VerifierConformance):
+class TestRejection(VerifierConformance):
     component = "rejection"
-
-
-class TestRejectionDraftsWithoutReplacement(VerifierConformance):
-    component = "rejection"
-    draw = DrawMethod.SAMPLED_WITHOUT_REPLACEMENT
+    law_runs = 2000
 
 
 class TestTypical(VerifierConformance):

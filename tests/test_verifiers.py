@@ -1,11 +1,10 @@
-"""Verifiers: greedy equivalence at temperature 0, end-to-end sampling runs through `SpeculativeDecoder`,
-capability checks and warnings, and bad input. Exact distribution checks are in
-test_verifiers_distribution.py."""
+"""Verifiers: greedy equivalence at temperature 0, capability checks, fallbacks and warnings, and bad
+input. Exact distribution checks are in test_lossless_power.py (verifiers and tree builders called
+directly, with mutants) and test_lossless_e2e.py (every assembled combination through the decoder)."""
 
 from __future__ import annotations
 
 import warnings
-from collections import Counter
 
 import numpy as np
 import pytest
@@ -13,17 +12,15 @@ import torch
 from conftest import plain_greedy, tiny_llama
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from verifier_kit import (
-    KeepAllTreeBuilder, LogitTable, TinyModelDrafter, chi_square_pvalue, exact_distribution, tiny_target,
-)
 
-import specframe
 from specframe import (
     CapabilityError, ConfigurationError, DraftProposal, DrawMethod, Pipeline, Sampler, SamplingParams,
     SpecframeError, SpeculativeDecoder, TargetScores, TokenTree,
 )
 from specframe.errors import SpecframeWarning
 from specframe.registry import get_registry
+from specframe.testing import FirstNodesTreeBuilder
+from specframe.testing.drafts import TinyModelDrafter
 
 SAMPLING_VERIFIERS = ["sample-match", "rejection", "typical"]
 HOT = SamplingParams(temperature=0.7, seed=0)
@@ -39,7 +36,7 @@ def verifier(name: str, **options):
 
 def pipeline(target, drafter, verifier_name: str, tree=None) -> Pipeline:
     backend = get_registry().get("backend", "kv")(target)
-    return Pipeline(drafter, tree or KeepAllTreeBuilder(), verifier(verifier_name), backend)
+    return Pipeline(drafter, tree or FirstNodesTreeBuilder(), verifier(verifier_name), backend)
 
 
 # --- temperature 0 through every verifier equals the greedy verifier --------------------------------
@@ -96,75 +93,6 @@ def test_greedy_decoding_through_rejection_is_lossless(target, greedy_reference,
     assert result.tokens == greedy_reference
 
 
-# --- sampling end to end: the first two tokens follow the target ---------------------------------
-
-E2E_RUNS = 600
-
-
-@pytest.fixture(scope="module")
-def vocab12():
-    target = tiny_target(0)
-    return target, LogitTable(target, [1, 2, 3, 4], 2)
-
-
-@pytest.mark.parametrize("draw,params", [("sampled", SamplingParams(temperature=1.0)),
-                                         ("top-k", SamplingParams(temperature=0.8, top_p=0.9))],
-                         ids=["sampled-T1", "top-k-T0.8-p0.9"])
-def test_rejection_end_to_end_matches_the_target_distribution(vocab12, draw, params):
-    """Through the real decode loop, KV backend and Sampler: false-alarm rate 1e-4 (see the
-    distribution test module); runs use seeds 0..E2E_RUNS-1, so the result is deterministic."""
-    target, table = vocab12
-    # q: the target itself at temperature 1.6, a real q that differs from p and still gets accepted.
-    drafter = TinyModelDrafter(target, draft=target, count=3, length=2, temperature=1.6, draw=draw, seed=0)
-    decoder = SpeculativeDecoder(target, pipeline(target, drafter, "rejection"), budget=6)
-    counts: Counter = Counter()
-    accepted = 0
-    for seed in range(E2E_RUNS):
-        decoder.sampling = SamplingParams(params.temperature, params.top_p, params.top_k, seed=seed)
-        result = decoder.generate([1, 2, 3, 4], max_new_tokens=4)  # room for a 3-node tree at step 1
-        key = tuple(result.tokens[:2])
-        counts[key] += 1
-        accepted += result.metrics.accepted_draft_tokens
-    assert accepted > E2E_RUNS / 4  # drafts were really accepted, so the tree path was exercised
-    assert chi_square_pvalue(counts, exact_distribution(table, params)) >= 1e-4
-
-
-@pytest.mark.parametrize("drafter_spec", ["draft-model(layers=1, num_tokens=2, topk=2)", "s4c(heads={heads}, widths=2, topk=2)"],
-                         ids=["draft-model", "s4c"])
-def test_drafters_with_real_q_sample_their_drafts_and_stay_lossless(vocab12, tmp_path, drafter_spec):
-    """`draw=auto` drafters sample from their processed q when the request samples, and `trie` keeps the
-    whole (budget-sized) proposal, so the rejection verifier sees sampled drafts and uses q itself."""
-    from specframe_s4c.heads import S4CHeads
-
-    target, table = vocab12
-    heads = tmp_path / "heads.safetensors"
-    torch.manual_seed(0)
-    S4CHeads(target, 3).save(heads)
-    seen: set[DrawMethod] = set()
-
-    class Recording(get_registry().get("verifier", "rejection")):
-        def verify(self, tree, scores, sampler):
-            if len(tree):
-                seen.add(tree.draw)
-            return super().verify(tree, scores, sampler)
-
-    params = SamplingParams(temperature=0.9, top_k=8)
-    template = specframe.assemble(target, drafter_spec.format(heads=repr(str(heads))), "trie", "rejection", "kv",
-                                  sampling=params)
-    decoder = SpeculativeDecoder(target, Pipeline(template.drafter, template.tree_builder, Recording(),
-                                                  template.backend), budget=6)
-    counts: Counter = Counter()
-    accepted = 0
-    for seed in range(E2E_RUNS):
-        decoder.sampling = SamplingParams(params.temperature, params.top_p, params.top_k, seed=seed)
-        result = decoder.generate([1, 2, 3, 4], max_new_tokens=4)
-        counts[tuple(result.tokens[:2])] += 1
-        accepted += result.metrics.accepted_draft_tokens
-    assert seen == {DrawMethod.SAMPLED}
-    assert accepted > E2E_RUNS / 10  # drafts were really accepted
-    assert chi_square_pvalue(counts, exact_distribution(table, params)) >= 1e-4
-
-
 # --- capability checks, warnings, bad input --------------------------------------------------------
 
 def test_typical_is_declared_lossy_and_warns_when_sampling(target):
@@ -179,22 +107,48 @@ def test_typical_is_declared_lossy_and_warns_when_sampling(target):
 
 def test_lossless_sampling_verifiers_are_declared():
     registry = get_registry()
-    for name, needs_q in [("sample-match", False), ("rejection", True)]:
+    for name, uses_q in [("sample-match", False), ("rejection", True)]:
         caps = registry.get("verifier", name).capabilities
-        assert caps.lossless and caps.supports_sampling and caps.needs_draft_probs == needs_q
+        assert caps.lossless and caps.supports_sampling and not caps.needs_draft_probs
+        assert caps.uses_draft_probs == uses_q
 
 
 def test_capability_errors_name_the_fix(target):
-    with pytest.raises(CapabilityError, match="'rejection' needs draft probabilities.*'sample-match'"):
-        SpeculativeDecoder.from_names(target, "pld", "chain", "rejection", sampling=HOT)
     with pytest.raises(CapabilityError, match="'greedy' is greedy only"):
         SpeculativeDecoder.from_names(target, "pld", "chain", "greedy", sampling=HOT)
+    drafter = "draft-model(layers=1, topk=2)"
+    for tree in ("beam", "dynamic"):
+        with pytest.raises(CapabilityError, match=f"tree builder '{tree}' chooses among the drafts.*use tree "
+                                                  "'chain', 'trie' or 'static'.*'sample-match'"):
+            SpeculativeDecoder.from_names(target, drafter, tree, "rejection", sampling=HOT)
+        SpeculativeDecoder.from_names(target, drafter, tree, "sample-match", sampling=HOT)  # lossless: allowed
+        SpeculativeDecoder.from_names(target, drafter, tree, "rejection")  # greedy: drafts are top-k, allowed
+
+
+def test_rejection_falls_back_to_sample_match_for_drafts_without_q_and_counts_it(target):
+    """pld has no q: `rejection` verifies its trees by sampling and matching, so with the same seed it
+    emits exactly what `sample-match` emits, and every step with a tree is counted as a fallback."""
+    runs = {name: SpeculativeDecoder.from_names(target, "pld(min_ngram=1)", "chain", name, sampling=HOT)
+            .generate(PROMPT, max_new_tokens=30) for name in ("rejection", "sample-match")}
+    assert runs["rejection"].tokens == runs["sample-match"].tokens
+    metrics = runs["rejection"].metrics
+    with_tree = sum(size > 0 for size in metrics.tree_sizes)
+    assert with_tree > 0 and metrics.fallbacks == {"no draft q": with_tree}
+    assert metrics.to_dict()["fallback_steps"] == with_tree
+    assert runs["sample-match"].metrics.fallback_steps == 0  # it never uses q: nothing to fall back from
+
+
+def test_rejection_uses_q_of_sampled_drafts_without_fallback(target):
+    decoder = SpeculativeDecoder.from_names(target, "draft-model(layers=1, topk=2)", "trie", "rejection",
+                                            sampling=HOT, budget=4)
+    metrics = decoder.generate(PROMPT, max_new_tokens=30).metrics
+    assert metrics.fallback_steps == 0 and metrics.draft_tokens > 0
 
 
 def test_rejection_refuses_a_draft_token_its_q_could_not_have_drawn():
     proposal = DraftProposal(np.array([2]), np.array([-1]), np.zeros(1),
                              draft_probs=torch.tensor([[0.5, 0.5, 0.0, 0.0]]), draw=DrawMethod.SAMPLED)
-    tree = TokenTree.from_proposal(proposal, [0])
+    tree = TokenTree.from_proposal(proposal, [0], draw_order_prefix=True)
     with pytest.raises(SpecframeError, match="rejection.*draft probability 0"):
         verifier("rejection").verify(tree, TargetScores(torch.zeros(2, 4)), Sampler(HOT))
 
@@ -205,11 +159,14 @@ def test_typical_bad_options(options):
         verifier("typical", **options)
 
 
-def test_from_proposal_keeps_sampled_draws_only_when_no_sibling_was_picked_by_score():
+def test_from_proposal_keeps_sampled_draws_only_when_the_builder_kept_a_draw_order_prefix():
     proposal = DraftProposal.from_sequences([[1, 2], [3], [1, 4]])  # nodes: 1, 2, 3, 4
+    proposal.draft_probs = torch.full((4, 8), 1 / 8)
     proposal.draw = DrawMethod.SAMPLED
-    assert TokenTree.from_proposal(proposal, [0, 1, 2, 3]).draw is DrawMethod.SAMPLED  # everything kept
-    assert TokenTree.from_proposal(proposal, [0, 2]).draw is DrawMethod.RETRIEVED  # picked
-    assert TokenTree.from_proposal(proposal, [0, 1], draw_order_prefix=True).draw is DrawMethod.SAMPLED
+    # Keeping every node is no evidence: whether everything fits depends on the drawn tokens.
+    assert TokenTree.from_proposal(proposal, [0, 1, 2, 3]).draw is DrawMethod.RETRIEVED
+    assert TokenTree.from_proposal(proposal, [0, 2]).draw is DrawMethod.RETRIEVED
+    kept = TokenTree.from_proposal(proposal, [0, 1], draw_order_prefix=True)
+    assert kept.draw is DrawMethod.SAMPLED and kept.sampled
     proposal.draw = DrawMethod.TOPK
     assert TokenTree.from_proposal(proposal, [0, 2]).draw is DrawMethod.TOPK  # deterministic: any shape

@@ -10,9 +10,10 @@ greedy tokens, one forward each. Every chain node also gets its `topk - 1` next 
 leaves, so the proposal is a candidate forest (scores = cumulative log q, `draft_probs` = the draft
 model's real distributions) that `static(preset=continuous)`, `beam` and `dynamic` can shape.
 When the request samples (`draw=auto`, the default), the chain and its siblings are i.i.d. draws from
-the draft distribution processed like the target's, the first draw continuing the chain: with `chain`
-(or `trie`) and the `rejection` verifier that is classic speculative sampling, accepting each draft
-with probability min(1, p/q).
+the draft distribution processed like the target's, the first draw continuing the chain, numbered depth by depth in draw order: with `chain` (which then
+follows the first-drawn child) and the `rejection` verifier that is classic speculative sampling,
+accepting each draft with probability min(1, p/q); `trie` and `static` keep a draw-order prefix of the
+siblings too.
 `observe` rolls the cache back to the committed tokens; `propose` also checks the cached tokens against
 the context, so a new request or an unexpected context never reuses stale state.
 """
@@ -55,7 +56,7 @@ def truncated_model(target: specframe.Target, layers: int) -> nn.Module:
 
 class DraftModelDrafter(Drafter):
     name = "draft-model"
-    capabilities = DrafterCapabilities(provides_draft_probs=True, proposes_trees=True)
+    capabilities = DrafterCapabilities(provides_draft_probs=True, proposes_trees=True, samples_drafts=True)
 
     def __init__(self, target, *, model: str | None = None, layers: int | None = None, num_tokens: int = 4,
                  topk: int = 1, draw: str = "auto"):
@@ -92,8 +93,9 @@ class DraftModelDrafter(Drafter):
 
     @classmethod
     def example_options(cls, target, workdir: str) -> dict:
-        """Self-speculation with the target's first layer: works for any decoder-only target."""
-        return {"layers": 1}
+        """Self-speculation with the target's first layer and two candidates per depth (so tree builders
+        have siblings to choose from): works for any decoder-only target."""
+        return {"layers": 1, "num_tokens": 3, "topk": 2}
 
     @torch.inference_mode()
     def propose(self, context: DraftContext) -> DraftProposal:

@@ -11,11 +11,13 @@ builders can all shape the forest; rows of `draft_probs` are the real head distr
 
 `draw=auto` (the default) drafts that way for greedy requests. When the request samples, the children of
 each node are instead `topk` i.i.d. draws from the head's distribution processed like the target's
-(temperature, top-k, top-p), merged in the order first drawn, and the proposal stops at the step's
-budget: with a builder that then keeps every node (`trie`, or `chain` for a chain) the `rejection`
-verifier accepts each draft with probability min(1, p/q) and stays lossless. A builder that prunes a
-sampled forest by score makes the verifier treat it as deterministic, which is lossless too but accepts
-less. `draw=top-k` or `draw=sample` force one mode.
+(temperature, top-k, top-p), merged in the order first drawn, numbered depth by depth (so a node's index
+is fixed before its token is drawn), and the proposal stops at the step's budget. `chain`, `trie` and
+`static` then keep a draw-order prefix of every node's children and the `rejection` verifier accepts each
+draft with probability min(1, p/q), losslessly; `beam` and `dynamic` choose by score, so pairing them with
+`rejection` while sampling is refused when the pipeline is assembled. Which nodes a head expands may
+depend on their scores: that decides whether a node has children, never which tokens its children are.
+`draw=top-k` or `draw=sample` force one mode.
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ def packaged_heads(model_name: str) -> Path:
 
 class S4CDrafter(Drafter):
     name = "s4c"
-    capabilities = DrafterCapabilities(needs_hidden_states=True, provides_draft_probs=True, proposes_trees=True)
+    capabilities = DrafterCapabilities(needs_hidden_states=True, provides_draft_probs=True, proposes_trees=True,
+                                       samples_drafts=True)
 
     def __init__(self, target, *, heads: str | None = None, topk: int = 4,
                  widths: int | tuple[int, ...] | list[int] = DEFAULT_WIDTHS, draw: str = "auto"):

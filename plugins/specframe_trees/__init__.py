@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import specframe
 from specframe import DraftProposal, TokenTree, TreeBuilder, TreeBuilderCapabilities
+from specframe.tree import SAMPLED_DRAWS, draw_order_prefix
 from specframe_trees.beam import BeamTreeBuilder
 from specframe_trees.dynamic import DynamicTreeBuilder
 from specframe_trees.static import StaticTreeBuilder
@@ -11,12 +12,19 @@ from specframe_trees.trie import TrieTreeBuilder
 
 
 class ChainTreeBuilder(TreeBuilder):
-    """`chain`: from the root, follow the best-scored child (ties: the earliest) for up to `budget` nodes."""
+    """`chain`: from the root, follow the best-scored child (ties: the earliest) for up to `budget` nodes.
+
+    For sampled drafts it follows the first-drawn child instead: picking the best-scored (for i.i.d.
+    draws, the most often drawn) child would make the kept child no longer a draw from q.
+    """
 
     name = "chain"
-    capabilities = TreeBuilderCapabilities()
+    capabilities = TreeBuilderCapabilities(keeps_draw_order=True)
 
     def build(self, proposal: DraftProposal, budget: int) -> TokenTree:
+        if proposal.draw in SAMPLED_DRAWS:
+            keep = draw_order_prefix(proposal, budget, allowed=lambda ranks: ranks[-1] == 0)
+            return TokenTree.from_proposal(proposal, keep, draw_order_prefix=True)
         keep: list[int] = []
         parent = -1
         children = _children(proposal)

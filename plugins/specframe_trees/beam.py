@@ -5,6 +5,10 @@ d + 1 they are the `width` best (by cumulative log-probability) among all childr
 Every beam of every step stays in the tree, so a full run keeps width x depth nodes. `config=A..E`
 selects STree's width x depth settings (3x4, 16x3, 6x3, 4x4, 3x5). See `specframe_trees.forest` for the
 forest convention the drafter follows.
+
+Sampled drafts: this builder chooses nodes by their scores, so the nodes it keeps are no longer draws
+from q. Pipelines that pair it with `rejection` and a drafter that samples are refused when assembled
+(`TreeBuilderCapabilities.keeps_draw_order` is False); with `sample-match`, or greedy, it is lossless.
 """
 
 from __future__ import annotations

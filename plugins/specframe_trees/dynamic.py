@@ -6,6 +6,10 @@ Rerank: of all candidates, the `budget` best by cumulative log-probability form 
 log-probability never exceeds its parent's, so the best nodes are closed under ancestors; ties are broken
 towards shallower and earlier nodes, and a node whose parent was not taken is skipped. See
 `specframe_trees.forest` for the forest convention the drafter follows.
+
+Sampled drafts: this builder chooses nodes by their scores, so the nodes it keeps are no longer draws
+from q. Pipelines that pair it with `rejection` and a drafter that samples are refused when assembled
+(`TreeBuilderCapabilities.keeps_draw_order` is False); with `sample-match`, or greedy, it is lossless.
 """
 
 from __future__ import annotations

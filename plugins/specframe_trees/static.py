@@ -6,6 +6,15 @@ earlier node). A path the proposal cannot follow (too few children) is skipped. 
 order given until the budget is full, so list the most valuable first; the presets are ordered by depth,
 then by the sum of their ranks.
 
+Sampled drafts: ranks count siblings in draw order (the r-th child drawn), not by score, and the nodes
+are taken in the drafter's draw order (`specframe.tree.draw_order_prefix`) while their rank path is one
+of the paths or a prefix of one, a node only when every earlier-drawn sibling is kept too, until the
+budget is full. Why this keeps `rejection` lossless: whether a node is kept then depends only on the
+positions of the draws made before it, never on its token or on later draws, so the kept children of
+every node are a draw-order prefix of a length independent of their values, and the k-th kept child is
+distributed as q with the k - 1 earlier ones removed, which is what the verifier assumes. Ranking sampled
+siblings by score (their draw counts) would break that.
+
 Presets (`static(preset=...)`):
 - `continuous` (S4C): the top-1 chain of length `depth` with the top-`width` alternatives at every depth:
   paths (0,)*(d-1) + (r,) for d = 1..depth, r < width -> depth * width nodes.
@@ -24,6 +33,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from specframe import DraftProposal, TokenTree, TreeBuilder, TreeBuilderCapabilities
+from specframe.tree import SAMPLED_DRAWS, draw_order_prefix
 from specframe.errors import ConfigurationError
 
 STREE_CONFIGS = {"A": (3, 4), "B": (16, 3), "C": (6, 3), "D": (4, 4), "E": (3, 5)}  # name -> (width, depth)
@@ -72,7 +82,7 @@ class StaticTreeBuilder(TreeBuilder):
     `static(preset=B)` or `static(paths=[[0], [1], [0, 0]])`."""
 
     name = "static"
-    capabilities = TreeBuilderCapabilities()
+    capabilities = TreeBuilderCapabilities(keeps_draw_order=True)
 
     def __init__(self, *, preset: str = "continuous", paths: Sequence[Sequence[int]] | None = None,
                  depth: int = 3, width: int = 3, widths: Sequence[int] = (3, 2, 2)):
@@ -87,6 +97,10 @@ class StaticTreeBuilder(TreeBuilder):
             raise ConfigurationError("tree builder 'static': paths must be non-empty lists of ranks >= 0")
 
     def build(self, proposal: DraftProposal, budget: int) -> TokenTree:
+        if proposal.draw in SAMPLED_DRAWS:
+            shape = {p[:d] for p in self.paths for d in range(1, len(p) + 1)}  # the paths and their prefixes
+            keep = draw_order_prefix(proposal, budget, allowed=shape.__contains__)
+            return TokenTree.from_proposal(proposal, keep, draw_order_prefix=True)
         kids = ranked_children(proposal)
         keep: dict[int, None] = {}  # ordered set of proposal nodes
         for path in self.paths:

@@ -4,6 +4,10 @@ Best-first expansion from the root: a node becomes eligible once its parent is k
 node with the highest score (ties: the lowest index) is kept next. When scores never increase from a
 parent to its child, as in frequency tries (REST) or cumulative probabilities, this is exactly the set of
 the `budget` highest (score, -index) nodes, which is also the parent-closed set of maximal total score.
+
+Sampled drafts are cut differently: the first `budget` nodes in draw order
+(`specframe.tree.draw_order_prefix`), whatever their scores, so that `rejection` can still use their q.
+Choosing the best-scored sampled nodes, or keeping everything only when it happens to fit, would bias it.
 """
 
 from __future__ import annotations
@@ -11,13 +15,17 @@ from __future__ import annotations
 import heapq
 
 from specframe import DraftProposal, TokenTree, TreeBuilder, TreeBuilderCapabilities
+from specframe.tree import SAMPLED_DRAWS, draw_order_prefix
 
 
 class TrieTreeBuilder(TreeBuilder):
     name = "trie"
-    capabilities = TreeBuilderCapabilities()
+    capabilities = TreeBuilderCapabilities(keeps_draw_order=True)
 
     def build(self, proposal: DraftProposal, budget: int) -> TokenTree:
+        if proposal.draw in SAMPLED_DRAWS:
+            keep = draw_order_prefix(proposal, budget)
+            return TokenTree.from_proposal(proposal, keep, draw_order_prefix=True)
         n = len(proposal)
         if n <= budget:
             return TokenTree.from_proposal(proposal, list(range(n)))

@@ -25,10 +25,11 @@ the residual we recurse with the next child, which is distributed as q_{k+1} giv
 yields exactly its p; and conditioned on the token emitted, the tokens after it are verified the same
 way one level down. On a chain (one child per node) this is Leviathan et al.'s algorithm.
 
-Deterministic drafts (`ARGMAX`, `TOPK`) and drafts without q are verified as if q were one-hot at each
-child, since that is the distribution they were really "drawn" from; rejection sampling then reduces to
-`sample-match` (draw from p, descend into the child that carries the draw), which is lossless for any
-tree. Using the drafter's soft q for tokens it did not sample would not be.
+Deterministic drafts (`ARGMAX`, `TOPK`), drafts without q (prompt lookup, REST) and sampled drafts that a
+tree builder did not keep as a draw-order prefix are verified as if q were one-hot at each child;
+rejection sampling then reduces to `sample-match` (draw from p, descend into the child that carries the
+draw), which is lossless for any tree. Using the drafter's soft q for tokens it did not sample would not
+be. Such a step reports why in `VerifyResult.fallback`, and `DecodeMetrics.fallback_steps` counts them.
 """
 
 from __future__ import annotations
@@ -42,30 +43,29 @@ from specframe import (
 
 from specframe_verify.sample_match import child_with_token
 
-SAMPLED_DRAWS = (DrawMethod.SAMPLED, DrawMethod.SAMPLED_WITHOUT_REPLACEMENT)
-
 
 def recursive_rejection(p: torch.Tensor, children: list[int], tokens, q: torch.Tensor,
                         sampling: Sampler) -> tuple[int | None, torch.Tensor]:
     """Try `children` (node indices in draw order, tokens `tokens[c]`, all drawn from the (V,) row `q`)
     against the (V,) target distribution `p`. Returns (accepted child or None, residual distribution)."""
     remaining = q.to(device=p.device, dtype=torch.float64, copy=True)  # (V,) draft mass not yet drawn
+    mass = float(remaining.sum())
     tried: set[int] = set()
     for child in children:
         token = int(tokens[child])
-        if token in tried:  # an i.i.d. duplicate carries no new draw
+        if token in tried:  # an i.i.d. repeat carries no new draw
             continue
         tried.add(token)
-        q_k = remaining / remaining.sum()  # (V,) law of this child given the siblings before it
-        if not q_k[token] > 0:
+        q_token = float(remaining[token]) / mass  # q_k(token): the law of this child given the earlier ones
+        if not q_token > 0:
             raise SpecframeError(
                 f"verifier 'rejection': draft token {token} (node {child}) has draft probability 0, so it "
                 "cannot have been drawn from the node's draft_probs row; the drafter must report the exact "
                 "distribution it sampled from, or declare its draw as 'argmax'/'top-k'")
-        if sampling.uniform() * q_k[token] < p[token]:  # accept with probability min(1, p / q_k)
+        if sampling.uniform() * q_token < float(p[token]):  # accept with probability min(1, p / q_k)
             return child, p
-        residual = (p - q_k).clamp_min(0)  # (V,)
-        total = residual.sum()
+        residual = (p - remaining / mass).clamp_min_(0)  # (V,) norm(max(0, p - q_k)) before normalizing
+        total = float(residual.sum())
         if total > 1e-12:
             p = residual / total
         else:  # p == q_k up to rounding: rejection had probability ~0; keep p without the rejected token
@@ -73,23 +73,29 @@ def recursive_rejection(p: torch.Tensor, children: list[int], tokens, q: torch.T
             p[token] = 0
             p = p / p.sum()
         remaining[token] = 0
+        mass = float(remaining.sum())
     return None, p
 
 
 class RejectionVerifier(Verifier):
-    """Recursive rejection sampling with the real draft q on trees. Lossless; see the module docstring."""
+    """Recursive rejection sampling with the real draft q on trees. Lossless; see the module docstring.
+
+    Trees whose drafts are not draws from their q rows (retrieved text, argmax or top-k drafts, a tree
+    builder that did not keep a draw-order prefix) are verified by sampling and matching, which is
+    lossless for any tree; `VerifyResult.fallback` says why, and the decode metrics count such steps.
+    """
 
     name = "rejection"
-    capabilities = VerifierCapabilities(lossless=True, needs_draft_probs=True, supports_sampling=True)
+    capabilities = VerifierCapabilities(lossless=True, uses_draft_probs=True, supports_sampling=True)
 
     def verify(self, tree: TokenTree, scores: TargetScores, sampling: Sampler) -> VerifyResult:
-        sampled = tree.draft_probs is not None and tree.draw in SAMPLED_DRAWS
+        fallback = fallback_reason(tree)
         path: list[int] = []
         node = -1  # the root
         while True:
             logits = scores.logits[node + 1]  # (V,) target logits after the packed entry
             children = tree.children[node + 1]
-            if not (sampled and children):  # deterministic or no draft: sample, then match
+            if fallback or not children:  # sample, then match
                 token = sampling.sample(logits)
                 child = child_with_token(tree, node, token)
             else:
@@ -98,6 +104,17 @@ class RejectionVerifier(Verifier):
                 child, residual = recursive_rejection(p, children, tree.tokens, q, sampling)
                 token = sampling.draw(residual) if child is None else int(tree.tokens[child])
             if child is None:
-                return VerifyResult(path=path, bonus=token)
+                return VerifyResult(path=path, bonus=token, fallback=fallback)
             path.append(child)
             node = child
+
+
+def fallback_reason(tree: TokenTree) -> str | None:
+    """Why `tree` cannot be verified with its q (None when it can, or when it is empty)."""
+    if not len(tree) or tree.sampled:
+        return None
+    if tree.draft_probs is None:
+        return "no draft q"
+    if tree.draw in (DrawMethod.ARGMAX, DrawMethod.TOPK):
+        return "deterministic drafts"
+    return "not sampled in draw order"

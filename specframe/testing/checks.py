@@ -7,8 +7,6 @@ under test.
 
 from __future__ import annotations
 
-import math
-from collections import Counter
 from collections.abc import Sequence
 
 import numpy as np
@@ -21,7 +19,7 @@ from specframe.pipeline import Pipeline, check_compatible
 from specframe.records import DraftProposal, DrawMethod, TargetScores
 from specframe.registry import ComponentSpec, get_registry
 from specframe.sampling import Sampler, SamplingParams
-from specframe.testing.synthetic import FirstNodesTreeBuilder, MarkovProblem, NoisyTargetDrafter, random_tree
+from specframe.testing.synthetic import FirstNodesTreeBuilder, NoisyTargetDrafter, random_tree
 from specframe.testing.targets import reference_greedy, reference_hidden, reference_logits
 from specframe.tree import TokenTree
 
@@ -189,71 +187,6 @@ def _argmax_walk(tree: TokenTree, logits: torch.Tensor) -> list[int]:
         if nxt is None:
             return out
         node = nxt
-
-
-def chi_square_critical(dof: int, z: float = 3.719) -> float:
-    """Upper quantile of chi-square with `dof` degrees of freedom (Wilson-Hilferty); z 3.719 = 1e-4."""
-    k = max(dof, 1)
-    return k * (1 - 2 / (9 * k) + z * math.sqrt(2 / (9 * k))) ** 3
-
-
-def _chi_square(counts: Counter, probs: torch.Tensor, total: int) -> tuple[float, int]:
-    """Chi-square statistic and degrees of freedom, pooling cells expected below 5 draws."""
-    expected = probs.double() * total
-    big = (expected >= 5).nonzero().flatten().tolist()
-    stat, pooled_obs, pooled_exp = 0.0, total, float(expected.sum())
-    for t in big:
-        stat += (counts.get(t, 0) - float(expected[t])) ** 2 / float(expected[t])
-        pooled_obs -= counts.get(t, 0)
-        pooled_exp -= float(expected[t])
-    if pooled_exp >= 1:
-        stat += (pooled_obs - pooled_exp) ** 2 / pooled_exp
-    elif pooled_obs > 3:  # mass where the target puts (almost) none
-        return math.inf, len(big)
-    return stat, max(len(big) - 1 + (pooled_exp >= 1), 1)
-
-
-def check_verifier_distribution(verifier: Verifier, rng: np.random.Generator, *, draw: DrawMethod =
-                                DrawMethod.SAMPLED, trials: int = 4000, temperature: float = 1.0,
-                                tree_size: int = 6, seed: int = 0) -> dict:
-    """A lossless sampling verifier emits tokens distributed exactly as the target's processed p.
-
-    On a synthetic Markov target, checks with a chi-square test at p = 1e-4 (i) the first emitted token
-    against p after the root and (ii) the token emitted after the most often accepted first node against
-    p after that node. Trees are drafted from a q unlike p, drawn as `draw` says. Returns the statistics.
-    """
-    name = type(verifier).name
-    problem = MarkovProblem.random(rng)
-    sampler = Sampler(SamplingParams(temperature=temperature, seed=seed))
-    first: Counter = Counter()
-    second: dict[int, Counter] = {}
-    for _ in range(trials):
-        tree = problem.tree(rng, tree_size, draw)
-        result = verifier.verify(tree, problem.scores(tree), sampler)
-        check_result(result, tree, problem.vocab_size, name)
-        emitted = [int(t) for t in tree.tokens[result.path]] + [int(result.bonus)]
-        first[emitted[0]] += 1
-        if result.path:
-            second.setdefault(emitted[0], Counter())[emitted[1]] += 1
-    stats = {}
-    p_root = sampler.probs(problem.root_logits)  # (V,)
-    stat, dof = _chi_square(first, p_root, trials)
-    stats["first"] = (stat, dof)
-    if stat > chi_square_critical(dof):
-        _fail(f"verifier '{name}' is not lossless: the first emitted token's frequencies "
-              f"{dict(sorted(first.items()))} over {trials} draws do not follow the target p "
-              f"{[round(x, 3) for x in p_root.tolist()]} (chi-square {stat:.1f}, {dof} dof)")
-    token, counts = max(second.items(), key=lambda kv: sum(kv[1].values()), default=(None, Counter()))
-    n = sum(counts.values())
-    if token is not None and n >= 200:
-        p_next = sampler.probs(problem.next_logits(1, token))  # (V,)
-        stat, dof = _chi_square(counts, p_next, n)
-        stats["second"] = (stat, dof)
-        if stat > chi_square_critical(dof):
-            _fail(f"verifier '{name}' is not lossless: after accepting token {token}, the next token's "
-                  f"frequencies {dict(sorted(counts.items()))} over {n} draws do not follow the target p "
-                  f"{[round(x, 3) for x in p_next.tolist()]} (chi-square {stat:.1f}, {dof} dof)")
-    return stats
 
 
 def check_backend_scores(backend_cls: type, target: Target, prompt: Sequence[int], rng: np.random.Generator,

@@ -147,14 +147,15 @@ class MarkovProblem:
 class FirstNodesTreeBuilder(TreeBuilder):
     """`first-n` (testing only): the first `budget` nodes of the proposal, branches and all.
 
-    Proposals are topologically ordered, so any prefix of the nodes is closed under parents.
+    Proposals are topologically ordered, so any prefix of the nodes is closed under parents; and it is a
+    prefix in draw order that never looks at the tokens, so sampled drafts stay sampled (see `DrawMethod`).
     """
 
     name = "first-n"
-    capabilities = TreeBuilderCapabilities(keeps_draft_probs=True)
+    capabilities = TreeBuilderCapabilities(keeps_draft_probs=True, keeps_draw_order=True)
 
     def build(self, proposal: DraftProposal, budget: int) -> TokenTree:
-        return TokenTree.from_proposal(proposal, np.arange(min(budget, len(proposal))))
+        return TokenTree.from_proposal(proposal, np.arange(min(budget, len(proposal))), draw_order_prefix=True)
 
 
 class NoisyTargetDrafter(Drafter):

@@ -1,0 +1,110 @@
+"""Deliberately wrong components (mutants) that the exact-law tests must reject.
+
+Each mutant is one fault that has shipped in speculative decoding code somewhere, paired with the
+scenario of `specframe.testing.law` aimed at it. `test_lossless_power.py` checks that every mutant scores
+p < 1e-6 there while the shipped components pass every scenario at p >= 1e-4.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from specframe import (
+    DraftProposal, Sampler, TargetScores, TokenTree, TreeBuilder, TreeBuilderCapabilities, Verifier,
+    VerifierCapabilities, VerifyResult,
+)
+
+FAULTS = ("q-not-renormalised", "bonus-from-p", "uniform-q", "duplicates-not-skipped")
+
+
+class MutantRejection(Verifier):
+    """Recursive rejection sampling with one `fault`:
+
+    - `q-not-renormalised`: the k-th child is tested against q itself, not q without the k - 1 children
+      tried before it (the law of the k-th distinct draw);
+    - `bonus-from-p`: when every child is rejected, the bonus is drawn from p instead of the residual;
+    - `uniform-q`: the acceptance ratio uses a uniform q instead of the drafter's;
+    - `duplicates-not-skipped`: a repeated i.i.d. draw is tried again instead of skipped.
+    """
+
+    name = "mutant-rejection"
+    capabilities = VerifierCapabilities(lossless=True, uses_draft_probs=True, supports_sampling=True)
+
+    def __init__(self, fault: str):
+        super().__init__()
+        assert fault in FAULTS, fault
+        self.fault = fault
+
+    def verify(self, tree: TokenTree, scores: TargetScores, sampling: Sampler) -> VerifyResult:
+        path, node = [], -1
+        while True:
+            p = sampling.probs(scores.logits[node + 1]).double()  # (V,)
+            children = tree.children[node + 1]
+            child = None
+            if children and tree.sampled:
+                child, p = self._try(p, children, tree, sampling)
+            else:
+                token = sampling.draw(p)
+                child = next((c for c in children if tree.tokens[c] == token), None)
+                if child is None:
+                    return VerifyResult(path, token)
+            if child is None:
+                return VerifyResult(path, sampling.draw(p))
+            path.append(child)
+            node = child
+
+    def _try(self, p: torch.Tensor, children: list[int], tree: TokenTree, sampling: Sampler):
+        q = tree.draft_probs[children[0]].double()  # (V,)
+        if self.fault == "uniform-q":
+            q = torch.full_like(q, 1 / len(q))
+        remaining, target, tried = q.clone(), p, set()
+        for child in children:
+            token = int(tree.tokens[child])
+            if token in tried and self.fault != "duplicates-not-skipped":
+                continue
+            tried.add(token)
+            q_k = q if self.fault == "q-not-renormalised" else remaining / remaining.sum()  # (V,)
+            if sampling.uniform() * q_k[token] < target[token]:
+                return child, target
+            residual = (target - q_k).clamp_min(0)
+            if residual.sum() > 1e-12:
+                target = residual / residual.sum()
+            remaining[token] = 0
+            if remaining.sum() <= 0:
+                break
+        return None, (p if self.fault == "bonus-from-p" else target)
+
+
+class ByScoreChain(TreeBuilder):
+    """Mutant builder: follows the best-scored sampled child (the one the drafter found likeliest) and
+    still claims the kept children are draws from q."""
+
+    name = "mutant-chain-by-score"
+    capabilities = TreeBuilderCapabilities(keeps_draw_order=True)
+
+    def build(self, proposal: DraftProposal, budget: int) -> TokenTree:
+        keep, parent = [], -1
+        while len(keep) < budget:
+            kids = [i for i in range(len(proposal)) if proposal.parents[i] == parent]
+            if not kids:
+                break
+            parent = max(kids, key=lambda i: (proposal.scores[i], -i))
+            keep.append(parent)
+        return TokenTree.from_proposal(proposal, keep, draw_order_prefix=True)
+
+
+class KeptAllIsSampled(TreeBuilder):
+    """Mutant builder with the rule this project once shipped: the best-scored `budget` nodes, labelled
+    sampled whenever every node happened to fit (which depends on how many distinct tokens were drawn)."""
+
+    name = "mutant-kept-all"
+    capabilities = TreeBuilderCapabilities(keeps_draw_order=True)
+
+    def build(self, proposal: DraftProposal, budget: int) -> TokenTree:
+        order = np.lexsort((np.arange(len(proposal)), -proposal.scores))
+        keep: list[int] = []
+        for i in order.tolist():  # best first, parents before children (scores never rise downwards)
+            if len(keep) < budget and (proposal.parents[i] < 0 or proposal.parents[i] in keep):
+                keep.append(i)
+        return TokenTree.from_proposal(proposal, keep, draw_order_prefix=len(keep) == len(proposal))

@@ -1,0 +1,159 @@
+"""End to end through `SpeculativeDecoder`: every registered drafter x tree builder x lossless sampling
+verifier that assembles at temperature > 0 (enumerated from the registry, with each drafter's
+`example_options`) emits its first two tokens with exactly the target's law.
+
+The target is a tiny random Llama with a vocabulary of 8; its logits after the prompt and after every
+one-token continuation are tabulated once (`LogitTable.from_target`), which gives the exact law of the
+first two tokens. Runs score trees with the `TableBackend` (the same logits, looked up) so that many
+thousands of requests fit in CI; two combinations run on the real `kv` backend as well.
+
+Two kinds of combination:
+- where the verifier uses the drafter's q (`rejection` with a drafter that samples its drafts), the
+  first two tokens of 3,000 seeded requests (T = 1) and 2,000 (T = 0.7, top-p 0.9) are tested against the
+  exact law;
+- everywhere else each emitted token is one draw from the target with the request's generator, so every
+  request must emit exactly the tokens plain sampling (drafter `none`) emits with the same seed: checked
+  token for token on 300 seeds, a stronger check than any test of the law, whose own law is tested on
+  20,000 seeds.
+A mutant tree builder run the same way shows that the end-to-end law test can fail.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from lossless_mutants import ByScoreChain
+
+from specframe import Pipeline, SamplingParams, SpeculativeDecoder
+from specframe.errors import CapabilityError
+from specframe.pipeline import check_compatible
+from specframe.registry import get_registry
+from specframe.testing.exact import (
+    P_CATCH, P_PASS, LogitTable, TableBackend, decoder_counts, exact_law, law_test,
+)
+from specframe.testing.targets import tiny_target
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # fixture in conftest.py
+
+PROMPT = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3]  # repeats, so copying drafters find matches
+DEPTH, BUDGET, MAX_NEW = 2, 3, 4  # law of 2 tokens; the first step has room for a 3-node tree
+HOT = SamplingParams(temperature=1.0)
+FILTERED = SamplingParams(temperature=0.7, top_p=0.9)
+RUNS_HOT, RUNS_FILTERED, RUNS_REPLAY, RUNS_PLAIN = 3000, 2000, 300, 20_000
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    target = tiny_target(seed=0, vocab_size=8)
+    return target, LogitTable.from_target(target, PROMPT, DEPTH), str(tmp_path_factory.mktemp("examples"))
+
+
+def combinations():
+    """(drafter, tree, verifier, uses_q) for every combination that assembles while sampling."""
+    registry = get_registry()
+    target = tiny_target(seed=0, vocab_size=8)
+    out = []
+    for d, t, v in itertools.product(*(registry.names(k) for k in ("drafter", "tree builder", "verifier"))):
+        classes = [registry.get(kind, name) for kind, name in
+                   (("drafter", d), ("tree builder", t), ("verifier", v))]
+        caps = classes[2].capabilities
+        if not (caps.lossless and caps.supports_sampling):
+            continue
+        try:
+            check_compatible(target, *classes, TableBackend, HOT)
+        except CapabilityError:
+            continue
+        out.append((d, t, v, caps.uses_draft_probs and classes[0].capabilities.samples_drafts))
+    return out
+
+
+COMBINATIONS = combinations()
+
+
+def decoder(setup, drafter: str, tree, verifier: str, backend=None) -> SpeculativeDecoder:
+    target, table, workdir = setup
+    registry = get_registry()
+    d_cls = registry.get("drafter", drafter)
+    tree = registry.get("tree builder", tree)() if isinstance(tree, str) else tree
+    backend = backend or TableBackend(target, table=table, want_hidden=d_cls.capabilities.needs_hidden_states)
+    pipeline = Pipeline(d_cls(target, **d_cls.example_options(target, workdir)), tree,
+                        registry.get("verifier", verifier)(), backend)
+    return SpeculativeDecoder(target, pipeline, budget=BUDGET)
+
+
+USES_Q = [(d, t, v, params, runs) for d, t, v, uses_q in COMBINATIONS if uses_q
+          for params, runs in ((HOT, RUNS_HOT), (FILTERED, RUNS_FILTERED))]
+REPLAYS = [(d, t, v) for d, t, v, uses_q in COMBINATIONS if not uses_q]
+
+
+@pytest.mark.parametrize("drafter,tree,verifier,params,runs", USES_Q,
+                         ids=[f"{d}+{t}+{v}-T{p.temperature}-p{p.top_p}" for d, t, v, p, _ in USES_Q])
+def test_combinations_that_use_q_follow_the_target_law(setup, drafter, tree, verifier, params, runs):
+    _, table, _ = setup
+    counts, accepted = decoder_counts(decoder(setup, drafter, tree, verifier), PROMPT, DEPTH, runs, params,
+                                      MAX_NEW)
+    result = law_test(counts, exact_law(table, params))
+    assert result.pvalue >= P_PASS, f"{drafter}+{tree}+{verifier} at {params}: {result}"
+    assert accepted > runs / 10, f"{drafter}+{tree}+{verifier}: drafts were hardly accepted ({accepted})"
+
+
+@pytest.fixture(scope="module")
+def plain_tokens(setup):
+    """Seed -> the tokens plain sampling (drafter `none`) emits, at T = 1."""
+    run = decoder(setup, "none", "chain", "sample-match")
+    out = {}
+    for seed in range(RUNS_REPLAY):
+        run.sampling = SamplingParams(HOT.temperature, seed=seed)
+        out[seed] = run.generate(PROMPT, max_new_tokens=MAX_NEW).tokens
+    return out
+
+
+def test_plain_sampling_follows_the_target_law(setup):
+    _, table, _ = setup
+    plain = decoder(setup, "none", "chain", "sample-match")
+    counts, _ = decoder_counts(plain, PROMPT, DEPTH, RUNS_PLAIN, HOT)
+    result = law_test(counts, exact_law(table, HOT))
+    assert result.pvalue >= P_PASS, f"plain sampling: {result}"
+
+
+@pytest.mark.parametrize("drafter,tree,verifier", REPLAYS, ids=["+".join(c) for c in REPLAYS])
+def test_other_combinations_replay_plain_sampling_token_for_token(setup, plain_tokens, drafter, tree,
+                                                                  verifier):
+    run = decoder(setup, drafter, tree, verifier)
+    accepted = 0
+    for seed, expected in plain_tokens.items():
+        run.sampling = SamplingParams(HOT.temperature, seed=seed)
+        result = run.generate(PROMPT, max_new_tokens=MAX_NEW)
+        assert result.tokens == expected, f"{drafter}+{tree}+{verifier}, seed {seed}"
+        accepted += result.metrics.accepted_draft_tokens
+    if drafter != "none":
+        assert accepted > 0, f"{drafter}+{tree}+{verifier}: no draft was ever accepted, so no tree was tested"
+
+
+def test_every_drafter_tree_and_sampling_verifier_is_covered():
+    registry = get_registry()
+    covered = {(d, t, v) for d, t, v, _ in COMBINATIONS}
+    assert {d for d, _, _ in covered} == set(registry.names("drafter"))
+    assert {v for _, _, v in covered} >= {"sample-match", "rejection"}
+    assert {("draft-model", t, "rejection") for t in ("chain", "trie", "static")} <= covered
+    assert ("draft-model", "beam", "rejection") not in covered  # refused: beam picks sampled drafts by score
+
+
+@pytest.mark.parametrize("drafter,tree", [("draft-model", "chain"), ("s4c", "static")])
+def test_real_kv_backend_follows_the_target_law(setup, drafter, tree):
+    target, table, _ = setup
+    kv = get_registry().get("backend", "kv")
+    needs_hidden = get_registry().get("drafter", drafter).capabilities.needs_hidden_states
+    run = decoder(setup, drafter, tree, "rejection", kv(target, want_hidden=needs_hidden))
+    counts, accepted = decoder_counts(run, PROMPT, DEPTH, 1000, FILTERED, MAX_NEW)
+    result = law_test(counts, exact_law(table, FILTERED))
+    assert result.pvalue >= P_PASS and accepted > 0, f"{drafter}+{tree}+rejection on kv: {result}"
+
+
+def test_a_builder_that_picks_sampled_drafts_by_score_is_caught_end_to_end(setup):
+    _, table, _ = setup
+    run = decoder(setup, "draft-model", ByScoreChain(), "rejection")
+    counts, _ = decoder_counts(run, PROMPT, DEPTH, RUNS_HOT, HOT, MAX_NEW)
+    result = law_test(counts, exact_law(table, HOT))
+    assert result.pvalue < P_CATCH, f"the mutant builder passed end to end: {result}"
