@@ -145,20 +145,24 @@ def build_app() -> typer.Typer:
 
 
 def main() -> None:
+    """Run the CLI and exit with its code: 0, 2 for a usage or specframe error, the code of a command's
+    `typer.Exit` (bench: 3 on a lossless mismatch), 130 when interrupted (Ctrl-C)."""
     try:
-        build_app()(standalone_mode=False)
+        code = build_app()(standalone_mode=False)  # returns the code of typer.Exit instead of exiting
     except SpecframeError as err:
         typer.secho(f"error: {err}", fg="red", err=True)
         raise SystemExit(2) from None
-    except Exception as err:  # click's usage errors and aborts
-        import click
+    except typer.Abort:
+        code = INTERRUPTED
+    except typer.TyperException as err:  # usage errors (typer's own click exceptions)
+        err.show()
+        raise SystemExit(err.exit_code) from None
+    if code == INTERRUPTED:  # typer turns Ctrl-C into this code
+        typer.secho("interrupted", fg="red", err=True)
+    raise SystemExit(code if isinstance(code, int) else 0)
 
-        if isinstance(err, click.exceptions.ClickException):
-            err.show()
-            raise SystemExit(err.exit_code) from None
-        if isinstance(err, click.exceptions.Abort):
-            raise SystemExit(1) from None
-        raise
+
+INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 
 
 if __name__ == "__main__":
