@@ -8,7 +8,7 @@ import torch
 
 import specframe
 from specframe import DrawMethod, TargetScores, TokenTree, Verifier, VerifierCapabilities, VerifyResult
-from specframe.testing import check_verifier_law
+from specframe.testing import check_tree_builder_law, check_verifier_law
 from specframe.testing import (
     BackendConformance, DrafterConformance, MarkovProblem, TreeBuilderConformance, VerifierConformance, checks,
     random_proposal, reference_greedy,
@@ -79,6 +79,14 @@ def test_law_check_passes_a_lossless_sampler():
 def test_law_check_catches_a_biased_sampler():
     with pytest.raises(AssertionError, match="does not follow the target's distribution"):
         check_verifier_law(AlwaysFirstChild(), runs=3000)
+
+
+def test_tree_builder_law_check_passes_chain_and_catches_a_builder_that_picks_by_score():
+    from lossless_mutants import ByScoreChain
+
+    check_tree_builder_law(specframe.get_registry().get("tree builder", "chain")(), runs=3000)
+    with pytest.raises(AssertionError, match="tree builder 'mutant-chain-by-score' does not follow"):
+        check_tree_builder_law(ByScoreChain(), runs=3000)
 
 
 def test_greedy_check_catches_a_biased_verifier():
