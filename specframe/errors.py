@@ -14,12 +14,13 @@ class ConfigurationError(SpecframeError, ValueError):
 class UnknownComponentError(SpecframeError, KeyError):
     """A plugin name that no installed plugin registered."""
 
-    def __init__(self, kind: str, name: str, known: list[str]):
+    def __init__(self, kind: str, name: str, known: list[str], note: str = ""):
         self.kind, self.name, self.known = kind, name, known
         listing = ", ".join(sorted(known)) or "(none registered)"
         super().__init__(
             f"unknown {kind} '{name}'. Known {kind}s: {listing}. "
-            "Run `specframe plugins` to see what is installed."
+            + (f"Note: {note}. " if note else "")
+            + "Run `specframe plugins` to see what is installed."
         )
 
     def __str__(self) -> str:  # KeyError would otherwise print the repr

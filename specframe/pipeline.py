@@ -5,9 +5,10 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass
 
-from specframe.errors import CapabilityError, ConfigurationError, SpecframeWarning, UnsupportedModelError
+from specframe.errors import CapabilityError, SpecframeWarning, UnsupportedModelError
 from specframe.interfaces import Drafter, StateBackend, TreeBuilder, Verifier
 from specframe.models import Target
+from specframe.options import check_options
 from specframe.registry import ComponentSpec, PluginRegistry, get_registry
 from specframe.sampling import SamplingParams
 
@@ -85,10 +86,6 @@ def assemble(target: Target, drafter: str | ComponentSpec = "pld", tree: str | C
 
 
 def _construct(kind: str, cls: type, spec: ComponentSpec, *args, **kwargs):
-    """Instantiate a component; a wrong option name becomes a `ConfigurationError` naming the component."""
-    try:
-        return cls(*args, **kwargs, **spec.options)
-    except TypeError as err:
-        if "argument" not in str(err) and "option" not in str(err):
-            raise
-        raise ConfigurationError(f"{kind} '{spec.name}' rejected options {spec.options}: {err}") from err
+    """Instantiate a component after checking its options against the constructor's signature."""
+    check_options(kind, cls, spec.options)
+    return cls(*args, **kwargs, **spec.options)

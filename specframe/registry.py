@@ -34,7 +34,7 @@ class ComponentRegister:
         self._classes: dict[str, type] = {}
         self._owner: dict[str, str] = {}
 
-    def add(self, cls: type, plugin: str = "?") -> None:
+    def add(self, cls: type, plugin: str = "?") -> str:
         if not (isinstance(cls, type) and issubclass(cls, self.base)):
             raise TypeError(f"plugin '{plugin}' registered {cls!r} as a {self.kind}, "
                             f"but it is not a subclass of {self.base.__name__}")
@@ -50,12 +50,17 @@ class ComponentRegister:
             )
         self._classes[name] = cls
         self._owner[name] = plugin
+        return name
+
+    def remove(self, name: str) -> None:
+        self._classes.pop(name, None)
+        self._owner.pop(name, None)
 
     def get(self, name: str) -> type:
         try:
             return self._classes[name]
         except KeyError:
-            raise UnknownComponentError(self.kind, name, list(self._classes)) from None
+            raise UnknownComponentError(self.kind, name, list(self._classes), _loading_note()) from None
 
     def names(self) -> list[str]:
         return sorted(self._classes)
@@ -73,6 +78,7 @@ class PluginRegistry:
         self.registers = {kind: ComponentRegister(kind, base) for kind, base in KINDS.items()}
         self._loaded = False
         self.distributions: dict[str, str] = {}  # plugin name -> "dist==version"
+        self.failures: dict[str, str] = {}  # plugin name -> why it could not be loaded
 
     # --- loading -----------------------------------------------------------------------------------
 
@@ -80,32 +86,58 @@ class PluginRegistry:
         """Add a plugin object (a module or class with hookimpls) directly, e.g. in tests or notebooks."""
         self.pm.register(plugin, name=name)
         if self._loaded:
-            self._collect([self.pm.get_name(plugin) or name or repr(plugin)])
+            self._collect([self.pm.get_name(plugin) or name or repr(plugin)], strict=True)
 
     def load(self) -> None:
-        """Load entry points and collect component classes, once."""
+        """Load entry points and collect component classes, once.
+
+        A plugin that fails to import or to register is recorded in `failures` (shown by `specframe
+        plugins` and in unknown-name errors) and skipped; every other plugin stays usable.
+        """
         if self._loaded:
             return
-        self._loaded = True
         wanted = os.environ.get("SPECFRAME_LOAD_PLUGINS")
         allow = None if wanted is None else {w.strip() for w in wanted.split(",") if w.strip()}
         for ep in entry_points(group=ENTRY_POINT_GROUP):
-            if allow is not None and ep.name not in allow:
+            if (allow is not None and ep.name not in allow) or self.pm.has_plugin(ep.name):
                 continue
-            if self.pm.has_plugin(ep.name):
+            try:
+                self.pm.register(ep.load(), name=ep.name)
+            except Exception as err:  # a broken plugin must not take the others down
+                self.failures[ep.name] = f"{type(err).__name__}: {err}"
                 continue
-            self.pm.register(ep.load(), name=ep.name)
             dist = ep.dist
             self.distributions[ep.name] = f"{dist.name}=={dist.version}" if dist else "?"
+        self._loaded = True
         self._collect([name for name, _ in self.pm.list_name_plugin()])
 
-    def _collect(self, plugin_names: list[str]) -> None:
-        """Call the registration hooks of the named plugins, remembering which plugin gave what."""
+    def _collect(self, plugin_names: list[str], strict: bool = False) -> None:
+        """Call the registration hooks of the named plugins, remembering which plugin gave what.
+
+        A plugin whose registration fails (a duplicate name, a class of the wrong kind) is removed whole
+        and recorded in `failures`, or with `strict` the error is raised after the removal.
+        """
+        for name in plugin_names:
+            added: list[tuple[str, str]] = []
+            try:
+                self._register_components(name, added)
+            except Exception as err:
+                for kind, comp in added:
+                    self.registers[kind].remove(comp)
+                self.pm.unregister(name=name)
+                if strict:
+                    raise
+                self.failures[name] = f"{type(err).__name__}: {err}"
+
+    def _register_components(self, plugin: str, added: list[tuple[str, str]]) -> None:
+        """Run `plugin`'s registration hooks; every (kind, name) it registers is appended to `added`."""
         for kind, hook_name in REGISTRATION_HOOKS.items():
+            def register(cls, _kind=kind):
+                added.append((_kind, self.registers[_kind].add(cls, plugin)))
+
             for impl in getattr(self.pm.hook, hook_name).get_hookimpls():
-                if impl.plugin_name in plugin_names:
-                    register = self.registers[kind]
-                    impl.function(register=lambda cls, _r=register, _p=impl.plugin_name: _r.add(cls, _p))
+                if impl.plugin_name == plugin:
+                    impl.function(register=register)
 
     # --- lookup ------------------------------------------------------------------------------------
 
@@ -135,10 +167,22 @@ class PluginRegistry:
                                                                   "version": "?", "components": {}})
                 entry["components"].setdefault(kind + "s", []).append(comp)
         return {"plugins": sorted(plugins.values(), key=lambda p: p["name"]),
-                "components": {kind + "s": reg.names() for kind, reg in self.registers.items()}}
+                "components": {kind + "s": reg.names() for kind, reg in self.registers.items()},
+                "failed": dict(sorted(self.failures.items()))}
 
 
 _registry: PluginRegistry | None = None
+
+
+def _loading_note() -> str:
+    """What limited or broke plugin loading, for unknown-name errors ('' when nothing did)."""
+    notes = []
+    wanted = os.environ.get("SPECFRAME_LOAD_PLUGINS")
+    if wanted is not None:
+        notes.append(f"SPECFRAME_LOAD_PLUGINS={wanted!r} limits which plugins load; unset it to load all")
+    failures = _registry.failures if _registry is not None else {}
+    notes += [f"plugin '{name}' failed to load ({why})" for name, why in sorted(failures.items())]
+    return "; ".join(notes)
 
 
 def get_registry() -> PluginRegistry:
@@ -160,18 +204,42 @@ class ComponentSpec:
     def parse(cls, text: str) -> ComponentSpec:
         match = re.fullmatch(r"\s*([A-Za-z0-9_.:-]+)\s*(?:\((.*)\))?\s*", text)
         if not match:
-            raise ConfigurationError(f"cannot parse component spec '{text}': use NAME or NAME(key=value, ...)")
+            raise ConfigurationError(
+                f"cannot parse component spec '{text}': use NAME or NAME(key=value, ...)")
         name, args = match.group(1), match.group(2)
-        options: dict[str, Any] = {}
-        if args and args.strip():
-            try:
-                call = ast.parse(f"f({args})", mode="eval").body
-                assert isinstance(call, ast.Call) and not call.args
-                for kw in call.keywords:
-                    value = kw.value
-                    options[kw.arg] = (ast.literal_eval(value) if not isinstance(value, ast.Name)
-                                       else value.id)  # bare words are strings: tree(preset=medusa)
-            except (SyntaxError, ValueError, AssertionError):
-                raise ConfigurationError(
-                    f"cannot parse options of '{text}': use key=value pairs, e.g. {name}(c=16)") from None
-        return cls(name, options)
+        if not args or not args.strip():
+            return cls(name, {})
+        try:
+            return cls(name, _python_options(args))
+        except (SyntaxError, ValueError, AssertionError):
+            pass
+        try:
+            return cls(name, _plain_options(args))
+        except ValueError:
+            raise ConfigurationError(
+                f"cannot parse options of '{text}': use key=value pairs separated by commas, e.g. "
+                f"{name}(c=16, model='/path/to/model')") from None
+
+
+def _python_options(args: str) -> dict[str, Any]:
+    """`key=value, ...` as Python keyword arguments; a bare word is a string (`static(preset=B)`)."""
+    call = ast.parse(f"f({args})", mode="eval").body
+    assert isinstance(call, ast.Call) and not call.args
+    return {kw.arg: (kw.value.id if isinstance(kw.value, ast.Name) else ast.literal_eval(kw.value))
+            for kw in call.keywords}
+
+
+def _plain_options(args: str) -> dict[str, Any]:
+    """Fallback for unquoted values such as paths (`draft-model(model=/models/small, layers=2)`): split at
+    commas, keep a value that is no Python literal as its text."""
+    options: dict[str, Any] = {}
+    for part in args.split(","):
+        key, sep, value = part.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or not key.isidentifier() or not value:
+            raise ValueError(part)
+        try:
+            options[key] = ast.literal_eval(value)
+        except (SyntaxError, ValueError):
+            options[key] = value
+    return options

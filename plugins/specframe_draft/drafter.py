@@ -10,10 +10,10 @@ greedy tokens, one forward each. Every chain node also gets its `topk - 1` next 
 leaves, so the proposal is a candidate forest (scores = cumulative log q, `draft_probs` = the draft
 model's real distributions) that `static(preset=continuous)`, `beam` and `dynamic` can shape.
 When the request samples (`draw=auto`, the default), the chain and its siblings are i.i.d. draws from
-the draft distribution processed like the target's, the first draw continuing the chain, numbered depth by depth in draw order: with `chain` (which then
-follows the first-drawn child) and the `rejection` verifier that is classic speculative sampling,
-accepting each draft with probability min(1, p/q); `trie` and `static` keep a draw-order prefix of the
-siblings too.
+the draft distribution processed like the target's, the first draw continuing the chain, numbered depth
+by depth in draw order: with `chain` (which then follows the first-drawn child) and the `rejection`
+verifier that is classic speculative sampling, accepting each draft with probability min(1, p/q);
+`trie` and `static` keep a draw-order prefix of the siblings too.
 `observe` rolls the cache back to the committed tokens; `propose` also checks the cached tokens against
 the context, so a new request or an unexpected context never reuses stale state.
 """
@@ -28,7 +28,7 @@ from torch import nn
 
 import specframe
 from specframe import DraftContext, DraftProposal, Drafter, DrafterCapabilities, DrawMethod, StepOutcome
-from specframe.errors import ConfigurationError
+from specframe.errors import ConfigurationError, UnsupportedModelError
 from specframe.sampling import check_draw, samples_drafts
 
 
@@ -76,6 +76,7 @@ class DraftModelDrafter(Drafter):
             draft = specframe.load_target(model, dtype=next(target.model.parameters()).dtype,
                                           device=str(target.device))
             check_same_tokenizer(target, draft)
+            check_croppable(draft)
             self.model = draft.model
         self.reset()
 
@@ -186,6 +187,16 @@ def common_prefix(a: list[int], b: list[int]) -> int:
         return 0
     diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
     return int(diff[0]) if len(diff) else n
+
+
+def check_croppable(draft: specframe.Target) -> None:
+    """The draft model's state must roll back by cropping a KV cache, as the `kv` backend's does."""
+    reason = specframe.get_registry().get("backend", "kv").unsupported_reason(draft)
+    if reason:
+        raise UnsupportedModelError(
+            f"draft-model: '{draft.name}' cannot be a draft model: the drafter rolls its state back by "
+            f"cropping a KV cache after every step, so it needs an attention-only model, and {reason}. "
+            "Pick an attention-only draft model of the target's family, or draft-model(layers=N)")
 
 
 def check_same_tokenizer(target: specframe.Target, draft: specframe.Target) -> None:

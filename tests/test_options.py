@@ -1,0 +1,102 @@
+"""Component options and plugin loading fail at assembly with a message, never mid-decode or wholesale:
+option names and types are checked against the constructor, unquoted paths parse, a broken plugin is
+reported by name while the others stay usable, and SPECFRAME_LOAD_PLUGINS is named when it hides one."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from ssm_models import tiny_ssm_target
+
+import specframe
+from specframe import ConfigurationError, UnknownComponentError
+from specframe.errors import UnsupportedModelError
+from specframe.registry import ComponentSpec, PluginRegistry
+from specframe.testing.targets import tiny_target
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_target(0)
+
+
+@pytest.mark.parametrize("drafter,tree,message", [
+    ("pld(max_ngram=abc)", "chain", r"option max_ngram='abc' must be int"),
+    ("pld(matches=1.5)", "chain", r"option matches=1.5 must be int"),
+    ("draft-model(layers=1)", "dynamic(topk=abc)", r"tree builder 'dynamic': option topk='abc' must be int"),
+    ("pld(nope=1)", "chain", r"drafter 'pld' has no option 'nope'; its options are: max_ngram: int"),
+    ("pld", "static(widths=[3, 'x'])", r"option widths=\[3, 'x'\] must be"),
+])
+def test_wrong_option_names_and_types_are_refused_at_assembly(target, drafter, tree, message):
+    with pytest.raises(ConfigurationError, match=message):
+        specframe.assemble(target, drafter, tree)
+
+
+def test_right_options_of_every_shape_pass(target):
+    specframe.assemble(target, "pld(max_ngram=3, matches=2)", "static(widths=(3, 2))")
+    specframe.assemble(target, "draft-model(layers=1, topk=2)", "static(paths=[[0], [1]])")
+    specframe.assemble(target, "pld", "chain", "typical(threshold=1, alpha=0.5)")  # an int where a float is
+
+
+def test_unquoted_paths_parse_and_unparseable_options_show_the_quoted_form():
+    spec = ComponentSpec.parse("draft-model(model=/models/small-lm, layers=2)")
+    assert spec.options == {"model": "/models/small-lm", "layers": 2}
+    with pytest.raises(ConfigurationError, match=r"model='/path/to/model'"):
+        ComponentSpec.parse("draft-model(=3)")
+
+
+class FakeEntryPoint(SimpleNamespace):
+    def load(self):
+        if isinstance(self.plugin, Exception):
+            raise self.plugin
+        return self.plugin
+
+
+class DuplicatePld:
+    """A plugin that registers a second drafter named 'pld'."""
+
+    @staticmethod
+    @specframe.hookimpl
+    def register_drafters(register):
+        class Pld(specframe.Drafter):
+            name = "pld"
+
+            def propose(self, context):
+                return specframe.DraftProposal.empty()
+
+        register(Pld)
+
+
+def test_a_broken_or_clashing_plugin_is_reported_and_the_others_stay_usable(monkeypatch):
+    from importlib.metadata import entry_points
+
+    real = list(entry_points(group="specframe"))
+    fakes = [FakeEntryPoint(name="broken", dist=None, plugin=ImportError("No module named 'missing_dep'")),
+             FakeEntryPoint(name="clash", dist=None, plugin=DuplicatePld)]
+    monkeypatch.setattr("specframe.registry.entry_points", lambda group: [*real, *fakes])
+    registry = PluginRegistry()
+    assert registry.get("drafter", "pld").__module__.startswith("specframe_pld")  # the first-party one
+    assert {"broken", "clash"} == set(registry.failures)
+    assert "missing_dep" in registry.failures["broken"] and "registered twice" in registry.failures["clash"]
+    assert registry.describe()["failed"].keys() == {"broken", "clash"}
+    monkeypatch.setattr("specframe.registry._registry", registry)
+    with pytest.raises(UnknownComponentError, match=r"plugin 'broken' failed to load \(ImportError"):
+        registry.get("drafter", "from-broken")
+
+
+def test_unknown_names_say_when_specframe_load_plugins_hides_them(monkeypatch):
+    monkeypatch.setenv("SPECFRAME_LOAD_PLUGINS", "nosuch")
+    registry = PluginRegistry()
+    monkeypatch.setattr("specframe.registry._registry", registry)
+    hint = r"Known drafters: \(none registered\). Note: SPECFRAME_LOAD_PLUGINS='nosuch' limits which plugins"
+    with pytest.raises(UnknownComponentError, match=hint):
+        registry.get("drafter", "pld")
+
+
+def test_a_recurrent_draft_model_is_refused_when_the_drafter_is_built():
+    from specframe_draft.drafter import check_croppable
+
+    check_croppable(tiny_target(1))  # attention only: fine
+    with pytest.raises(UnsupportedModelError, match=r"cannot be a draft model: .*cropping a KV cache"):
+        check_croppable(tiny_ssm_target("bamba"))
