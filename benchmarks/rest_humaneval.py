@@ -12,7 +12,7 @@ Three phases, all resumable (results are appended to JSON-lines files under `--o
    model. Greedy verification accepts exactly what it would accept with the model (speculation is
    lossless), so tau, alpha and the drafter's per-step times are exact, for all problems at little cost.
    Modeled speedup = plain cost / (sum over steps of t(1 + tree size) + draft + tree time), with t(N)
-   the measured forward cost of N tokens (`shared/notes/cpu-envelope.md`).
+   the measured forward cost of N tokens (`docs/explanation/metrics-and-costs.md`).
 3. measured: real decoding with the model for the first `--measure-limit` problems, methods interleaved
    per problem with plain decoding (drafter `none`, same backend), tokens compared with it: measured speedup.
 
@@ -37,7 +37,8 @@ from specframe import BackendCapabilities, SpeculativeDecoder, StateBackend, Tar
 from specframe.pipeline import Pipeline
 from specframe.registry import get_registry
 
-# forward cost (ms) of N new tokens on a 300-token cache, this CPU, idle (shared/notes/cpu-envelope.md)
+# forward cost (ms) of N new tokens on a 300-token cache, this CPU, idle
+# (docs/explanation/metrics-and-costs.md)
 FORWARD_MS = {
     1: 66.6,
     2: 108.3,

@@ -11,8 +11,8 @@ between tree and sequential logits); the share of identical outputs is reported 
     python benchmarks/sampling_humaneval.py --limit 20 --max-new-tokens 128 \
         --out results/sampling_humaneval.json
 
-Metrics (shared/notes/anchors.md): tau = emitted tokens / steps, alpha = accepted / drafted tokens (both
-pooled over prompts), speedup = mean over prompts of tokens/s(method) / tokens/s(plain), prefill
+Metrics (docs/explanation/metrics-and-costs.md): tau = emitted tokens / steps, alpha = accepted / drafted
+tokens (both pooled over prompts), speedup = mean over prompts of tokens/s(method) / tokens/s(plain), prefill
 included, and the same with prefill excluded.
 """
 

@@ -18,7 +18,7 @@ from specframe.registry import PluginRegistry, get_registry
 from specframe.sampling import Sampler, SamplingParams
 from specframe.tree import TokenTree
 
-DEFAULT_BUDGET = 12  # tree nodes per step; small trees win on a CPU (shared/notes/cpu-envelope.md)
+DEFAULT_BUDGET = 12  # tree nodes per step; small trees win on a CPU (docs/explanation/metrics-and-costs.md)
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Per-request decoding metrics, with the definitions of `shared/notes/anchors.md`.
+"""Per-request decoding metrics, with the definitions of `docs/explanation/metrics-and-costs.md`.
 
 - tau (mean accepted length) = tokens emitted / verification steps, bonus token included (plain
   decoding has tau = 1); the prefill is not a step.

@@ -1,8 +1,8 @@
 """Aggregates of a benchmark run, written as `results.json` and a markdown table per category.
 
-Definitions (`shared/notes/anchors.md`): speedup = mean over turns of (tokens/s of the method) / (tokens/s
-of its baseline on the same turn and repeat), prefill included, and again with the prefill excluded;
-tokens/s = mean over turns of each turn's tokens/s;
+Definitions (`docs/explanation/metrics-and-costs.md`): speedup = mean over turns of (tokens/s of the
+method) / (tokens/s of its baseline on the same turn and repeat), prefill included, and again with the
+prefill excluded; tokens/s = mean over turns of each turn's tokens/s;
 tau = tokens emitted / verification steps; alpha = accepted draft tokens / draft tokens. Speedups and
 tokens/s are computed per repeat, then reported as mean and standard deviation over repeats.
 """
