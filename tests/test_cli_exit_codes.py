@@ -11,8 +11,11 @@ import time
 
 # A stand-in app with the exits under test, run through the real `specframe.cli.main`.
 STUB = """
-import sys, time, typer
+import signal, sys, time, typer
 import specframe.cli as cli
+# A job started in the background by a non-interactive shell (as CI runs us) inherits SIGINT ignored;
+# restore Python's handler so the process reacts to Ctrl-C as it would in a terminal.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 app = typer.Typer()
 @app.command()
 def run(what: str):
