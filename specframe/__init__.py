@@ -21,7 +21,7 @@ from specframe.metrics import DecodeMetrics
 from specframe.models import Target, load_target
 from specframe.pipeline import Pipeline, assemble
 from specframe.records import (
-    DraftContext, DraftProposal, DrawMethod, StepEvent, StepOutcome, TargetScores, VerifyResult,
+    DraftContext, DraftProposal, DrawMethod, ScoreKind, StepEvent, StepOutcome, TargetScores, VerifyResult,
 )
 from specframe.registry import ComponentSpec, PluginRegistry, get_registry
 from specframe.sampling import Sampler, SamplingParams
@@ -33,7 +33,7 @@ __all__ = [
     "BackendCapabilities", "CapabilityError", "ComponentSpec", "ConfigurationError", "DEFAULT_BUDGET",
     "DecodeMetrics", "DraftContext", "DraftProposal", "Drafter", "DrafterCapabilities", "DrawMethod",
     "DuplicateComponentError", "GenerationResult", "ModelLoadError", "Pipeline", "PluginRegistry",
-    "PromptError", "Sampler", "SamplingParams", "SpecframeError", "SpeculativeDecoder", "StateBackend",
+    "PromptError", "Sampler", "SamplingParams", "ScoreKind", "SpecframeError", "SpeculativeDecoder", "StateBackend",
     "StepEvent", "StepOutcome", "Target", "TargetScores", "TokenTree", "TreeBuilder",
     "TreeBuilderCapabilities", "UnknownComponentError", "UnsupportedModelError", "Verifier",
     "VerifierCapabilities", "VerifyResult", "assemble", "generate", "get_registry", "hookimpl", "load_target",

@@ -10,7 +10,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from specframe.records import DraftContext, DraftProposal, StepOutcome, TargetScores, VerifyResult
+from specframe.records import DraftContext, DraftProposal, ScoreKind, StepOutcome, TargetScores, VerifyResult
 from specframe.sampling import Sampler
 from specframe.tree import TokenTree
 
@@ -22,13 +22,16 @@ if TYPE_CHECKING:
 class DrafterCapabilities:
     needs_hidden_states: bool = False  # wants `DraftContext.hidden` from the target
     provides_draft_probs: bool = False  # fills `DraftProposal.draft_probs` with the real q
-    proposes_trees: bool = False  # may propose several children per node
+    proposes_trees: bool = False  # may propose several children per node (chain-only backends need a chain)
+    score_kind: ScoreKind = ScoreKind.RANK  # what its `DraftProposal.scores` mean
     samples_drafts: bool = False  # may propose `DrawMethod.SAMPLED` drafts (when the request samples)
 
 
 @dataclass(frozen=True)
 class TreeBuilderCapabilities:
     needs_draft_probs: bool = False  # expands by draft distributions (beam, dynamic)
+    needs_score_kind: ScoreKind | None = None  # the proposal scores it relies on; None: any ordering
+    makes_chains: bool = False  # always returns a chain (one child per node), for chain-only backends
     keeps_draft_probs: bool = True  # passes q of the kept nodes on to the tree
     # Keeps, from a sampled proposal, a draw-order prefix under every node chosen without looking at the
     # tokens (`specframe.tree.draw_order_prefix`), so the tree stays `SAMPLED` and `rejection` can use q.

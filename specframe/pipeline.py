@@ -48,6 +48,13 @@ def check_compatible(target: Target, drafter: type[Drafter], tree: type[TreeBuil
             f"their scores, so the kept drafts are no longer draws from q and verifier '{verifier.name}' "
             "would be biased; with sampled drafts use tree 'chain', 'trie' or 'static' (they keep a "
             f"draw-order prefix), or verify '{tree.name}' trees with 'sample-match'")
+    if t.needs_score_kind is not None and d.score_kind is not t.needs_score_kind:
+        problems.append(f"tree builder '{tree.name}' ranks nodes by {t.needs_score_kind.value} scores, but "
+                        f"drafter '{drafter.name}' scores by {d.score_kind.value}; use a tree builder that "
+                        "takes any score, such as 'chain'")
+    if not b.supports_trees and d.proposes_trees and not t.makes_chains:
+        problems.append(f"backend '{backend.name}' scores chains only, but drafter '{drafter.name}' proposes "
+                        f"trees and tree builder '{tree.name}' may keep them; use the tree builder 'chain'")
     if t.needs_draft_probs and not d.provides_draft_probs:
         problems.append(f"tree builder '{tree.name}' expands by draft probabilities, which drafter "
                         f"'{drafter.name}' does not provide")

@@ -47,6 +47,18 @@ class DrawMethod(str, enum.Enum):
     RETRIEVED = "retrieved"  # copied from text (prompt lookup, REST): no draft distribution
 
 
+class ScoreKind(str, enum.Enum):
+    """What the numbers in `DraftProposal.scores` mean, so a tree builder can rely on them.
+
+    Both meaningful kinds never increase from a parent to its child, so the best-scored nodes of a
+    proposal are closed under parents.
+    """
+
+    LOG_PROB = "log-prob"  # cumulative log-probability of the path to the node under the draft q (<= 0)
+    FREQUENCY = "frequency"  # total weight of the retrieved sequences passing through the node (>= 0)
+    RANK = "rank"  # an ordering only (higher is better), with no further meaning
+
+
 @dataclass
 class DraftContext:
     """What a drafter sees before each step.
@@ -63,7 +75,6 @@ class DraftContext:
     prompt_len: int
     budget: int
     hidden: torch.Tensor | None = None  # (H,)
-    root_logits: torch.Tensor | None = None  # (V,) not known before scoring; None for now
     sampler: Sampler | None = None
 
 
@@ -72,9 +83,9 @@ class DraftProposal:
     """Candidate tokens as a forest under the root: node i has `tokens[i]` and parent `parents[i]`.
 
     `parents[i] == -1` means a child of the root; parents always come before children. `scores` rank
-    nodes (higher is better, e.g. a frequency or a cumulative log-probability). `draft_probs[i]` is the
-    distribution q the token of node i was drawn from (siblings share it); present only when the
-    drafter has real probabilities.
+    nodes (higher is better); `score_kind` says what they mean (see `ScoreKind`) and must match the
+    drafter's `DrafterCapabilities.score_kind`. `draft_probs[i]` is the distribution q the token of node
+    i was drawn from (siblings share it); present only when the drafter has real probabilities.
     """
 
     tokens: np.ndarray  # (N,) int64
@@ -82,6 +93,7 @@ class DraftProposal:
     scores: np.ndarray  # (N,) float64
     draft_probs: torch.Tensor | None = None  # (N, V)
     draw: DrawMethod = DrawMethod.RETRIEVED
+    score_kind: ScoreKind = ScoreKind.RANK
 
     def __post_init__(self) -> None:
         self.tokens = np.asarray(self.tokens, dtype=np.int64).reshape(-1)
@@ -128,7 +140,8 @@ class DraftProposal:
                     scores.append(0.0)
                 scores[node] += w
                 parent = node
-        return cls(np.array(tokens, np.int64), np.array(parents, np.int64), np.array(scores))
+        return cls(np.array(tokens, np.int64), np.array(parents, np.int64), np.array(scores),
+                   score_kind=ScoreKind.FREQUENCY)
 
 
 @dataclass

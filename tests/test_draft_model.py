@@ -7,11 +7,11 @@ import pytest
 import torch
 
 import specframe
-from specframe import StepOutcome
+from specframe import DrawMethod, ScoreKind, StepOutcome
 from specframe.errors import ConfigurationError
 from specframe.testing import DrafterConformance, reference_greedy, repetitive_prompt, tiny_target
 from specframe_draft.drafter import (
-    DraftModelDrafter, check_same_tokenizer, common_prefix, forest_from_chain, truncated_model,
+    DraftModelDrafter, check_same_tokenizer, common_prefix, forest_from_picks, truncated_model,
 )
 
 
@@ -54,16 +54,17 @@ def test_cache_matches_a_fresh_forward_after_rollbacks():
     torch.testing.assert_close(a.draft_probs, b.draft_probs, atol=1e-5, rtol=1e-5)
 
 
-def test_forest_from_chain_has_sibling_leaves_and_cumulative_scores():
+def test_forest_from_picks_has_sibling_leaves_and_cumulative_log_q_scores():
     q = torch.softmax(torch.randn(3, 20), -1)  # (L, V)
-    chain = [int(q[d].argmax()) for d in range(3)]
-    proposal = forest_from_chain(chain, q, topk=3)
+    picks = [q[d].topk(3).indices.tolist() for d in range(3)]
+    chain = [p[0] for p in picks]
+    proposal = forest_from_picks(picks, q, DrawMethod.TOPK)
     assert len(proposal) == 9 and proposal.parents.tolist() == [-1, -1, -1, 0, 0, 0, 3, 3, 3]
-    assert proposal.tokens[[0, 3, 6]].tolist() == chain
+    assert proposal.tokens[[0, 3, 6]].tolist() == chain and proposal.score_kind is ScoreKind.LOG_PROB
     assert proposal.scores[6] == pytest.approx(float(q[0, chain[0]].log() + q[1, chain[1]].log()
                                                      + q[2, chain[2]].log()), abs=1e-5)
-    assert len(forest_from_chain(chain, q, topk=1)) == 3
-
+    assert len(forest_from_picks([p[:1] for p in picks], q, DrawMethod.ARGMAX)) == 3
+    assert len(forest_from_picks(picks, q, DrawMethod.SAMPLED, limit=4)) == 4  # a prefix in draw order
 
 def test_bad_options_and_tokenizers_are_clear_errors():
     target = tiny_target(seed=0, layers=3)

@@ -100,3 +100,26 @@ def test_a_recurrent_draft_model_is_refused_when_the_drafter_is_built():
     check_croppable(tiny_target(1))  # attention only: fine
     with pytest.raises(UnsupportedModelError, match=r"cannot be a draft model: .*cropping a KV cache"):
         check_croppable(tiny_ssm_target("bamba"))
+
+
+def test_score_kinds_and_chain_only_backends_are_checked_at_assembly(target):
+    from specframe import BackendCapabilities, CapabilityError, SamplingParams
+    from specframe.pipeline import check_compatible
+    from specframe.testing.drafts import TinyModelDrafter
+
+    registry = specframe.get_registry()
+    beam, chain, trie = (registry.get("tree builder", n) for n in ("beam", "chain", "trie"))
+    greedy, kv = registry.get("verifier", "greedy"), registry.get("backend", "kv")
+    with pytest.raises(CapabilityError, match=r"'beam' ranks nodes by log-prob scores, but drafter "
+                                              r"'test-tiny-model' scores by frequency"):
+        check_compatible(target, TinyModelDrafter, beam, greedy, kv, SamplingParams())
+    check_compatible(target, registry.get("drafter", "draft-model"), beam, greedy, kv, SamplingParams())
+
+    class ChainOnly(kv):
+        name = "chain-only"
+        capabilities = BackendCapabilities(supports_trees=False)
+
+    pld = registry.get("drafter", "pld")
+    with pytest.raises(CapabilityError, match=r"'chain-only' scores chains only.*the tree builder 'chain'"):
+        check_compatible(target, pld, trie, greedy, ChainOnly, SamplingParams())
+    check_compatible(target, pld, chain, greedy, ChainOnly, SamplingParams())

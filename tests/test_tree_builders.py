@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import specframe
-from specframe import DraftProposal, DrawMethod
+from specframe import ScoreKind, DraftProposal, DrawMethod
 from specframe.errors import CapabilityError, ConfigurationError
 from specframe.testing import TreeBuilderConformance, random_proposal, tiny_target
 from specframe_trees.beam import BeamTreeBuilder
@@ -67,7 +67,7 @@ def full_forest(width: int, depth: int, seed: int = 0) -> DraftProposal:
                 nxt.append((len(tokens) - 1, scores[-1]))
         frontier = nxt
     return DraftProposal(np.array(tokens), np.array(parents), np.array(scores), torch.stack(rows).float(),
-                         DrawMethod.TOPK)
+                         DrawMethod.TOPK, ScoreKind.LOG_PROB)
 
 
 def rank_paths(tree: specframe.TokenTree, proposal: DraftProposal) -> set[tuple[int, ...]]:

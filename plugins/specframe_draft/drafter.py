@@ -27,7 +27,9 @@ import torch
 from torch import nn
 
 import specframe
-from specframe import DraftContext, DraftProposal, Drafter, DrafterCapabilities, DrawMethod, StepOutcome
+from specframe import (
+    DraftContext, DraftProposal, Drafter, DrafterCapabilities, DrawMethod, ScoreKind, StepOutcome,
+)
 from specframe.errors import ConfigurationError, UnsupportedModelError
 from specframe.sampling import check_draw, samples_drafts
 
@@ -56,7 +58,8 @@ def truncated_model(target: specframe.Target, layers: int) -> nn.Module:
 
 class DraftModelDrafter(Drafter):
     name = "draft-model"
-    capabilities = DrafterCapabilities(provides_draft_probs=True, proposes_trees=True, samples_drafts=True)
+    capabilities = DrafterCapabilities(provides_draft_probs=True, proposes_trees=True, samples_drafts=True,
+                                       score_kind=ScoreKind.LOG_PROB)
 
     def __init__(self, target, *, model: str | None = None, layers: int | None = None, num_tokens: int = 4,
                  topk: int = 1, draw: str = "auto"):
@@ -145,16 +148,6 @@ class DraftModelDrafter(Drafter):
             del self.cached[length:]
 
 
-def forest_from_chain(chain: list[int], q: torch.Tensor, topk: int) -> DraftProposal:
-    """The greedy chain, each chain node with its `topk - 1` runner-up siblings as leaves.
-
-    `q` (L, V): row d is the distribution of depth d + 1. Scores are cumulative log q.
-    """
-    picks = [[tok] + [t for t in q[d].topk(topk).indices.tolist() if t != tok][: topk - 1]
-             for d, tok in enumerate(chain)]
-    return forest_from_picks(picks, q, DrawMethod.ARGMAX if topk == 1 else DrawMethod.TOPK)
-
-
 def forest_from_picks(picks: list[list[int]], q: torch.Tensor, draw: DrawMethod,
                       limit: int | None = None) -> DraftProposal:
     """A chain whose depth-d node is `picks[d][0]`, with `picks[d][1:]` as sibling leaves.
@@ -178,7 +171,8 @@ def forest_from_picks(picks: list[list[int]], q: torch.Tensor, draw: DrawMethod,
             break
         parent, base = first, scores[first]
     probs = q[torch.tensor(rows)]  # (N, V) siblings share their row
-    return DraftProposal(np.array(tokens), np.array(parents), np.array(scores), probs, draw)
+    return DraftProposal(np.array(tokens), np.array(parents), np.array(scores), probs, draw,
+                         ScoreKind.LOG_PROB)
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 import specframe
-from specframe import DraftContext, DraftProposal, Drafter, DrafterCapabilities
+from specframe import DraftContext, DraftProposal, Drafter, DrafterCapabilities, ScoreKind
 from specframe.errors import ConfigurationError
 
 
@@ -43,7 +43,7 @@ def find_matches(tokens: np.ndarray, ngram: int, limit: int) -> np.ndarray:
 
 class PromptLookupDrafter(Drafter):
     name = "pld"
-    capabilities = DrafterCapabilities(proposes_trees=True)
+    capabilities = DrafterCapabilities(proposes_trees=True, score_kind=ScoreKind.FREQUENCY)
 
     def __init__(self, target, *, max_ngram: int = 4, min_ngram: int = 2, num_tokens: int = 12,
                  matches: int = 1):

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specframe import ConfigurationError, DraftContext, Drafter, DrafterCapabilities, DraftProposal
+from specframe import ConfigurationError, DraftContext, Drafter, DrafterCapabilities, DraftProposal, ScoreKind
 from specframe.models import specframe_home
 from specframe_rest.datastore import HEADER, Datastore, TokenizerIdentity, read_header
 from specframe_rest.retrieval import SuffixIndex, build_trie, context_continuations, top_nodes
@@ -82,7 +82,7 @@ class RestDrafter(Drafter):
     `live_k` (context matches used) and `by_length` (scale each source's weight by its match length)."""
 
     name = "rest"
-    capabilities = DrafterCapabilities(proposes_trees=True)
+    capabilities = DrafterCapabilities(proposes_trees=True, score_kind=ScoreKind.FREQUENCY)
 
     def __init__(
         self,

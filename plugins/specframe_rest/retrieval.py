@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specframe import DraftProposal
+from specframe import DraftProposal, ScoreKind
 
 PAD = -1  # marks positions after a continuation's end in a (rows, m) array
 
@@ -179,7 +179,7 @@ def build_trie(rows: np.ndarray, weights: np.ndarray) -> DraftProposal:
     pos = np.searchsorted(flat_new, depth * k + row)  # (N,) index of each node's own group start
     ends = np.minimum(nxt[pos] - depth * k, k)  # (N,) first row after the node's group
     cum = np.concatenate([[0.0], np.cumsum(weights)])
-    return DraftProposal(rows[row, depth], parents, cum[ends] - cum[row])
+    return DraftProposal(rows[row, depth], parents, cum[ends] - cum[row], score_kind=ScoreKind.FREQUENCY)
 
 
 def top_nodes(proposal: DraftProposal, c: int) -> DraftProposal:
@@ -190,4 +190,5 @@ def top_nodes(proposal: DraftProposal, c: int) -> DraftProposal:
     keep = np.sort(np.lexsort((np.arange(len(proposal)), -proposal.scores))[:c])  # (c,)
     remap = np.full(len(proposal) + 1, -1, np.int64)  # remap[-1] keeps the root at -1
     remap[keep] = np.arange(c)
-    return DraftProposal(proposal.tokens[keep], remap[proposal.parents[keep]], proposal.scores[keep])
+    return DraftProposal(proposal.tokens[keep], remap[proposal.parents[keep]], proposal.scores[keep],
+                         score_kind=proposal.score_kind)

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specframe import DraftContext, DraftProposal, Drafter, DrafterCapabilities, DrawMethod
+from specframe import DraftContext, DraftProposal, Drafter, DrafterCapabilities, DrawMethod, ScoreKind
 from specframe.errors import ConfigurationError, ModelLoadError
 from specframe.sampling import Sampler, check_draw, samples_drafts
 from specframe_s4c.heads import S4CHeads, target_parts
@@ -44,7 +44,7 @@ def packaged_heads(model_name: str) -> Path:
 class S4CDrafter(Drafter):
     name = "s4c"
     capabilities = DrafterCapabilities(needs_hidden_states=True, provides_draft_probs=True, proposes_trees=True,
-                                       samples_drafts=True)
+                                       samples_drafts=True, score_kind=ScoreKind.LOG_PROB)
 
     def __init__(self, target, *, heads: str | None = None, topk: int = 4,
                  widths: int | tuple[int, ...] | list[int] = DEFAULT_WIDTHS, draw: str = "auto"):
@@ -128,7 +128,8 @@ class S4CDrafter(Drafter):
         full[:, self.vocab_ids] = q_all.float()  # (rows, V): q is zero outside the draft vocabulary
         probs = full[torch.tensor(rows, device=device)]  # (N, V) siblings share their row
         draw = DrawMethod.SAMPLED if sampled else DrawMethod.TOPK
-        return DraftProposal(np.array(tokens), np.array(parents), np.array(scores), probs, draw)
+        return DraftProposal(np.array(tokens), np.array(parents), np.array(scores), probs, draw,
+                             ScoreKind.LOG_PROB)
 
     def _pick(self, q: torch.Tensor, sampler: Sampler | None) -> list[list[int]]:
         """Children of each row of (n, Vd) q as draft-vocabulary indices: the `topk` most likely, or (with

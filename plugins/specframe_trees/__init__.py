@@ -19,7 +19,7 @@ class ChainTreeBuilder(TreeBuilder):
     """
 
     name = "chain"
-    capabilities = TreeBuilderCapabilities(keeps_draw_order=True)
+    capabilities = TreeBuilderCapabilities(keeps_draw_order=True, makes_chains=True)
 
     def build(self, proposal: DraftProposal, budget: int) -> TokenTree:
         if proposal.draw in SAMPLED_DRAWS:

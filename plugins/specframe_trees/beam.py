@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from specframe import DraftProposal, TokenTree, TreeBuilder, TreeBuilderCapabilities
+from specframe import DraftProposal, ScoreKind, TokenTree, TreeBuilder, TreeBuilderCapabilities
 from specframe.errors import ConfigurationError
 from specframe_trees.forest import check_forest
 from specframe_trees.static import STREE_CONFIGS
@@ -25,7 +25,7 @@ class BeamTreeBuilder(TreeBuilder):
     """`beam(width=4, depth=4)` or `beam(config=D)`."""
 
     name = "beam"
-    capabilities = TreeBuilderCapabilities(needs_draft_probs=True)
+    capabilities = TreeBuilderCapabilities(needs_draft_probs=True, needs_score_kind=ScoreKind.LOG_PROB)
 
     def __init__(self, *, width: int = 4, depth: int = 4, config: str | None = None):
         super().__init__()

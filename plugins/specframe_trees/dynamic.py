@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from specframe import DraftProposal, TokenTree, TreeBuilder, TreeBuilderCapabilities
+from specframe import DraftProposal, ScoreKind, TokenTree, TreeBuilder, TreeBuilderCapabilities
 from specframe.errors import ConfigurationError
 from specframe_trees.forest import check_forest, depths
 
@@ -25,7 +25,7 @@ class DynamicTreeBuilder(TreeBuilder):
     """`dynamic(topk=4, depth=6)`: expand the `topk` best nodes per depth, keep the `budget` best overall."""
 
     name = "dynamic"
-    capabilities = TreeBuilderCapabilities(needs_draft_probs=True)
+    capabilities = TreeBuilderCapabilities(needs_draft_probs=True, needs_score_kind=ScoreKind.LOG_PROB)
 
     def __init__(self, *, topk: int = 4, depth: int = 6):
         super().__init__()

@@ -3,32 +3,34 @@
 The optional extension they rely on is a convention on `DraftProposal`, not a new interface: a drafter
 with real draft probabilities proposes a forest wider than any tree it will be cut to, where
 
-- `scores[i]` is the cumulative log-probability log q(path to node i) under the drafter, and
+- `scores[i]` is the cumulative log-probability log q(path to node i) under the drafter
+  (`score_kind=ScoreKind.LOG_PROB`, declared in the drafter's capabilities too), and
 - the children of every node the drafter expanded are its top-k tokens under that node's distribution
   (`draft_probs[i]` is that distribution).
 
 `s4c(widths=..., topk=...)` and `draft-model(topk=...)` propose such forests. A tree builder then decides
 which part to verify without calling the drafter back: `beam` keeps the best `width` nodes per depth
 among the children of the previous depth's kept nodes, `dynamic` reranks all candidates globally. Both
-declare `needs_draft_probs`, so a pipeline with a drafter whose scores are not log-probabilities (pld's
-frequencies) is refused when it is assembled.
+declare `needs_draft_probs` and `needs_score_kind=ScoreKind.LOG_PROB`, so a pipeline with a drafter whose
+scores are not log-probabilities (pld's frequencies) is refused when it is assembled.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from specframe import DraftProposal
+from specframe import DraftProposal, ScoreKind
 from specframe.errors import CapabilityError
 
 
 def check_forest(proposal: DraftProposal, builder: str) -> None:
-    """Refuse proposals whose scores cannot be cumulative log-probabilities."""
-    if len(proposal) and (proposal.draft_probs is None or np.any(proposal.scores > 1e-6)):
+    """Refuse proposals that are not scored by cumulative log-probabilities (a drafter that declares one
+    kind of score in its capabilities and proposes another)."""
+    if len(proposal) and (proposal.draft_probs is None or proposal.score_kind is not ScoreKind.LOG_PROB):
         raise CapabilityError(
             f"tree builder '{builder}' needs a candidate forest scored by cumulative log-probabilities "
-            "with draft_probs (from s4c or draft-model); this proposal has "
-            + ("no draft_probs" if proposal.draft_probs is None else "positive scores"))
+            "with draft_probs; this proposal has "
+            + ("no draft_probs" if proposal.draft_probs is None else f"{proposal.score_kind.value} scores"))
 
 
 def depths(proposal: DraftProposal) -> np.ndarray:

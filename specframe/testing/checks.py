@@ -16,7 +16,7 @@ from specframe.decoding import SpeculativeDecoder
 from specframe.interfaces import Drafter, StateBackend, TreeBuilder, Verifier
 from specframe.models import Target
 from specframe.pipeline import Pipeline, check_compatible
-from specframe.records import DraftProposal, DrawMethod, TargetScores
+from specframe.records import DraftProposal, DrawMethod, ScoreKind, TargetScores
 from specframe.registry import ComponentSpec, get_registry
 from specframe.sampling import Sampler, SamplingParams
 from specframe.testing.synthetic import FirstNodesTreeBuilder, NoisyTargetDrafter, random_tree
@@ -73,8 +73,9 @@ def check_class(cls: type, base: type) -> None:
 
 
 def check_proposal(proposal: DraftProposal, vocab_size: int, name: str = "?", *,
-                   provides_draft_probs: bool = False) -> None:
-    """A well-formed proposal: a `DraftProposal`, tokens in the vocabulary, q rows that are distributions."""
+                   provides_draft_probs: bool = False, score_kind: ScoreKind | None = None) -> None:
+    """A well-formed proposal: a `DraftProposal`, tokens in the vocabulary, scores of the declared kind
+    (never increasing downwards for log-probabilities and frequencies), q rows that are distributions."""
     if not isinstance(proposal, DraftProposal):
         _fail(f"drafter '{name}' returned {type(proposal).__name__}, not a DraftProposal")
     n = len(proposal)
@@ -82,6 +83,17 @@ def check_proposal(proposal: DraftProposal, vocab_size: int, name: str = "?", *,
         _fail(f"drafter '{name}' proposed token ids outside [0, {vocab_size}): {proposal.tokens.tolist()}")
     if n and not np.all(np.isfinite(proposal.scores)):
         _fail(f"drafter '{name}' gave non-finite scores {proposal.scores.tolist()}")
+    if n and score_kind is not None and proposal.score_kind is not score_kind:
+        _fail(f"drafter '{name}' declares {score_kind.value} scores but proposed {proposal.score_kind.value} "
+              "scores (set DraftProposal.score_kind, or DrafterCapabilities.score_kind)")
+    if n and proposal.score_kind in (ScoreKind.LOG_PROB, ScoreKind.FREQUENCY):
+        parents = proposal.parents
+        child, parent = np.flatnonzero(parents >= 0), parents[parents >= 0]
+        if np.any(proposal.scores[child] > proposal.scores[parent] + 1e-6):
+            _fail(f"drafter '{name}': {proposal.score_kind.value} scores must never increase from a parent to "
+                  f"its child, got {proposal.scores.tolist()} for parents {parents.tolist()}")
+        if proposal.score_kind is ScoreKind.LOG_PROB and np.any(proposal.scores > 1e-6):
+            _fail(f"drafter '{name}': log-prob scores must be <= 0, got {proposal.scores.tolist()}")
     q = proposal.draft_probs
     if provides_draft_probs and n and q is None:
         _fail(f"drafter '{name}' declares provides_draft_probs but left draft_probs empty")

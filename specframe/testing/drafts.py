@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from specframe.interfaces import Drafter, DrafterCapabilities
-from specframe.records import DraftContext, DraftProposal, DrawMethod
+from specframe.records import DraftContext, DraftProposal, DrawMethod, ScoreKind
 from specframe.testing.exact import LogitTable, Propose, spelled
 
 QFunction = Callable[[tuple[int, ...]], np.ndarray]  # generated context -> (V,) float64 draft distribution
@@ -154,7 +154,7 @@ def with_q(proposal: DraftProposal, ctx: tuple[int, ...], q: QFunction, label: D
     for i, parent in enumerate(proposal.parents.tolist()):
         if parent >= 0:
             scores[i] += scores[parent]
-    proposal.scores = scores
+    proposal.scores, proposal.score_kind = scores, ScoreKind.LOG_PROB
     proposal.draft_probs = torch.from_numpy(rows).float()
     proposal.draw = label
     return proposal
@@ -171,7 +171,8 @@ class TinyModelDrafter(Drafter):
     """
 
     name = "test-tiny-model"
-    capabilities = DrafterCapabilities(provides_draft_probs=True, proposes_trees=True, samples_drafts=True)
+    capabilities = DrafterCapabilities(provides_draft_probs=True, proposes_trees=True, samples_drafts=True,
+                                       score_kind=ScoreKind.FREQUENCY)
 
     def __init__(self, target, *, draft, count: int = 3, length: int = 3, temperature: float = 1.0,
                  draw: str = "sampled", seed: int = 0):

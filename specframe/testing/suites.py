@@ -81,8 +81,9 @@ class DrafterConformance(_Conformance):
 
         def checked_propose(context):
             proposal = propose(context)
+            caps = self.cls.capabilities
             checks.check_proposal(proposal, target.vocab_size, self.cls.name,
-                                  provides_draft_probs=self.cls.capabilities.provides_draft_probs)
+                                  provides_draft_probs=caps.provides_draft_probs, score_kind=caps.score_kind)
             seen.append(len(proposal))
             return proposal
 

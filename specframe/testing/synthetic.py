@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from specframe.interfaces import Drafter, DrafterCapabilities, TreeBuilder, TreeBuilderCapabilities
-from specframe.records import DraftContext, DraftProposal, DrawMethod, TargetScores
+from specframe.records import DraftContext, DraftProposal, DrawMethod, ScoreKind, TargetScores
 from specframe.tree import TokenTree
 
 
@@ -47,7 +47,7 @@ def random_proposal(rng: np.random.Generator, vocab_size: int, n: int | None = N
                              draw=draw)
     tokens, parents, probs = grow(rng, n, lambda node, token, depth: _random_dist(rng, vocab_size), draw)
     scores = np.log(probs[torch.arange(len(tokens)), torch.from_numpy(tokens)].double().numpy() + 1e-12)
-    return DraftProposal(tokens, parents, scores, draft_probs=probs, draw=draw)
+    return DraftProposal(tokens, parents, scores, draft_probs=probs, draw=draw, score_kind=ScoreKind.LOG_PROB)
 
 
 def grow(rng: np.random.Generator, n: int, q_after, draw: DrawMethod, max_children: int = 3,
@@ -167,7 +167,8 @@ class NoisyTargetDrafter(Drafter):
     """
 
     name = "noisy-target"
-    capabilities = DrafterCapabilities(provides_draft_probs=True, proposes_trees=True)
+    capabilities = DrafterCapabilities(provides_draft_probs=True, proposes_trees=True,
+                                       score_kind=ScoreKind.LOG_PROB)
 
     def __init__(self, target, *, width: int = 2, depth: int = 3, noise: float = 1.0, seed: int = 0):
         super().__init__(target)
@@ -203,4 +204,4 @@ class NoisyTargetDrafter(Drafter):
                 last[w] = len(tokens) - 1
             chains = torch.cat([chains, nxt[:, None]], dim=1)  # (W, L + d)
         return DraftProposal(np.array(tokens), np.array(parents), np.array(scores),
-                             draft_probs=torch.stack(probs), draw=DrawMethod.TOPK)
+                             draft_probs=torch.stack(probs), draw=DrawMethod.TOPK, score_kind=ScoreKind.LOG_PROB)
