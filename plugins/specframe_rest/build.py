@@ -1,7 +1,9 @@
 """Building a datastore: tokenize sources in parallel batches, index the reversed corpus, write atomically.
 
 Everything is written into a temporary directory beside the output and renamed into place at the end, so
-an interrupted or failed build leaves no half-written datastore. `append=True` keeps the tokens of an
+an interrupted or failed build leaves no half-written datastore. A build holds a lock on its output from
+the existence check to the publish, refuses to run beside another build of the same store, and removes
+what a killed build left (see `specframe/atomic_dirs.py`). `append=True` keeps the tokens of an
 existing datastore (no re-tokenization) and re-indexes the whole corpus, since a suffix array cannot be
 extended in place.
 """
@@ -9,7 +11,9 @@ extended in place.
 from __future__ import annotations
 
 import json
+import re
 import shutil
+import sys
 import tempfile
 import time
 from datetime import datetime, timezone
@@ -19,6 +23,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 import specframe
+from specframe.atomic_dirs import exclusive, follow_umask, remove_stale, temp_name_pattern
 from specframe.metrics import peak_memory_bytes
 from specframe_rest.datastore import (
     BUCKETS,
@@ -28,6 +33,7 @@ from specframe_rest.datastore import (
     SUFFIXES,
     TOKENS,
     Datastore,
+    DatastoreBusyError,
     DatastoreError,
     TokenizerIdentity,
     file_digest,
@@ -48,13 +54,81 @@ def build_datastore(
     overwrite: bool = False,
     progress: bool = True,
 ) -> dict:
-    """Build (or extend, with `append`) the datastore at `out` for `target`'s tokenizer; return its header."""
+    """Build (or extend, with `append`) the datastore at `out` for `target`'s tokenizer; return its header.
+
+    The existence check, the build and the publish all run under an exclusive lock on `out`, so a second
+    build of the same store started meanwhile is refused (`DatastoreBusyError`) instead of silently
+    replacing this one's result or losing an append. Leftovers of a killed build are cleaned first.
+    """
     start = time.perf_counter()
     identity = TokenizerIdentity.of(target)
-    dtype, sep = token_dtype(identity.vocab_size), identity.vocab_size
     out = Path(out).expanduser().absolute()
-    old = _existing(out, identity, append, overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)
+    with exclusive(lock_file(out), lambda: _busy(out)):
+        recover(out)
+        old = _existing(out, identity, append, overwrite)
+        return _build(out, old, sources, target, identity, progress, start)
+
+
+def lock_file(out: Path) -> Path:
+    """The lock a build of `out` holds from its existence check to its publish (removed on release)."""
+    return out.parent / f".{out.name}.lock"
+
+
+def _busy(out: Path) -> DatastoreBusyError:
+    return DatastoreBusyError(
+        f"datastore '{out}' is being built by another process right now (it holds {lock_file(out)}): "
+        "wait for that build to finish, then run this one again (with --append to add to its result, "
+        "or --overwrite to replace it)"
+    )
+
+
+def _temp_pattern(out: Path, kind: str = "building|old") -> re.Pattern[str]:
+    """Names of the temporary directories a build of `out` makes: `.NAME.building-*` (the store being
+    written) and `.NAME.old-*` (the previous store, moved aside by `_publish`); `kind` picks one."""
+    return re.compile("|".join(temp_name_pattern(f".{out.name}.{k}-") for k in kind.split("|")))
+
+
+def recover(out: Path) -> None:
+    """Undo what a killed build of `out` left behind; call it only while holding `lock_file(out)`.
+
+    A build killed between the two renames of `_publish` leaves no store at `out` and the previous one in
+    `.NAME.old-*/store`: that store is put back. Every other temporary directory of `out` then belongs
+    to no live build (a live one would hold the lock) and is removed.
+    """
+    if not out.exists():
+        _restore_previous(out)
+    remove_stale(out.parent, _temp_pattern(out), f"temporary directories of datastore '{out}'")
+
+
+def _restore_previous(out: Path) -> None:
+    """Move the newest complete store that a killed `_publish` had moved aside back to `out`."""
+    pattern = _temp_pattern(out, "old")
+    moved = [p / "store" for p in out.parent.iterdir() if pattern.fullmatch(p.name)]
+    moved = [p for p in moved if (p / HEADER).is_file()]
+    if not moved:
+        return
+    previous = max(moved, key=lambda p: p.stat().st_mtime)
+    previous.rename(out)
+    print(
+        f"specframe: restored datastore '{out}' from {previous.parent}, where a build killed while "
+        "replacing it had moved it",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def _build(
+    out: Path,
+    old: Datastore | None,
+    sources: list[Source],
+    target,
+    identity: TokenizerIdentity,
+    progress: bool,
+    start: float,
+) -> dict:
+    """Write the store (the tokens of `old`, then `sources`) into a temporary directory, check, publish it."""
+    dtype, sep = token_dtype(identity.vocab_size), identity.vocab_size
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.building-", dir=out.parent))
     try:
         with open(tmp / TOKENS, "wb") as f:
@@ -109,6 +183,7 @@ def build_datastore(
         (tmp / HEADER).write_text(json.dumps(header, indent=2) + "\n")
         Datastore.open(tmp, expect=identity)  # never publish a store that does not open
         del old
+        follow_umask(tmp)
         _publish(tmp, out)
         return header
     finally:

@@ -35,6 +35,10 @@ class DatastoreError(SpecframeError):
     """A REST datastore is missing, corrupt, from a newer format, empty, or built for another tokenizer."""
 
 
+class DatastoreBusyError(DatastoreError):
+    """Another process is building the same datastore: a second build would overwrite or lose its work."""
+
+
 @dataclass(frozen=True)
 class TokenizerIdentity:
     """What a datastore's token ids mean: the tokenizer's name, a digest of its vocabulary, the id range."""
