@@ -52,6 +52,8 @@ def generate(
     from specframe.sampling import SamplingParams
 
     sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
+    check_text(prompt, "the prompt")
+    check_stop_strings(stop or [])
     if datastore:
         os.environ["SPECFRAME_DATASTORE"] = datastore  # read by retrieval drafters when no option names one
     target = load_target(model)
@@ -69,6 +71,33 @@ def generate(
         typer.echo(json.dumps(report, indent=2))
     else:
         print_report(report)
+
+
+def check_text(text: str, what: str) -> None:
+    """Refuse text that is not valid UTF-8. On Linux, argv bytes that are not UTF-8 arrive as lone
+    surrogates (Python's surrogateescape), which tokenizers reject with an obscure TypeError; guessing
+    another encoding or replacing the bytes would silently change what the model is asked."""
+    from specframe.errors import PromptError
+
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raw = text.encode("utf-8", "surrogateescape")
+        bad = " ".join(f"0x{ord(c) - 0xDC00:02x}" for c in text if "\udc80" <= c <= "\udcff")
+        raise PromptError(
+            f"{what} is not valid UTF-8 text: {raw[:40]!r} holds the byte(s) {bad or '(a lone surrogate)'}; "
+            "pass UTF-8 text (convert it first, e.g. `iconv -f latin1 -t utf-8`)") from None
+
+
+def check_stop_strings(stop: list[str]) -> None:
+    """Refuse empty stop strings (every text contains "", so decoding would stop after one token)."""
+    from specframe.errors import ConfigurationError
+
+    if any(s == "" for s in stop):
+        raise ConfigurationError('--stop "" would stop after the first token (every text contains the empty '
+                                 "string): give a non-empty stop string, or leave --stop out")
+    for s in stop:
+        check_text(s, "a --stop string")
 
 
 def encode_prompt(target, prompt: str, chat: bool) -> list[int]:

@@ -22,6 +22,7 @@ import torch
 from specframe.errors import ConfigurationError
 
 
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed accepts
 DRAFT_SEED_OFFSET = 0x5EED  # the drafting generator's seed is the request's seed plus this
 DRAFT_DRAWS = ("auto", "top-k", "sample")  # the `draw` option of drafters with real probabilities
 
@@ -77,6 +78,10 @@ class SamplingParams:
                 "filtering off or e.g. 50 to keep the 50 most likely tokens (--top-k)")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             raise ConfigurationError(f"sampling: seed must be an integer or None, got {self.seed!r} (--seed)")
+        if self.seed is not None and not SEED_MIN <= self.seed <= SEED_MAX:
+            raise ConfigurationError(
+                f"sampling: seed must fit in 64 bits (from -2**63 to 2**64 - 1), got {self.seed}; "
+                "pass a --seed in that range, e.g. 1234")
 
     @property
     def greedy(self) -> bool:

@@ -37,7 +37,7 @@ def bench_command(
     """Benchmark speculative methods against plain decoding and transformers, Spec-Bench style."""
     from specframe.bench.harness import run_benchmark
     from specframe.bench.methods import PRESETS, usable_presets
-    from specframe.models import load_target
+    from specframe.models import check_writable_dir, load_target
     from specframe.registry import get_registry
     from specframe.sampling import SamplingParams
 
@@ -50,13 +50,15 @@ def bench_command(
         import torch
 
         torch.set_num_threads(threads)
+    sampling = SamplingParams(temperature=temperature, seed=seed)
+    check_writable_dir(out, "--out", "pass a writable directory with --out")  # before loading the model
     target = load_target(model)
     run, table = run_benchmark(
         target, suite, _split(methods), out, peers=peers, limit=limit, repeats=repeats,
         max_new_tokens=max_new_tokens, budget=budget,
         synthetic_acceptance=synthetic_acceptance, max_turns=turns,
-        sampling=SamplingParams(temperature=temperature, seed=seed),
-        plots=plots)
+        sampling=sampling,
+        plots=plots, fresh=fresh)
     typer.echo((out / "results.md").read_text("utf-8"))
     typer.echo(f"written under {out}: records.jsonl, results.json, results.md" + (", *.png" if plots else ""))
     if run.mismatches:

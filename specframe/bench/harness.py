@@ -17,7 +17,7 @@ from specframe.sampling import SamplingParams
 from specframe.bench.methods import resolve_methods
 from specframe.bench.peers import parse_peers
 from specframe.bench.report import write_reports
-from specframe.bench.runner import BenchRun, build_runners, check_settings, run_bench
+from specframe.bench.runner import BenchRun, build_runners, check_run_args, check_settings, run_bench
 from specframe.bench.suites import BenchPrompt, load_suite
 
 
@@ -43,6 +43,7 @@ def run_benchmark(target: Target, suite: str | list[BenchPrompt], methods: list[
         if max_turns < 1:
             raise ConfigurationError(f"--turns must be >= 1, got {max_turns}")
         prompts = [replace(p, turns=p.turns[:max_turns]) for p in prompts]
+    check_run_args(target, repeats, max_new_tokens)  # before settings.json is written
     specs = resolve_methods(methods, registry, budget)
     runners = build_runners(target, specs, parse_peers(peers), sampling, registry, synthetic_acceptance,
                             budget)

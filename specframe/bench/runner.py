@@ -124,20 +124,24 @@ class RecordStore:
         self.path = path
         self.records: dict[tuple, dict] = {}
         if path.exists():
-            text = path.read_text("utf-8")
+            text = path.read_text("utf-8", errors="replace")  # records are ASCII: damage fails to parse
             if text and not text.endswith("\n"):
                 with path.open("a", encoding="utf-8") as f:
                     f.write("\n")  # end a line cut short, so the next record starts on its own line
-            for line in text.splitlines():
+            for number, line in enumerate(text.splitlines(), 1):
                 try:
                     record = json.loads(line)
                 except json.JSONDecodeError:
                     continue  # a line cut short by an interrupted write: that run is simply redone
+                check_record(record, path, number)
                 self.records[self.key(record)] = record
 
     @staticmethod
     def key(record: dict) -> tuple:
         return record["method"], record["qid"], record["turn"], record["repeat"]
+
+    def __len__(self) -> int:
+        return len(self.records)
 
     def get(self, method: str, qid: str, turn: int, repeat: int) -> dict | None:
         return self.records.get((method, qid, turn, repeat))
@@ -146,6 +150,42 @@ class RecordStore:
         self.records[self.key(record)] = record
         with self.path.open("a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
+
+
+RECORD_FIELDS = {"method": str, "qid": str, "category": str, "turn": int, "repeat": int, "tokens": list,
+                 "metrics": dict}
+# The metrics the reports read from every record (specframe/bench/report.py).
+RECORD_METRICS = ("new_tokens", "steps", "draft_tokens", "accepted_draft_tokens", "acceptance_histogram",
+                  "time_s", "prefill_s", "wall_s", "tokens_per_s", "decode_tokens_per_s", "peak_memory_bytes")
+
+
+def check_record(record, path: Path, number: int) -> None:
+    """Refuse a line of `records.jsonl` that parses as JSON but is not a finished run (`{}`, `null`, a
+    record without metrics): resuming would otherwise fail later with a KeyError deep in the reports."""
+    problem = record_problem(record)
+    if problem:
+        raise ConfigurationError(
+            f"{path}, line {number} is not a benchmark record: {problem}. Delete that line to redo the run "
+            "it stood for, or pass --fresh to discard every earlier record")
+
+
+def record_problem(record) -> str | None:
+    """What is wrong with one parsed record, or None when it holds every field the bench reads."""
+    if not isinstance(record, dict):
+        return f"expected a JSON object, got {json.dumps(record)[:40]}"
+    for name, kind in RECORD_FIELDS.items():
+        if name not in record:
+            return f"field '{name}' is missing"
+        value = record[name]
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            return f"field '{name}' should be a JSON {_JSON_KIND[kind]}, got {json.dumps(value)[:40]}"
+    missing = [m for m in RECORD_METRICS if m not in record["metrics"]]
+    if missing:
+        return f"its metrics lack {', '.join(missing)}"
+    return None
+
+
+_JSON_KIND = {str: "string", int: "integer", list: "list", dict: "object"}
 
 
 @dataclass
@@ -159,10 +199,12 @@ class BenchRun:
 
 
 def check_settings(out: Path, settings: dict) -> None:
-    """Refuse to resume into a directory produced with other settings; record them on a fresh one."""
+    """Refuse to resume into a directory holding records made with other settings; record the settings
+    otherwise. A `settings.json` with no records beside it binds nothing (a run that failed before its
+    first record, e.g. on a bad option, leaves one), so it is simply replaced."""
     path = out / "settings.json"
-    if path.exists():
-        old = json.loads(path.read_text("utf-8"))
+    if path.exists() and len(RecordStore(out / "records.jsonl")):
+        old = read_settings(path)
         changed = {k: (old.get(k), v) for k, v in settings.items() if old.get(k) != v}
         if changed:
             raise ConfigurationError(
@@ -172,14 +214,36 @@ def check_settings(out: Path, settings: dict) -> None:
         path.write_text(json.dumps(settings, indent=2), "utf-8")
 
 
-def run_bench(target: Target, prompts: list[BenchPrompt], runners: list, *, repeats: int,
-              max_new_tokens: int, out: Path, check_identity: bool = True, warmup: bool = True,
-              progress: bool = True) -> BenchRun:
-    """Run every runner on every turn of every prompt `repeats` times; see the module docstring."""
+def read_settings(path: Path) -> dict:
+    """The settings recorded by an earlier run, refused with a way out when the file is damaged."""
+    try:
+        old = json.loads(path.read_text("utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        old, problem = None, f"it is not valid JSON ({err})"
+    else:
+        problem = None if isinstance(old, dict) else f"expected a JSON object, got {json.dumps(old)[:40]}"
+    if problem:
+        raise ConfigurationError(
+            f"{path} is damaged: {problem}. Delete it to resume (if the records beside it were made with "
+            "the settings you pass now), or pass --fresh to start over")
+    return old
+
+
+def check_run_args(target: Target, repeats: int, max_new_tokens: int) -> None:
+    """Refuse settings that would fail only once the run started, before anything is written to --out."""
     if target.tokenizer is None:
         raise ConfigurationError(f"benchmarking model '{target.name}' needs its tokenizer")
     if repeats < 1:
         raise ConfigurationError(f"--repeats must be >= 1, got {repeats}")
+    if max_new_tokens < 1:
+        raise ConfigurationError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
+
+
+def run_bench(target: Target, prompts: list[BenchPrompt], runners: list, *, repeats: int,
+              max_new_tokens: int, out: Path, check_identity: bool = True, warmup: bool = True,
+              progress: bool = True) -> BenchRun:
+    """Run every runner on every turn of every prompt `repeats` times; see the module docstring."""
+    check_run_args(target, repeats, max_new_tokens)
     out.mkdir(parents=True, exist_ok=True)
     store = RecordStore(out / "records.jsonl")
     tokenizer = target.tokenizer

@@ -42,11 +42,25 @@ def load_suite(suite: str, limit: int | None = None) -> list[BenchPrompt]:
         text = resources.files("specframe.bench").joinpath("data", _SHIPPED[suite]).read_text("utf-8")
         prompts = _parse_jsonl(text.splitlines(), suite)
     elif Path(suite).is_file():
-        prompts = _parse_jsonl(Path(suite).read_text("utf-8").splitlines(), suite)
+        prompts = _read_suite_file(Path(suite))
     else:
         raise ConfigurationError(f"unknown suite '{suite}': use one of {', '.join(SUITES)} "
                                  "or the path of a Spec-Bench style JSONL file")
     return _limit_per_category(prompts, limit)
+
+
+def _read_suite_file(path: Path) -> list[BenchPrompt]:
+    """The questions of a JSONL suite file; an empty or undecodable file is refused with what it needs."""
+    try:
+        text = path.read_text("utf-8")
+    except UnicodeDecodeError as err:
+        raise PromptError(f"suite file {path} is not UTF-8 text ({err}): save it as UTF-8 JSONL") from None
+    prompts = _parse_jsonl(text.splitlines(), str(path))
+    if not prompts:
+        raise PromptError(
+            f"suite file {path} holds no questions: write one JSON object per line, e.g. "
+            '{"question_id": 1, "category": "qa", "turns": ["Name three colors."]}')
+    return prompts
 
 
 def _humaneval() -> list[BenchPrompt]:
@@ -82,7 +96,7 @@ def _limit_per_category(prompts: list[BenchPrompt], limit: int | None) -> list[B
     by_category: dict[str, list[BenchPrompt]] = {}
     for prompt in prompts:
         by_category.setdefault(prompt.category, []).append(prompt)
-    rounds = max(len(v) for v in by_category.values()) if limit is None else limit
+    rounds = max((len(v) for v in by_category.values()), default=0) if limit is None else limit
     return [group[i] for i in range(rounds) for group in by_category.values() if i < len(group)]
 
 
