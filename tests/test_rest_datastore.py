@@ -123,6 +123,15 @@ def test_newer_format_and_corrupt_header(tmp_path):
         Datastore.open(tmp_path / "ds")
 
 
+@pytest.mark.parametrize("field,value", [("n_positions", "abc"), ("n_tokens", -1), ("separator", True),
+                                         ("token_dtype", "no-such-dtype"), ("files", [])])
+def test_header_fields_of_the_wrong_type_are_named(tmp_path, field, value):
+    build(tmp_path / "ds")
+    edit_header(tmp_path / "ds", **{field: value})
+    with pytest.raises(DatastoreError, match=f'field "{field}" is .*expected .*the store is corrupt'):
+        Datastore.open(tmp_path / "ds")
+
+
 @pytest.mark.parametrize("name", [TOKENS, SUFFIXES])
 def test_truncated_files(tmp_path, name):
     build(tmp_path / "ds")

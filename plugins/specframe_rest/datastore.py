@@ -226,9 +226,31 @@ def read_header(path: Path) -> dict:
     missing = [key for key in required if key not in header]
     if missing:
         raise DatastoreError(f"datastore '{path}': {HEADER} lacks {', '.join(missing)}; {BUILD_HINT}")
-    if int(header["n_tokens"]) == 0:
+    _check_field_types(path, header)
+    if header["n_tokens"] == 0:
         raise DatastoreError(f"datastore '{path}' holds no tokens; {BUILD_HINT} from a non-empty source")
     return header
+
+
+HEADER_TYPES = {"separator": int, "n_positions": int, "n_tokens": int, "n_documents": int,
+                "token_dtype": str, "suffix_dtype": str, "tokenizer": dict, "sources": list, "files": dict}
+EXPECTED = {int: "an integer >= 0", str: "a numpy dtype name", dict: "an object", list: "a list"}
+
+
+def _check_field_types(path: Path, header: dict) -> None:
+    """Refuse a header whose fields have the wrong type (a hand-edited or corrupt file) by name."""
+    for key, kind in HEADER_TYPES.items():
+        value = header[key]
+        wrong = not isinstance(value, kind) or isinstance(value, bool) or (kind is int and value < 0)
+        if not wrong and kind is str:
+            try:
+                np.dtype(value)
+            except TypeError:
+                wrong = True
+        if wrong:
+            expected = EXPECTED[kind]
+            raise DatastoreError(f"datastore '{path}': {HEADER} field \"{key}\" is {value!r}, expected "
+                                 f"{expected}; the store is corrupt, {BUILD_HINT}")
 
 
 def _map(path: Path, name: str, dtype: str, count: int) -> np.ndarray:
