@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -443,3 +444,54 @@ def test_a_conversion_that_never_frees_the_lock_gives_up_with_a_message(fake_con
     with exclusive(cached.parent / ".smollm2-135m.lock", lambda: AssertionError("busy")), gives_up:
         models.resolve_model_dir("smollm2-135m")
     assert fake_conversion == []
+
+
+# A conversion in a subprocess, with the slow dequantization replaced by a stand-in that writes the same
+# kinds of files with pauses between them, so a SIGKILL can land anywhere inside it.
+SLOW_CONVERSION = """
+import json, sys, time
+from pathlib import Path
+import torch
+from safetensors.torch import save_file
+from specframe import models
+
+def dequantize(alias, tmp, out):
+    (tmp / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    time.sleep(0.2)
+    save_file({"w": torch.arange(200_000, dtype=torch.float32)}, str(tmp / "model.safetensors"))
+    time.sleep(0.2)
+    (tmp / "tokenizer.json").write_text(json.dumps({"version": "1.0", "model": {}}))
+    time.sleep(0.2)
+
+models._dequantize = dequantize
+Path(sys.argv[1]).touch()  # started
+models.resolve_model_dir("smollm2-135m")
+"""
+
+
+def test_random_kills_of_a_conversion_never_expose_a_half_written_cache(tmp_path, monkeypatch, capsys):
+    """SIGKILL a conversion at random moments: the cache is absent or complete, never half written, and
+    the next conversion removes what the killed one left and completes."""
+    monkeypatch.setenv("SPECFRAME_HOME", str(tmp_path / "home"))
+    cached = models.model_cache_dir("smollm2-135m")
+    rng = random.Random(7)
+    for round_ in range(4):
+        started = tmp_path / f"started-{round_}"
+        proc = subprocess.Popen([sys.executable, "-c", SLOW_CONVERSION, str(started)], env=env(),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        wait_for(started, proc)
+        time.sleep(rng.uniform(0.0, 0.8))
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=60)
+        assert not cached.exists() or models.conversion_damage(cached) is None  # absent, or whole
+        if cached.exists():
+            shutil.rmtree(cached)  # so the next round converts (and can be killed) again
+    monkeypatch.setattr(models, "_dequantize", lambda alias, tmp, out: _stand_in(tmp))
+    assert models.resolve_model_dir("smollm2-135m") == cached and models.conversion_damage(cached) is None
+    assert sorted(p.name for p in cached.parent.iterdir()) == ["smollm2-135m"]  # nothing left behind
+
+
+def _stand_in(tmp: Path) -> None:
+    (tmp / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    (tmp / "tokenizer.json").write_text(json.dumps({"version": "1.0", "model": {}}))
+    tiny_safetensors(tmp / "model.safetensors")
