@@ -155,22 +155,20 @@ def draw_order_prefix(proposal: DraftProposal, budget: int,
     follows the first-drawn child (a `chain`); a set of rank paths gives a static shape.
     """
     parents = proposal.parents.tolist()
-    kept = [False] * len(parents)
-    rank_path: dict[int, tuple[int, ...]] = {-1: ()}
+    rank_path: dict[int, tuple[int, ...]] = {-1: ()}  # kept node (and the root) -> its rank path
     seen: dict[int, int] = {}  # parent -> children met so far, in index order
     taken: dict[int, int] = {}  # parent -> children kept so far
     keep: list[int] = []
     for i, parent in enumerate(parents):
         if len(keep) >= budget:
             break
-        if parent >= 0 and not kept[parent]:
+        if parent not in rank_path:  # the parent was not kept
             continue
         rank = seen.get(parent, 0)
         seen[parent] = rank + 1
         path = rank_path[parent] + (rank,)
         if taken.get(parent, 0) != rank or (allowed is not None and not allowed(path)):
             continue  # an earlier sibling was dropped, or the shape excludes this rank
-        kept[i] = True
         rank_path[i] = path
         taken[parent] = rank + 1
         keep.append(i)

@@ -7,13 +7,15 @@ p < 1e-6 there while the shipped components pass every scenario at p >= 1e-4.
 
 from __future__ import annotations
 
-import numpy as np
+import dataclasses
+
 import torch
 
 from specframe import (
-    DraftProposal, Sampler, TargetScores, TokenTree, TreeBuilder, TreeBuilderCapabilities, Verifier,
-    VerifierCapabilities, VerifyResult,
+    DraftProposal, DrawMethod, Sampler, TargetScores, TokenTree, TreeBuilder, TreeBuilderCapabilities,
+    Verifier, VerifierCapabilities, VerifyResult,
 )
+from specframe.registry import get_registry
 
 FAULTS = ("q-not-renormalised", "bonus-from-p", "uniform-q", "duplicates-not-skipped")
 
@@ -77,34 +79,32 @@ class MutantRejection(Verifier):
 
 
 class ByScoreChain(TreeBuilder):
-    """Mutant builder: follows the best-scored sampled child (the one the drafter found likeliest) and
-    still claims the kept children are draws from q."""
+    """Mutant builder: the shipped `chain` rule for ranked drafts (follow the best-scored child) applied to
+    sampled drafts, which it still claims are draws from q."""
 
     name = "mutant-chain-by-score"
     capabilities = TreeBuilderCapabilities(keeps_draw_order=True)
 
     def build(self, proposal: DraftProposal, budget: int) -> TokenTree:
-        keep, parent = [], -1
-        while len(keep) < budget:
-            kids = [i for i in range(len(proposal)) if proposal.parents[i] == parent]
-            if not kids:
-                break
-            parent = max(kids, key=lambda i: (proposal.scores[i], -i))
-            keep.append(parent)
-        return TokenTree.from_proposal(proposal, keep, draw_order_prefix=True)
+        tree = get_registry().get("tree builder", "chain")().build(as_ranked(proposal), budget)
+        tree.draw = proposal.draw
+        return tree
 
 
 class KeptAllIsSampled(TreeBuilder):
-    """Mutant builder with the rule this project once shipped: the best-scored `budget` nodes, labelled
-    sampled whenever every node happened to fit (which depends on how many distinct tokens were drawn)."""
+    """Mutant builder with the rule this project once shipped: the shipped `trie` rule for ranked drafts
+    (the best-scored `budget` nodes), labelled sampled whenever every node happened to fit (which depends
+    on how many distinct tokens were drawn)."""
 
     name = "mutant-kept-all"
     capabilities = TreeBuilderCapabilities(keeps_draw_order=True)
 
     def build(self, proposal: DraftProposal, budget: int) -> TokenTree:
-        order = np.lexsort((np.arange(len(proposal)), -proposal.scores))
-        keep: list[int] = []
-        for i in order.tolist():  # best first, parents before children (scores never rise downwards)
-            if len(keep) < budget and (proposal.parents[i] < 0 or proposal.parents[i] in keep):
-                keep.append(i)
-        return TokenTree.from_proposal(proposal, keep, draw_order_prefix=len(keep) == len(proposal))
+        tree = get_registry().get("tree builder", "trie")().build(as_ranked(proposal), budget)
+        tree.draw = proposal.draw if len(tree) == len(proposal) else DrawMethod.RETRIEVED
+        return tree
+
+
+def as_ranked(proposal: DraftProposal) -> DraftProposal:
+    """The same proposal labelled top-k, so the shipped builders pick by score."""
+    return dataclasses.replace(proposal, draw=DrawMethod.TOPK)

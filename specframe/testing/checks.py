@@ -16,12 +16,12 @@ from specframe.decoding import SpeculativeDecoder
 from specframe.interfaces import Drafter, StateBackend, TreeBuilder, Verifier
 from specframe.models import Target
 from specframe.pipeline import Pipeline, check_compatible
-from specframe.records import DraftProposal, DrawMethod, ScoreKind, TargetScores
+from specframe.records import DraftProposal, ScoreKind, TargetScores
 from specframe.registry import ComponentSpec, get_registry
 from specframe.sampling import Sampler, SamplingParams
 from specframe.testing.synthetic import FirstNodesTreeBuilder, NoisyTargetDrafter, random_tree
 from specframe.testing.targets import reference_greedy, reference_hidden, reference_logits
-from specframe.tree import TokenTree
+from specframe.tree import SAMPLED_DRAWS, TokenTree
 
 KIND_OF = {Drafter: "drafter", TreeBuilder: "tree builder", Verifier: "verifier", StateBackend: "backend"}
 REFERENCE = {"first-n": FirstNodesTreeBuilder, "noisy-target": NoisyTargetDrafter}
@@ -90,8 +90,8 @@ def check_proposal(proposal: DraftProposal, vocab_size: int, name: str = "?", *,
         parents = proposal.parents
         child, parent = np.flatnonzero(parents >= 0), parents[parents >= 0]
         if np.any(proposal.scores[child] > proposal.scores[parent] + 1e-6):
-            _fail(f"drafter '{name}': {proposal.score_kind.value} scores must never increase from a parent to "
-                  f"its child, got {proposal.scores.tolist()} for parents {parents.tolist()}")
+            _fail(f"drafter '{name}': {proposal.score_kind.value} scores must never increase from a parent "
+                  f"to its child, got {proposal.scores.tolist()} for parents {parents.tolist()}")
         if proposal.score_kind is ScoreKind.LOG_PROB and np.any(proposal.scores > 1e-6):
             _fail(f"drafter '{name}': log-prob scores must be <= 0, got {proposal.scores.tolist()}")
     q = proposal.draft_probs
@@ -103,7 +103,7 @@ def check_proposal(proposal: DraftProposal, vocab_size: int, name: str = "?", *,
         sums = q.float().sum(-1)  # (N,)
         if (q < 0).any() or not torch.allclose(sums, torch.ones_like(sums), atol=1e-3):
             _fail(f"drafter '{name}': draft_probs rows must be distributions (row sums {sums.tolist()})")
-        if proposal.draw in (DrawMethod.SAMPLED, DrawMethod.SAMPLED_WITHOUT_REPLACEMENT):
+        if proposal.draw in SAMPLED_DRAWS:
             drawn = q[torch.arange(n), torch.from_numpy(proposal.tokens)]  # (N,)
             if (drawn <= 0).any():
                 _fail(f"drafter '{name}' says its tokens were sampled from draft_probs, but some have q = 0")

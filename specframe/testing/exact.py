@@ -194,6 +194,7 @@ class TableBackend(StateBackend):
         self.no_hidden = torch.zeros(size)
         self.ctx: tuple[int, ...] = ()
         self._length = 0
+        self._scored = TokenTree.empty()  # commit receives node indices into the last scored tree
 
     @property
     def committed_length(self) -> int:
@@ -203,7 +204,7 @@ class TableBackend(StateBackend):
         self.ctx, self._length = (), len(ids) - 1
 
     def score(self, tree: TokenTree) -> TargetScores:
-        self._scored = tree  # commit receives node indices into the last scored tree
+        self._scored = tree
         ctxs = [self.ctx] + [self.ctx + spelled(tree, i) for i in range(len(tree))]
         hidden = None
         if self.want_hidden:

@@ -81,8 +81,8 @@ def check_verifier_law(verifier, runs: int = RUNS, scenarios: list[Scenario] | N
                        ) -> dict[str, LawTest]:
     """Raise `AssertionError` if `verifier` fails the law test of any scenario; return every result."""
     if scenarios is None:
-        scenarios = verifier_scenarios(sampled=getattr(type(verifier).capabilities, "uses_draft_probs", False)
-                                       or getattr(type(verifier).capabilities, "needs_draft_probs", False))
+        caps = type(verifier).capabilities
+        scenarios = verifier_scenarios(sampled=caps.uses_draft_probs or caps.needs_draft_probs)
     results = {s.name: s.run(verifier, runs) for s in scenarios}
     return _assert_all_pass(f"verifier '{type(verifier).name}'", results)
 

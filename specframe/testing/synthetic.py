@@ -155,7 +155,8 @@ class FirstNodesTreeBuilder(TreeBuilder):
     capabilities = TreeBuilderCapabilities(keeps_draft_probs=True, keeps_draw_order=True)
 
     def build(self, proposal: DraftProposal, budget: int) -> TokenTree:
-        return TokenTree.from_proposal(proposal, np.arange(min(budget, len(proposal))), draw_order_prefix=True)
+        keep = np.arange(min(budget, len(proposal)))
+        return TokenTree.from_proposal(proposal, keep, draw_order_prefix=True)
 
 
 class NoisyTargetDrafter(Drafter):
@@ -204,4 +205,5 @@ class NoisyTargetDrafter(Drafter):
                 last[w] = len(tokens) - 1
             chains = torch.cat([chains, nxt[:, None]], dim=1)  # (W, L + d)
         return DraftProposal(np.array(tokens), np.array(parents), np.array(scores),
-                             draft_probs=torch.stack(probs), draw=DrawMethod.TOPK, score_kind=ScoreKind.LOG_PROB)
+                             draft_probs=torch.stack(probs), draw=DrawMethod.TOPK,
+                             score_kind=ScoreKind.LOG_PROB)
