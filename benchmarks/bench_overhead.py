@@ -54,7 +54,7 @@ class ForwardFreeBackend(KVCacheBackend):
         path = tree.paths[0] if len(tree) else []
         for row, node in enumerate(path[:accept]):
             logits[0 if row == 0 else path[row - 1] + 1, tree.tokens[node]] = 1.0
-        return TargetScores(logits=logits)
+        return self.issue(TargetScores(logits=logits, tree=tree))  # kv's commit keeps the appended rows
 
 
 @pytest.fixture(scope="module")

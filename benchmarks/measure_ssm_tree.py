@@ -103,15 +103,15 @@ def one_case(kind: str, layers: int, backend_name: str, depth: int, prefix: int,
 
 def fit(rows: list[dict], key: str = "seconds") -> dict:
     """Per (kind, backend): t = kN + C for ssm, t = aN^2 + bN + c for hybrid (seconds, N packed nodes)."""
-    from specframe_ssm import RuntimeModel
+    from specframe import PolynomialCost
 
     fits = {}
     for kind in sorted({r["kind"] for r in rows}):
         for backend in sorted({r["backend"] for r in rows}):
             sel = [r for r in rows if r["kind"] == kind and r["backend"] == backend]
             if len(sel) >= 3:
-                model = RuntimeModel.fit([r["nodes"] for r in sel], [r[key] for r in sel],
-                                         1 if kind == "ssm" else 2)
+                model = PolynomialCost.fit([r["nodes"] for r in sel], [r[key] for r in sel],
+                                           1 if kind == "ssm" else 2)
                 fits[f"{kind}/{backend}"] = dict(coefficients=model.coefficients, layers=sel[0]["layers"])
     return fits
 

@@ -86,9 +86,10 @@ class OracleBackend(StateBackend):
         index = np.minimum(self._root + 1 + tree.position_offsets, len(self.reference) - 1)  # (N + 1,)
         logits = torch.zeros(len(index), self.vocab)  # (N + 1, V)
         logits[torch.arange(len(index)), torch.as_tensor(np.asarray(self.reference)[index])] = 1.0
-        return TargetScores(logits=logits)
+        return self.issue(TargetScores(logits=logits, tree=tree))
 
-    def commit(self, path: list[int], bonus: int) -> None:
+    def commit(self, scored: TargetScores, path: list[int], bonus: int) -> None:
+        self.redeem(scored)
         self._root += 1 + len(path)
 
 

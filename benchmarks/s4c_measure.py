@@ -18,9 +18,9 @@ import torch
 
 import specframe
 from specframe.bench.harness import run_benchmark
-from specframe.bench.methods import PRESETS, split_parts
+from specframe.bench.methods import parse_method
 from specframe.bench.report import method_stats
-from specframe.registry import ComponentSpec, get_registry
+from specframe.registry import get_registry
 
 METHODS = [
     "s4c+static(preset=continuous, width=1)@3",  # the vertical chain alone: one token per head
@@ -34,8 +34,8 @@ METHODS = [
 
 def extra_bytes(target: specframe.Target, method: str, context: int) -> int:
     """Memory a method's drafter adds to the target: its parameters and, for draft-model, its KV cache."""
-    spec = ComponentSpec.parse(split_parts(PRESETS.get(method, method), "+")[0])  # a preset or a spec
-    drafter = get_registry().get("drafter", spec.name)(target, **spec.options)
+    spec = parse_method(method, get_registry()).drafter  # a preset or a spec
+    drafter = get_registry().get(specframe.ComponentKind.DRAFTER, spec.name)(target, **spec.options)
     params = getattr(drafter, "extra_parameters", 0) * 4  # float32
     if spec.name != "draft-model":
         return params

@@ -26,7 +26,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 import specframe
-from specframe import DraftContext
+from specframe import BuildContext, DraftContext
 
 registry = specframe.get_registry()
 print("tree builders:", registry.names("tree builder"))
@@ -46,7 +46,8 @@ for i in range(len(proposal)):
 
 
 # %% [markdown]
-# Each builder gets the same proposal and a budget of 8 nodes. `chain` follows the best child only;
+# Each builder gets the same proposal and a `BuildContext` capping the tree at 8 nodes (a builder may keep
+# fewer; these five fill the cap). `chain` follows the best child only;
 # `trie` keeps the best-scored nodes; `static` follows a fixed shape of ranks; `beam` keeps the best
 # `width` nodes per depth; `dynamic` expands the best nodes and reranks globally (EAGLE-2).
 
@@ -76,7 +77,7 @@ builders = {"chain": "chain", "trie": "trie", "static": "static(preset=continuou
 trees = {}
 for name, spec in builders.items():
     parsed = specframe.ComponentSpec.parse(spec)
-    trees[name] = registry.get("tree builder", parsed.name)(**parsed.options).build(proposal, budget=8)
+    trees[name] = registry.get("tree builder", parsed.name)(**parsed.options).build(proposal, BuildContext(8))
 
 fig, axes = plt.subplots(2, len(trees), figsize=(4 * len(trees), 7))
 for col, (name, tree) in enumerate(trees.items()):

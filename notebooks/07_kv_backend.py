@@ -81,7 +81,7 @@ plt.show()
 # %%
 bonus = tok("\n", add_special_tokens=False)["input_ids"][0]
 before = backend.committed_length
-backend.commit([0, 2], bonus)
+backend.commit(scores, [0, 2], bonus)  # the scores of the latest score(): they carry the tree
 print("committed length", before, "->", backend.committed_length)
 history = prompt_ids + [tokens[0], tokens[2], bonus]
 after = backend.score(TokenTree.empty()).logits[0]

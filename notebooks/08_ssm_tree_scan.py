@@ -33,6 +33,7 @@ from transformers import BambaConfig, BambaForCausalLM
 import specframe
 from specframe import TokenTree
 from specframe.testing import check_lossless, make_decoder, reference_logits, repetitive_prompt
+from specframe_ssm import calibrate
 
 torch.manual_seed(0)
 config = BambaConfig(vocab_size=256, hidden_size=128, num_hidden_layers=4, attn_layer_indices=[1, 3],
@@ -126,3 +127,19 @@ plt.xlabel("tree nodes (full binary tree)")
 plt.ylabel("ms per score")
 plt.legend()
 plt.show()
+
+# %% [markdown]
+# ## The cost model tree builders see
+#
+# Each SSM backend offers `cost_model()`: a `PolynomialCost` in the packed tree size (nodes + 1), linear
+# for pure SSM targets and quadratic with attention layers, as here. The decode loop passes it to the tree
+# builder in `BuildContext.cost`, so a builder can stop growing a tree when more nodes would not pay. The
+# default scales fits measured on a reference CPU to the model; `calibrate` refits it on this machine.
+
+# %%
+for name, cls in backends.items():
+    backend = cls(target)
+    fitted = calibrate(backend, prompt, depths=(2, 3, 4, 5))  # the same full binary trees, root included
+    print(name, "default:", backend.cost_model().coefficients, "calibrated:", fitted.coefficients)
+    predicted = {n: round(1000 * fitted.step_seconds(n), 1) for n in sizes}
+    print("   ms predicted", predicted, "measured", dict(zip(sizes, (round(v, 1) for v in timings[name]))))

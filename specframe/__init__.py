@@ -12,11 +12,14 @@ from specframe.errors import (
     CapabilityError, ConfigurationError, DuplicateComponentError, ModelLoadError, PromptError,
     SpecframeError, UnknownComponentError, UnsupportedModelError,
 )
+from specframe.extensions import CliOption, Preset
 from specframe.hookspecs import hookimpl
 from specframe.interfaces import (
-    BackendCapabilities, Drafter, DrafterCapabilities, StateBackend, TreeBuilder, TreeBuilderCapabilities,
+    BackendCapabilities, BuildContext, Drafter, DrafterCapabilities, StateBackend, TreeBuilder, TreeBuilderCapabilities,
     Verifier, VerifierCapabilities,
 )
+from specframe.cost import CostModel, PolynomialCost
+from specframe.kinds import ComponentKind
 from specframe.metrics import DecodeMetrics
 from specframe.models import Target, load_target
 from specframe.pipeline import Pipeline, assemble
@@ -30,11 +33,13 @@ from specframe.tree import TokenTree
 __version__ = "0.1.0"
 
 __all__ = [
-    "BackendCapabilities", "CapabilityError", "ComponentSpec", "ConfigurationError", "DEFAULT_BUDGET",
-    "DecodeMetrics", "DraftContext", "DraftProposal", "Drafter", "DrafterCapabilities", "DrawMethod",
-    "DuplicateComponentError", "GenerationResult", "ModelLoadError", "Pipeline", "PluginRegistry",
-    "PromptError", "Sampler", "SamplingParams", "ScoreKind", "SpecframeError", "SpeculativeDecoder", "StateBackend",
-    "StepEvent", "StepOutcome", "Target", "TargetScores", "TokenTree", "TreeBuilder",
-    "TreeBuilderCapabilities", "UnknownComponentError", "UnsupportedModelError", "Verifier",
-    "VerifierCapabilities", "VerifyResult", "assemble", "generate", "get_registry", "hookimpl", "load_target",
+    "assemble", "BackendCapabilities", "BuildContext", "CapabilityError", "CliOption", "ComponentKind",
+    "ComponentSpec",
+    "ConfigurationError", "CostModel", "DecodeMetrics", "DEFAULT_BUDGET", "DraftContext", "Drafter",
+    "DrafterCapabilities", "DraftProposal", "DrawMethod", "DuplicateComponentError", "generate",
+    "GenerationResult", "get_registry", "hookimpl", "load_target", "ModelLoadError", "Pipeline",
+    "PluginRegistry", "PolynomialCost", "Preset", "PromptError", "Sampler", "SamplingParams", "ScoreKind",
+    "SpecframeError", "SpeculativeDecoder", "StateBackend", "StepEvent", "StepOutcome", "Target",
+    "TargetScores", "TokenTree", "TreeBuilder", "TreeBuilderCapabilities", "UnknownComponentError",
+    "UnsupportedModelError", "Verifier", "VerifierCapabilities", "VerifyResult",
 ]

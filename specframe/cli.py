@@ -1,10 +1,13 @@
-"""The `specframe` command line. Plugins add sub-commands through the `register_commands(cli)` hook."""
+"""The `specframe` command line. Plugins add sub-commands through the `register_commands(cli)` hook, and
+options of `generate` and `bench` through `register_cli_options(register)`."""
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
-import os
 import time
+from collections.abc import Callable
 from typing import Optional
 
 import typer
@@ -12,12 +15,11 @@ import typer
 from specframe.bench.cli import bench_command
 from specframe.decoding import DEFAULT_BUDGET
 from specframe.errors import SpecframeError
+from specframe.extensions import CliOption, applied
+from specframe.kinds import DEFAULT_COMPONENTS, ComponentKind
+from specframe.registry import PluginRegistry
 
-app = typer.Typer(help="specframe: try, combine and compare speculative decoding methods.",
-                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 
-
-@app.command()
 def plugins() -> None:
     """Print installed plugins, their components and versions as JSON."""
     from specframe.registry import get_registry
@@ -25,19 +27,18 @@ def plugins() -> None:
     typer.echo(json.dumps(get_registry().describe(), indent=2))
 
 
-@app.command()
 def generate(
     prompt: str = typer.Argument(..., help="Text to continue (or the user message with --chat)."),
     model: str = typer.Option("smollm2-135m", help="Model alias or local Hugging Face model directory."),
-    drafter: str = typer.Option("pld", help="Drafter spec, e.g. pld or 'pld(max_ngram=4)'; 'none' = plain."),
-    tree: str = typer.Option("chain", help="Tree builder spec."),
-    verifier: str = typer.Option("greedy", help="Verifier spec."),
-    backend: str = typer.Option("kv", help="State backend spec."),
-    budget: int = typer.Option(DEFAULT_BUDGET, help="Maximum draft tree nodes per step."),
+    drafter: str = typer.Option(DEFAULT_COMPONENTS[ComponentKind.DRAFTER],
+                                help="Drafter spec, e.g. pld or 'pld(max_ngram=4)'; 'none' = plain."),
+    tree: str = typer.Option(DEFAULT_COMPONENTS[ComponentKind.TREE_BUILDER], help="Tree builder spec."),
+    verifier: str = typer.Option(DEFAULT_COMPONENTS[ComponentKind.VERIFIER], help="Verifier spec."),
+    backend: str = typer.Option(DEFAULT_COMPONENTS[ComponentKind.BACKEND], help="State backend spec."),
+    budget: str = typer.Option(DEFAULT_BUDGET, help="Draft tree nodes per step: N (fill N every step), or "
+                               "'auto' / 'auto:CAP' (keep the subtree expected to pay, up to CAP nodes)."),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", help="Tokens to generate at most."),
     chat: bool = typer.Option(False, help="Wrap the prompt in the model's chat template."),
-    datastore: Optional[str] = typer.Option(
-        None, help="Datastore for retrieval drafters such as rest (sets $SPECFRAME_DATASTORE)."),
     stop: Optional[list[str]] = typer.Option(None, help="Stop string (repeatable)."),
     temperature: float = typer.Option(0.0, help="0 = greedy."),
     top_p: float = typer.Option(1.0, "--top-p"),
@@ -54,8 +55,6 @@ def generate(
     sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
     check_text(prompt, "the prompt")
     check_stop_strings(stop or [])
-    if datastore:
-        os.environ["SPECFRAME_DATASTORE"] = datastore  # read by retrieval drafters when no option names one
     target = load_target(model)
     decoder = SpeculativeDecoder.from_names(target, drafter, tree, verifier, backend, budget=budget,
                                             sampling=sampling)
@@ -71,6 +70,42 @@ def generate(
         typer.echo(json.dumps(report, indent=2))
     else:
         print_report(report)
+
+
+def calibrate(
+    model: str = typer.Option("smollm2-135m", help="Model alias or local Hugging Face model directory."),
+    backend: str = typer.Option(DEFAULT_COMPONENTS[ComponentKind.BACKEND], help="State backend spec."),
+    threads: Optional[int] = typer.Option(None, help="torch intra-op threads to calibrate for (default: "
+                                          "torch's choice; the cost is stored per thread count)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Measure what one verification step costs by tree size (what budget=auto weighs) and store it."""
+    import torch
+
+    from specframe.adaptive.calibration import cached_cost, cost_path, cost_key
+    from specframe.models import load_target
+    from specframe.pipeline import assemble
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    target = load_target(model)
+    state = assemble(target, backend=backend).backend
+    cost = cached_cost(state, refresh=True)
+    rows = [{"nodes": n, "flat_ms": 1000 * f, "chain_ms": 1000 * c, "flat_ratio": f / cost.flat_s[0]}
+            for n, f, c in zip(cost.sizes, cost.flat_s, cost.chain_s)]
+    if as_json:
+        typer.echo(json.dumps({"path": str(cost_path(cost_key(state))), "costs": rows}, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"step cost: {target.name} on '{backend}', {torch.get_num_threads()} thread(s)")
+    for column in ("tree nodes", "flat tree ms", "chain ms", "flat / empty"):
+        table.add_column(column, justify="right")
+    for r in rows:
+        table.add_row(str(r["nodes"]), f"{r['flat_ms']:.1f}", f"{r['chain_ms']:.1f}", f"{r['flat_ratio']:.2f}")
+    Console().print(table)
+    typer.echo(f"stored in {cost_path(cost_key(state))}")
 
 
 def check_text(text: str, what: str) -> None:
@@ -159,18 +194,68 @@ def print_report(report: dict) -> None:
     console.print(table)
 
 
-app.command("bench")(bench_command)
+def core_app(options: list[CliOption] = ()) -> typer.Typer:
+    """The `specframe` app with the core commands, `generate` and `bench` taking the plugin `options`."""
+    cli = typer.Typer(help="specframe: try, combine and compare speculative decoding methods.",
+                      no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+    cli.command()(plugins)
+    cli.command()(calibrate)
+    for name, command in {"generate": generate, "bench": bench_command}.items():
+        cli.command(name)(with_plugin_options(command, [o for o in options if name in o.commands]))
+    return cli
 
 
-def build_app() -> typer.Typer:
-    """The app with every plugin's sub-commands added."""
+def build_app(registry: PluginRegistry | None = None) -> typer.Typer:
+    """The `specframe` app with every plugin's options and sub-commands. A plugin that fails to load, whose
+    hook raises or whose option clashes with a core one is left out and listed by `specframe plugins`;
+    the rest of the CLI works."""
     from specframe.registry import get_registry
 
-    registry = get_registry()
-    if not getattr(app, "_specframe_plugins_added", False):
-        registry.hook.register_commands(cli=app)
-        app._specframe_plugins_added = True
-    return app
+    registry = registry or get_registry()
+    options = []
+    for flag, option in registry.cli_options.items():
+        clash = option_clash(option)
+        if clash:
+            owner = registry.cli_options.owner(flag)
+            registry.failures[owner] = "; ".join(filter(None, [registry.failures.get(owner), clash]))
+        else:
+            options.append(option)
+    cli = core_app(options)
+    registry.call_each("register_commands", cli=cli)
+    return cli
+
+
+def with_plugin_options(command: Callable, options: list[CliOption]) -> Callable:
+    """`command` with `options` added to the signature typer reads; their values are applied while it runs
+    (exported environment variables, or component options: see `specframe.extensions.applied`)."""
+    if not options:
+        return command
+    signature = inspect.signature(command, eval_str=True)
+    added = [inspect.Parameter(o.dest, inspect.Parameter.KEYWORD_ONLY, annotation=Optional[o.type],
+                               default=typer.Option(o.default, o.flag, help=o.help)) for o in options]
+
+    @functools.wraps(command)
+    def run(**kwargs):
+        values = {o: kwargs.pop(o.dest) for o in options}
+        with applied(values):
+            return command(**kwargs)
+
+    run.__signature__ = signature.replace(parameters=[*signature.parameters.values(), *added])
+    run.__annotations__ = {p.name: p.annotation for p in run.__signature__.parameters.values()}
+    return run
+
+
+def option_clash(option: CliOption) -> str | None:
+    """Why `option` cannot be added to its commands (one has an option of that name already), or None."""
+    commands = {"generate": generate, "bench": bench_command}
+    for name in option.commands:
+        for param in inspect.signature(commands[name]).parameters.values():
+            declared = getattr(param.default, "param_decls", None) or ()  # typer.Option(..., "--json")
+            flags = {"--" + param.name.replace("_", "-"), *declared}
+            if option.dest == param.name or option.flag in flags:
+                return (f"option {option.flag} left out: `specframe {name}` has {', '.join(sorted(flags))} "
+                        "already")
+    return None
 
 
 def main() -> None:
@@ -192,6 +277,7 @@ def main() -> None:
 
 
 INTERRUPTED = 130  # 128 + SIGINT, as shells report it
+app = core_app()  # the core commands alone; `main` runs `build_app()`, which adds the plugins'
 
 
 if __name__ == "__main__":

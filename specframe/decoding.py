@@ -9,16 +9,21 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from specframe.cost import CostModel
 from specframe.errors import ConfigurationError, PromptError
 from specframe.metrics import DecodeMetrics, PhaseTimer, peak_memory_bytes
+from specframe.interfaces import BuildContext
 from specframe.models import Target
 from specframe.pipeline import Pipeline, assemble
-from specframe.records import DraftContext, StepEvent, StepOutcome
+from specframe.adaptive.planner import AdaptivePlanner, FixedPlanner, make_adaptive_planner, parse_budget
+from specframe.records import DraftContext, DraftProposal, StepEvent, StepOutcome
 from specframe.registry import PluginRegistry, get_registry
 from specframe.sampling import Sampler, SamplingParams
 from specframe.tree import TokenTree
 
-DEFAULT_BUDGET = 12  # tree nodes per step; small trees win on a CPU (docs/explanation/metrics-and-costs.md)
+# Tree nodes per step: "auto" keeps, every step, the subtree expected to emit the most tokens per second,
+# up to 16 nodes (docs/explanation/adaptive-speculation.md); a number fills that many every step.
+DEFAULT_BUDGET = "auto"
 
 
 @dataclass
@@ -32,18 +37,20 @@ class GenerationResult:
 class SpeculativeDecoder:
     """A reusable decoder: one target, one pipeline of components, any number of requests."""
 
-    def __init__(self, target: Target, pipeline: Pipeline, *, budget: int = DEFAULT_BUDGET,
-                 sampling: SamplingParams | None = None, registry: PluginRegistry | None = None):
-        if budget < 1:
-            raise ConfigurationError(f"budget must be >= 1 tree node, got {budget}; "
-                                     "for plain decoding use the drafter 'none'")
-        self.target, self.pipeline, self.budget = target, pipeline, budget
+    def __init__(self, target: Target, pipeline: Pipeline, *, budget: int | str = DEFAULT_BUDGET,
+                 sampling: SamplingParams | None = None, registry: PluginRegistry | None = None,
+                 cost: CostModel | None = None, progress: bool = True):
+        self.budget, self.adaptive = parse_budget(budget)  # a fixed size, or the cap of "auto"
+        self.target, self.pipeline = target, pipeline
         self.sampling = sampling or SamplingParams()
         self.registry = registry or get_registry()
+        self.cost = cost  # for budget="auto"; None: the backend's, measured once and cached
+        self.progress = progress  # show the one-time cost calibration of budget="auto"
+        self.planner: FixedPlanner | AdaptivePlanner | None = None  # made at the first request
 
     @classmethod
     def from_names(cls, target: Target, drafter="pld", tree="chain", verifier="greedy", backend="kv", *,
-                   budget: int = DEFAULT_BUDGET, sampling: SamplingParams | None = None,
+                   budget: int | str = DEFAULT_BUDGET, sampling: SamplingParams | None = None,
                    registry: PluginRegistry | None = None) -> SpeculativeDecoder:
         pipeline = assemble(target, drafter, tree, verifier, backend, sampling, registry)
         return cls(target, pipeline, budget=budget, sampling=sampling, registry=registry)
@@ -68,6 +75,7 @@ class SpeculativeDecoder:
         """The loop, in the paper's words. Returns (new tokens, metrics, finish reason)."""
         drafter, tree_builder, verifier, backend = (
             self.pipeline.drafter, self.pipeline.tree_builder, self.pipeline.verifier, self.pipeline.backend)
+        planner = self._planner()
         sampler = Sampler(self.sampling, device=self.target.device)
         metrics = DecodeMetrics(prompt_tokens=len(prompt_ids))
         sync = torch.cuda.synchronize if self.target.device.type == "cuda" else None
@@ -75,24 +83,25 @@ class SpeculativeDecoder:
         t0 = time.perf_counter()
         backend.prefill(prompt_ids)
         metrics.prefill_s = time.perf_counter() - t0
-        tokens = np.array(prompt_ids, dtype=np.int64)
-        new: list[int] = []
-        hidden = None
-        reason = None
+        cost = planner.cost if self.adaptive else backend.cost_model()
+        tokens, new, hidden, reason = np.array(prompt_ids, dtype=np.int64), [], None, None
         while reason is None:
             timer, step_start = PhaseTimer(sync), time.perf_counter()
-            budget = min(self.budget, max_new_tokens - len(new) - 1, self._room(tokens))
+            budget = planner.build_budget(min(max_new_tokens - len(new) - 1, self._room(tokens)))
             with timer("draft"):
-                context = DraftContext(tokens, len(prompt_ids), max(budget, 0), hidden, sampler=sampler)
-                proposal = drafter.propose(context)
+                drafting = budget > 0 and planner.should_draft()
+                context = DraftContext(tokens, len(prompt_ids), budget if drafting else 0, hidden, sampler)
+                proposal = drafter.propose(context) if drafting else DraftProposal.empty()
             with timer("tree"):
-                tree = tree_builder.build(proposal, budget) if budget > 0 and len(proposal) else TokenTree.empty()
+                tree = (tree_builder.build(proposal, BuildContext(budget, cost)) if len(proposal)
+                        else TokenTree.empty())
+                tree, predicted = planner.choose(proposal, tree)
             with timer("forward"):
                 scores = backend.score(tree)
             with timer("verify"):
                 result = verifier.verify(tree, scores, sampler)
             with timer("commit"):
-                backend.commit(result.path, result.bonus)
+                backend.commit(scores, result.path, result.bonus)
             emitted = [int(t) for t in tree.tokens[result.path]] + [result.bonus]
             last = result.path[-1] + 1 if result.path else 0
             hidden = scores.hidden[last] if scores.hidden is not None else None
@@ -101,11 +110,21 @@ class SpeculativeDecoder:
             new += emitted
             tokens = np.concatenate([tokens, np.asarray(emitted, dtype=np.int64)])
             timer.times["other"] = time.perf_counter() - step_start - sum(timer.times.values())
-            metrics.record_step(len(tree), result.accepted, timer.times, result.fallback)
+            planner.observe(tree, result, timer.times)
+            metrics.record_step(len(tree), result.accepted, timer.times, result.fallback, predicted, drafting)
             self.registry.hook.on_step(decoder=self, event=StepEvent(
-                metrics.steps, len(tree), result.accepted, emitted, timer.times))
+                metrics.steps, len(tree), result.accepted, emitted, timer.times, predicted, drafting))
         metrics.new_tokens = len(new)
         return new, metrics, reason
+
+    def _planner(self) -> FixedPlanner | AdaptivePlanner:
+        """The step planner, made once: for `budget="auto"` this measures (or loads) the backend's cost
+        model, which prefills the backend with a synthetic prompt, so it runs before a request's prefill."""
+        if self.planner is None:
+            self.planner = (make_adaptive_planner(self.pipeline, self.budget, self.sampling, self.cost,
+                                                  self.progress)
+                            if self.adaptive else FixedPlanner(self.budget))
+        return self.planner
 
     def _finish(self, new: list[int], emitted: list[int], max_new_tokens: int, stop: Sequence[str]):
         """Cut `emitted` at EOS, a stop string or the length limit; say why decoding ends, if it does."""
@@ -152,7 +171,7 @@ class SpeculativeDecoder:
 
 
 def generate(prompt: str | Sequence[int], *, target: Target | None = None, model: str = "smollm2-135m",
-             drafter="pld", tree="chain", verifier="greedy", backend="kv", budget: int = DEFAULT_BUDGET,
+             drafter="pld", tree="chain", verifier="greedy", backend="kv", budget: int | str = DEFAULT_BUDGET,
              max_new_tokens: int = 128, sampling: SamplingParams | None = None,
              stop: Sequence[str] = ()) -> GenerationResult:
     """One-call API: load (or reuse) a target, assemble the pipeline and decode one prompt."""

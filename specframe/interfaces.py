@@ -10,6 +10,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
+from specframe.cost import CostModel
 from specframe.records import DraftContext, DraftProposal, ScoreKind, StepOutcome, TargetScores, VerifyResult
 from specframe.sampling import Sampler
 from specframe.tree import TokenTree
@@ -82,8 +83,21 @@ class Drafter(ABC):
         """Called before each new request. Default: nothing."""
 
 
+@dataclass(frozen=True)
+class BuildContext:
+    """What a tree builder may weigh besides the proposal, for one step.
+
+    `budget` is a cap, never a quota: a builder may return fewer nodes, the empty tree included, when
+    more would not pay. `cost` predicts the step time of a tree from its size and depth (the backend's
+    `StateBackend.cost_model()`), or is None when the backend offers none.
+    """
+
+    budget: int  # the most nodes the tree may have (>= 1)
+    cost: CostModel | None = None
+
+
 class TreeBuilder(ABC):
-    """Turns a proposal into a `TokenTree` of at most `budget` nodes. Constructed as `cls(**options)`."""
+    """Turns a proposal into a `TokenTree` of at most `context.budget` nodes. Constructed as `cls(**options)`."""
 
     name: ClassVar[str]
     capabilities: ClassVar[TreeBuilderCapabilities] = TreeBuilderCapabilities()
@@ -93,8 +107,8 @@ class TreeBuilder(ABC):
             raise TypeError(f"tree builder '{self.name}' takes no options, got {sorted(options)}")
 
     @abstractmethod
-    def build(self, proposal: DraftProposal, budget: int) -> TokenTree:
-        """A tree of at most `budget` nodes taken from `proposal`."""
+    def build(self, proposal: DraftProposal, context: BuildContext) -> TokenTree:
+        """A tree of at most `context.budget` nodes taken from `proposal` (closed under parents)."""
 
 
 class Verifier(ABC):
@@ -117,7 +131,12 @@ class StateBackend(ABC):
 
     The backend keeps one *pending* token: the last emitted token, fed to the target as the tree root
     in the next `score`. `prefill(ids)` processes `ids[:-1]` and makes `ids[-1]` pending;
-    `commit(path, bonus)` appends the root and the accepted nodes to the state and makes `bonus` pending.
+    `score(tree)` returns `TargetScores` that carry the tree and whatever the backend needs to commit
+    (`TargetScores.state`); `commit(scored, path, bonus)` appends the root and the accepted nodes of
+    `scored.tree` to the state and makes `bonus` pending. Only the latest `score` can be committed: a
+    new `score` discards the previous uncommitted one, and committing stale scores raises. `issue` and
+    `redeem` implement that check for any backend: `score` returns `self.issue(scores)`, `commit` starts
+    with `self.redeem(scored)`.
     """
 
     name: ClassVar[str]
@@ -128,10 +147,18 @@ class StateBackend(ABC):
         self.want_hidden = want_hidden
         if options:
             raise TypeError(f"backend '{self.name}' takes no options, got {sorted(options)}")
+        self._issued: TargetScores | None = None  # what the latest `score` returned, until committed
 
     @classmethod
     def unsupported_reason(cls, target: Target) -> str | None:
         """Why this backend cannot serve `target`, or None when it can."""
+        return None
+
+    def cost_model(self) -> CostModel | None:
+        """Predicted step time by tree size and depth, for tree builders (see `BuildContext`).
+
+        Default: None (builders then fill their budget). Called once per request, after `prefill`.
+        """
         return None
 
     @property
@@ -148,5 +175,27 @@ class StateBackend(ABC):
         """Target logits at the root and every node. Never changes the committed state."""
 
     @abstractmethod
-    def commit(self, path: list[int], bonus: int) -> None:
-        """Append the root and the nodes of `path` to the state; `bonus` becomes the pending root."""
+    def commit(self, scored: TargetScores, path: list[int], bonus: int) -> None:
+        """Append the root and the nodes `path` of `scored.tree` to the state; `bonus` becomes pending.
+
+        `scored` must be what the latest `score` returned, not committed yet; raise `ValueError`
+        otherwise (`redeem` does).
+        """
+
+    def issue(self, scores: TargetScores) -> TargetScores:
+        """Make `scores` the only ones `redeem` accepts and return them; earlier scores become stale.
+
+        End `score` with `return self.issue(TargetScores(logits, hidden, tree=tree, state=...))`.
+        """
+        self._issued = scores
+        return scores
+
+    def redeem(self, scored: TargetScores) -> None:
+        """Start `commit` with this: raises `ValueError` unless `scored` is what the latest `score`
+        issued and was not committed yet. Nothing is committable again until the next `score`."""
+        if scored is None or scored is not getattr(self, "_issued", None):
+            raise ValueError(
+                f"backend '{self.name}': commit() was given scores other than those of the latest score() "
+                "(a newer score() replaced them, they were committed already, or they come from another "
+                "backend); commit exactly what the latest score() returned")
+        self._issued = None

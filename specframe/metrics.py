@@ -9,6 +9,8 @@
 - time split per step: draft, tree, forward, verify, commit, other.
 - fallback steps: steps that a verifier using draft probabilities (`rejection`) verified by sampling and
   matching instead, by reason (no draft q, deterministic drafts, not sampled in draw order).
+- predicted vs realised (budget="auto"): the planner's expected tokens and step time against what the
+  steps it predicted emitted and took (docs/explanation/adaptive-speculation.md).
 """
 
 from __future__ import annotations
@@ -48,10 +50,25 @@ class DecodeMetrics:
     wall_s: float = 0.0  # prefill included
     peak_memory_bytes: int = 0
     fallbacks: dict[str, int] = field(default_factory=dict)  # reason -> steps (see `VerifyResult.fallback`)
+    # Adaptive speculation (budget="auto"): over the steps it predicted, predicted and realised sums.
+    predicted_steps: int = 0
+    predicted_tokens: float = 0.0
+    predicted_s: float = 0.0
+    realised_tokens: int = 0  # accepted + bonus, before cutting at EOS or the length limit
+    realised_s: float = 0.0  # step time without drafting (what the cost model predicts)
+    drafting_skipped: int = 0  # steps on which the planner did not draft because it did not pay
 
     def record_step(self, tree_size: int, accepted: int, times: dict[str, float],
-                    fallback: str | None = None) -> None:
+                    fallback: str | None = None, predicted=None, drafted: bool = True) -> None:
+        """Count one step; `predicted` is the planner's `Prediction` for it, if it made one."""
         self.steps += 1
+        self.drafting_skipped += not drafted
+        if predicted is not None:
+            self.predicted_steps += 1
+            self.predicted_tokens += predicted.tokens
+            self.predicted_s += predicted.seconds
+            self.realised_tokens += accepted + 1
+            self.realised_s += sum(s for phase, s in times.items() if phase != "draft")
         if fallback:
             self.fallbacks[fallback] = self.fallbacks.get(fallback, 0) + 1
         self.draft_tokens += tree_size
@@ -123,7 +140,17 @@ class DecodeMetrics:
             "tokens_per_s": self.tokens_per_s, "decode_tokens_per_s": self.decode_tokens_per_s,
             "peak_memory_bytes": self.peak_memory_bytes,
             "fallback_steps": self.fallback_steps, "fallbacks": dict(self.fallbacks),
+            **self.prediction_summary(),
         }
+
+    def prediction_summary(self) -> dict:
+        """Predicted vs realised tokens per step and step time over the steps the planner predicted."""
+        n = self.predicted_steps
+        return {"predicted_steps": n, "drafting_skipped": self.drafting_skipped,
+                "predicted_tokens_per_step": self.predicted_tokens / n if n else None,
+                "realised_tokens_per_step": self.realised_tokens / n if n else None,
+                "predicted_step_ms": 1000 * self.predicted_s / n if n else None,
+                "realised_step_ms": 1000 * self.realised_s / n if n else None}
 
 
 class PhaseTimer:

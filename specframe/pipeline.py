@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import functools
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from specframe.errors import CapabilityError, SpecframeWarning, UnsupportedModelError
+from specframe.extensions import option_defaults
 from specframe.interfaces import Drafter, StateBackend, TreeBuilder, Verifier
+from specframe.kinds import DEFAULT_COMPONENTS, ComponentKind
 from specframe.models import Target
 from specframe.options import check_options
 from specframe.registry import ComponentSpec, PluginRegistry, get_registry
 from specframe.sampling import SamplingParams
+
+Component = str | ComponentSpec | type  # a name, a name with options (`pld(max_ngram=4)`), or a class
 
 
 @dataclass
@@ -25,8 +32,12 @@ class Pipeline:
 
 def check_compatible(target: Target, drafter: type[Drafter], tree: type[TreeBuilder],
                      verifier: type[Verifier], backend: type[StateBackend],
-                     sampling: SamplingParams) -> None:
-    """Raise `CapabilityError` listing every mismatch between the chosen component classes."""
+                     sampling: SamplingParams, registry: PluginRegistry | None = None) -> None:
+    """Raise `CapabilityError` listing every mismatch between the chosen component classes, each with the
+    registered components (of `registry`, default the process's) that would fit instead."""
+    registry = registry or get_registry()
+    verifiers = functools.partial(such_as, registry, ComponentKind.VERIFIER)  # hints: which would fit
+    trees = functools.partial(such_as, registry, ComponentKind.TREE_BUILDER)
     reason = backend.unsupported_reason(target)
     if reason:
         raise UnsupportedModelError(f"backend '{backend.name}' cannot serve model '{target.name}': {reason}")
@@ -37,7 +48,8 @@ def check_compatible(target: Target, drafter: type[Drafter], tree: type[TreeBuil
                         f"'{backend.name}' does not provide")
     if v.needs_draft_probs and not d.provides_draft_probs:
         problems.append(f"verifier '{verifier.name}' needs draft probabilities, which drafter "
-                        f"'{drafter.name}' does not provide (use 'sample-match' or 'greedy')")
+                        f"'{drafter.name}' does not provide (use a verifier that does not need them"
+                        f"{verifiers(lambda c: not c.needs_draft_probs)})")
     if v.needs_draft_probs and not t.keeps_draft_probs:
         problems.append(f"verifier '{verifier.name}' needs draft probabilities, which tree builder "
                         f"'{tree.name}' drops")
@@ -46,53 +58,85 @@ def check_compatible(target: Target, drafter: type[Drafter], tree: type[TreeBuil
         problems.append(
             f"tree builder '{tree.name}' chooses among the drafts that drafter '{drafter.name}' samples by "
             f"their scores, so the kept drafts are no longer draws from q and verifier '{verifier.name}' "
-            "would be biased; with sampled drafts use tree 'chain', 'trie' or 'static' (they keep a "
-            f"draw-order prefix), or verify '{tree.name}' trees with 'sample-match'")
+            "would be biased; with sampled drafts use a tree builder that keeps a draw-order prefix"
+            f"{trees(lambda c: c.keeps_draw_order and c.keeps_draft_probs)}, or verify "
+            f"'{tree.name}' trees with a lossless verifier that does not use q"
+            f"{verifiers(lambda c: samples_losslessly(c) and not c.uses_draft_probs)}")
     if t.needs_score_kind is not None and d.score_kind is not t.needs_score_kind:
         problems.append(f"tree builder '{tree.name}' ranks nodes by {t.needs_score_kind.value} scores, but "
                         f"drafter '{drafter.name}' scores by {d.score_kind.value}; use a tree builder that "
-                        "takes any score, such as 'chain'")
+                        f"takes any score{trees(lambda c: c.needs_score_kind is None)}")
     if not b.supports_trees and d.proposes_trees and not t.makes_chains:
         problems.append(f"backend '{backend.name}' scores chains only, but drafter '{drafter.name}' proposes "
-                        f"trees and tree builder '{tree.name}' may keep them; use the tree builder 'chain'")
+                        f"trees and tree builder '{tree.name}' may keep them; use a tree builder that makes "
+                        f"chains{trees(lambda c: c.makes_chains)}")
     if t.needs_draft_probs and not d.provides_draft_probs:
         problems.append(f"tree builder '{tree.name}' expands by draft probabilities, which drafter "
                         f"'{drafter.name}' does not provide")
     if not sampling.greedy and not v.supports_sampling:
         problems.append(f"verifier '{verifier.name}' is greedy only, but temperature is "
-                        f"{sampling.temperature} (use 'sample-match', 'rejection' or temperature 0)")
+                        f"{sampling.temperature} (use a lossless sampling verifier"
+                        f"{verifiers(samples_losslessly)}, or temperature 0)")
     if problems:
         raise CapabilityError("these components do not fit together: " + "; ".join(problems))
     if not sampling.greedy and not v.lossless:
         warnings.warn(SpecframeWarning(
             f"verifier '{verifier.name}' is lossy: at temperature {sampling.temperature} the output does not "
-            "follow the target model's distribution; use 'sample-match' or 'rejection' for lossless "
-            "sampling"), stacklevel=3)
+            f"follow the target model's distribution; use a lossless verifier"
+            f"{verifiers(samples_losslessly)} for lossless sampling"), stacklevel=3)
 
 
-def assemble(target: Target, drafter: str | ComponentSpec = "pld", tree: str | ComponentSpec = "chain",
-             verifier: str | ComponentSpec = "greedy", backend: str | ComponentSpec = "kv",
-             sampling: SamplingParams | None = None, registry: PluginRegistry | None = None) -> Pipeline:
-    """Look up, check and instantiate the four components. Names may carry options: `pld(max_ngram=4)`."""
+def samples_losslessly(capabilities: Any) -> bool:
+    return capabilities.lossless and capabilities.supports_sampling
+
+
+def such_as(registry: PluginRegistry, kind: ComponentKind, fits: Callable[[Any], bool]) -> str:
+    """`, such as 'a', 'b' or 'c'`: the registered components of `kind` whose capabilities `fits`
+    ('' when none is registered)."""
+    names = [f"'{name}'" for name in registry.names(kind) if fits(registry.get(kind, name).capabilities)]
+    if not names:
+        return ""
+    return ", such as " + (f"{', '.join(names[:-1])} or {names[-1]}" if len(names) > 1 else names[0])
+
+
+def assemble(target: Target, drafter: Component = DEFAULT_COMPONENTS[ComponentKind.DRAFTER],
+             tree: Component = DEFAULT_COMPONENTS[ComponentKind.TREE_BUILDER],
+             verifier: Component = DEFAULT_COMPONENTS[ComponentKind.VERIFIER],
+             backend: Component = DEFAULT_COMPONENTS[ComponentKind.BACKEND],
+             sampling: SamplingParams | None = None, registry: PluginRegistry | None = None, *,
+             options: dict[ComponentKind, dict] | None = None) -> Pipeline:
+    """Look up, check and instantiate the four components.
+
+    Each is a registered name, which may carry options (`pld(max_ngram=4)`, or a `ComponentSpec`), or a
+    component class, used as it is (registered or not). `options` maps a kind to more constructor
+    options, over those of the spec.
+    """
     registry = registry or get_registry()
     sampling = sampling or SamplingParams()
-    specs = [s if isinstance(s, ComponentSpec) else ComponentSpec.parse(s)
-             for s in (drafter, tree, verifier, backend)]
-    kinds = ("drafter", "tree builder", "verifier", "backend")
-    classes = [registry.get(kind, spec.name) for kind, spec in zip(kinds, specs)]
-    check_compatible(target, *classes, sampling)
-    d_cls, t_cls, v_cls, b_cls = classes
-    d_spec, t_spec, v_spec, b_spec = specs
+    options = options or {}
+    parts = [_lookup(registry, kind, c) for kind, c in zip(ComponentKind, (drafter, tree, verifier, backend))]
+    classes = [cls for cls, _ in parts]
+    check_compatible(target, *classes, sampling, registry)
+    d, t, v, b = [(cls, {**option_defaults(kind, cls.name), **spec_options, **options.get(kind, {})})
+                  for kind, (cls, spec_options) in zip(ComponentKind, parts)]
     return Pipeline(
-        drafter=_construct("drafter", d_cls, d_spec, target),
-        tree_builder=_construct("tree builder", t_cls, t_spec),
-        verifier=_construct("verifier", v_cls, v_spec),
-        backend=_construct("backend", b_cls, b_spec, target,
-                           want_hidden=d_cls.capabilities.needs_hidden_states),
+        drafter=_construct(ComponentKind.DRAFTER, *d, target),
+        tree_builder=_construct(ComponentKind.TREE_BUILDER, *t),
+        verifier=_construct(ComponentKind.VERIFIER, *v),
+        backend=_construct(ComponentKind.BACKEND, *b, target,
+                           want_hidden=d[0].capabilities.needs_hidden_states),
     )
 
 
-def _construct(kind: str, cls: type, spec: ComponentSpec, *args, **kwargs):
+def _lookup(registry: PluginRegistry, kind: ComponentKind, component: Component) -> tuple[type, dict]:
+    """A component's class and the options its spec carries."""
+    if isinstance(component, type):
+        return component, {}
+    spec = component if isinstance(component, ComponentSpec) else ComponentSpec.parse(component)
+    return registry.get(kind, spec.name), spec.options
+
+
+def _construct(kind: ComponentKind, cls: type, options: dict, *args, **kwargs):
     """Instantiate a component after checking its options against the constructor's signature."""
-    check_options(kind, cls, spec.options)
-    return cls(*args, **kwargs, **spec.options)
+    check_options(kind, cls, options)
+    return cls(*args, **kwargs, **options)

@@ -11,13 +11,16 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
+from specframe.forest import Forest
+
 if TYPE_CHECKING:
     from specframe.sampling import Sampler
+    from specframe.tree import TokenTree
 
 
 class DrawMethod(str, enum.Enum):
@@ -79,39 +82,36 @@ class DraftContext:
 
 
 @dataclass
-class DraftProposal:
+class DraftProposal(Forest):
     """Candidate tokens as a forest under the root: node i has `tokens[i]` and parent `parents[i]`.
 
-    `parents[i] == -1` means a child of the root; parents always come before children. `scores` rank
-    nodes (higher is better); `score_kind` says what they mean (see `ScoreKind`) and must match the
-    drafter's `DrafterCapabilities.score_kind`. `draft_probs[i]` is the distribution q the token of node
-    i was drawn from (siblings share it); present only when the drafter has real probabilities.
+    `parents[i] == -1` means a child of the root; parents always come before children (`Forest` checks
+    this and gives `depth`, `children`, `child`, `paths`). `scores` rank nodes (higher is better);
+    `score_kind` says what they mean (see `ScoreKind`) and must match the drafter's
+    `DrafterCapabilities.score_kind`. `draft_probs[i]` is the distribution q the token of node i was
+    drawn from (siblings share it); present only when the drafter has real probabilities. `group[i]`
+    is an optional small drafter-defined label of node i (a match length, which source it came from)
+    under which adaptive speculation learns acceptance separately (values 0-7; larger ones share 7).
     """
 
-    tokens: np.ndarray  # (N,) int64
-    parents: np.ndarray  # (N,) int64, -1 = root
     scores: np.ndarray  # (N,) float64
     draft_probs: torch.Tensor | None = None  # (N, V)
     draw: DrawMethod = DrawMethod.RETRIEVED
     score_kind: ScoreKind = ScoreKind.RANK
+    group: np.ndarray | None = None  # (N,) int64
 
     def __post_init__(self) -> None:
-        self.tokens = np.asarray(self.tokens, dtype=np.int64).reshape(-1)
-        self.parents = np.asarray(self.parents, dtype=np.int64).reshape(-1)
+        super().__post_init__()
         self.scores = np.asarray(self.scores, dtype=np.float64).reshape(-1)
         n = len(self.tokens)
-        if len(self.parents) != n or len(self.scores) != n:
-            raise ValueError(
-                f"DraftProposal: tokens ({n}), parents ({len(self.parents)}) and scores "
-                f"({len(self.scores)}) must have the same length"
-            )
-        if n and np.any(self.parents >= np.arange(n)):
-            raise ValueError("DraftProposal: every parent must come before its child (topological order)")
+        if len(self.scores) != n:
+            raise ValueError(f"DraftProposal: {n} tokens but {len(self.scores)} scores")
         if self.draft_probs is not None and self.draft_probs.shape[0] != n:
             raise ValueError(f"DraftProposal: draft_probs has {self.draft_probs.shape[0]} rows for {n} nodes")
-
-    def __len__(self) -> int:
-        return len(self.tokens)
+        if self.group is not None:
+            self.group = np.asarray(self.group, dtype=np.int64).reshape(-1)
+            if len(self.group) != n or (n and self.group.min() < 0):
+                raise ValueError(f"DraftProposal: group needs {n} labels >= 0, got {self.group.tolist()}")
 
     @classmethod
     def empty(cls) -> DraftProposal:
@@ -146,10 +146,17 @@ class DraftProposal:
 
 @dataclass
 class TargetScores:
-    """The target's outputs on a packed tree. Row 0 is the root, row i + 1 is tree node i."""
+    """The target's outputs on a packed tree. Row 0 is the root, row i + 1 is tree node i.
+
+    A backend's `score` fills `tree` (the tree it scored) and may put in `state` whatever its `commit`
+    needs from that forward (per-node recurrent states, a cache length); `commit` receives this object
+    back, so no backend keeps the last tree on the side. Verifiers read only `logits`.
+    """
 
     logits: torch.Tensor  # (N + 1, V) float32
     hidden: torch.Tensor | None = None  # (N + 1, H) last hidden states, when requested
+    tree: TokenTree | None = None  # the scored tree; set by every backend's `score`
+    state: Any = None  # backend-private: what `commit` needs from the forward
 
 
 @dataclass
@@ -182,6 +189,15 @@ class StepOutcome:
         return [*self.accepted_tokens, self.bonus]
 
 
+@dataclass(frozen=True)
+class Prediction:
+    """What adaptive speculation expected of one step: emitted tokens (bonus included) and seconds
+    without drafting (`specframe.adaptive`)."""
+
+    tokens: float
+    seconds: float
+
+
 @dataclass
 class StepEvent:
     """Passed to the `on_step` observer hook."""
@@ -191,3 +207,5 @@ class StepEvent:
     accepted: int
     emitted: list[int]
     times: dict[str, float] = field(default_factory=dict)  # seconds per phase in this step
+    prediction: Prediction | None = None  # with budget="auto", what the planner expected
+    drafted: bool = True  # False when the planner skipped drafting because it did not pay

@@ -1,8 +1,9 @@
-"""Plugin discovery and the component registers.
+"""Plugin discovery and the registers of components, bench presets and command-line options.
 
 Plugins are found through the `specframe` entry-point group, lazily (on the first lookup, never at
 `import specframe`) and once. `SPECFRAME_LOAD_PLUGINS=a,b` restricts loading to those entry-point
-names (an empty value loads none).
+names (an empty value loads none), except the plugins providing the core's defaults (`DEFAULT_PLUGINS`),
+which always load: the core names their components itself.
 """
 
 from __future__ import annotations
@@ -18,12 +19,16 @@ import pluggy
 
 from specframe import hookspecs
 from specframe.errors import ConfigurationError, DuplicateComponentError, UnknownComponentError
+from specframe.extensions import CliOption, Preset
 from specframe.interfaces import Drafter, StateBackend, TreeBuilder, Verifier
+from specframe.kinds import ComponentKind
 
 ENTRY_POINT_GROUP = "specframe"
-KINDS = {"drafter": Drafter, "tree builder": TreeBuilder, "verifier": Verifier, "backend": StateBackend}
-REGISTRATION_HOOKS = {"drafter": "register_drafters", "tree builder": "register_tree_builders",
-                      "verifier": "register_verifiers", "backend": "register_state_backends"}
+DISTRIBUTION = "specframe"
+# Entry points of this distribution that provide `kinds.DEFAULT_COMPONENTS` (and the plain drafter `none`).
+DEFAULT_PLUGINS = ("kv", "pld", "trees", "verify")
+KINDS = {ComponentKind.DRAFTER: Drafter, ComponentKind.TREE_BUILDER: TreeBuilder,
+         ComponentKind.VERIFIER: Verifier, ComponentKind.BACKEND: StateBackend}
 
 
 class ComponentRegister:
@@ -31,26 +36,34 @@ class ComponentRegister:
 
     def __init__(self, kind: str, base: type):
         self.kind, self.base = kind, base
-        self._classes: dict[str, type] = {}
+        self._classes: dict[str, Any] = {}
         self._owner: dict[str, str] = {}
 
-    def add(self, cls: type, plugin: str = "?") -> str:
+    def add(self, item: Any, plugin: str = "?") -> str:
+        name = self._checked_name(item, plugin)
+        if name in self._classes and self._classes[name] is not item:
+            old = self._classes[name]
+            raise DuplicateComponentError(
+                f"{self.kind} name '{name}' is registered twice: by {self._describe(old)} "
+                f"(plugin '{self._owner[name]}') and by {self._describe(item)} "
+                f"(plugin '{plugin}'). Rename one, or limit loading with SPECFRAME_LOAD_PLUGINS."
+            )
+        self._classes[name] = item
+        self._owner[name] = plugin
+        return name
+
+    def _checked_name(self, cls: Any, plugin: str) -> str:
         if not (isinstance(cls, type) and issubclass(cls, self.base)):
             raise TypeError(f"plugin '{plugin}' registered {cls!r} as a {self.kind}, "
                             f"but it is not a subclass of {self.base.__name__}")
         name = getattr(cls, "name", None)
         if not isinstance(name, str) or not name:
             raise TypeError(f"{self.kind} class {cls.__qualname__} needs a non-empty `name`")
-        if name in self._classes and self._classes[name] is not cls:
-            old = self._classes[name]
-            raise DuplicateComponentError(
-                f"{self.kind} name '{name}' is registered twice: by {old.__module__}.{old.__qualname__} "
-                f"(plugin '{self._owner[name]}') and by {cls.__module__}.{cls.__qualname__} "
-                f"(plugin '{plugin}'). Rename one, or limit loading with SPECFRAME_LOAD_PLUGINS."
-            )
-        self._classes[name] = cls
-        self._owner[name] = plugin
         return name
+
+    @staticmethod
+    def _describe(cls: Any) -> str:
+        return f"{cls.__module__}.{cls.__qualname__}"
 
     def remove(self, name: str) -> None:
         self._classes.pop(name, None)
@@ -68,6 +81,27 @@ class ComponentRegister:
     def owner(self, name: str) -> str:
         return self._owner[name]
 
+    def items(self) -> list[tuple[str, Any]]:
+        return sorted(self._classes.items())
+
+
+class RecordRegister(ComponentRegister):
+    """Name -> record (a `Preset` by name, a `CliOption` by flag), with the same refusals."""
+
+    def __init__(self, kind: str, record: type, key: str):
+        super().__init__(kind, record)
+        self.key = key
+
+    def _checked_name(self, item: Any, plugin: str) -> str:
+        if not isinstance(item, self.base):
+            raise TypeError(f"plugin '{plugin}' registered {item!r} as a {self.kind}, but it is not a "
+                            f"specframe.{self.base.__name__}")
+        return getattr(item, self.key)
+
+    @staticmethod
+    def _describe(item: Any) -> str:
+        return repr(item)
+
 
 class PluginRegistry:
     """Holds the pluggy plugin manager and one `ComponentRegister` per interface."""
@@ -76,6 +110,8 @@ class PluginRegistry:
         self.pm = pluggy.PluginManager(hookspecs.PROJECT)
         self.pm.add_hookspecs(hookspecs)
         self.registers = {kind: ComponentRegister(kind, base) for kind, base in KINDS.items()}
+        self._presets = RecordRegister("preset", Preset, "name")
+        self._cli_options = RecordRegister("command-line option", CliOption, "flag")
         self._loaded = False
         self.distributions: dict[str, str] = {}  # plugin name -> "dist==version"
         self.failures: dict[str, str] = {}  # plugin name -> why it could not be loaded
@@ -92,14 +128,16 @@ class PluginRegistry:
         """Load entry points and collect component classes, once.
 
         A plugin that fails to import or to register is recorded in `failures` (shown by `specframe
-        plugins` and in unknown-name errors) and skipped; every other plugin stays usable.
+        plugins` and in unknown-name errors) and skipped; every other plugin stays usable. The plugins
+        providing the defaults load first, so a plugin reusing one of their names is the one refused.
         """
         if self._loaded:
             return
         wanted = os.environ.get("SPECFRAME_LOAD_PLUGINS")
         allow = None if wanted is None else {w.strip() for w in wanted.split(",") if w.strip()}
-        for ep in entry_points(group=ENTRY_POINT_GROUP):
-            if (allow is not None and ep.name not in allow) or self.pm.has_plugin(ep.name):
+        for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: not _provides_defaults(ep)):
+            skipped = allow is not None and ep.name not in allow and not _provides_defaults(ep)
+            if skipped or self.pm.has_plugin(ep.name):
                 continue
             try:
                 self.pm.register(ep.load(), name=ep.name)
@@ -114,40 +152,69 @@ class PluginRegistry:
     def _collect(self, plugin_names: list[str], strict: bool = False) -> None:
         """Call the registration hooks of the named plugins, remembering which plugin gave what.
 
-        A plugin whose registration fails (a duplicate name, a class of the wrong kind) is removed whole
-        and recorded in `failures`, or with `strict` the error is raised after the removal.
+        A plugin whose registration fails (a duplicate name, a class of the wrong kind, a malformed
+        preset) is removed whole and recorded in `failures`, or with `strict` the error is raised after
+        the removal.
         """
         for name in plugin_names:
-            added: list[tuple[str, str]] = []
+            added: list[tuple[ComponentRegister, str]] = []
             try:
                 self._register_components(name, added)
             except Exception as err:
-                for kind, comp in added:
-                    self.registers[kind].remove(comp)
+                for register, item in added:
+                    register.remove(item)
                 self.pm.unregister(name=name)
                 if strict:
                     raise
                 self.failures[name] = f"{type(err).__name__}: {err}"
 
-    def _register_components(self, plugin: str, added: list[tuple[str, str]]) -> None:
-        """Run `plugin`'s registration hooks; every (kind, name) it registers is appended to `added`."""
-        for kind, hook_name in REGISTRATION_HOOKS.items():
-            def register(cls, _kind=kind):
-                added.append((_kind, self.registers[_kind].add(cls, plugin)))
+    def _register_components(self, plugin: str, added: list[tuple[ComponentRegister, str]]) -> None:
+        """Run `plugin`'s registration hooks; every (register, name) it registers is appended to `added`."""
+        hooks = [(kind.registration_hook, self.registers[kind]) for kind in KINDS]
+        hooks += [("register_presets", self._presets), ("register_cli_options", self._cli_options)]
+        for hook_name, target in hooks:
+            def register(item, _target=target):
+                added.append((_target, _target.add(item, plugin)))
 
             for impl in getattr(self.pm.hook, hook_name).get_hookimpls():
                 if impl.plugin_name == plugin:
                     impl.function(register=register)
 
+    def call_each(self, hook_name: str, **kwargs: Any) -> None:
+        """Call every implementation of a hook; one that raises is recorded in `failures` (with the hook's
+        name) instead of stopping the others, e.g. a broken `register_commands` must not break the CLI."""
+        self.load()
+        for impl in getattr(self.pm.hook, hook_name).get_hookimpls():
+            try:
+                impl.function(**kwargs)
+            except Exception as err:  # a broken plugin must not take the others down
+                self.failures[impl.plugin_name] = f"{hook_name}: {type(err).__name__}: {err}"
+
     # --- lookup ------------------------------------------------------------------------------------
 
-    def get(self, kind: str, name: str) -> type:
+    def get(self, kind: ComponentKind | str, name: str) -> type:
         self.load()
-        return self.registers[kind].get(name)
+        return self.registers[ComponentKind(kind)].get(name)
 
-    def names(self, kind: str) -> list[str]:
+    def names(self, kind: ComponentKind | str) -> list[str]:
         self.load()
-        return self.registers[kind].names()
+        return self.registers[ComponentKind(kind)].names()
+
+    @property
+    def presets(self) -> RecordRegister:
+        """Bench presets by name (`Preset` records)."""
+        self.load()
+        return self._presets
+
+    @property
+    def cli_options(self) -> RecordRegister:
+        """Options of `specframe generate` and `bench` by flag (`CliOption` records)."""
+        self.load()
+        return self._cli_options
+
+    def preset(self, name: str) -> Preset | None:
+        """The preset registered under `name`, or None."""
+        return dict(self.presets.items()).get(name)
 
     @property
     def hook(self):
@@ -166,12 +233,23 @@ class PluginRegistry:
                 entry = plugins.setdefault(register.owner(comp), {"name": register.owner(comp),
                                                                   "version": "?", "components": {}})
                 entry["components"].setdefault(kind + "s", []).append(comp)
+        for key, register in (("presets", self.presets), ("options", self.cli_options)):
+            for item in register.names():
+                owner = register.owner(item)
+                entry = plugins.setdefault(owner, {"name": owner, "version": "?", "components": {}})
+                entry.setdefault(key, []).append(item)
         return {"plugins": sorted(plugins.values(), key=lambda p: p["name"]),
                 "components": {kind + "s": reg.names() for kind, reg in self.registers.items()},
+                "presets": {name: preset.spec for name, preset in self.presets.items()},
                 "failed": dict(sorted(self.failures.items()))}
 
 
 _registry: PluginRegistry | None = None
+
+
+def _provides_defaults(ep) -> bool:
+    """Whether entry point `ep` is one of this distribution's plugins providing the core's defaults."""
+    return ep.name in DEFAULT_PLUGINS and ep.dist is not None and ep.dist.name == DISTRIBUTION
 
 
 def _loading_note() -> str:

@@ -7,48 +7,31 @@ backend feeds it to the target together with the nodes: packed index 0 = root, p
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from collections.abc import Callable
 from functools import cached_property
 
 import numpy as np
 import torch
 
+from specframe.forest import Forest
 from specframe.records import DraftProposal, DrawMethod
 
 SAMPLED_DRAWS = (DrawMethod.SAMPLED, DrawMethod.SAMPLED_WITHOUT_REPLACEMENT)
 
 
 @dataclass(eq=False)
-class TokenTree:
-    """A token tree under the root.
+class TokenTree(Forest):
+    """A token tree under the root: node i has `tokens[i]` and parent `parents[i]` (-1 = the root).
 
     `depth[i]` counts edges from the root (children of the root have depth 1), so the position of
-    node i is `prefix_len + depth[i]` when the root sits at `prefix_len`.
+    node i is `prefix_len + depth[i]` when the root sits at `prefix_len`. `Forest` checks the parents and
+    gives `depth`, `children`, `child`, `paths` and `path_to`.
     """
 
-    tokens: np.ndarray  # (N,) int64
-    parents: np.ndarray  # (N,) int64, -1 = root
     draft_probs: torch.Tensor | None = None  # (N, V) q each node was drawn from, if the drafter had it
     draw: DrawMethod = DrawMethod.RETRIEVED  # how the drafter chose the tokens (see `DrawMethod`)
-    depth: np.ndarray = field(init=False)  # (N,) int64, >= 1
-
-    def __post_init__(self) -> None:
-        self.tokens = np.asarray(self.tokens, dtype=np.int64).reshape(-1)
-        self.parents = np.asarray(self.parents, dtype=np.int64).reshape(-1)
-        n = len(self.tokens)
-        if len(self.parents) != n:
-            raise ValueError(f"TokenTree: {n} tokens but {len(self.parents)} parents")
-        if n and (np.any(self.parents >= np.arange(n)) or np.any(self.parents < -1)):
-            raise ValueError("TokenTree: parents must satisfy -1 <= parent[i] < i (topological order)")
-        depth = np.ones(n, np.int64)
-        for i, p in enumerate(self.parents.tolist()):
-            if p >= 0:
-                depth[i] = depth[p] + 1
-        self.depth = depth
-
-    def __len__(self) -> int:
-        return len(self.tokens)
+    origin: np.ndarray | None = None  # (N,) each node's index in the proposal it came from, if known
 
     @classmethod
     def empty(cls) -> TokenTree:
@@ -71,14 +54,17 @@ class TokenTree:
         draw = proposal.draw
         if draw in SAMPLED_DRAWS and not draw_order_prefix:
             draw = DrawMethod.RETRIEVED
-        remap = np.full(len(proposal) + 1, -1, np.int64)  # last slot maps the root (-1) to -1
-        remap[keep] = np.arange(len(keep))
-        parents = proposal.parents[keep]
-        new_parents = remap[parents]
-        if np.any((parents >= 0) & (new_parents < 0)):
-            raise ValueError("TokenTree.from_proposal: kept nodes must include every ancestor")
         probs = None if proposal.draft_probs is None else proposal.draft_probs[torch.from_numpy(keep)]
-        return cls(proposal.tokens[keep], new_parents, probs, draw)
+        return cls(proposal.tokens[keep], proposal.kept_parents(keep), probs, draw, origin=keep)
+
+    def subtree(self, keep: np.ndarray | list[int]) -> TokenTree:
+        """The nodes `keep` (closed under parents), renumbered, as a tree verified by sampling and
+        matching: a cut chosen after the draws is no draw-order prefix (see `from_proposal`)."""
+        keep = np.sort(np.asarray(keep, dtype=np.int64))
+        draw = DrawMethod.RETRIEVED if self.draw in SAMPLED_DRAWS else self.draw
+        probs = None if self.draft_probs is None else self.draft_probs[torch.from_numpy(keep)]
+        origin = None if self.origin is None else self.origin[keep]
+        return TokenTree(self.tokens[keep], self.kept_parents(keep), probs, draw, origin=origin)
 
     @property
     def sampled(self) -> bool:
@@ -108,35 +94,6 @@ class TokenTree:
             mask[i] = mask[parents[i]]
             mask[i, i] = True
         return mask
-
-    @cached_property
-    def children(self) -> list[list[int]]:
-        """children[0] lists the root's children, children[i + 1] those of node i (node indices)."""
-        kids: list[list[int]] = [[] for _ in range(len(self) + 1)]
-        for i, p in enumerate(self.parents.tolist()):
-            kids[p + 1].append(i)
-        return kids
-
-    @cached_property
-    def paths(self) -> list[list[int]]:
-        """Root-to-leaf paths as lists of node indices, in order of their leaves."""
-        kids = self.children
-        leaves = [i for i in range(len(self)) if not kids[i + 1]]
-        result = []
-        for leaf in leaves:
-            path = [leaf]
-            while self.parents[path[-1]] >= 0:
-                path.append(int(self.parents[path[-1]]))
-            result.append(path[::-1])
-        return result
-
-    def path_to(self, node: int) -> list[int]:
-        """Node indices from the root's child down to `node`."""
-        path = []
-        while node >= 0:
-            path.append(node)
-            node = int(self.parents[node])
-        return path[::-1]
 
 
 def draw_order_prefix(proposal: DraftProposal, budget: int,

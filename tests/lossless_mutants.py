@@ -12,8 +12,8 @@ import dataclasses
 import torch
 
 from specframe import (
-    DraftProposal, DrawMethod, Sampler, TargetScores, TokenTree, TreeBuilder, TreeBuilderCapabilities,
-    Verifier, VerifierCapabilities, VerifyResult,
+    BuildContext, DraftProposal, DrawMethod, Sampler, TargetScores, TokenTree, TreeBuilder,
+    TreeBuilderCapabilities, Verifier, VerifierCapabilities, VerifyResult,
 )
 from specframe.registry import get_registry
 
@@ -48,7 +48,7 @@ class MutantRejection(Verifier):
                 child, p = self._try(p, children, tree, sampling)
             else:
                 token = sampling.draw(p)
-                child = next((c for c in children if tree.tokens[c] == token), None)
+                child = tree.child(node, token)
                 if child is None:
                     return VerifyResult(path, token)
             if child is None:
@@ -85,8 +85,8 @@ class ByScoreChain(TreeBuilder):
     name = "mutant-chain-by-score"
     capabilities = TreeBuilderCapabilities(keeps_draw_order=True)
 
-    def build(self, proposal: DraftProposal, budget: int) -> TokenTree:
-        tree = get_registry().get("tree builder", "chain")().build(as_ranked(proposal), budget)
+    def build(self, proposal: DraftProposal, context: BuildContext) -> TokenTree:
+        tree = get_registry().get("tree builder", "chain")().build(as_ranked(proposal), context)
         tree.draw = proposal.draw
         return tree
 
@@ -99,8 +99,8 @@ class KeptAllIsSampled(TreeBuilder):
     name = "mutant-kept-all"
     capabilities = TreeBuilderCapabilities(keeps_draw_order=True)
 
-    def build(self, proposal: DraftProposal, budget: int) -> TokenTree:
-        tree = get_registry().get("tree builder", "trie")().build(as_ranked(proposal), budget)
+    def build(self, proposal: DraftProposal, context: BuildContext) -> TokenTree:
+        tree = get_registry().get("tree builder", "trie")().build(as_ranked(proposal), context)
         tree.draw = proposal.draw if len(tree) == len(proposal) else DrawMethod.RETRIEVED
         return tree
 

@@ -53,7 +53,7 @@ def test_unknown_plugin_names():
 
 
 def test_budget_zero():
-    with pytest.raises(ConfigurationError, match="budget must be >= 1"):
+    with pytest.raises(ConfigurationError, match="budget must be a number of tree nodes >= 1"):
         SpeculativeDecoder.from_names(tiny_llama(), "pld", budget=0)
 
 

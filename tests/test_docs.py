@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import specframe
@@ -39,7 +40,7 @@ def reference_text() -> str:
 
 def test_hookspecs_are_found():
     assert {"register_drafters", "register_tree_builders", "register_verifiers", "register_state_backends",
-            "register_commands"} <= set(hook_functions())
+            "register_presets", "register_cli_options", "register_commands"} <= set(hook_functions())
 
 
 @pytest.mark.parametrize("name", sorted(hook_functions()))
@@ -96,6 +97,50 @@ def test_the_tutorial_drafter_is_lossless(tiny_target):
     prompts = [repetitive_prompt(tiny_target.vocab_size, 40, seed=s) for s in (0, 1)]
     check_lossless(decoder, prompts, 40, "tutorial BigramDrafter")
     assert decoder.generate(prompts[0], max_new_tokens=40).metrics.steps < 40  # it does draft
+
+
+def test_the_tutorial_backend_passes_the_conformance_checks(tiny_target):
+    """The code of 'Write a state backend' runs as printed, is the example plugin's, and conforms."""
+    text = (DOCS / "tutorials" / "write-a-state-backend.md").read_text()
+    block = next(b for b in re.findall(r"```python\n(.*?)```", text, flags=re.S) if "class RecomputeBackend" in b)
+    example = ROOT / "examples" / "specframe-example-plugin" / "src" / "specframe_example" / "backend.py"
+    source = example.read_text()
+    assert block[block.index("class RecomputeBackend"):] == source[source.index("class RecomputeBackend"):], \
+        "the tutorial's RecomputeBackend differs from examples/.../specframe_example/backend.py"
+    namespace: dict = {}
+    exec(compile(block, "write-a-state-backend.md", "exec"), namespace)
+    from specframe.testing import check_backend_scores, check_lossless, make_decoder, repetitive_prompt
+
+    backend = namespace["RecomputeBackend"]
+    prompts = [repetitive_prompt(tiny_target.vocab_size, 40, seed=s) for s in (0, 1)]
+    check_backend_scores(backend, tiny_target, prompts[0], np.random.default_rng(0))
+    check_lossless(make_decoder(tiny_target, "pld(matches=3)", "trie", "greedy", backend), prompts, 40,
+                   "tutorial RecomputeBackend")
+
+
+def quoted_blocks(page: Path) -> list[tuple[str, str]]:
+    """(path, code) of every python block of `page` whose first line is `# <path>` naming a file of this
+    repository: such a block quotes that file."""
+    blocks = re.findall(r"```python\n# (\S+)\n(.*?)```", page.read_text(), flags=re.S)
+    return [(path, code) for path, code in blocks if (ROOT / path).is_file()]
+
+
+@pytest.mark.parametrize("page", sorted(str(p.relative_to(DOCS)) for p in DOCS.rglob("*.md")))
+def test_quoted_code_stands_verbatim_in_the_file_it_names(page):
+    for path, code in quoted_blocks(DOCS / page):
+        assert code in (ROOT / path).read_text(), \
+            f"docs/{page} quotes {path}, but the block is no longer in that file: copy it again"
+
+
+def test_the_tree_builder_tutorial_quotes_the_example_builder_and_it_conforms():
+    """'Write a tree builder' shows the example plugin's `breadth-first` as it is, and that code conforms."""
+    blocks = dict(quoted_blocks(DOCS / "tutorials" / "write-a-tree-builder.md"))
+    code = blocks["examples/specframe-example-plugin/src/specframe_example/tree.py"]
+    namespace: dict = {}
+    exec(compile(code, "write-a-tree-builder.md", "exec"), namespace)
+    from specframe.testing import check_tree_builder
+
+    check_tree_builder(namespace["BreadthFirstTreeBuilder"](), np.random.default_rng(0))
 
 
 def test_mkdocs_build_strict(tmp_path):

@@ -41,11 +41,12 @@ def test_entry_point_comes_from_the_installed_distribution():
     assert any(root in origin.parents for root in roots), (origin, roots)
 
 
-def test_a_fresh_registry_finds_both_components_with_the_version():
+def test_a_fresh_registry_finds_every_component_with_the_version():
     registry = PluginRegistry()
     described = {p["name"]: p for p in registry.describe()["plugins"]}
     assert described["example"]["version"] == f"{DIST}==0.1.0"
-    assert described["example"]["components"] == {"drafters": ["bigram"], "tree builders": ["breadth-first"]}
+    assert described["example"]["components"] == {
+        "drafters": ["bigram"], "tree builders": ["breadth-first"], "backends": ["recompute"]}
 
 
 def test_specframe_plugins_command_lists_it():
@@ -60,16 +61,23 @@ def test_specframe_plugins_command_lists_it():
 
 
 def test_loading_can_be_limited_to_the_example_plugin(monkeypatch):
-    monkeypatch.setenv("SPECFRAME_LOAD_PLUGINS", "example,kv,verify")
-    registry = PluginRegistry()
-    assert registry.names("drafter") == ["bigram"]
-    assert registry.names("tree builder") == ["breadth-first"]
+    monkeypatch.setenv("SPECFRAME_LOAD_PLUGINS", "example")
+    registry = PluginRegistry()  # the example and the plugins providing the core's defaults
+    assert registry.names("drafter") == ["bigram", "none", "pld"]
+    assert "breadth-first" in registry.names("tree builder") and "chain" in registry.names("tree builder")
+    assert registry.names("backend") == ["kv", "recompute"]
 
 
 def test_decodes_losslessly_on_a_tiny_target(tiny_target):
     prompts = [repetitive_prompt(tiny_target.vocab_size, 40, seed=s) for s in range(3)]
     decoder = make_decoder(tiny_target, "bigram(width=3, depth=4)", "breadth-first", "greedy", "kv")
     check_lossless(decoder, prompts, max_new_tokens=48, label="bigram + breadth-first")
+
+
+def test_its_backend_by_name_decodes_like_plain_greedy(tiny_target):
+    prompts = [repetitive_prompt(tiny_target.vocab_size, 40, seed=s) for s in range(2)]
+    decoder = make_decoder(tiny_target, "pld(matches=3)", "trie", "greedy", "recompute")
+    check_lossless(decoder, prompts, max_new_tokens=40, label="pld + trie + recompute")
 
 
 @pytest.mark.slow

@@ -42,7 +42,7 @@ def test_tree_scores_equal_per_path_scores(config, tree, prompt_len, path_pick):
             torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
     # Commit one path; the next scores equal a fresh sequential run.
     path = tree.paths[path_pick % len(tree.paths)] if len(tree) else []
-    backend.commit(path, bonus=11)
+    backend.commit(scores, path, bonus=11)
     after = backend.score(TokenTree.empty())
     with torch.inference_mode():
         sequence = torch.tensor([prompt + tree.tokens[path].tolist() + [11]])

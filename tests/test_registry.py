@@ -10,7 +10,8 @@ import pytest
 
 import specframe
 from specframe import ComponentSpec, ConfigurationError, DuplicateComponentError, UnknownComponentError
-from specframe.registry import PluginRegistry
+from specframe.kinds import DEFAULT_COMPONENTS, PLAIN_DRAFTER, ComponentKind
+from specframe.registry import DEFAULT_PLUGINS, PluginRegistry
 
 
 class _FirstPld(specframe.Drafter):
@@ -44,10 +45,46 @@ def test_unknown_name_lists_known_ones():
 
 
 def test_load_plugins_filter(monkeypatch):
-    monkeypatch.setenv("SPECFRAME_LOAD_PLUGINS", "pld")
+    monkeypatch.setenv("SPECFRAME_LOAD_PLUGINS", "rest")
     registry = PluginRegistry()
-    assert "pld" in registry.names("drafter")
-    assert registry.names("backend") == []
+    assert "rest" in registry.names("drafter")
+    assert "s4c" not in registry.names("drafter") and "ssm-tree" not in registry.names("backend")
+
+
+@pytest.mark.parametrize("wanted", ["", "rest", "nosuch"])
+def test_the_defaults_load_whatever_specframe_load_plugins_says(monkeypatch, wanted):
+    """The core names pld, chain, greedy, kv (and `none`, bench's baseline) itself, so their plugins load."""
+    monkeypatch.setenv("SPECFRAME_LOAD_PLUGINS", wanted)
+    registry = PluginRegistry()
+    for kind, name in DEFAULT_COMPONENTS.items():
+        assert registry.get(kind, name).name == name
+        assert registry.registers[kind].owner(name) in DEFAULT_PLUGINS  # ordinary entry-point plugins
+    assert registry.get(ComponentKind.DRAFTER, PLAIN_DRAFTER)
+    assert set(registry.distributions) >= set(DEFAULT_PLUGINS)
+    assert all(registry.distributions[p].startswith("specframe==") for p in DEFAULT_PLUGINS)
+    assert ("rest" in registry.names("drafter")) == (wanted == "rest")
+
+
+def test_a_third_party_plugin_cannot_shadow_a_default(monkeypatch):
+    """Listed before the first-party plugins, a plugin registering `pld` is still the one refused."""
+    from importlib.metadata import entry_points
+    from types import SimpleNamespace
+
+    shadow = SimpleNamespace(name="aaa-shadow", dist=None, load=lambda: _Plugin)
+    monkeypatch.setattr("specframe.registry.entry_points",
+                        lambda group: [shadow, *entry_points(group=group)])
+    registry = PluginRegistry()
+    assert registry.get("drafter", "pld").__module__ == "specframe_pld"
+    assert "registered twice" in registry.failures["aaa-shadow"]
+
+
+def test_component_kinds_are_str_enums():
+    assert ComponentKind.TREE_BUILDER == "tree builder" and f"{ComponentKind.BACKEND}s" == "backends"
+    assert str(ComponentKind.DRAFTER) == "drafter" and specframe.ComponentKind is ComponentKind
+    registry = specframe.get_registry()
+    assert registry.get("drafter", "pld") is registry.get(ComponentKind.DRAFTER, "pld")
+    with pytest.raises(UnknownComponentError, match="unknown tree builder 'nope'. Known tree builders"):
+        registry.get(ComponentKind.TREE_BUILDER, "nope")
 
 
 def test_import_specframe_loads_no_plugin():

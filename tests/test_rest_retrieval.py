@@ -16,7 +16,7 @@ from specframe_rest.retrieval import PAD, SuffixIndex, build_trie, context_conti
 from specframe_rest.sources import TokenDocuments
 from specframe_trees.trie import TrieTreeBuilder
 
-from specframe import DraftProposal
+from specframe import BuildContext, DraftProposal
 
 
 def ids_target(vocab: int):
@@ -165,7 +165,7 @@ def test_top_c_equals_brute_force(rows, weights, c):
     assert len(chosen) == size and np.all(chosen.parents < np.arange(size))
     assert np.isclose(chosen.scores.sum(), best)
     # the `trie` tree builder selects the very same nodes (same tie-breaking)
-    tree = TrieTreeBuilder().build(trie, c)
+    tree = TrieTreeBuilder().build(trie, BuildContext(c))
     assert (
         canonical(DraftProposal(tree.tokens, tree.parents, np.zeros(len(tree)))).keys()
         == canonical(chosen).keys()
@@ -175,7 +175,7 @@ def test_top_c_equals_brute_force(rows, weights, c):
 def test_trie_builder_is_deterministic_on_ties_and_respects_parents():
     # non-monotone scores: a low parent with a high child; the child only comes after its parent
     proposal = DraftProposal(np.array([5, 6, 7, 8]), np.array([-1, -1, 0, 1]), np.array([1.0, 1.0, 9.0, 1.0]))
-    tree = TrieTreeBuilder().build(proposal, 2)
+    tree = TrieTreeBuilder().build(proposal, BuildContext(2))
     assert tree.tokens.tolist() == [5, 7] and tree.parents.tolist() == [-1, 0]
-    tree = TrieTreeBuilder().build(proposal, 3)
+    tree = TrieTreeBuilder().build(proposal, BuildContext(3))
     assert tree.tokens.tolist() == [5, 6, 7]

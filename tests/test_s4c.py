@@ -127,10 +127,7 @@ def test_proposals_form_a_scored_forest():
     drafter = S4CDrafter(target, heads=str(tiny_heads_file(0, vocab)), topk=3, widths=(1, 2, 2))
     context = specframe.DraftContext(np.arange(10), 5, 20, torch.randn(target.config.hidden_size))
     proposal = drafter.propose(context)
-    depth = np.ones(len(proposal), int)
-    for i, p in enumerate(proposal.parents):
-        depth[i] = 1 if p < 0 else depth[p] + 1
-    assert list(np.bincount(depth)[1:]) == [3, 6, 6]  # topk x (1, 2, 2) expanded nodes
+    assert list(np.bincount(proposal.depth)[1:]) == [3, 6, 6]  # topk x (1, 2, 2) expanded nodes
     assert np.all(proposal.tokens % 2 == 0)
     probs = proposal.draft_probs
     assert probs.shape == (15, target.vocab_size)
@@ -139,8 +136,7 @@ def test_proposals_form_a_scored_forest():
     for i, p in enumerate(proposal.parents):  # scores are cumulative log q
         base = proposal.scores[p] if p >= 0 else 0.0
         assert proposal.scores[i] == pytest.approx(base + float(probs[i, proposal.tokens[i]].log()), abs=1e-5)
-    chain_children = [i for i in range(len(proposal)) if proposal.parents[i] == 0]
-    assert len(chain_children) == 3  # the top-1 chain is always expanded
+    assert len(proposal.children[1]) == 3  # the top-1 chain is always expanded: node 0 has children
     assert drafter.propose(specframe.DraftContext(np.arange(10), 5, 20, None)).tokens.size == 0
 
 

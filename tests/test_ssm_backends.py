@@ -74,12 +74,12 @@ def check_commit(target: Target, backend: str, tree: TokenTree, node: int, promp
     b = backend_cls(backend)(target, **options)
     b.prefill(prompt)
     committed = _committed_copy(b)
-    b.score(tree)
+    scores = b.score(tree)
     path = tree.path_to(node) if node >= 0 else []
     tokens = [prompt[-1], *tree.tokens[path].tolist()]
     _, want_cache = path_reference(target.model, committed, len(prompt) - 1, tokens)
     bonus = 13
-    b.commit(path, bonus)
+    b.commit(scores, path, bonus)
     assert b.committed_length == len(prompt) - 1 + len(tokens)
     got, want = state_tensors(b.cache), state_tensors(want_cache)
     assert sorted(got) == sorted(want)
@@ -152,14 +152,17 @@ def test_single_token_prompt_starts_from_an_empty_state(kind):
 def test_scoring_twice_then_committing(target):
     b = backend_cls("ssm-tree")(target)
     b.prefill(PROMPT)
-    b.score(make_tree(TREES["star"], seed=1))
+    stale = b.score(make_tree(TREES["star"], seed=1))
     tree = make_tree(TREES["deep"])
     scores = b.score(tree)
-    b.commit(tree.path_to(3), 7)
+    with pytest.raises(ValueError, match="latest score"):
+        b.commit(stale, [0], 7)  # its per-node states belong to a discarded scoring
+    b.commit(scores, tree.path_to(3), 7)
     fresh = backend_cls("ssm-tree")(target)
     fresh.prefill(PROMPT)
-    torch.testing.assert_close(fresh.score(tree).logits, scores.logits)
-    fresh.commit(tree.path_to(3), 7)
+    fresh_scores = fresh.score(tree)
+    torch.testing.assert_close(fresh_scores.logits, scores.logits)
+    fresh.commit(fresh_scores, tree.path_to(3), 7)
     for name, tensor in state_tensors(fresh.cache).items():
         torch.testing.assert_close(state_tensors(b.cache)[name], tensor)
 

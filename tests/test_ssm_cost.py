@@ -1,21 +1,17 @@
-"""The runtime models tree builders can ask an SSM backend for: linear for SSM targets, quadratic with
-attention layers, fitted by least squares."""
+"""The cost models tree builders get from an SSM backend: linear in the packed tree size for SSM
+targets, quadratic with attention layers, as core `PolynomialCost`s."""
 
 from __future__ import annotations
 
 import numpy as np
-from ssm_models import tiny_ssm_target
+from ssm_models import make_repetitive, tiny_ssm_target
 
-from specframe_ssm import RuntimeModel, SSMTreeBackend, SSMUnrolledBackend, calibrate, full_binary_tree
+import specframe
+from specframe import PolynomialCost, SpeculativeDecoder, TokenTree, TreeBuilder
+from specframe.pipeline import Pipeline
+from specframe_ssm import SSMTreeBackend, SSMUnrolledBackend, calibrate, full_binary_tree
 
-
-def test_fit_recovers_known_coefficients():
-    nodes = np.array([3, 7, 15, 31, 63])
-    linear = RuntimeModel.fit(nodes, 0.002 * nodes + 0.05, 1)
-    np.testing.assert_allclose(linear.coefficients, (0.002, 0.05), rtol=1e-9)
-    quadratic = RuntimeModel.fit(nodes, 1e-5 * nodes**2 + 0.002 * nodes + 0.05, 2)
-    np.testing.assert_allclose(quadratic.coefficients, (1e-5, 0.002, 0.05), rtol=1e-6)
-    assert quadratic(10) == quadratic.predict(10)
+PROMPT = [3, 4, 5, 6, 7, 3, 4, 5, 6, 7, 3, 4, 5, 9, 10, 11, 3, 4, 5, 6]
 
 
 def test_full_binary_tree_sizes_follow_the_paper():
@@ -26,10 +22,38 @@ def test_full_binary_tree_sizes_follow_the_paper():
 def test_default_models_have_the_papers_form_and_grow_with_the_tree():
     ssm, hybrid = tiny_ssm_target("mamba2"), tiny_ssm_target("bamba")
     for backend in (SSMTreeBackend, SSMUnrolledBackend):
-        assert len(backend.cost_model(ssm).coefficients) == 2  # t = k N + C
-        assert len(backend.cost_model(hybrid).coefficients) == 3  # t = a N^2 + b N + c
-        for target in (ssm, hybrid):
-            assert backend.cost_model(target)(63) > backend.cost_model(target)(15) > 0
+        linear, quadratic = backend(ssm).cost_model(), backend(hybrid).cost_model()
+        assert isinstance(linear, PolynomialCost)
+        assert len(linear.coefficients) == 2  # t = k N + C
+        assert len(quadratic.coefficients) == 3  # t = a N^2 + b N + c
+        for cost in (linear, quadratic):
+            assert cost.step_seconds(62) > cost.step_seconds(14) > 0
+
+
+def test_the_variable_is_the_packed_size_as_in_the_reference_fits():
+    """The SSM fits were measured against N = tree nodes + 1; `step_seconds` takes tree nodes."""
+    cost = SSMTreeBackend(tiny_ssm_target("mamba2")).cost_model()
+    k, c = cost.coefficients
+    assert abs(cost.step_seconds(14) - (15 * k + c)) < 1e-12
+
+
+def test_tree_builders_receive_the_backends_cost_model():
+    target = make_repetitive(tiny_ssm_target("mamba2", seed=1))
+    seen = []
+
+    class Recording(TreeBuilder):
+        name = "recording"
+
+        def build(self, proposal, context):
+            seen.append(context.cost)
+            return TokenTree.from_proposal(proposal, np.arange(min(context.budget, len(proposal))))
+
+    registry = specframe.get_registry()
+    backend = SSMTreeBackend(target)
+    pipeline = Pipeline(registry.get("drafter", "pld")(target), Recording(), registry.get("verifier", "greedy")(),
+                        backend)
+    SpeculativeDecoder(target, pipeline, budget=4).generate(PROMPT, max_new_tokens=12)
+    assert seen and all(cost == backend.cost_model() for cost in seen)
 
 
 def test_calibrate_fits_the_form_of_the_target():

@@ -64,7 +64,7 @@ class NaiveSampleMatch(Verifier):
         path, node = [], -1
         while True:
             token = sampling.sample(scores.logits[node + 1])
-            child = next((c for c in tree.children[node + 1] if tree.tokens[c] == token), None)
+            child = tree.child(node, token)
             if child is None:
                 return VerifyResult(path, token)
             path.append(child)
@@ -106,6 +106,29 @@ def test_backend_check_catches_a_backend_that_ignores_the_tree_mask(tiny_target,
     checks.check_backend_scores(kv, tiny_target, tiny_prompt, np.random.default_rng(0))
     with pytest.raises(AssertionError, match="differ from a plain forward pass"):
         checks.check_backend_scores(CausalOnly, tiny_target, tiny_prompt, np.random.default_rng(0))
+
+
+def test_backend_check_catches_scores_without_their_tree_and_stale_commits(tiny_target, tiny_prompt):
+    kv = specframe.get_registry().get("backend", "kv")
+
+    class Treeless(kv):  # forgets to say which tree it scored
+        name = "treeless"
+
+        def score(self, tree):
+            scores = super().score(tree)
+            scores.tree = None
+            return scores
+
+    class Forgetful(kv):  # commits whatever it is given: stale scores would corrupt the cache
+        name = "forgetful"
+
+        def redeem(self, scored):
+            pass
+
+    with pytest.raises(AssertionError, match="must set TargetScores.tree"):
+        checks.check_backend_scores(Treeless, tiny_target, tiny_prompt, np.random.default_rng(0))
+    with pytest.raises(AssertionError, match="accepted scores of an earlier score"):
+        checks.check_backend_scores(Forgetful, tiny_target, tiny_prompt, np.random.default_rng(0))
 
 
 def test_tree_check_catches_over_budget_and_invented_paths():

@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import specframe
-from specframe import ScoreKind, DraftProposal, DrawMethod
+from specframe import BuildContext, ScoreKind, DraftProposal, DrawMethod
 from specframe.errors import CapabilityError, ConfigurationError
-from specframe.testing import TreeBuilderConformance, random_proposal, tiny_target
+from specframe.testing import TreeBuilderConformance, check_tree, random_proposal, tiny_target
 from specframe_trees.beam import BeamTreeBuilder
 from specframe_trees.dynamic import DynamicTreeBuilder
 from specframe_trees.static import (
@@ -72,16 +72,14 @@ def full_forest(width: int, depth: int, seed: int = 0) -> DraftProposal:
 
 def rank_paths(tree: specframe.TokenTree, proposal: DraftProposal) -> set[tuple[int, ...]]:
     """The rank path of every tree node, ranks taken among the node's siblings in the proposal."""
-    by_score: dict[int, list[int]] = {}
-    for i in np.argsort(-proposal.scores, kind="stable").tolist():
-        by_score.setdefault(int(proposal.parents[i]), []).append(i)
+    ranked = [sorted(kids, key=lambda i: -proposal.scores[i]) for kids in proposal.children]  # best first
     paths = set()
     for path in tree.paths:
         out, parent = [], -1
         for node in path:
-            match = [k for k in by_score[parent] if proposal.tokens[k] == tree.tokens[node]]
-            out.append(by_score[parent].index(match[0]))
-            parent = match[0]
+            child = proposal.child(parent, tree.tokens[node])
+            out.append(ranked[parent + 1].index(child))
+            parent = child
             paths.add(tuple(out))
     return paths
 
@@ -108,46 +106,37 @@ def test_presets_are_exactly_as_specified():
 def test_static_builds_the_preset_shape_on_a_full_forest(options, width, depth):
     proposal = full_forest(width, depth)
     builder = StaticTreeBuilder(**options)
-    tree = builder.build(proposal, budget=1000)
+    tree = builder.build(proposal, BuildContext(1000))
     assert len(tree) == len(builder.paths)
     assert rank_paths(tree, proposal) == set(builder.paths)
-    small = builder.build(proposal, budget=5)  # a budget keeps the first paths only
+    small = builder.build(proposal, BuildContext(5))  # a budget keeps the first paths only
     assert len(small) == 5 and rank_paths(small, proposal) == set(builder.paths[:5])
 
 
 def test_static_skips_paths_the_proposal_cannot_follow():
     proposal = full_forest(2, 2)
-    tree = StaticTreeBuilder(paths=[[0], [3], [0, 1], [0, 5, 0]]).build(proposal, budget=10)
+    tree = StaticTreeBuilder(paths=[[0], [3], [0, 1], [0, 5, 0]]).build(proposal, BuildContext(10))
     assert rank_paths(tree, proposal) == {(0,), (0, 1)}
 
 
 def test_beam_keeps_the_best_width_nodes_of_every_depth():
     proposal = full_forest(3, 4, seed=1)
-    tree = BeamTreeBuilder(width=2, depth=3).build(proposal, budget=100)
+    tree = BeamTreeBuilder(width=2, depth=3).build(proposal, BuildContext(100))
     assert len(tree) == 6 and list(np.bincount(tree.depth)[1:]) == [2, 2, 2]
     beams = [-1]
-    depth = np.array([len(p) for p in [_path(proposal, i) for i in range(len(proposal))]])
     expected = []
     for d in (1, 2, 3):
-        cand = [i for i in range(len(proposal)) if depth[i] == d and proposal.parents[i] in beams]
+        cand = [i for i in range(len(proposal)) if proposal.depth[i] == d and proposal.parents[i] in beams]
         beams = sorted(cand, key=lambda i: -proposal.scores[i])[:2]
         expected += beams
     assert sorted(proposal.tokens[expected].tolist()) == sorted(tree.tokens.tolist())
     assert BeamTreeBuilder(config="B").width == 16
 
 
-def _path(proposal, i):
-    out = []
-    while i >= 0:
-        out.append(i)
-        i = int(proposal.parents[i])
-    return out
-
-
 def test_dynamic_reranks_globally_to_the_budget():
     proposal = full_forest(3, 3, seed=2)
     budget = 7
-    tree = DynamicTreeBuilder(topk=9, depth=3).build(proposal, budget)  # every node is a candidate
+    tree = DynamicTreeBuilder(topk=9, depth=3).build(proposal, BuildContext(budget))  # all are candidates
     best = np.sort(proposal.scores)[::-1][:budget]
     kept = sorted(proposal.scores[i] for i in range(len(proposal))
                   if any(proposal.tokens[i] == t for t in tree.tokens))
@@ -156,7 +145,7 @@ def test_dynamic_reranks_globally_to_the_budget():
 
 def test_dynamic_expands_only_topk_per_depth():
     proposal = full_forest(3, 3, seed=3)
-    tree = DynamicTreeBuilder(topk=1, depth=3).build(proposal, budget=100)
+    tree = DynamicTreeBuilder(topk=1, depth=3).build(proposal, BuildContext(100))
     assert len(tree) == 9  # 3 children of the root, 3 of the best depth-1 node, 3 of the best depth-2 node
     assert list(np.bincount(tree.depth)[1:]) == [3, 3, 3]
 
@@ -169,25 +158,17 @@ def test_random_proposals_give_valid_trees_within_budget(seed, budget, name):
                 "static-E": StaticTreeBuilder(preset="E"), "beam": BeamTreeBuilder(config="D"),
                 "dynamic": DynamicTreeBuilder(topk=3)}
     proposal = random_proposal(np.random.default_rng(seed), 32, with_probs=True, draw=DrawMethod.TOPK)
-    tree = builders[name].build(proposal, budget)
-    assert len(tree) <= budget
-    assert np.all(tree.parents < np.arange(len(tree)))
+    tree = builders[name].build(proposal, BuildContext(budget))
+    check_tree(tree, proposal, budget, name)  # within budget, closed under parents, made of proposal nodes
     if len(proposal):
         assert len(tree) >= 1  # every builder keeps at least the best root child
-    for path in tree.paths:  # every tree path is a path of the proposal
-        parent = -1
-        for node in path:
-            match = [i for i in range(len(proposal)) if proposal.parents[i] == parent
-                     and proposal.tokens[i] == tree.tokens[node]]
-            assert match
-            parent = match[0]
 
 
 def test_forest_builders_refuse_proposals_without_distributions():
     pld_like = DraftProposal.from_sequences([[1, 2, 3], [1, 4]])
     for builder in (BeamTreeBuilder(), DynamicTreeBuilder()):
         with pytest.raises(CapabilityError, match=builder.name):
-            builder.build(pld_like, 4)
+            builder.build(pld_like, BuildContext(4))
     with pytest.raises(CapabilityError, match="expands by draft probabilities"):
         specframe.assemble(tiny_target(), "pld", "beam")
 

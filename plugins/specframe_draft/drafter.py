@@ -20,8 +20,6 @@ the context, so a new request or an unexpected context never reuses stale state.
 
 from __future__ import annotations
 
-import copy
-
 import numpy as np
 import torch
 from torch import nn
@@ -32,28 +30,12 @@ from specframe import (
 )
 from specframe.errors import ConfigurationError, UnsupportedModelError
 from specframe.sampling import check_draw, samples_drafts
+from specframe.truncation import truncated_model as _truncated_model
 
 
 def truncated_model(target: specframe.Target, layers: int) -> nn.Module:
     """A causal LM made of the target's first `layers` decoder layers, final norm and LM head (shared)."""
-    model = target.model
-    total = len(model.base_model.layers)
-    if not 1 <= layers < total:
-        raise ConfigurationError(f"draft-model: layers must be in [1, {total - 1}] for model '{target.name}' "
-                                 f"({total} layers), got {layers}")
-    config = copy.deepcopy(model.config)
-    config.num_hidden_layers = layers
-    if getattr(config, "layer_types", None):
-        config.layer_types = config.layer_types[:layers]
-    base = copy.copy(model.base_model)  # shallow: shares every weight with the target
-    base._modules = dict(base._modules)
-    base.layers = nn.ModuleList(list(model.base_model.layers)[:layers])
-    base.config = config
-    draft = copy.copy(model)
-    draft._modules = dict(draft._modules)
-    draft._modules[model.base_model_prefix] = base
-    draft.config = config
-    return draft
+    return _truncated_model(target, layers, "draft-model")
 
 
 class DraftModelDrafter(Drafter):
@@ -185,7 +167,7 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 def check_croppable(draft: specframe.Target) -> None:
     """The draft model's state must roll back by cropping a KV cache, as the `kv` backend's does."""
-    reason = specframe.get_registry().get("backend", "kv").unsupported_reason(draft)
+    reason = specframe.get_registry().get(specframe.ComponentKind.BACKEND, "kv").unsupported_reason(draft)
     if reason:
         raise UnsupportedModelError(
             f"draft-model: '{draft.name}' cannot be a draft model: the drafter rolls its state back by "

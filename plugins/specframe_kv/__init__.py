@@ -85,7 +85,8 @@ class KVCacheBackend(StateBackend):
         out = self.model(input_ids=ids, position_ids=positions, attention_mask=self._mask(tree),
                          past_key_values=self.cache, use_cache=True, output_hidden_states=self.want_hidden)
         hidden = out.hidden_states[-1][0] if self.want_hidden else None  # (T, H)
-        return TargetScores(logits=out.logits[0].float(), hidden=hidden)
+        # The tree's keys/values stay in the cache after the committed ones: that is what commit keeps.
+        return self.issue(TargetScores(logits=out.logits[0].float(), hidden=hidden, tree=tree))
 
     def _mask(self, tree: TokenTree) -> torch.Tensor | None:
         """(1, 1, T, P + T) additive mask: the whole prefix, plus each node's ancestors and itself."""
@@ -98,7 +99,8 @@ class KVCacheBackend(StateBackend):
         return mask[None, None].to(self.target.device)
 
     @torch.inference_mode()
-    def commit(self, path: list[int], bonus: int) -> None:
+    def commit(self, scored: TargetScores, path: list[int], bonus: int) -> None:
+        self.redeem(scored)  # so the cache tail still holds the rows of `scored.tree`
         start = self._committed  # the root sits here in the cache
         keep = [start] + [start + 1 + i for i in path]
         if keep != list(range(start, start + len(keep))):  # a branch other than the first chain

@@ -72,3 +72,10 @@ class PromptLookupDrafter(Drafter):
 def register_drafters(register):
     register(NoDrafter)
     register(PromptLookupDrafter)
+
+
+@specframe.hookimpl
+def register_presets(register):
+    register(specframe.Preset("pld", "pld+chain+greedy", help="prompt lookup, chains (the default pipeline)"))
+    register(specframe.Preset("pld-trie", "pld(matches=4)+trie+greedy",
+                              help="prompt lookup merging four matches into a trie"))

@@ -188,7 +188,5 @@ def top_nodes(proposal: DraftProposal, c: int) -> DraftProposal:
     if len(proposal) <= c:
         return proposal
     keep = np.sort(np.lexsort((np.arange(len(proposal)), -proposal.scores))[:c])  # (c,)
-    remap = np.full(len(proposal) + 1, -1, np.int64)  # remap[-1] keeps the root at -1
-    remap[keep] = np.arange(c)
-    return DraftProposal(proposal.tokens[keep], remap[proposal.parents[keep]], proposal.scores[keep],
+    return DraftProposal(proposal.tokens[keep], proposal.kept_parents(keep), proposal.scores[keep],
                          score_kind=proposal.score_kind)

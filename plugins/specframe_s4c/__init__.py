@@ -18,3 +18,21 @@ def register_drafters(register):
     from specframe_s4c.drafter import S4CDrafter
 
     register(S4CDrafter)
+
+
+@specframe.hookimpl
+def register_presets(register):
+    register(specframe.Preset("s4c", "s4c+static+greedy", unusable=no_packaged_heads,
+                              help="S4C with the heads shipped for the model"))
+
+
+def no_packaged_heads(target) -> str | None:
+    """Why the `s4c` preset cannot run on `target`: no trained heads ship for it."""
+    from specframe_s4c.drafter import packaged_heads
+
+    path = packaged_heads(target.name)
+    if path.is_file():
+        return None
+    return (f"no trained heads ship for model '{target.name}' (looked for {path}); train them with "
+            f"`specframe train s4c --model {target.name}` and name them: --methods "
+            "\"s4c(heads='RUN/heads.safetensors')+static+greedy\"")

@@ -12,10 +12,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from specframe import BackendCapabilities, StateBackend, TargetScores, TokenTree
+from specframe import BackendCapabilities, PolynomialCost, StateBackend, TargetScores, TokenTree
 from specframe.errors import ConfigurationError, UnsupportedModelError
 from specframe_ssm import cache as cache_ops
-from specframe_ssm.cost import RuntimeModel, default_cost_model
+from specframe_ssm.cost import default_cost_model
 from specframe_ssm.layout import inspect_layout, unsupported_reason
 from specframe_ssm.mixer import TreeRun, mixer_A, tree_forward_mode
 from specframe_ssm.tree_ops import commit_conv, commit_ssm_closed, commit_ssm_replay, conv_window_index
@@ -43,10 +43,10 @@ class SSMBackendBase(StateBackend):
     def unsupported_reason(cls, target) -> str | None:
         return unsupported_reason(target.model)
 
-    @classmethod
-    def cost_model(cls, target=None) -> RuntimeModel:
-        """Predicted seconds of one `score` call as a function of the packed tree size, for tree builders."""
-        return default_cost_model(cls.name, None if target is None else target.model)
+    def cost_model(self) -> PolynomialCost:
+        """Predicted seconds of one step by packed tree size: the reference CPU fit of this backend for
+        the target's kind, scaled by its layers and width (`specframe_ssm.cost`; `calibrate` measures)."""
+        return default_cost_model(self.name, self.model)
 
     @property
     def committed_length(self) -> int:
@@ -121,7 +121,6 @@ class SSMTreeBackend(SSMBackendBase):
             raise UnsupportedModelError(
                 f"backend 'ssm-tree': the mixers use different conv widths {sorted(widths)}")
         self.conv_width = widths.pop()
-        self._run: TreeRun | None = None
 
     @torch.inference_mode()
     def score(self, tree: TokenTree) -> TargetScores:
@@ -141,15 +140,14 @@ class SSMTreeBackend(SSMBackendBase):
             mask = additive_mask(allowed, self.model.dtype)  # (1, 1, T, P + T)
         with tree_forward_mode(self.layout.mixers, run):
             out = self._forward(ids, positions, self.cache, mask, output_hidden_states=self.want_hidden)
-        self._run = run
         hidden = out.hidden_states[-1][0] if self.want_hidden else None  # (T, D)
-        return TargetScores(logits=out.logits[0].float(), hidden=hidden)
+        # `run` now holds each mixer's per-node activations: all commit needs to absorb any path.
+        return self.issue(TargetScores(logits=out.logits[0].float(), hidden=hidden, tree=tree, state=run))
 
     @torch.inference_mode()
-    def commit(self, path: list[int], bonus: int) -> None:
-        if self._run is None:
-            raise RuntimeError("backend 'ssm-tree': commit() needs a score() of the same step first")
-        run, self._run = self._run, None
+    def commit(self, scored: TargetScores, path: list[int], bonus: int) -> None:
+        self.redeem(scored)
+        run: TreeRun = scored.state
         packed = [0] + [int(i) + 1 for i in path]  # root first, then the accepted nodes
         index = torch.tensor(packed, device=self.target.device)
         rule = COMMIT_RULES[self.commit_rule]

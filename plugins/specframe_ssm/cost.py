@@ -1,18 +1,20 @@
-"""Runtime models of one `score` call against the packed tree size N, for tree builders that size trees.
+"""Cost models of one step against the packed tree size N (root included), for tree builders that size trees.
 
 As in the STree paper's analysis: a pure SSM target costs t = k N + C (every layer is linear in N), a
-hybrid with attention costs t = a N^2 + b N + c (the tree's attention block is quadratic). `RuntimeModel.fit`
-fits either form to timings; `calibrate` times a backend on the current machine and model;
-`default_cost_model` scales the fits measured on this project's reference CPU by the model's layer count
-and layer width. Those defaults only rank tree sizes roughly; calibrate for decisions that matter.
+hybrid with attention costs t = a N^2 + b N + c (the tree's attention block is quadratic). Both are the
+core's `PolynomialCost`, whose variable is that packed size. `calibrate` times a backend on the current
+machine and model and fits the form; `default_cost_model` (what `SSMTreeBackend.cost_model()` returns)
+scales the fits measured on this project's reference CPU by the model's layer count and layer width.
+Those defaults only rank tree sizes roughly; calibrate for decisions that matter.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import numpy as np
+
+from specframe import PolynomialCost
 
 # Fits of one `score` call (process CPU seconds, 1 thread, float32) measured with
 #   python benchmarks/measure_ssm_tree.py --layers 4 --hybrid-layers 10 --threads 1 --time cpu
@@ -26,25 +28,6 @@ REFERENCE_FITS = {
 REFERENCE_WIDTH = 2560 * 10576  # d_model x in_proj outputs of one Mamba2-2.7B layer
 
 
-@dataclass(frozen=True)
-class RuntimeModel:
-    """t(N) = polyval(coefficients, N) seconds; linear for SSM targets, quadratic for hybrids."""
-
-    coefficients: tuple[float, ...]  # highest power first
-
-    def predict(self, nodes: int | np.ndarray) -> float | np.ndarray:
-        return np.maximum(np.polyval(self.coefficients, nodes), 0.0)
-
-    def __call__(self, nodes):
-        return self.predict(nodes)
-
-    @classmethod
-    def fit(cls, nodes, seconds, degree: int) -> RuntimeModel:
-        """Least-squares fit of a degree-`degree` polynomial (1: k N + C, 2: a N^2 + b N + c)."""
-        return cls(tuple(float(c) for c in np.polyfit(np.asarray(nodes, float), np.asarray(seconds, float),
-                                                       degree)))
-
-
 def layer_counts(model) -> tuple[int, int, float]:
     """(Mamba2 layers, attention layers, width ratio vs a Mamba2-2.7B layer) of a transformers model."""
     from specframe_ssm.layout import ATTENTION_TYPES, SSM_TYPE
@@ -55,17 +38,13 @@ def layer_counts(model) -> tuple[int, int, float]:
     return types.count(SSM_TYPE), sum(t in ATTENTION_TYPES for t in types), width
 
 
-def default_cost_model(backend: str, model=None) -> RuntimeModel:
-    """The reference fit of the model's kind (ssm or hybrid), scaled by its layers and layer width.
-
-    Without a model: the measured 4-layer pure SSM reference itself.
-    """
-    if model is None:
-        return RuntimeModel(REFERENCE_FITS[backend]["ssm"][0])
+def default_cost_model(backend: str, model) -> PolynomialCost:
+    """The reference fit of backend `backend` for the model's kind (ssm or hybrid), scaled by its layers
+    and layer width."""
     ssm, attention, width = layer_counts(model)
     coefficients, layers = REFERENCE_FITS[backend]["hybrid" if attention else "ssm"]
     scale = (ssm + attention) / layers * width
-    return RuntimeModel(tuple(c * scale for c in coefficients))
+    return PolynomialCost(tuple(c * scale for c in coefficients))
 
 
 def full_binary_tree(depth: int) -> list[int]:
@@ -83,10 +62,10 @@ def full_binary_tree(depth: int) -> list[int]:
     return parents
 
 
-def calibrate(backend, prompt: list[int], depths=(2, 3, 4, 5), repeats: int = 3) -> RuntimeModel:
+def calibrate(backend, prompt: list[int], depths=(2, 3, 4, 5), repeats: int = 3) -> PolynomialCost:
     """Time `backend.score` on full binary trees after prefilling `prompt`; fit the paper's model form.
 
-    The degree is 2 when the target has attention layers, else 1. N counts the root.
+    The degree is 2 when the target has attention layers, else 1 (in the packed size, root included).
     """
     from specframe import TokenTree
 
@@ -99,7 +78,7 @@ def calibrate(backend, prompt: list[int], depths=(2, 3, 4, 5), repeats: int = 3)
         best = min(_timed(backend.score, tree) for _ in range(repeats))
         sizes.append(len(tree) + 1)
         seconds.append(best)
-    return RuntimeModel.fit(sizes, seconds, 2 if backend.layout.hybrid else 1)
+    return PolynomialCost.fit(sizes, seconds, 2 if backend.layout.hybrid else 1)
 
 
 def _timed(fn, *args) -> float:

@@ -38,14 +38,9 @@ class SSMUnrolledBackend(SSMBackendBase):
 
     name = "ssm-unrolled"
 
-    def __init__(self, target, *, want_hidden: bool = False):
-        super().__init__(target, want_hidden=want_hidden)
-        self._last_tree = TokenTree.empty()
-
     @torch.inference_mode()
     def score(self, tree: TokenTree) -> TargetScores:
         device, prefix = self.target.device, self._committed
-        self._last_tree = tree
         paths = [[0] + [i + 1 for i in p] for p in tree.paths] or [[0]]  # packed indices, root first
         width = max(len(p) for p in paths)
         packed_tokens = np.concatenate([[self._pending], tree.tokens])  # (T,)
@@ -60,7 +55,7 @@ class SSMUnrolledBackend(SSMBackendBase):
         rows, cols = self._first_occurrence(paths, len(tree) + 1)
         logits = out.logits[rows, cols].float()  # (T, V)
         hidden = out.hidden_states[-1][rows, cols] if self.want_hidden else None  # (T, D)
-        return TargetScores(logits=logits, hidden=hidden)
+        return self.issue(TargetScores(logits=logits, hidden=hidden, tree=tree))
 
     @staticmethod
     def _first_occurrence(paths: list[list[int]], size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -73,12 +68,8 @@ class SSMUnrolledBackend(SSMBackendBase):
         return torch.tensor(rows), torch.tensor(cols)
 
     @torch.inference_mode()
-    def commit(self, path: list[int], bonus: int) -> None:
-        if self.cache is None:
-            raise RuntimeError("backend 'ssm-unrolled': commit() needs prefill() first")
-        self._append_chain([self._pending, *self._accepted_tokens(path)])
+    def commit(self, scored: TargetScores, path: list[int], bonus: int) -> None:
+        self.redeem(scored)
+        self._append_chain([self._pending, *scored.tree.tokens[path].tolist()])
         cache_ops.crop_kv(self.cache, self.layout.attention, self._committed)
         self._pending = int(bonus)
-
-    def _accepted_tokens(self, path: list[int]) -> list[int]:
-        return [int(t) for t in self._last_tree.tokens[path]] if path else []

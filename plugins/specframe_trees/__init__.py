@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import specframe
-from specframe import DraftProposal, TokenTree, TreeBuilder, TreeBuilderCapabilities
+from specframe import BuildContext, DraftProposal, TokenTree, TreeBuilder, TreeBuilderCapabilities
 from specframe.tree import SAMPLED_DRAWS, draw_order_prefix
 from specframe_trees.beam import BeamTreeBuilder
 from specframe_trees.dynamic import DynamicTreeBuilder
@@ -21,27 +21,17 @@ class ChainTreeBuilder(TreeBuilder):
     name = "chain"
     capabilities = TreeBuilderCapabilities(keeps_draw_order=True, makes_chains=True)
 
-    def build(self, proposal: DraftProposal, budget: int) -> TokenTree:
+    def build(self, proposal: DraftProposal, context: BuildContext) -> TokenTree:
         if proposal.draw in SAMPLED_DRAWS:
-            keep = draw_order_prefix(proposal, budget, allowed=lambda ranks: ranks[-1] == 0)
+            keep = draw_order_prefix(proposal, context.budget, allowed=lambda ranks: ranks[-1] == 0)
             return TokenTree.from_proposal(proposal, keep, draw_order_prefix=True)
         keep: list[int] = []
-        parent = -1
-        children = _children(proposal)
-        while len(keep) < budget:
-            kids = children.get(parent)
-            if not kids:
-                break
-            parent = max(kids, key=lambda i: (proposal.scores[i], -i))
-            keep.append(parent)
+        kids = proposal.children[0]  # the root's
+        while kids and len(keep) < context.budget:
+            node = max(kids, key=lambda i: (proposal.scores[i], -i))
+            keep.append(node)
+            kids = proposal.children[node + 1]
         return TokenTree.from_proposal(proposal, keep)
-
-
-def _children(proposal: DraftProposal) -> dict[int, list[int]]:
-    kids: dict[int, list[int]] = {}
-    for i, p in enumerate(proposal.parents.tolist()):
-        kids.setdefault(p, []).append(i)
-    return kids
 
 
 @specframe.hookimpl

@@ -4,18 +4,16 @@ As in STree (section 5.1): at depth 1 the beams are the `width` best children of
 d + 1 they are the `width` best (by cumulative log-probability) among all children of the depth-d beams.
 Every beam of every step stays in the tree, so a full run keeps width x depth nodes. `config=A..E`
 selects STree's width x depth settings (3x4, 16x3, 6x3, 4x4, 3x5). See `specframe_trees.forest` for the
-forest convention the drafter follows.
-
-Sampled drafts: this builder chooses nodes by their scores, so the nodes it keeps are no longer draws
-from q. Pipelines that pair it with `rejection` and a drafter that samples are refused when assembled
-(`TreeBuilderCapabilities.keeps_draw_order` is False); with `sample-match`, or greedy, it is lossless.
+forest convention the drafter follows, and for why sampled drafts are refused with `rejection`.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from specframe import DraftProposal, ScoreKind, TokenTree, TreeBuilder, TreeBuilderCapabilities
+from specframe import (
+    BuildContext, DraftProposal, ScoreKind, TokenTree, TreeBuilder, TreeBuilderCapabilities,
+)
 from specframe.errors import ConfigurationError
 from specframe_trees.forest import check_forest
 from specframe_trees.static import STREE_CONFIGS
@@ -38,15 +36,13 @@ class BeamTreeBuilder(TreeBuilder):
             raise ConfigurationError(f"tree builder 'beam': width and depth must be >= 1, got {width}, {depth}")
         self.width, self.depth = int(width), int(depth)
 
-    def build(self, proposal: DraftProposal, budget: int) -> TokenTree:
+    def build(self, proposal: DraftProposal, context: BuildContext) -> TokenTree:
         check_forest(proposal, self.name)
-        children: dict[int, list[int]] = {}
-        for i, p in enumerate(proposal.parents.tolist()):
-            children.setdefault(p, []).append(i)
+        budget = context.budget
         keep: list[int] = []
         beams = [-1]
         for _ in range(self.depth):
-            candidates = [c for b in beams for c in children.get(b, [])]
+            candidates = [c for b in beams for c in proposal.children[b + 1]]
             if not candidates or len(keep) >= budget:
                 break
             order = np.lexsort((np.array(candidates), -proposal.scores[candidates]))

@@ -5,20 +5,19 @@ expanded, i.e. their children in the drafter's forest become candidates (the roo
 Rerank: of all candidates, the `budget` best by cumulative log-probability form the tree. A child's
 log-probability never exceeds its parent's, so the best nodes are closed under ancestors; ties are broken
 towards shallower and earlier nodes, and a node whose parent was not taken is skipped. See
-`specframe_trees.forest` for the forest convention the drafter follows.
-
-Sampled drafts: this builder chooses nodes by their scores, so the nodes it keeps are no longer draws
-from q. Pipelines that pair it with `rejection` and a drafter that samples are refused when assembled
-(`TreeBuilderCapabilities.keeps_draw_order` is False); with `sample-match`, or greedy, it is lossless.
+`specframe_trees.forest` for the forest convention the drafter follows, and for why sampled drafts are
+refused with `rejection`.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from specframe import DraftProposal, ScoreKind, TokenTree, TreeBuilder, TreeBuilderCapabilities
+from specframe import (
+    BuildContext, DraftProposal, ScoreKind, TokenTree, TreeBuilder, TreeBuilderCapabilities,
+)
 from specframe.errors import ConfigurationError
-from specframe_trees.forest import check_forest, depths
+from specframe_trees.forest import check_forest
 
 
 class DynamicTreeBuilder(TreeBuilder):
@@ -33,16 +32,13 @@ class DynamicTreeBuilder(TreeBuilder):
             raise ConfigurationError(f"tree builder 'dynamic': topk and depth must be >= 1, got {topk}, {depth}")
         self.topk, self.depth = int(topk), int(depth)
 
-    def build(self, proposal: DraftProposal, budget: int) -> TokenTree:
+    def build(self, proposal: DraftProposal, context: BuildContext) -> TokenTree:
         check_forest(proposal, self.name)
-        children: dict[int, list[int]] = {}
-        for i, p in enumerate(proposal.parents.tolist()):
-            children.setdefault(p, []).append(i)
         scores = proposal.scores
         candidates: list[int] = []
         expand = [-1]
         for _ in range(self.depth):
-            layer = [c for e in expand for c in children.get(e, [])]
+            layer = [c for e in expand for c in proposal.children[e + 1]]
             if not layer:
                 break
             candidates += layer
@@ -50,11 +46,11 @@ class DynamicTreeBuilder(TreeBuilder):
         if not candidates:
             return TokenTree.empty()
         cand = np.array(candidates)
-        order = cand[np.lexsort((cand, depths(proposal)[cand], -scores[cand]))]  # best first
+        order = cand[np.lexsort((cand, proposal.depth[cand], -scores[cand]))]  # best first
         taken: set[int] = set()
         keep: list[int] = []
         for node in order.tolist():
-            if len(keep) >= budget:
+            if len(keep) >= context.budget:
                 break
             parent = int(proposal.parents[node])
             if parent < 0 or parent in taken:

@@ -13,11 +13,13 @@ which part to verify without calling the drafter back: `beam` keeps the best `wi
 among the children of the previous depth's kept nodes, `dynamic` reranks all candidates globally. Both
 declare `needs_draft_probs` and `needs_score_kind=ScoreKind.LOG_PROB`, so a pipeline with a drafter whose
 scores are not log-probabilities (pld's frequencies) is refused when it is assembled.
+
+Sampled drafts: both choose nodes by their scores, so the nodes they keep are no longer draws from q.
+Pipelines that pair them with `rejection` and a drafter that samples are refused when assembled
+(`TreeBuilderCapabilities.keeps_draw_order` is False); with `sample-match`, or greedy, they are lossless.
 """
 
 from __future__ import annotations
-
-import numpy as np
 
 from specframe import DraftProposal, ScoreKind
 from specframe.errors import CapabilityError
@@ -31,12 +33,3 @@ def check_forest(proposal: DraftProposal, builder: str) -> None:
             f"tree builder '{builder}' needs a candidate forest scored by cumulative log-probabilities "
             "with draft_probs; this proposal has "
             + ("no draft_probs" if proposal.draft_probs is None else f"{proposal.score_kind.value} scores"))
-
-
-def depths(proposal: DraftProposal) -> np.ndarray:
-    """(N,) depth of every proposal node, root children at 1."""
-    depth = np.ones(len(proposal), np.int64)
-    for i, p in enumerate(proposal.parents.tolist()):
-        if p >= 0:
-            depth[i] = depth[p] + 1
-    return depth

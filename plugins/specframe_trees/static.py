@@ -30,9 +30,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 
-import numpy as np
-
-from specframe import DraftProposal, TokenTree, TreeBuilder, TreeBuilderCapabilities
+from specframe import BuildContext, DraftProposal, TokenTree, TreeBuilder, TreeBuilderCapabilities
 from specframe.tree import SAMPLED_DRAWS, draw_order_prefix
 from specframe.errors import ConfigurationError
 
@@ -69,12 +67,10 @@ def preset_paths(preset: str, depth: int = 3, width: int = 3, widths: Sequence[i
                              f"{', '.join(STREE_CONFIGS)} or paths=[[0], [1], [0, 0], ...]")
 
 
-def ranked_children(proposal: DraftProposal) -> dict[int, list[int]]:
-    """parent -> its children, best score first (ties: earlier node). -1 is the root."""
-    kids: dict[int, list[int]] = {}
-    for i in np.lexsort((np.arange(len(proposal)), -proposal.scores)).tolist():
-        kids.setdefault(int(proposal.parents[i]), []).append(i)
-    return kids
+def ranked_children(proposal: DraftProposal) -> list[list[int]]:
+    """`proposal.children` with each node's children sorted best score first (ties: earlier node)."""
+    scores = proposal.scores
+    return [sorted(kids, key=lambda i: (-scores[i], i)) for kids in proposal.children]
 
 
 class StaticTreeBuilder(TreeBuilder):
@@ -96,7 +92,8 @@ class StaticTreeBuilder(TreeBuilder):
         if not self.paths or any(not p or min(p) < 0 for p in self.paths):
             raise ConfigurationError("tree builder 'static': paths must be non-empty lists of ranks >= 0")
 
-    def build(self, proposal: DraftProposal, budget: int) -> TokenTree:
+    def build(self, proposal: DraftProposal, context: BuildContext) -> TokenTree:
+        budget = context.budget
         if proposal.draw in SAMPLED_DRAWS:
             shape = {p[:d] for p in self.paths for d in range(1, len(p) + 1)}  # the paths and their prefixes
             keep = draw_order_prefix(proposal, budget, allowed=shape.__contains__)
@@ -106,7 +103,7 @@ class StaticTreeBuilder(TreeBuilder):
         for path in self.paths:
             nodes, parent = [], -1
             for rank in path:
-                siblings = kids.get(parent, [])
+                siblings = kids[parent + 1]
                 if rank >= len(siblings):
                     nodes = None
                     break

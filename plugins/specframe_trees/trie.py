@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import heapq
 
-from specframe import DraftProposal, TokenTree, TreeBuilder, TreeBuilderCapabilities
+from specframe import BuildContext, DraftProposal, TokenTree, TreeBuilder, TreeBuilderCapabilities
 from specframe.tree import SAMPLED_DRAWS, draw_order_prefix
 
 
@@ -22,7 +22,8 @@ class TrieTreeBuilder(TreeBuilder):
     name = "trie"
     capabilities = TreeBuilderCapabilities(keeps_draw_order=True)
 
-    def build(self, proposal: DraftProposal, budget: int) -> TokenTree:
+    def build(self, proposal: DraftProposal, context: BuildContext) -> TokenTree:
+        budget = context.budget
         if proposal.draw in SAMPLED_DRAWS:
             keep = draw_order_prefix(proposal, budget)
             return TokenTree.from_proposal(proposal, keep, draw_order_prefix=True)
@@ -30,9 +31,7 @@ class TrieTreeBuilder(TreeBuilder):
         if n <= budget:
             return TokenTree.from_proposal(proposal, list(range(n)))
         scores = proposal.scores.tolist()
-        children: list[list[int]] = [[] for _ in range(n + 1)]  # children[p + 1] lists node p's children
-        for i, p in enumerate(proposal.parents.tolist()):
-            children[p + 1].append(i)
+        children = proposal.children  # children[p + 1] lists node p's children
         frontier = [(-scores[i], i) for i in children[0]]
         heapq.heapify(frontier)
         keep: list[int] = []

@@ -11,7 +11,7 @@ from __future__ import annotations
 import specframe
 from specframe import Sampler, TargetScores, TokenTree, Verifier, VerifierCapabilities, VerifyResult
 from specframe_verify.rejection import RejectionVerifier
-from specframe_verify.sample_match import SampleMatchVerifier
+from specframe_verify.sample_match import SampleMatchVerifier, walk
 from specframe_verify.typical import TypicalVerifier
 
 
@@ -25,16 +25,8 @@ class GreedyVerifier(Verifier):
     capabilities = VerifierCapabilities(lossless=True, supports_sampling=False)
 
     def verify(self, tree: TokenTree, scores: TargetScores, sampling: Sampler) -> VerifyResult:
-        logits, children, tokens = scores.logits, tree.children, tree.tokens
-        path: list[int] = []
-        node = -1  # the root
-        while True:
-            want = int(logits[node + 1].argmax())  # only rows on the accepted path are ever reduced
-            nxt = next((c for c in children[node + 1] if tokens[c] == want), None)
-            if nxt is None:
-                return VerifyResult(path=path, bonus=want)
-            path.append(nxt)
-            node = nxt
+        # Only the rows on the accepted path are ever reduced.
+        return walk(tree, lambda node: int(scores.logits[node + 1].argmax()))  # (V,) logits after node
 
 
 @specframe.hookimpl

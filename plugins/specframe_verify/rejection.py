@@ -41,8 +41,6 @@ from specframe import (
     VerifyResult,
 )
 
-from specframe_verify.sample_match import child_with_token
-
 
 def recursive_rejection(p: torch.Tensor, children: list[int], tokens, q: torch.Tensor,
                         sampling: Sampler) -> tuple[int | None, torch.Tensor]:
@@ -97,7 +95,7 @@ class RejectionVerifier(Verifier):
             children = tree.children[node + 1]
             if fallback or not children:  # sample, then match
                 token = sampling.sample(logits)
-                child = child_with_token(tree, node, token)
+                child = tree.child(node, token)
             else:
                 p = sampling.probs(logits).to(torch.float64)  # (V,)
                 q = tree.draft_probs[children[0]]  # (V,) siblings share the row they were drawn from

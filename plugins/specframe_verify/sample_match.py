@@ -15,12 +15,23 @@ emits (up to floating-point differences between tree and sequential logits).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from specframe import Sampler, TargetScores, TokenTree, Verifier, VerifierCapabilities, VerifyResult
 
 
-def child_with_token(tree: TokenTree, node: int, token: int) -> int | None:
-    """The first child of `node` (-1 = root) carrying `token`, or None."""
-    return next((c for c in tree.children[node + 1] if tree.tokens[c] == token), None)
+def walk(tree: TokenTree, pick: Callable[[int], int]) -> VerifyResult:
+    """Descend from the root while a child carries `pick(node)`, the target's token after `node` (-1 = the
+    root); the first token no child carries is the bonus. Greedy and sample-match differ only in `pick`."""
+    path: list[int] = []
+    node = -1  # the root
+    while True:
+        token = pick(node)
+        child = tree.child(node, token)
+        if child is None:
+            return VerifyResult(path=path, bonus=token)
+        path.append(child)
+        node = child
 
 
 class SampleMatchVerifier(Verifier):
@@ -30,12 +41,4 @@ class SampleMatchVerifier(Verifier):
     capabilities = VerifierCapabilities(lossless=True, needs_draft_probs=False, supports_sampling=True)
 
     def verify(self, tree: TokenTree, scores: TargetScores, sampling: Sampler) -> VerifyResult:
-        path: list[int] = []
-        node = -1  # the root
-        while True:
-            token = sampling.sample(scores.logits[node + 1])  # (V,) logits after the packed entry
-            child = child_with_token(tree, node, token)
-            if child is None:
-                return VerifyResult(path=path, bonus=token)
-            path.append(child)
-            node = child
+        return walk(tree, lambda node: sampling.sample(scores.logits[node + 1]))  # (V,) logits after node

@@ -22,7 +22,8 @@ def bench_command(
     out: Path = typer.Option(Path("results/bench"), help="Directory for records, tables and plots."),
     model: str = typer.Option("smollm2-135m", help="Model alias or local Hugging Face model directory."),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", help="Tokens to generate per turn at most."),
-    budget: int = typer.Option(8, help="Tree nodes per step for methods without '@BUDGET'."),
+    budget: str = typer.Option("auto", help="Tree nodes per step for methods without '@BUDGET': N, or "
+                               "'auto' / 'auto:CAP' (the subtree that pays, up to CAP nodes)."),
     synthetic_acceptance: Optional[float] = typer.Option(
         None, "--synthetic-acceptance", help="Also run a drafter accepted with this probability per token "
         "(measures the framework's own overhead)."),
@@ -36,15 +37,17 @@ def bench_command(
 ) -> None:
     """Benchmark speculative methods against plain decoding and transformers, Spec-Bench style."""
     from specframe.bench.harness import run_benchmark
-    from specframe.bench.methods import PRESETS, usable_presets
+    from specframe.bench.methods import usable_presets
     from specframe.models import check_writable_dir, load_target
     from specframe.registry import get_registry
     from specframe.sampling import SamplingParams
 
     if list_methods:
-        usable = usable_presets(get_registry())
-        for name, spec in PRESETS.items():
-            typer.echo(f"{name:16} {spec:32} {'usable' if name in usable else 'missing components'}")
+        registry = get_registry()
+        usable = usable_presets(registry)
+        for name, preset in registry.presets.items():
+            status = "usable" if name in usable else "missing components"
+            typer.echo(f"{name:16} {preset.spec:36} {status:20} (plugin '{registry.presets.owner(name)}')")
         return
     if threads is not None:
         import torch

@@ -23,7 +23,7 @@ from specframe.bench.suites import BenchPrompt, load_suite
 
 def run_benchmark(target: Target, suite: str | list[BenchPrompt], methods: list[str], out: str | Path, *,
                   peers: str = "all", limit: int | None = None, repeats: int = 3, max_new_tokens: int = 128,
-                  budget: int = 8, synthetic_acceptance: float | None = None,
+                  budget: int | str = "auto", synthetic_acceptance: float | None = None,
                   sampling: SamplingParams | None = None, registry: PluginRegistry | None = None,
                   max_turns: int | None = None, plots: bool = True, progress: bool = True,
                   fresh: bool = False, warmup: bool = True,

@@ -2,9 +2,10 @@
 
 A pipeline spec is `DRAFTER[+TREE[+VERIFIER[+BACKEND]]][@BUDGET]`; each part is a component spec
 (`name(key=value, ...)`) looked up in the plugin registry, so methods added by any installed plugin work
-without touching this module. Missing parts default to `chain`, `greedy` and `kv`; the budget (tree nodes
-per step) defaults to `--budget`. A preset is a short name for a pipeline spec; it is usable only when
-every component it names is registered.
+without touching this module. Missing parts default to the core's defaults (`chain`, `greedy`, `kv`); the
+budget (tree nodes per step) defaults to `--budget`. A preset is a short name for a pipeline spec,
+registered by a plugin through the `register_presets` hook; it is usable only when every component it
+names is registered.
 """
 
 from __future__ import annotations
@@ -12,22 +13,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
+from specframe.adaptive.planner import parse_budget
 from specframe.errors import ConfigurationError, UnknownComponentError
+from specframe.extensions import Preset
+from specframe.kinds import DEFAULT_COMPONENTS, PLAIN_DRAFTER, ComponentKind
 from specframe.registry import ComponentSpec, PluginRegistry
-
-KINDS = ("drafter", "tree builder", "verifier", "backend")
-DEFAULTS = ("none", "chain", "greedy", "kv")
-
-# Named pipelines. Each is usable only when the plugins providing its components are installed.
-# `rest` reads $SPECFRAME_DATASTORE; `s4c` the heads shipped for the model.
-PRESETS = {
-    "pld": "pld+chain+greedy",
-    "pld-trie": "pld(matches=4)+trie+greedy",
-    "rest": "rest+trie+greedy",
-    "rest-live": "rest(live=1)+trie+greedy",
-    "s4c": "s4c+static+greedy",
-    "draft-model": "draft-model(layers=8)+chain+greedy",
-}
 
 
 @dataclass(frozen=True)
@@ -39,8 +29,9 @@ class MethodSpec:
     tree: ComponentSpec
     verifier: ComponentSpec
     backend: ComponentSpec
-    budget: int
+    budget: int | str  # tree nodes, or "auto" / "auto:CAP"
     optional: bool = False  # from `all`: skipped with a warning when it cannot be built for the target
+    preset: Preset | None = None  # the preset it was named by, if any
 
     @property
     def components(self) -> tuple[ComponentSpec, ...]:
@@ -49,8 +40,9 @@ class MethodSpec:
 
 def baseline_spec(backend: ComponentSpec, label: str = "baseline") -> MethodSpec:
     """Plain decoding (drafter `none`) through `backend`: what every speedup is measured against."""
-    return MethodSpec(label, ComponentSpec("none", {}), ComponentSpec("chain", {}),
-                      ComponentSpec("greedy", {}), backend, budget=1)
+    return MethodSpec(label, ComponentSpec(PLAIN_DRAFTER, {}),
+                      ComponentSpec(DEFAULT_COMPONENTS[ComponentKind.TREE_BUILDER], {}),
+                      ComponentSpec(DEFAULT_COMPONENTS[ComponentKind.VERIFIER], {}), backend, budget=1)
 
 
 def split_parts(text: str, sep: str = "+") -> list[str]:
@@ -67,40 +59,56 @@ def split_parts(text: str, sep: str = "+") -> list[str]:
     return parts
 
 
-def parse_method(text: str, registry: PluginRegistry, default_budget: int = 8) -> MethodSpec:
+def parse_method(text: str, registry: PluginRegistry, default_budget: int | str = "auto") -> MethodSpec:
     """A `MethodSpec` from a preset name or a pipeline spec; every component is looked up in `registry`."""
     label = text.strip()
-    match = re.fullmatch(r"(.*?)@\s*(\d+)\s*", label)
-    body, budget = (match.group(1).strip(), int(match.group(2))) if match else (label, default_budget)
-    if budget < 1:
-        raise ConfigurationError(f"method '{label}': the budget after '@' must be >= 1 tree node")
-    preset = PRESETS.get(body)
-    parts = split_parts(preset if preset else body)
+    body, budget = split_budget(label)
+    preset = registry.preset(body)
+    if preset is not None:
+        body, preset_budget = split_budget(preset.spec)
+        budget = preset_budget if budget is None else budget
+    budget = default_budget if budget is None else budget
+    try:
+        parse_budget(budget)
+    except ConfigurationError as err:
+        raise ConfigurationError(f"method '{label}': {err}") from None
+    parts = split_parts(body)
     if len(parts) > 4 or not all(parts):
+        presets = ", ".join(registry.presets.names()) or "none registered"
         raise ConfigurationError(f"method '{label}': expected DRAFTER[+TREE[+VERIFIER[+BACKEND]]][@BUDGET], "
-                                 f"e.g. 'pld+chain+greedy@8', or a preset ({', '.join(PRESETS)})")
-    specs = [ComponentSpec.parse(p) for p in parts] + [ComponentSpec(d, {}) for d in DEFAULTS[len(parts):]]
-    for kind, spec in zip(KINDS, specs):
+                                 f"e.g. 'pld+chain+greedy@8', or a preset ({presets})")
+    specs = [ComponentSpec.parse(p) for p in parts]
+    specs += [ComponentSpec(DEFAULT_COMPONENTS[kind], {}) for kind in list(ComponentKind)[len(parts):]]
+    for kind, spec in zip(ComponentKind, specs):
         try:
             registry.get(kind, spec.name)
         except UnknownComponentError as err:
             if preset:
                 raise UnknownComponentError(kind, spec.name, err.known) from None
             raise
-    return MethodSpec(label, *specs, budget=budget)
+    return MethodSpec(label, *specs, budget=budget, preset=preset)
 
 
-def usable_presets(registry: PluginRegistry) -> dict[str, str]:
-    """Preset name -> spec, for the presets whose components are all registered."""
+def split_budget(text: str) -> tuple[str, int | str | None]:
+    """`rest+trie@16` -> ('rest+trie', 16), `pld@auto:24` -> ('pld', 'auto:24'); no '@' -> (text, None)."""
+    match = re.fullmatch(r"(.*?)@\s*(\d+|auto(?::\d+)?)\s*", text.strip())
+    if not match:
+        return text.strip(), None
+    budget = match.group(2)
+    return match.group(1).strip(), int(budget) if budget.isdigit() else budget
+
+
+def usable_presets(registry: PluginRegistry) -> dict[str, Preset]:
+    """The registered presets whose components are all registered, by name."""
     usable = {}
-    for name, spec in PRESETS.items():
-        names = [ComponentSpec.parse(p).name for p in split_parts(spec)]
-        if all(n in registry.names(kind) for kind, n in zip(KINDS, names)):
-            usable[name] = spec
+    for name, preset in registry.presets.items():
+        names = [ComponentSpec.parse(p).name for p in split_parts(split_budget(preset.spec)[0])]
+        if all(n in registry.names(kind) for kind, n in zip(ComponentKind, names)):
+            usable[name] = preset
     return usable
 
 
-def resolve_methods(texts: list[str], registry: PluginRegistry, default_budget: int = 8) -> list[MethodSpec]:
+def resolve_methods(texts: list[str], registry: PluginRegistry, default_budget: int | str = "auto") -> list[MethodSpec]:
     """Parse `--methods`; `all` expands to every usable preset (those that then fail to build for the
     target, e.g. `rest` without a datastore, are skipped with a warning). Duplicated labels are refused."""
     methods: list[MethodSpec] = []

@@ -13,21 +13,21 @@ one verification step. Draft counts are not visible from outside, so a peer's al
 
 from __future__ import annotations
 
-import copy
 import time
 from dataclasses import dataclass, field
 
 import torch
 
-from specframe.errors import ConfigurationError, UnsupportedModelError
+from specframe.errors import ConfigurationError
 from specframe.metrics import DecodeMetrics, peak_memory_bytes
 from specframe.models import Target
 from specframe.registry import ComponentSpec
 from specframe.sampling import SamplingParams
+from specframe.truncation import truncated_model
 
 from specframe.bench.methods import split_parts
 
-# Defaults match the `draft-model` preset: the first 8 layers (fewer on smaller models), 4 draft tokens.
+# Defaults: the first 8 layers (fewer on smaller models) as the assistant, 4 draft tokens per step.
 PEERS = {"hf-generate": {}, "hf-pld": {"num_tokens": 10}, "hf-assisted": {"layers": None, "num_tokens": 4}}
 DEFAULT_ASSISTANT_LAYERS = 8
 
@@ -72,37 +72,13 @@ class StepClock:
 
 
 def truncated_assistant(target: Target, layers: int | None) -> torch.nn.Module:
-    """The target's first `layers` decoder layers + final norm + LM head, sharing the target's weights.
+    """The target's first `layers` decoder layers + final norm + LM head, sharing the target's weights
+    (`specframe.truncation.truncated_model`).
 
     `layers=None` takes `DEFAULT_ASSISTANT_LAYERS`, or all layers but one on smaller models."""
-    model = target.model
-    inner = getattr(model, "model", None)
-    blocks = getattr(inner, "layers", None)
-    if blocks is None or not hasattr(inner, "norm"):
-        raise UnsupportedModelError(f"peer 'hf-assisted' cannot cut model '{target.name}' into a draft "
-                                    "model: it has no `model.layers` / `model.norm`; use --peers without "
-                                    "hf-assisted")
-    layers = min(DEFAULT_ASSISTANT_LAYERS, len(blocks) - 1) if layers is None else int(layers)
-    if not 1 <= layers < len(blocks):
-        raise ConfigurationError(f"peer 'hf-assisted': layers must be in [1, {len(blocks) - 1}], "
-                                 f"got {layers}")
-    config = copy.deepcopy(model.config)
-    config.num_hidden_layers = layers
-    if getattr(config, "layer_types", None):
-        config.layer_types = config.layer_types[:layers]
-    with torch.device("meta"):
-        assistant = type(model)(config)  # no memory: every module below is the target's own
-    assistant.model.embed_tokens = inner.embed_tokens
-    assistant.model.layers = torch.nn.ModuleList(list(blocks[:layers]))
-    assistant.model.norm = inner.norm
-    assistant.model.rotary_emb = inner.rotary_emb
-    assistant.lm_head = model.lm_head
-    assistant.generation_config = copy.deepcopy(model.generation_config)
-    left = [name for name, t in [*assistant.named_parameters(), *assistant.named_buffers()] if t.is_meta]
-    if left:
-        raise UnsupportedModelError(f"peer 'hf-assisted' does not know how to share {left[:3]} of model "
-                                    f"'{target.name}' with a truncated copy; use --peers without hf-assisted")
-    return assistant.eval()
+    total = int(getattr(target.config, "num_hidden_layers", 0) or 0)
+    layers = min(DEFAULT_ASSISTANT_LAYERS, total - 1) if layers is None else int(layers)
+    return truncated_model(target, layers, "peer 'hf-assisted' (leave it out of --peers)").eval()
 
 
 class PeerRunner:

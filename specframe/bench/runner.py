@@ -22,6 +22,7 @@ from tqdm import tqdm
 
 from specframe.decoding import SpeculativeDecoder
 from specframe.errors import ConfigurationError, SpecframeError, SpecframeWarning
+from specframe.kinds import DEFAULT_COMPONENTS, ComponentKind
 from specframe.models import Target
 from specframe.registry import ComponentSpec, PluginRegistry
 from specframe.sampling import SamplingParams
@@ -42,7 +43,7 @@ class PipelineRunner:
         self.label, self.spec, self.baseline = spec.label, spec, baseline
         self.decoder = SpeculativeDecoder.from_names(target, *spec.components, budget=spec.budget,
                                                      sampling=sampling, registry=registry)
-        self.lossless = registry.get("verifier", spec.verifier.name).capabilities.lossless
+        self.lossless = registry.get(ComponentKind.VERIFIER, spec.verifier.name).capabilities.lossless
 
     def generate(self, prompt_ids: list[int], max_new_tokens: int) -> tuple[list[int], dict]:
         result = self.decoder.generate(prompt_ids, max_new_tokens=max_new_tokens)
@@ -53,7 +54,7 @@ class SyntheticRunner(PipelineRunner):
     """The baseline's pipeline with a `SyntheticDrafter`, fed the baseline's output before each request."""
 
     def __init__(self, target: Target, acceptance: float, base: MethodSpec, sampling: SamplingParams,
-                 registry: PluginRegistry, budget: int):
+                 registry: PluginRegistry, budget: int | str):
         spec = MethodSpec(f"synthetic(p={acceptance:g})", base.drafter, base.tree, base.verifier,
                           base.backend, budget)
         super().__init__(target, spec, sampling, registry, base.label)
@@ -63,23 +64,27 @@ class SyntheticRunner(PipelineRunner):
 
 def build_runners(target: Target, methods: list[MethodSpec], peers: list[PeerSpec], sampling: SamplingParams,
                   registry: PluginRegistry, synthetic_acceptance: float | None = None,
-                  default_budget: int = 8) -> list:
-    """Baselines first (plain decoding through each backend the methods use; `kv` when it can serve the
-    target), then the methods, the synthetic method and the peers, who are measured against the first."""
+                  default_budget: int | str = "auto") -> list:
+    """Baselines first (plain decoding through each backend the methods use; the default backend `kv`
+    when it can serve the target), then the methods, the synthetic method and the peers, who are measured
+    against the first. A preset that says it cannot run on the target fails with its reason, or from
+    `all` is skipped with a warning."""
+    default = DEFAULT_COMPONENTS[ComponentKind.BACKEND]
     backends: dict[str, ComponentSpec] = {}
-    if registry.get("backend", "kv").unsupported_reason(target) is None:
-        backends["kv"] = ComponentSpec("kv", {})
+    if registry.get(ComponentKind.BACKEND, default).unsupported_reason(target) is None:
+        backends[default] = ComponentSpec(default, {})
     for method in methods:
         backends.setdefault(spec_text(method.backend), method.backend)
     if not backends:
         raise ConfigurationError("no backend to run the plain-decoding baseline on: name one in a method, "
                                  "e.g. 'pld+chain+greedy+ssm-tree'")
-    bases = [baseline_spec(b, "baseline" if key == "kv" else f"baseline[{key}]")
+    bases = [baseline_spec(b, "baseline" if key == default else f"baseline[{key}]")
              for key, b in backends.items()]
     base_of = {spec_text(b.backend): b.label for b in bases}
     runners: list = [PipelineRunner(target, b, sampling, registry, None) for b in bases]
     for method in methods:
         try:
+            check_preset(method, target)
             base = base_of[spec_text(method.backend)]
             runners.append(PipelineRunner(target, method, sampling, registry, base))
         except SpecframeError as err:
@@ -91,6 +96,14 @@ def build_runners(target: Target, methods: list[MethodSpec], peers: list[PeerSpe
                                        default_budget))
     runners += [PeerRunner(target, p, sampling, baseline=bases[0].label) for p in peers]
     return runners
+
+
+def check_preset(method: MethodSpec, target: Target) -> None:
+    """Raise `ConfigurationError` with the reason the method's preset gives for not running on `target`."""
+    preset = method.preset
+    reason = preset.unusable(target) if preset is not None and preset.unusable is not None else None
+    if reason:
+        raise ConfigurationError(f"preset '{preset.name}' cannot run on model '{target.name}': {reason}")
 
 
 def spec_text(spec: ComponentSpec) -> str:

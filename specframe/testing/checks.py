@@ -13,13 +13,18 @@ import numpy as np
 import torch
 
 from specframe.decoding import SpeculativeDecoder
-from specframe.interfaces import Drafter, StateBackend, TreeBuilder, Verifier
+from specframe.cost import PolynomialCost
+from specframe.interfaces import BuildContext, Drafter, StateBackend, TreeBuilder, Verifier
+from specframe.kinds import ComponentKind
 from specframe.models import Target
-from specframe.pipeline import Pipeline, check_compatible
-from specframe.records import DraftProposal, ScoreKind, TargetScores
+from specframe.pipeline import assemble
+from specframe.records import DraftProposal, DrawMethod, ScoreKind, TargetScores
 from specframe.registry import ComponentSpec, get_registry
 from specframe.sampling import Sampler, SamplingParams
-from specframe.testing.synthetic import FirstNodesTreeBuilder, NoisyTargetDrafter, random_tree
+from specframe.testing.exact import spelled
+from specframe.testing.synthetic import (
+    FirstNodesTreeBuilder, NoisyTargetDrafter, random_proposal, random_tree,
+)
 from specframe.testing.targets import reference_greedy, reference_hidden, reference_logits
 from specframe.tree import SAMPLED_DRAWS, TokenTree
 
@@ -43,20 +48,16 @@ def resolve(kind: str, component: str | type) -> tuple[type, dict]:
 def make_decoder(target: Target, drafter: str | type = "pld", tree: str | type = "chain",
                  verifier: str | type = "greedy", backend: str | type = "kv", *, budget: int = 8,
                  sampling: SamplingParams | None = None, options: dict | None = None) -> SpeculativeDecoder:
-    """A decoder from classes or names, checked like `specframe.assemble`, without registering anything.
+    """A decoder from classes or names, built by `specframe.assemble` (checked and constructed exactly as
+    any pipeline), without registering anything: classes are used as they are.
 
-    `options` maps a kind ("drafter", "tree builder", "verifier", "backend") to extra constructor options.
+    `options` maps a kind (a `ComponentKind`, or its value such as "drafter") to extra constructor options.
     """
     sampling = sampling or SamplingParams()
     options = options or {}
-    kinds = ("drafter", "tree builder", "verifier", "backend")
-    resolved = [resolve(kind, c) for kind, c in zip(kinds, (drafter, tree, verifier, backend))]
-    classes = [cls for cls, _ in resolved]
-    opts = [{**o, **options.get(kind, {})} for kind, (_, o) in zip(kinds, resolved)]
-    check_compatible(target, *classes, sampling)
-    d_cls, t_cls, v_cls, b_cls = classes
-    pipeline = Pipeline(d_cls(target, **opts[0]), t_cls(**opts[1]), v_cls(**opts[2]),
-                        b_cls(target, want_hidden=d_cls.capabilities.needs_hidden_states, **opts[3]))
+    resolved = {kind: resolve(kind, c) for kind, c in zip(ComponentKind, (drafter, tree, verifier, backend))}
+    extra = {kind: {**opts, **options.get(kind, {})} for kind, (_, opts) in resolved.items()}
+    pipeline = assemble(target, *(cls for cls, _ in resolved.values()), sampling=sampling, options=extra)
     return SpeculativeDecoder(target, pipeline, budget=budget, sampling=sampling)
 
 
@@ -109,34 +110,69 @@ def check_proposal(proposal: DraftProposal, vocab_size: int, name: str = "?", *,
                 _fail(f"drafter '{name}' says its tokens were sampled from draft_probs, but some have q = 0")
 
 
+def check_tree_builder(builder: TreeBuilder, rng: np.random.Generator, trials: int = 60, *,
+                       draws: Sequence[DrawMethod] = (DrawMethod.SAMPLED, DrawMethod.TOPK),
+                       may_return_empty: bool = False) -> None:
+    """On random proposals (with q drawn as each of `draws`, and without q) and budgets from 1 to 12, with
+    and without a cost model, `build` never raises and returns a tree `check_tree` accepts; a non-empty
+    proposal gets a non-empty tree unless `may_return_empty` (builders that prune by what pays)."""
+    name, caps = type(builder).name, type(builder).capabilities
+    cost = PolynomialCost((2e-4, 1e-2))  # 10 ms a step plus 0.2 ms a node: a cost for builders that read one
+    for trial in range(trials):
+        with_probs = caps.needs_draft_probs or trial % 2 == 0
+        draw = draws[trial % len(draws)] if with_probs else DrawMethod.RETRIEVED
+        proposal = random_proposal(rng, 16, with_probs=with_probs, draw=draw)
+        budget = 1 if trial % 3 == 0 else int(rng.integers(1, 13))
+        context = BuildContext(budget, cost if trial % 4 < 2 else None)
+        try:
+            tree = builder.build(proposal, context)
+        except Exception as exc:  # a builder must cut any proposal to any budget, 1 included
+            raise AssertionError(f"tree builder '{name}' raised {type(exc).__name__}: {exc} on a "
+                                 f"{draw.value} proposal of {len(proposal)} nodes (parents "
+                                 f"{proposal.parents.tolist()}) with {context}") from exc
+        check_tree(tree, proposal, context.budget, name, keeps_draft_probs=caps.keeps_draft_probs)
+        if len(proposal) and not len(tree) and not may_return_empty:
+            _fail(f"tree builder '{name}' returned an empty tree for a proposal of {len(proposal)} nodes and "
+                  f"budget {context.budget} (set may_return_empty = True if that is intended)")
+
+
 def check_tree(tree: TokenTree, proposal: DraftProposal, budget: int, name: str = "?", *,
                keeps_draft_probs: bool = True) -> None:
-    """A tree of at most `budget` nodes whose every root-to-node path spells a path of the proposal."""
+    """A sub-forest of the proposal of at most `budget` nodes: closed under parents (each node's parent is
+    a tree node before it, or the root), each node a proposal node under the proposal node of its parent,
+    and with `keeps_draft_probs` each node carrying its proposal node's q row."""
     if not isinstance(tree, TokenTree):
         _fail(f"tree builder '{name}' returned {type(tree).__name__}, not a TokenTree")
     if len(tree) > budget:
         _fail(f"tree builder '{name}' returned {len(tree)} nodes for a budget of {budget}")
-    proposal_paths = {_spelling(proposal.tokens, proposal.parents, i) for i in range(len(proposal))}
-    for i in range(len(tree)):
-        path = _spelling(tree.tokens, tree.parents, i)
-        if path not in proposal_paths:
-            _fail(f"tree builder '{name}': node {i} spells {list(path)}, which is no path of the proposal")
+    parents = tree.parents
+    if len(tree) and (np.any(parents >= np.arange(len(tree))) or np.any(parents < -1)):
+        _fail(f"tree builder '{name}' returned parents {parents.tolist()}, not closed under parents "
+              "(-1 <= parents[i] < i: keep every ancestor, before its descendants)")
+    source = _source_nodes(tree, proposal, name)
     if keeps_draft_probs and proposal.draft_probs is not None and len(tree):
         if tree.draft_probs is None or tree.draft_probs.shape != (len(tree), proposal.draft_probs.shape[1]):
             _fail(f"tree builder '{name}' declares keeps_draft_probs but the tree has no (N, V) draft_probs")
-        by_path = {_spelling(proposal.tokens, proposal.parents, i): i for i in range(len(proposal))}
-        for i in range(len(tree)):
-            j = by_path[_spelling(tree.tokens, tree.parents, i)]
+        for i, j in enumerate(source):
             if not torch.allclose(tree.draft_probs[i], proposal.draft_probs[j]):
                 _fail(f"tree builder '{name}': node {i} carries a q that is not its proposal node's")
 
 
-def _spelling(tokens: np.ndarray, parents: np.ndarray, node: int) -> tuple[int, ...]:
-    out = []
-    while node >= 0:
-        out.append(int(tokens[node]))
-        node = int(parents[node])
-    return tuple(out[::-1])
+def _source_nodes(tree: TokenTree, proposal: DraftProposal, name: str) -> list[int]:
+    """The proposal node each tree node stands for. The k-th tree child carrying a token under a node is
+    matched with the k-th such child in the proposal (a raw i.i.d. stream repeats tokens among siblings)."""
+    source: list[int] = []
+    used: dict[tuple[int, int], int] = {}  # (proposal parent, token) -> tree children matched so far
+    for i, (parent, token) in enumerate(zip(tree.parents.tolist(), tree.tokens.tolist())):
+        above = source[parent] if parent >= 0 else -1
+        same = [c for c in proposal.children[above + 1] if proposal.tokens[c] == token]
+        k = used.get((above, token), 0)
+        if k >= len(same):
+            _fail(f"tree builder '{name}': node {i} spells {list(spelled(tree, i))}, which is no path of the "
+                  "proposal" + (f" (or not {k + 1} times)" if same else ""))
+        used[(above, token)] = k + 1
+        source.append(same[k])
+    return source
 
 
 def check_lossless(decoder: SpeculativeDecoder, prompts: Sequence[Sequence[int]], max_new_tokens: int = 48,
@@ -195,16 +231,16 @@ def _argmax_walk(tree: TokenTree, logits: torch.Tensor) -> list[int]:
     while True:
         want = best[node + 1]
         out.append(want)
-        nxt = next((c for c in tree.children[node + 1] if tree.tokens[c] == want), None)
-        if nxt is None:
+        node = tree.child(node, want)
+        if node is None:
             return out
-        node = nxt
 
 
 def check_backend_scores(backend_cls: type, target: Target, prompt: Sequence[int], rng: np.random.Generator,
                          trees: int = 4, atol: float = 1e-4) -> None:
-    """Tree logits equal plain forward logits along every path; scoring never changes the state; commit
-    appends the root and the path and makes the bonus pending."""
+    """Tree logits equal plain forward logits along every path; scoring never changes the state and a new
+    score discards the previous one; scores carry their tree; only the latest scores can be committed,
+    once; commit appends the root and the path and makes the bonus pending."""
     name = backend_cls.name
     reason = backend_cls.unsupported_reason(target)
     if reason:
@@ -218,16 +254,10 @@ def check_backend_scores(backend_cls: type, target: Target, prompt: Sequence[int
         _fail(f"backend '{name}': committed_length after prefill of {len(history)} ids is "
               f"{backend.committed_length}, expected {len(history) - 1} (the last id stays pending)")
     for _ in range(trees):
-        size = int(rng.integers(0, 10))
-        if backend_cls.capabilities.supports_trees:
-            tree = random_tree(rng, vocab, size)
-        else:  # a chain: node i is the child of node i - 1
-            tree = TokenTree(rng.integers(0, vocab, size), np.arange(size) - 1)
-        scores = backend.score(tree)
-        again = backend.score(tree)
-        if scores.logits.shape != (len(tree) + 1, vocab):
-            _fail(f"backend '{name}': logits of shape {tuple(scores.logits.shape)} for a tree of {len(tree)} "
-                  f"nodes, expected ({len(tree) + 1}, {vocab})")
+        decoy = _score_checked(backend, _draw_tree(backend_cls, rng, vocab), vocab)  # discarded by the next
+        tree = _draw_tree(backend_cls, rng, vocab)
+        scores = _score_checked(backend, tree, vocab)
+        again = _score_checked(backend, tree, vocab)
         if not torch.allclose(scores.logits, again.logits, atol=atol):
             _fail(f"backend '{name}': scoring the same tree twice gave different logits (score changed state)")
         for i in range(-1, len(tree)):
@@ -246,7 +276,10 @@ def check_backend_scores(backend_cls: type, target: Target, prompt: Sequence[int
         path = tree.path_to(int(rng.integers(len(tree)))) if len(tree) and rng.random() < 0.8 else []
         bonus = int(rng.integers(vocab))
         before = backend.committed_length
-        backend.commit(path, bonus)
+        _refuse_commit(backend, decoy, "of an earlier score() (two newer score() calls came after it)")
+        _refuse_commit(backend, scores, "of an earlier score() (a newer score() of the same tree came after it)")
+        backend.commit(again, path, bonus)
+        _refuse_commit(backend, again, "that were committed already")
         history += [int(t) for t in tree.tokens[path]] + [bonus]
         if backend.committed_length != before + 1 + len(path):
             _fail(f"backend '{name}': committed_length went from {before} to {backend.committed_length} after "
@@ -256,3 +289,41 @@ def check_backend_scores(backend_cls: type, target: Target, prompt: Sequence[int
     if not torch.allclose(final, ref, atol=atol, rtol=1e-3):
         _fail(f"backend '{name}': after {trees} commits the next-token logits differ from a plain forward "
               f"over the same {len(history)} tokens by {(final - ref).abs().max():.2e}")
+
+
+def _draw_tree(backend_cls: type, rng: np.random.Generator, vocab: int) -> TokenTree:
+    """A random tree of 0 to 9 nodes, or a chain for backends that do not support trees."""
+    size = int(rng.integers(0, 10))
+    if backend_cls.capabilities.supports_trees:
+        return random_tree(rng, vocab, size)
+    return TokenTree(rng.integers(0, vocab, size), np.arange(size) - 1)  # node i under node i - 1
+
+
+def _score_checked(backend: StateBackend, tree: TokenTree, vocab: int) -> TargetScores:
+    """`backend.score(tree)`, checked to give (N + 1, V) logits and to carry the tree it scored."""
+    name = type(backend).name
+    scores = backend.score(tree)
+    if scores.logits.shape != (len(tree) + 1, vocab):
+        _fail(f"backend '{name}': logits of shape {tuple(scores.logits.shape)} for a tree of {len(tree)} "
+              f"nodes, expected ({len(tree) + 1}, {vocab})")
+    got = scores.tree
+    if not (isinstance(got, TokenTree) and np.array_equal(got.tokens, tree.tokens)
+            and np.array_equal(got.parents, tree.parents)):
+        _fail(f"backend '{name}': score() must set TargetScores.tree to the tree it scored (commit reads "
+              f"the accepted nodes from it), got {'None' if got is None else 'another tree'}")
+    return scores
+
+
+def _refuse_commit(backend: StateBackend, stale: TargetScores, why: str) -> None:
+    """Committing `stale` must raise ValueError and leave the backend as it was."""
+    name = type(backend).name
+    before = backend.committed_length
+    try:
+        backend.commit(stale, [], 0)
+    except ValueError:
+        if backend.committed_length != before:
+            _fail(f"backend '{name}': a refused commit() changed committed_length from {before} to "
+                  f"{backend.committed_length}; check the scores before touching the state")
+        return
+    _fail(f"backend '{name}': commit() accepted scores {why}; only the latest score() may be committed, "
+          "once: raise ValueError otherwise (start commit with `self.redeem(scored)`)")

@@ -194,7 +194,6 @@ class TableBackend(StateBackend):
         self.no_hidden = torch.zeros(size)
         self.ctx: tuple[int, ...] = ()
         self._length = 0
-        self._scored = TokenTree.empty()  # commit receives node indices into the last scored tree
 
     @property
     def committed_length(self) -> int:
@@ -204,15 +203,16 @@ class TableBackend(StateBackend):
         self.ctx, self._length = (), len(ids) - 1
 
     def score(self, tree: TokenTree) -> TargetScores:
-        self._scored = tree
         ctxs = [self.ctx] + [self.ctx + spelled(tree, i) for i in range(len(tree))]
         hidden = None
         if self.want_hidden:
             found = self.table.hidden or {}
             hidden = torch.stack([found.get(c, self.no_hidden) for c in ctxs])  # (N + 1, H)
-        return TargetScores(logits=torch.stack([self.table(c) for c in ctxs]), hidden=hidden)  # (N + 1, V)
+        logits = torch.stack([self.table(c) for c in ctxs])  # (N + 1, V)
+        return self.issue(TargetScores(logits=logits, hidden=hidden, tree=tree))
 
-    def commit(self, path: list[int], bonus: int) -> None:
-        self.ctx += spelled(self._scored, path[-1]) if path else ()
+    def commit(self, scored: TargetScores, path: list[int], bonus: int) -> None:
+        self.redeem(scored)
+        self.ctx += spelled(scored.tree, path[-1]) if path else ()
         self.ctx += (int(bonus),)
         self._length += 1 + len(path)

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specframe.interfaces import BuildContext
+from specframe.kinds import ComponentKind
 from specframe.records import DraftProposal
 from specframe.registry import get_registry
 from specframe.sampling import SamplingParams
@@ -103,7 +105,7 @@ def builder_scenarios(builder, budgets: tuple[int, ...] = (1, 3)) -> list[Scenar
 
 
 def _builder_at(builder, budget: int) -> Callable[[DraftProposal], TokenTree]:
-    return lambda proposal: builder.build(proposal, budget)
+    return lambda proposal: builder.build(proposal, BuildContext(budget))
 
 
 def check_tree_builder_law(builder, runs: int = RUNS, verifier=None, budgets: tuple[int, ...] = (3,)
@@ -111,7 +113,7 @@ def check_tree_builder_law(builder, runs: int = RUNS, verifier=None, budgets: tu
     """Trees from `builder` over sampled drafts, verified by `verifier` (default: the registered
     `rejection`), must keep the target's law. A builder that keeps `SAMPLED` trees it should not (by
     choosing sampled siblings by score, or deciding by what happened to be drawn) fails."""
-    verifier = verifier or get_registry().get("verifier", "rejection")()
+    verifier = verifier or get_registry().get(ComponentKind.VERIFIER, "rejection")()
     results = {s.name: s.run(verifier, runs) for s in builder_scenarios(builder, budgets)}
     return _assert_all_pass(f"tree builder '{type(builder).name}'", results)
 

@@ -18,15 +18,15 @@ import numpy as np
 import pytest
 
 from specframe.interfaces import Drafter, StateBackend, TreeBuilder, Verifier
+from specframe.kinds import DEFAULT_COMPONENTS, ComponentKind
 from specframe.records import DrawMethod
 from specframe.testing import checks
 from specframe.testing.law import check_verifier_law
-from specframe.testing.synthetic import random_proposal
 from specframe.testing.targets import repetitive_prompt, tiny_target
 
 
 class _Conformance:
-    kind: ClassVar[str]
+    kind: ClassVar[ComponentKind]
     base: ClassVar[type]
     component: ClassVar[str | type]
     options: ClassVar[dict] = {}
@@ -58,8 +58,9 @@ class _Conformance:
 
     def decoder(self, target, **components):
         """A greedy decoder with the component under test in its slot and `components` in the others."""
-        slots = {"drafter": "pld", "tree": "chain", "verifier": "greedy", "backend": "kv", **components}
-        slot = {"drafter": "drafter", "tree builder": "tree", "verifier": "verifier", "backend": "backend"}
+        slot = {ComponentKind.DRAFTER: "drafter", ComponentKind.TREE_BUILDER: "tree",
+                ComponentKind.VERIFIER: "verifier", ComponentKind.BACKEND: "backend"}
+        slots = {**{slot[kind]: name for kind, name in DEFAULT_COMPONENTS.items()}, **components}
         slots[slot[self.kind]] = self.cls
         return checks.make_decoder(target, slots["drafter"], slots["tree"], slots["verifier"],
                                    slots["backend"], budget=self.budget, options={self.kind: self.all_options})
@@ -71,7 +72,7 @@ class _Conformance:
 class DrafterConformance(_Conformance):
     """Checks for a `Drafter`: well-formed proposals during real decoding, lossless with chains and trees."""
 
-    kind, base = "drafter", Drafter
+    kind, base = ComponentKind.DRAFTER, Drafter
 
     def _checked(self, decoder, target):
         """Wrap `propose` so every proposal made while decoding is checked."""
@@ -103,26 +104,16 @@ class DrafterConformance(_Conformance):
 
 
 class TreeBuilderConformance(_Conformance):
-    """Checks for a `TreeBuilder`: trees within budget that follow the proposal, and lossless decoding."""
+    """Checks for a `TreeBuilder`: trees within budget, closed under parents, that follow the proposal;
+    any budget from 1 up without raising; lossless decoding."""
 
-    kind, base = "tree builder", TreeBuilder
+    kind, base = ComponentKind.TREE_BUILDER, TreeBuilder
     may_return_empty: ClassVar[bool] = False  # True for builders that prune by a threshold
     draws: ClassVar[tuple[DrawMethod, ...]] = (DrawMethod.SAMPLED, DrawMethod.TOPK)
 
     def test_trees_follow_the_proposal(self, rng):
-        builder = self.cls(**self.all_options)
-        caps = self.cls.capabilities
-        for trial in range(60):
-            with_probs = caps.needs_draft_probs or trial % 2 == 0
-            draw = self.draws[trial % len(self.draws)] if with_probs else DrawMethod.RETRIEVED
-            proposal = random_proposal(rng, 16, with_probs=with_probs, draw=draw)
-            budget = int(rng.integers(1, 13))
-            tree = builder.build(proposal, budget)
-            checks.check_tree(tree, proposal, budget, self.cls.name, keeps_draft_probs=caps.keeps_draft_probs)
-            if len(proposal) and not len(tree) and not self.may_return_empty:
-                raise AssertionError(f"tree builder '{self.cls.name}' returned an empty tree for a proposal of "
-                                     f"{len(proposal)} nodes and budget {budget} (set may_return_empty = True "
-                                     "if that is intended)")
+        checks.check_tree_builder(self.cls(**self.all_options), rng, draws=self.draws,
+                                  may_return_empty=self.may_return_empty)
 
     def test_lossless(self, target, prompts):
         if self.cls.capabilities.needs_draft_probs:
@@ -139,7 +130,7 @@ class VerifierConformance(_Conformance):
     (20,000 by default: enough to catch a 1 % bias; see `docs/explanation/lossless-sampling.md`).
     """
 
-    kind, base = "verifier", Verifier
+    kind, base = ComponentKind.VERIFIER, Verifier
     law_runs: ClassVar[int] = 20_000
 
     def test_greedy_paths(self, rng):
@@ -160,9 +151,10 @@ class VerifierConformance(_Conformance):
 
 
 class BackendConformance(_Conformance):
-    """Checks for a `StateBackend`: tree logits equal plain forward logits, commits, lossless decoding."""
+    """Checks for a `StateBackend`: tree logits equal plain forward logits, scores carry their tree, only
+    the latest scores commit, commits match plain decoding, lossless decoding."""
 
-    kind, base = "backend", StateBackend
+    kind, base = ComponentKind.BACKEND, StateBackend
 
     def test_scores_match_plain_forward(self, target, prompts, rng):
         checks.check_backend_scores(self.cls, target, prompts[0], rng)

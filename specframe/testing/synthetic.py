@@ -13,7 +13,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from specframe.interfaces import Drafter, DrafterCapabilities, TreeBuilder, TreeBuilderCapabilities
+from specframe.interfaces import (
+    BuildContext, Drafter, DrafterCapabilities, TreeBuilder, TreeBuilderCapabilities,
+)
 from specframe.records import DraftContext, DraftProposal, DrawMethod, ScoreKind, TargetScores
 from specframe.tree import TokenTree
 
@@ -137,7 +139,7 @@ class MarkovProblem:
     def scores(self, tree: TokenTree) -> TargetScores:
         """(N + 1, V) logits of the synthetic target at the root and at every node of `tree`."""
         rows = [self.root_logits] + [self.logits[d - 1, t] for d, t in zip(tree.depth.tolist(), tree.tokens)]
-        return TargetScores(logits=torch.stack(rows))
+        return TargetScores(logits=torch.stack(rows), tree=tree)  # (N + 1, V)
 
     def next_logits(self, depth: int, token: int) -> torch.Tensor:
         """(V,) logits after `token` emitted at `depth` (1 = first token after the root)."""
@@ -154,8 +156,8 @@ class FirstNodesTreeBuilder(TreeBuilder):
     name = "first-n"
     capabilities = TreeBuilderCapabilities(keeps_draft_probs=True, keeps_draw_order=True)
 
-    def build(self, proposal: DraftProposal, budget: int) -> TokenTree:
-        keep = np.arange(min(budget, len(proposal)))
+    def build(self, proposal: DraftProposal, context: BuildContext) -> TokenTree:
+        keep = np.arange(min(context.budget, len(proposal)))
         return TokenTree.from_proposal(proposal, keep, draw_order_prefix=True)
 
 

@@ -1,12 +1,21 @@
-"""Tests of the example plugin: unit tests, then specframe's conformance suites on both components."""
+"""Tests of the example plugin: unit tests, then specframe's conformance suites on its three components."""
 
 from __future__ import annotations
 
-import numpy as np
+from types import SimpleNamespace
 
-from specframe import DraftContext, DraftProposal
-from specframe.testing import DrafterConformance, TreeBuilderConformance
-from specframe_example import BigramDrafter, BreadthFirstTreeBuilder
+import numpy as np
+import pytest
+
+from specframe import (
+    BuildContext, CapabilityError, DraftContext, DraftProposal, SamplingParams, TokenTree, TreeBuilderCapabilities,
+)
+from specframe.testing import (
+    BackendConformance, DrafterConformance, TreeBuilderConformance, check_lossless, check_tree_builder_law,
+    make_decoder, repetitive_prompt,
+)
+from specframe.testing.drafts import TinyModelDrafter
+from specframe_example import BigramDrafter, BreadthFirstTreeBuilder, RecomputeBackend
 
 
 class TestBigramConformance(DrafterConformance):
@@ -44,7 +53,61 @@ def test_breadth_first_fills_shallow_levels_first():
     #        |            |
     #        2 (0.8)      3 (0.1)
     proposal = DraftProposal(np.array([10, 11, 12, 13]), np.array([-1, -1, 0, 1]), np.array([0.2, 0.9, 0.8, 0.1]))
-    tree = BreadthFirstTreeBuilder().build(proposal, budget=3)
+    tree = BreadthFirstTreeBuilder().build(proposal, BuildContext(budget=3))
     assert sorted(tree.tokens.tolist()) == [10, 11, 12]  # both children of the root, then the better grandchild
-    assert len(BreadthFirstTreeBuilder().build(proposal, budget=1)) == 1
-    assert BreadthFirstTreeBuilder().build(proposal, budget=1).tokens.tolist() == [11]
+    assert BreadthFirstTreeBuilder().build(proposal, BuildContext(budget=1)).tokens.tolist() == [11]
+
+
+class ClaimsDrawOrder(BreadthFirstTreeBuilder):
+    """Wrong on purpose: keeps the sampled label of its trees, though it ranks sampled siblings by score."""
+
+    name = "breadth-first-claiming-draw-order"
+    capabilities = TreeBuilderCapabilities(keeps_draft_probs=True, keeps_draw_order=True)
+
+    def build(self, proposal: DraftProposal, context: BuildContext) -> TokenTree:
+        tree = super().build(proposal, context)
+        tree.draw = proposal.draw  # as if it had passed draw_order_prefix=True to TokenTree.from_proposal
+        return tree
+
+
+def test_breadth_first_keeps_the_law_and_a_false_claim_is_caught():
+    check_tree_builder_law(BreadthFirstTreeBuilder(), runs=3000)  # its sampled trees fall back: lossless
+    with pytest.raises(AssertionError, match="does not follow the target's distribution"):
+        check_tree_builder_law(ClaimsDrawOrder(), runs=3000)
+
+
+def test_assembly_refuses_breadth_first_between_sampled_drafts_and_rejection(tiny_target):
+    with pytest.raises(CapabilityError, match="tree builder 'breadth-first' chooses among the drafts"):
+        make_decoder(tiny_target, TinyModelDrafter, BreadthFirstTreeBuilder, "rejection", "kv",
+                     sampling=SamplingParams(temperature=1.0))
+
+
+class TestRecomputeConformance(BackendConformance):
+    component = RecomputeBackend
+
+
+def test_recompute_decodes_like_plain_greedy_with_trees(tiny_target):
+    prompts = [repetitive_prompt(tiny_target.vocab_size, 40, seed=s) for s in range(3)]
+    decoder = make_decoder(tiny_target, "bigram(width=3, depth=4)", "breadth-first", "greedy", RecomputeBackend)
+    check_lossless(decoder, prompts, max_new_tokens=40, label="bigram + breadth-first + recompute")
+    assert decoder.generate(prompts[0], max_new_tokens=40).metrics.accepted_draft_tokens > 0
+
+
+def test_recompute_commits_only_the_latest_scores(tiny_target):
+    backend = RecomputeBackend(tiny_target)
+    backend.prefill([5, 6, 7])
+    tree = TokenTree(np.array([8, 9, 10]), np.array([-1, -1, 1]))
+    stale = backend.score(TokenTree.empty())
+    scores = backend.score(tree)
+    with pytest.raises(ValueError, match="latest score"):
+        backend.commit(stale, [], 1)
+    backend.commit(scores, [1, 2], 11)  # the root 7, then nodes 1 and 2
+    assert backend.committed == [5, 6, 7, 9, 10] and backend.pending == 11
+    with pytest.raises(ValueError, match="committed already"):
+        backend.commit(scores, [1, 2], 11)
+
+
+def test_recompute_refuses_recurrent_layers(tiny_target):
+    hybrid = SimpleNamespace(config=SimpleNamespace(layer_types=["full_attention", "linear_attention"]))
+    assert "linear_attention" in RecomputeBackend.unsupported_reason(hybrid)
+    assert RecomputeBackend.unsupported_reason(tiny_target) is None

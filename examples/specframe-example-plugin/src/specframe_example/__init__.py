@@ -1,4 +1,5 @@
-"""specframe-example-plugin: registers the `bigram` drafter and the `breadth-first` tree builder.
+"""specframe-example-plugin: registers the `bigram` drafter, the `breadth-first` tree builder and the
+`recompute` state backend.
 
 specframe finds this module through the entry point `example = "specframe_example"` in the group
 `specframe` (see pyproject.toml) and calls the hooks below once, the first time a component is looked up.
@@ -6,11 +7,12 @@ specframe finds this module through the entry point `example = "specframe_exampl
 
 import specframe
 
+from specframe_example.backend import RecomputeBackend
 from specframe_example.drafter import BigramDrafter
 from specframe_example.tree import BreadthFirstTreeBuilder
 
 __version__ = "0.1.0"
-__all__ = ["BigramDrafter", "BreadthFirstTreeBuilder"]
+__all__ = ["BigramDrafter", "BreadthFirstTreeBuilder", "RecomputeBackend"]
 
 
 @specframe.hookimpl
@@ -21,3 +23,8 @@ def register_drafters(register):
 @specframe.hookimpl
 def register_tree_builders(register):
     register(BreadthFirstTreeBuilder)
+
+
+@specframe.hookimpl
+def register_state_backends(register):
+    register(RecomputeBackend)

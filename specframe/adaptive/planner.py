@@ -1,0 +1,162 @@
+"""Per-step speculation plans: how many nodes to build, which to keep, and whether to draft at all.
+
+`FixedPlanner` is the classic behaviour: fill the budget. `AdaptivePlanner` (`budget="auto"`, the
+budget then a cap) keeps, every step, the subtree with the most expected tokens per second
+(`selection.choose_subtree`) under a calibrated acceptance model and a measured cost model, and skips
+drafting while drafting costs more than it returns. Both record what they predicted, so the metrics
+can show predicted against realised tokens and step time.
+
+Lossless by construction: every decision uses the proposal and earlier steps only. When the tree is
+sampled and the verifier uses the draft probabilities, the kept nodes must not depend on the drawn
+tokens at all (`specframe.tree.draw_order_prefix`); the planner then picks the budget before the build
+from earlier steps alone and prunes nothing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from specframe.adaptive.acceptance import AcceptanceModel, NodeFeatures
+from specframe.adaptive.selection import choose_subtree
+from specframe.cost import CostModel
+from specframe.errors import ConfigurationError
+from specframe.records import DraftProposal, Prediction, VerifyResult
+from specframe.tree import TokenTree
+
+CHEAP_DRAFT = 0.02  # drafting under 2 % of a plain step always goes on (prompt lookup, retrieval)
+PROBE_EVERY = 8  # while drafting does not pay, still draft every this many steps to keep learning
+EMA = 0.1  # weight of the newest step in the running means
+
+
+class FixedPlanner:
+    """Fill the budget every step; predict nothing."""
+
+    def __init__(self, budget: int):
+        self.budget = budget
+
+    def should_draft(self) -> bool:
+        return True
+
+    def build_budget(self, room: int) -> int:
+        return min(self.budget, room)
+
+    def choose(self, proposal: DraftProposal, tree: TokenTree) -> tuple[TokenTree, Prediction | None]:
+        return tree, None
+
+    def observe(self, tree: TokenTree, result: VerifyResult, times: dict[str, float]) -> None:
+        pass
+
+
+class AdaptivePlanner:
+    """Speculate only what pays: see the module docstring. `cap` bounds the tree size."""
+
+    def __init__(self, cost: CostModel, cap: int, acceptance: AcceptanceModel | None = None,
+                 draw_order_only: bool = False):
+        self.cost, self.cap = cost, cap
+        self.acceptance = acceptance or AcceptanceModel()
+        self.draw_order_only = draw_order_only  # sampled trees verified with q: choose sizes blind
+        self.position_hits = np.zeros((2, cap))  # [accepted, tried] by index position (blind mode)
+        self.overhead_s = 0.0  # realised step time beyond the calibrated forward, running mean
+        self.draft_s = 0.0  # drafting time, running mean
+        self.gain = 2.0  # predicted speed of drafted steps over plain steps, running mean (optimistic start)
+        self._since_draft = 0
+        self._drafted = False
+        self._features: NodeFeatures | None = None
+        self._prediction: Prediction | None = None
+
+    # --- before the step -----------------------------------------------------------------------------
+
+    def should_draft(self) -> bool:
+        """Draft unless drafting is expensive (over `CHEAP_DRAFT` of a plain step) and recent steps say
+        that drafting plus its tree is slower than a plain step."""
+        plain = self._seconds(0, 0)
+        pays = self.draft_s <= CHEAP_DRAFT * plain or self.gain * plain / (plain + self.draft_s) > 1.0
+        self._since_draft = 0 if pays or self._since_draft >= PROBE_EVERY else self._since_draft + 1
+        self._drafted = self._since_draft == 0
+        return self._drafted
+
+    def build_budget(self, room: int) -> int:
+        """Nodes the tree builder may use: the cap, or in blind mode the best size by earlier steps."""
+        if not self.draw_order_only:
+            return min(self.cap, room)
+        a, t = self.position_hits
+        rates = (a + 1.0) / (t + 2.0)  # unconditional acceptance by index position, Laplace prior
+        tokens = 1.0 + np.concatenate([[0.0], np.cumsum(rates)])  # (cap + 1,)
+        sizes = np.arange(self.cap + 1)
+        best = int(np.argmax(tokens / (self.cost.many(sizes, sizes) + self.overhead_s)))
+        self._prediction = Prediction(float(tokens[best]), self._seconds(best, best))
+        return min(best, room)
+
+    def choose(self, proposal: DraftProposal, tree: TokenTree) -> tuple[TokenTree, Prediction | None]:
+        """The subtree of `tree` worth scoring, with its predicted tokens and seconds."""
+        if self.draw_order_only or tree.origin is None:
+            self._features = None
+            return tree, self._prediction if self.draw_order_only else None
+        self._features = NodeFeatures.of(proposal, tree.origin, tree.depth)
+        p = self.acceptance.predict(self._features)
+        choice = choose_subtree(tree.parents, tree.depth, p, self.cost, overhead_s=self.overhead_s)
+        if len(choice.keep) < len(tree):
+            self._features = NodeFeatures(*(f[choice.keep] for f in (
+                self._features.prior, self._features.score_bucket, self._features.fine_key)))
+            tree = tree.subtree(choice.keep)
+        self._prediction = Prediction(choice.expected_tokens, choice.expected_seconds)
+        return tree, self._prediction
+
+    # --- after the step ------------------------------------------------------------------------------
+
+    def observe(self, tree: TokenTree, result: VerifyResult, times: dict[str, float]) -> None:
+        """Learn acceptance, the step overhead, the drafting cost and whether drafting paid."""
+        if self._features is not None and len(tree):
+            self.acceptance.update(self._features, tree.parents, result.path)
+        if self.draw_order_only and len(tree):
+            self.position_hits[1, :len(tree)] += 1
+            self.position_hits[0, :result.accepted] += 1
+        forward = self.cost.step_seconds(len(tree), int(tree.depth.max()) if len(tree) else 0)
+        step = sum(s for phase, s in times.items() if phase != "draft")
+        self.overhead_s += EMA * (max(step - forward, 0.0) - self.overhead_s)
+        if self._drafted:  # what did drafting cost, and what did it promise over a plain step?
+            self.draft_s += EMA * (times.get("draft", 0.0) - self.draft_s)
+            promised = (self._prediction.tokens / self._prediction.seconds * self._seconds(0, 0)
+                        if self._prediction is not None else 1.0)  # nothing proposed: no gain
+            self.gain += EMA * (promised - self.gain)
+        self._features, self._prediction, self._drafted = None, None, False
+
+    def _seconds(self, nodes: int, depth: int) -> float:
+        return self.cost.step_seconds(nodes, depth) + self.overhead_s
+
+
+AUTO_CAP = 16  # default cap of `budget="auto"`: past it a CPU step costs more than drafts return
+
+
+def parse_budget(budget: int | str) -> tuple[int, bool]:
+    """(cap, adaptive) from a budget: a node count, `"auto"` or `"auto:CAP"`."""
+    text = str(budget).strip().lower()
+    adaptive = text == "auto" or text.startswith("auto:")
+    number = (text.partition(":")[2] or str(AUTO_CAP)) if adaptive else text
+    try:
+        cap = int(number)
+    except ValueError:
+        cap = 0
+    if cap < 1 or (not adaptive and isinstance(budget, float)):
+        raise ConfigurationError(
+            f"budget must be a number of tree nodes >= 1, 'auto' or 'auto:CAP' (e.g. auto:24), got {budget!r};"
+            " for plain decoding use the drafter 'none'")
+    return cap, adaptive
+
+
+def make_adaptive_planner(pipeline, cap: int, sampling, cost: CostModel | None = None,
+                          progress: bool = True) -> AdaptivePlanner:
+    """An `AdaptivePlanner` for `pipeline` with `cost`, by default the backend's measured cost
+    (calibrated on first use and cached: `specframe.adaptive.calibration.cached_cost`).
+
+    Blind mode (sizes chosen before the build, nothing pruned) when the request samples, the drafter
+    samples its drafts and the verifier uses their q through a builder that keeps draw order: pruning
+    such a tree would still be lossless (`TokenTree.subtree` relabels it for sample-and-match), but it
+    would lose what rejection sampling with q gains.
+    """
+    from specframe.adaptive.calibration import cached_cost
+
+    d, t, v = (c.capabilities for c in (pipeline.drafter, pipeline.tree_builder, pipeline.verifier))
+    blind = (not sampling.greedy and d.samples_drafts and v.uses_draft_probs and t.keeps_draw_order)
+    cost = cost or cached_cost(pipeline.backend, progress=progress)
+    return AdaptivePlanner(cost, cap, draw_order_only=blind)

@@ -1,0 +1,81 @@
+"""Cost models: the predicted time of one verification step, which tree builders weigh against gains.
+
+A `StateBackend` may offer one (`StateBackend.cost_model`); the decode loop passes it to the tree
+builder in its `BuildContext`. Builders that fill a fixed budget ignore it; builders that size trees by
+what pays use `step_seconds`. The measured CPU costs behind the defaults are in
+`docs/explanation/metrics-and-costs.md`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import numpy as np
+
+
+class CostModel(ABC):
+    """Predicted wall-clock seconds of one step (`score` on the tree, then verify and commit)."""
+
+    @abstractmethod
+    def step_seconds(self, nodes: int, depth: int = 0) -> float:
+        """Seconds of a step on a tree of `nodes` nodes (the root not counted) and `depth` levels."""
+
+    def many(self, nodes: np.ndarray, depths: np.ndarray) -> np.ndarray:
+        """`step_seconds` for arrays of sizes and depths; (K,), (K,) -> (K,). Override when it can be
+        computed at once (tree selection calls it every step)."""
+        return np.array([self.step_seconds(int(n), int(d)) for n, d in zip(nodes, depths)])
+
+
+@dataclass(frozen=True)
+class PolynomialCost(CostModel):
+    """t = polyval(coefficients, nodes + 1): a polynomial in the packed size (root included).
+
+    Degree 1 fits a model whose every layer is linear in the tree size (pure SSM targets, or attention
+    while the prefix dominates); degree 2 adds the tree's quadratic attention block.
+    """
+
+    coefficients: tuple[float, ...]  # highest power first
+
+    def step_seconds(self, nodes: int, depth: int = 0) -> float:
+        return float(max(np.polyval(self.coefficients, nodes + 1), 0.0))
+
+    @classmethod
+    def fit(cls, packed_sizes, seconds, degree: int) -> PolynomialCost:
+        """Least-squares fit of a degree-`degree` polynomial in the packed size."""
+        return cls(tuple(float(c) for c in np.polyfit(np.asarray(packed_sizes, float),
+                                                      np.asarray(seconds, float), degree)))
+
+
+@dataclass(frozen=True)
+class MeasuredCost(CostModel):
+    """Step times measured at a grid of tree sizes, for flat trees (every node a child of the root) and
+    chains, interpolated in size and, by depth, between the two shapes.
+
+    Measured, not a formula: on a CPU a forward over 2 tokens can be slower than over 4 (a matrix-multiply
+    kernel choice), and a chain can be cheaper than a flat tree of the same size (no tree mask). Sizes past
+    the grid extrapolate the last segment. The rest of a step (verify, commit, the loop) is not in
+    it: the adaptive planner learns that from realised steps.
+    """
+
+    sizes: tuple[int, ...]  # tree nodes, increasing, starting at 0
+    flat_s: tuple[float, ...]  # seconds of `score` on a flat tree of each size
+    chain_s: tuple[float, ...]  # seconds of `score` on a chain of each size
+
+    def step_seconds(self, nodes: int, depth: int = 0) -> float:
+        return float(self.many(np.array([nodes]), np.array([depth]))[0])
+
+    def many(self, nodes: np.ndarray, depths: np.ndarray) -> np.ndarray:
+        flat, chain = (_interpolate(self.sizes, ys, nodes) for ys in (self.flat_s, self.chain_s))
+        weight = np.clip((depths - 1) / np.maximum(nodes - 1, 1), 0.0, 1.0)  # 0: flat, 1: chain
+        return np.maximum(flat + weight * (chain - flat), 0.0)
+
+
+def _interpolate(xs, ys, x: np.ndarray) -> np.ndarray:
+    """Piecewise-linear through (xs, ys), extended linearly past the last point."""
+    xs, ys = np.asarray(xs, float), np.asarray(ys, float)
+    inside = np.interp(x, xs, ys)
+    if len(xs) < 2:
+        return inside
+    slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+    return np.where(x > xs[-1], ys[-1] + slope * (x - xs[-1]), inside)
