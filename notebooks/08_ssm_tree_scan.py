@@ -34,6 +34,7 @@ import specframe
 from specframe import TokenTree
 from specframe.testing import check_lossless, make_decoder, reference_logits, repetitive_prompt
 from specframe_ssm import calibrate
+from specframe_ssm.cost import full_binary_tree
 
 torch.manual_seed(0)
 config = BambaConfig(vocab_size=256, hidden_size=128, num_hidden_layers=4, attn_layer_indices=[1, 3],
@@ -92,16 +93,7 @@ for name in backends:
 
 # %%
 def binary_tree(depth):
-    parents = [-1, -1]
-    frontier = [0, 1]
-    for _ in range(depth - 1):
-        nxt = []
-        for p in frontier:
-            for _ in range(2):
-                parents.append(p)
-                nxt.append(len(parents) - 1)
-        frontier = nxt
-    parents = np.array(parents)
+    parents = np.array(full_binary_tree(depth + 1))  # depth levels below the root
     return TokenTree(rng.integers(0, 256, len(parents)), parents)
 
 

@@ -66,7 +66,8 @@ class SpeculativeDecoder:
         tokens, metrics, reason = self._decode(prompt_ids, max_new_tokens, stop)
         metrics.wall_s = time.perf_counter() - start
         metrics.peak_memory_bytes = peak_memory_bytes(self.target.device)
-        text = self.target.tokenizer.decode(tokens, skip_special_tokens=True) if self.target.tokenizer is not None else None
+        tokenizer = self.target.tokenizer
+        text = tokenizer.decode(tokens, skip_special_tokens=True) if tokenizer is not None else None
         result = GenerationResult(tokens, text, reason, metrics)
         hook.on_decode_end(decoder=self, result=result)
         return result

@@ -157,7 +157,9 @@ class StateBackend(ABC):
     def cost_model(self) -> CostModel | None:
         """Predicted step time by tree size and depth, for tree builders (see `BuildContext`).
 
-        Default: None (builders then fill their budget). Called once per request, after `prefill`.
+        Default: None (builders then fill their budget). Called once per request, after `prefill`, when
+        the budget is a fixed number; with `budget="auto"` builders receive instead the cost measured for
+        this backend on this machine (`specframe.adaptive.calibration`), which also drives the planner.
         """
         return None
 

@@ -81,10 +81,11 @@ def test_prefix_only_keeps_the_first_nodes_in_index_order():
 
 def test_conditional_scores_by_kind():
     tokens, parents = np.arange(4), np.array([-1, -1, 0, 0])
-    logp = DraftProposal(tokens, parents, np.log([0.5, 0.25, 0.5 * 0.6, 0.5 * 0.1]), score_kind=ScoreKind.LOG_PROB)
+    logp = DraftProposal(tokens, parents, np.log([0.5, 0.25, 0.5 * 0.6, 0.5 * 0.1]),
+                         score_kind=ScoreKind.LOG_PROB)
     np.testing.assert_allclose(conditional_scores(logp)[0], [0.5, 0.25, 0.6, 0.1])
     freq = DraftProposal(tokens, parents, [6.0, 2.0, 3.0, 3.0], score_kind=ScoreKind.FREQUENCY)
-    np.testing.assert_allclose(conditional_scores(freq)[0], [6 / 9, 2 / 9, 3 / 7, 3 / 7])
+    np.testing.assert_allclose(conditional_scores(freq)[0], [0.75, 0.25, 0.5, 0.5])
     assert sibling_ranks(parents, np.array([1.0, 2.0, 5.0, 7.0])).tolist() == [1, 0, 1, 0]
 
 
@@ -120,3 +121,51 @@ def test_measured_cost_interpolates_by_size_and_depth():
     assert cost.step_seconds(4, 2) == pytest.approx(2.0 - 1.0 / 3)  # a third of the way to a chain
     assert cost.step_seconds(12, 1) == pytest.approx(4.0)  # extrapolated
     np.testing.assert_allclose(cost.many(np.array([0, 4]), np.array([0, 1])), [1.0, 2.0])
+
+
+# --- calibration and the decoder -------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny():
+    from specframe.testing.targets import tiny_target
+
+    return tiny_target(seed=3, vocab_size=64)
+
+
+def test_calibration_is_measured_once_then_read_back(tiny, tmp_path, monkeypatch):
+    from specframe import assemble
+    from specframe.adaptive import calibration
+
+    monkeypatch.setenv("SPECFRAME_HOME", str(tmp_path))
+    backend = assemble(tiny).backend
+    cost = calibration.cached_cost(backend, progress=False)
+    assert len(cost.sizes) == len(cost.flat_s) == len(cost.chain_s) and min(cost.flat_s) > 0
+    [stored] = (tmp_path / "costs").glob("kv-*.json")
+
+    def no_measuring(*args, **kwargs):
+        raise AssertionError("calibrated again although a stored calibration exists")
+
+    monkeypatch.setattr(calibration, "calibrate", no_measuring)
+    assert calibration.cached_cost(backend, progress=False) == cost
+    stored.write_text("{damaged")  # a damaged store is measured again, not trusted
+    monkeypatch.undo()
+    monkeypatch.setenv("SPECFRAME_HOME", str(tmp_path))
+    assert calibration.cached_cost(backend, progress=False).sizes == cost.sizes
+
+
+@pytest.mark.parametrize("drafter,tree", [("pld", "chain"), ("pld(matches=4)", "trie"),
+                                          ("pld(matches=4)", "static")])
+def test_auto_is_lossless_and_follows_the_cost(tiny, drafter, tree):
+    from specframe import SpeculativeDecoder
+    from specframe.testing.targets import reference_greedy, repetitive_prompt
+
+    prompt = repetitive_prompt(64, 64, seed=1)
+    expected = reference_greedy(tiny, prompt, 40)
+    sizes = {}
+    for label, cost in {"cheap": PolynomialCost((1e-4, 1.0)), "dear": PolynomialCost((20.0, -10.0))}.items():
+        decoder = SpeculativeDecoder.from_names(tiny, drafter, tree, budget="auto:8")
+        decoder.cost = cost
+        result = decoder.generate(prompt, max_new_tokens=40)
+        assert result.tokens == expected, f"{drafter}+{tree} with {label} nodes"
+        sizes[label] = result.metrics.draft_tokens
+    assert sizes["dear"] == 0 < sizes["cheap"]  # t(n) = 10 + 20 n: no tree can beat a plain step

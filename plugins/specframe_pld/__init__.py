@@ -14,6 +14,8 @@ was 2.56 for these defaults vs 2.65 for (3..1, 10 tokens), but the predicted spe
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 import specframe
@@ -64,7 +66,10 @@ class PromptLookupDrafter(Drafter):
             starts = find_matches(tokens, ngram, self.matches)
             if len(starts):
                 continuations = [tokens[s + ngram: s + ngram + length] for s in starts]
-                return DraftProposal.from_sequences([c for c in continuations if len(c)])
+                proposal = DraftProposal.from_sequences([c for c in continuations if len(c)])
+                # The matched n-gram length labels the nodes: longer matches are accepted more often,
+                # and adaptive speculation learns that per label (`DraftProposal.group`).
+                return replace(proposal, group=np.full(len(proposal), ngram))
         return DraftProposal.empty()
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import weakref
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +27,7 @@ ENV_DATASTORE = "SPECFRAME_DATASTORE"
 DEFAULT_DATASTORE = "python-site"  # used when neither the option nor the environment names one, if built
 _opened: dict[tuple[str, int], tuple[Datastore, SuffixIndex]] = {}  # (path, header mtime) -> store
 _identities: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> identity
+MATCH_GROUPS = np.array([2, 4, 8])  # match lengths 1-2, 3-4, 5-8, 9+ -> groups 0, 1, 2, 3
 
 
 def datastore_home() -> Path:
@@ -128,20 +130,25 @@ class RestDrafter(Drafter):
         if c < 1:
             return DraftProposal.empty()
         tokens = context.tokens
-        rows, weights = [], []
+        rows, weights, longest = [], [], 0
         if self.index is not None:
             match = self.index.longest_match(tokens[-self.n_max :], self.n_max, self.k)
             self.last_match_length = match.length
             if len(match.starts):
+                longest = match.length
                 rows.append(self.index.continuations(match.starts, self.m))  # (S, m)
                 share = match.length if self.by_length else 1.0
                 weights.append(np.full(len(match.starts), share / len(match.starts)))
         if self.live > 0:
             length, live_rows = context_continuations(tokens, self.n_max, self.m, self.live_k)  # (S', m)
             if len(live_rows):
+                longest = max(longest, length)
                 rows.append(live_rows)
                 share = self.live * (length if self.by_length else 1.0)
                 weights.append(np.full(len(live_rows), share / len(live_rows)))
         if not rows:
             return DraftProposal.empty()
-        return top_nodes(build_trie(np.concatenate(rows), np.concatenate(weights)), c)
+        proposal = top_nodes(build_trie(np.concatenate(rows), np.concatenate(weights)), c)
+        # Label every node with the step's longest match (1-2, 3-4, 5-8, 9+ tokens): adaptive speculation
+        # learns acceptance per label (`DraftProposal.group`), and longer matches predict better.
+        return replace(proposal, group=np.full(len(proposal), MATCH_GROUPS.searchsorted(longest)))

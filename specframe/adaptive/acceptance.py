@@ -59,7 +59,7 @@ def conditional_scores(proposal: DraftProposal) -> tuple[np.ndarray, np.ndarray]
         totals = np.zeros(n + 1)  # weight under each parent (index 0: the root)
         np.add.at(totals, parents + 1, scores)
         parent_weight = np.where(parents >= 0, scores[np.maximum(parents, 0)], totals[0])
-        c = scores / (parent_weight + 1.0)  # one pseudo-observation of "none of these": 1 match of 1 is 0.5
+        c = np.divide(scores, parent_weight, out=np.zeros(n), where=parent_weight > 0)  # weights have no unit
     else:  # a bare ordering: rank among siblings, best first, and a guess that halves with each rank
         rank = sibling_ranks(parents, scores)
         return 0.6 * 0.5 ** rank, np.minimum(rank, SCORE_BUCKETS - 1)
@@ -132,7 +132,8 @@ class AcceptanceModel:
         try:
             data = json.loads(path.read_text())
             fine, coarse = np.asarray(data["fine"], float), np.asarray(data["coarse"], float)
-            if data.get("format") != FORMAT or fine.shape != model.fine.shape or coarse.shape != model.coarse.shape:
+            shapes = (fine.shape, coarse.shape) == (model.fine.shape, model.coarse.shape)
+            if data.get("format") != FORMAT or not shapes:
                 return model
         except (OSError, ValueError, KeyError, TypeError):
             return model

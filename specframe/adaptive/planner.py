@@ -139,8 +139,8 @@ def parse_budget(budget: int | str) -> tuple[int, bool]:
         cap = 0
     if cap < 1 or (not adaptive and isinstance(budget, float)):
         raise ConfigurationError(
-            f"budget must be a number of tree nodes >= 1, 'auto' or 'auto:CAP' (e.g. auto:24), got {budget!r};"
-            " for plain decoding use the drafter 'none'")
+            "budget must be a number of tree nodes >= 1, 'auto' or 'auto:CAP' (e.g. auto:24), "
+            f"got {budget!r}; for plain decoding use the drafter 'none'")
     return cap, adaptive
 
 

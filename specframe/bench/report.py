@@ -16,6 +16,7 @@ from pathlib import Path
 from specframe.bench.runner import BenchRun
 
 OVERALL = "overall"
+SLOW = 0.9  # a turn slower than this share of its baseline counts as slow ("prompts below 0.9x")
 
 
 def _mean_std(values: list[float]) -> dict:
@@ -54,6 +55,9 @@ def method_stats(records: list[dict], base: dict[tuple, dict] | None) -> dict:
         for j, count in enumerate(x["acceptance_histogram"]):
             histogram += [0] * (j + 1 - len(histogram))
             histogram[j] += count
+    paired = [(r, base.get((r["qid"], r["turn"], r["repeat"]))) for r in records] if base is not None else []
+    slow = [r for r, b in paired if b is not None
+            and r["metrics"]["tokens_per_s"] < SLOW * b["metrics"]["tokens_per_s"]]
     split = None
     if all(x["time_s"] is not None for x in metrics) and steps:
         split = {k: 1000 * sum(x["time_s"][k] for x in metrics) / steps for k in metrics[0]["time_s"]}
@@ -66,7 +70,22 @@ def method_stats(records: list[dict], base: dict[tuple, dict] | None) -> dict:
         "prefill_s": sum(x["prefill_s"] for x in metrics), "wall_s": sum(x["wall_s"] for x in metrics),
         "acceptance_histogram": histogram, "time_per_step_ms": split,
         "peak_memory_bytes": max(x["peak_memory_bytes"] for x in metrics),
+        "mean_tree_size": sum(x["draft_tokens"] or 0 for x in metrics) / steps if steps else None,
+        "slow_turns": len(slow) / len(records) if base is not None else None,
+        **predictions(metrics),
     }
+
+
+def predictions(metrics: list[dict]) -> dict:
+    """Predicted vs realised tokens per step and step time (budget="auto"), over the predicted steps."""
+    n = sum(x.get("predicted_steps") or 0 for x in metrics)
+
+    def mean(key: str) -> float | None:
+        return sum((x.get(key) or 0) * (x.get("predicted_steps") or 0) for x in metrics) / n if n else None
+
+    return {"predicted_steps": n, "drafting_skipped": sum(x.get("drafting_skipped") or 0 for x in metrics),
+            **{k: mean(k) for k in ("predicted_tokens_per_step", "realised_tokens_per_step",
+                                    "predicted_step_ms", "realised_step_ms")}}
 
 
 def summarize(run: BenchRun) -> dict:
@@ -119,9 +138,27 @@ def markdown(table: dict, run: BenchRun, header: str = "") -> str:
                          f"{alpha} | {_fmt(s['tokens_per_s'], 1)} | {_fmt(s['decode_tokens_per_s'], 1)} "
                          f"| {ident} |")
         lines.append("")
+        lines += adaptive_table(rows)
     if run.mismatches:
         lines += ["### Lossless mismatches", ""] + [f"- {m.describe()}" for m in run.mismatches] + [""]
     return "\n".join(lines)
+
+
+def adaptive_table(rows: dict) -> list[str]:
+    """Tree sizes, slow turns and, for `auto` budgets, predicted against realised tokens and step time."""
+    def num(value, digits=2, scale=1.0):
+        return "-" if value is None else f"{value * scale:.{digits}f}"
+
+    lines = ["| method | mean tree | turns < 0.9x | tokens/step predicted / realised "
+             "| step ms predicted / realised | drafting skipped |", "|---|---|---|---|---|---|"]
+    for label, s in rows.items():
+        if s.get("slow_turns") is None:
+            continue
+        lines.append(f"| {label} | {num(s['mean_tree_size'], 1)} | {num(s['slow_turns'], 0, 100)} % "
+                     f"| {num(s['predicted_tokens_per_step'])} / {num(s['realised_tokens_per_step'])} "
+                     f"| {num(s['predicted_step_ms'], 1)} / {num(s['realised_step_ms'], 1)} "
+                     f"| {s['drafting_skipped']} |")
+    return lines + [""] if len(lines) > 2 else []
 
 
 def write_reports(run: BenchRun, out: Path, settings: dict, header: str = "") -> dict:
