@@ -169,3 +169,20 @@ def test_auto_is_lossless_and_follows_the_cost(tiny, drafter, tree):
         assert result.tokens == expected, f"{drafter}+{tree} with {label} nodes"
         sizes[label] = result.metrics.draft_tokens
     assert sizes["dear"] == 0 < sizes["cheap"]  # t(n) = 10 + 20 n: no tree can beat a plain step
+
+
+def test_expensive_drafting_that_does_not_pay_is_skipped_but_probed():
+    from specframe.adaptive.planner import PROBE_FIRST, PROBE_LAST, AdaptivePlanner
+    from specframe.records import VerifyResult
+    from specframe.tree import TokenTree
+
+    planner = AdaptivePlanner(PolynomialCost((0.0, 1.0)), cap=8)  # every step takes 1 s
+    drafted = []
+    for _ in range(400):
+        drafted.append(planner.should_draft())
+        planner.choose(DraftProposal.empty(), TokenTree.empty())  # drafting never proposes anything
+        planner.observe(TokenTree.empty(), VerifyResult([], 0), {"draft": 0.5 if drafted[-1] else 0.0,
+                                                                   "forward": 1.0})
+    gaps = np.diff(np.flatnonzero(drafted))
+    assert drafted[0] and sum(drafted) < 30  # it starts optimistic, then mostly skips
+    assert gaps.max() == PROBE_LAST and PROBE_FIRST in gaps  # probes back off from 8 to 64 steps

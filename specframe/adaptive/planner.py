@@ -24,7 +24,9 @@ from specframe.records import DraftProposal, Prediction, VerifyResult
 from specframe.tree import TokenTree
 
 CHEAP_DRAFT = 0.02  # drafting under 2 % of a plain step always goes on (prompt lookup, retrieval)
-PROBE_EVERY = 8  # while drafting does not pay, still draft every this many steps to keep learning
+# While drafting does not pay, still draft now and then to keep learning: after 8 steps, then after twice
+# as many each time a probe confirms it, up to 64 (a wasted probe then costs under 2 % of the steps).
+PROBE_FIRST, PROBE_LAST = 8, 64
 EMA = 0.1  # weight of the newest step in the running means
 
 
@@ -60,6 +62,7 @@ class AdaptivePlanner:
         self.draft_s = 0.0  # drafting time, running mean
         self.gain = 2.0  # predicted speed of drafted steps over plain steps, running mean (optimistic start)
         self._since_draft = 0
+        self._probe_every = PROBE_FIRST
         self._drafted = False
         self._features: NodeFeatures | None = None
         self._prediction: Prediction | None = None
@@ -68,10 +71,15 @@ class AdaptivePlanner:
 
     def should_draft(self) -> bool:
         """Draft unless drafting is expensive (over `CHEAP_DRAFT` of a plain step) and recent steps say
-        that drafting plus its tree is slower than a plain step."""
+        that drafting plus its tree is slower than a plain step; then probe at growing intervals."""
         plain = self._seconds(0, 0)
         pays = self.draft_s <= CHEAP_DRAFT * plain or self.gain * plain / (plain + self.draft_s) > 1.0
-        self._since_draft = 0 if pays or self._since_draft >= PROBE_EVERY else self._since_draft + 1
+        if pays:
+            self._since_draft, self._probe_every = 0, PROBE_FIRST
+        elif self._since_draft + 1 >= self._probe_every:  # probe now; wait longer before the next one
+            self._since_draft, self._probe_every = 0, min(2 * self._probe_every, PROBE_LAST)
+        else:
+            self._since_draft += 1
         self._drafted = self._since_draft == 0
         return self._drafted
 
