@@ -157,11 +157,14 @@ class StateBackend(ABC):
     def cost_model(self) -> CostModel | None:
         """Predicted step time by tree size and depth, for tree builders (see `BuildContext`).
 
-        Default: None (builders then fill their budget). Called once per request, after `prefill`, when
+        Default: the calibration stored for this backend, target, device, dtype and thread count
+        (`specframe calibrate`), or None. Called once per request, after `prefill`, when
         the budget is a fixed number; with `budget="auto"` builders receive instead the cost measured for
         this backend on this machine (`specframe.adaptive.calibration`), which also drives the planner.
         """
-        return None
+        from specframe.adaptive.calibration import stored_cost
+
+        return stored_cost(self)
 
     @property
     @abstractmethod

@@ -1,9 +1,10 @@
 """The cost models tree builders get from an SSM backend: linear in the packed tree size for SSM
-targets, quadratic with attention layers, as core `PolynomialCost`s."""
+targets, quadratic with attention layers, as core `PolynomialCost`s, unless a calibration is stored."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from ssm_models import make_repetitive, tiny_ssm_target
 
 import specframe
@@ -12,6 +13,21 @@ from specframe.pipeline import Pipeline
 from specframe_ssm import SSMTreeBackend, SSMUnrolledBackend, calibrate, full_binary_tree
 
 PROMPT = [3, 4, 5, 6, 7, 3, 4, 5, 6, 7, 3, 4, 5, 9, 10, 11, 3, 4, 5, 6]
+
+
+@pytest.fixture(autouse=True)
+def no_stored_calibration(tmp_path, monkeypatch):
+    """An empty SPECFRAME_HOME: the backends fall back to their reference fits."""
+    monkeypatch.setenv("SPECFRAME_HOME", str(tmp_path))
+
+
+def test_a_stored_calibration_takes_precedence_over_the_reference_fit():
+    from specframe.adaptive.calibration import cached_cost
+
+    backend = SSMTreeBackend(tiny_ssm_target("mamba2"))
+    assert isinstance(backend.cost_model(), PolynomialCost)
+    measured = cached_cost(backend, progress=False)
+    assert backend.cost_model() == measured
 
 
 def test_full_binary_tree_sizes_follow_the_paper():

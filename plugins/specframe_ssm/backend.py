@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from specframe import BackendCapabilities, PolynomialCost, StateBackend, TargetScores, TokenTree
+from specframe import BackendCapabilities, CostModel, StateBackend, TargetScores, TokenTree
 from specframe.errors import ConfigurationError, UnsupportedModelError
 from specframe_ssm import cache as cache_ops
 from specframe_ssm.cost import default_cost_model
@@ -43,10 +43,11 @@ class SSMBackendBase(StateBackend):
     def unsupported_reason(cls, target) -> str | None:
         return unsupported_reason(target.model)
 
-    def cost_model(self) -> PolynomialCost:
-        """Predicted seconds of one step by packed tree size: the reference CPU fit of this backend for
-        the target's kind, scaled by its layers and width (`specframe_ssm.cost`; `calibrate` measures)."""
-        return default_cost_model(self.name, self.model)
+    def cost_model(self) -> CostModel:
+        """The calibration stored for this backend on this machine (`specframe calibrate`), else the
+        reference CPU fit of this backend for the target's kind, scaled by its layers and width
+        (`specframe_ssm.cost`)."""
+        return super().cost_model() or default_cost_model(self.name, self.model)
 
     @property
     def committed_length(self) -> int:

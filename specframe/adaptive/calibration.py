@@ -107,6 +107,12 @@ def cached_cost(backend: StateBackend, options: dict | None = None, refresh: boo
     return cost
 
 
+def stored_cost(backend: StateBackend, options: dict | None = None) -> MeasuredCost | None:
+    """The stored calibration for this backend's keys, or None: never measures."""
+    key = cost_key(backend, options)
+    return _read(cost_path(key), key)
+
+
 def _read(path: Path, key: dict) -> MeasuredCost | None:
     try:
         data = json.loads(path.read_text())
