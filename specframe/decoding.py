@@ -112,9 +112,10 @@ class SpeculativeDecoder:
             tokens = np.concatenate([tokens, np.asarray(emitted, dtype=np.int64)])
             timer.times["other"] = time.perf_counter() - step_start - sum(timer.times.values())
             planner.observe(tree, result, timer.times)
-            metrics.record_step(len(tree), result.accepted, timer.times, result.fallback, predicted, drafting)
+            skipped = budget > 0 and not drafting  # the planner judged drafting not worth it
+            metrics.record_step(len(tree), result.accepted, timer.times, result.fallback, predicted, skipped)
             self.registry.hook.on_step(decoder=self, event=StepEvent(
-                metrics.steps, len(tree), result.accepted, emitted, timer.times, predicted, drafting))
+                metrics.steps, len(tree), result.accepted, emitted, timer.times, predicted, not skipped))
         metrics.new_tokens = len(new)
         return new, metrics, reason
 

@@ -59,10 +59,11 @@ class DecodeMetrics:
     drafting_skipped: int = 0  # steps on which the planner did not draft because it did not pay
 
     def record_step(self, tree_size: int, accepted: int, times: dict[str, float],
-                    fallback: str | None = None, predicted=None, drafted: bool = True) -> None:
-        """Count one step; `predicted` is the planner's `Prediction` for it, if it made one."""
+                    fallback: str | None = None, predicted=None, skipped: bool = False) -> None:
+        """Count one step; `predicted` is the planner's `Prediction` for it, if it made one; `skipped`
+        when the planner did not draft because drafting did not pay."""
         self.steps += 1
-        self.drafting_skipped += not drafted
+        self.drafting_skipped += skipped
         if predicted is not None:
             self.predicted_steps += 1
             self.predicted_tokens += predicted.tokens

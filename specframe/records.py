@@ -208,4 +208,4 @@ class StepEvent:
     emitted: list[int]
     times: dict[str, float] = field(default_factory=dict)  # seconds per phase in this step
     prediction: Prediction | None = None  # with budget="auto", what the planner expected
-    drafted: bool = True  # False when the planner skipped drafting because it did not pay
+    drafted: bool = True  # False when the planner skipped drafting because it did not pay (not at the end)
