@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -39,12 +40,16 @@ class SpeculativeDecoder:
 
     def __init__(self, target: Target, pipeline: Pipeline, *, budget: int | str = DEFAULT_BUDGET,
                  sampling: SamplingParams | None = None, registry: PluginRegistry | None = None,
-                 cost: CostModel | None = None, progress: bool = True):
+                 cost: CostModel | None = None, acceptance_file: str | Path | None = None,
+                 progress: bool = True):
         self.budget, self.adaptive = parse_budget(budget)  # a fixed size, or the cap of "auto"
         self.target, self.pipeline = target, pipeline
         self.sampling = sampling or SamplingParams()
         self.registry = registry or get_registry()
         self.cost = cost  # for budget="auto"; None: the backend's, measured once and cached
+        # For budget="auto": where the acceptance counts persist across decoders (read at the first
+        # request, written after each); None keeps them for this decoder only.
+        self.acceptance_file = None if acceptance_file is None else Path(acceptance_file)
         self.progress = progress  # show the one-time cost calibration of budget="auto"
         self.planner: FixedPlanner | AdaptivePlanner | None = None  # made at the first request
 
@@ -69,6 +74,8 @@ class SpeculativeDecoder:
         tokenizer = self.target.tokenizer
         text = tokenizer.decode(tokens, skip_special_tokens=True) if tokenizer is not None else None
         result = GenerationResult(tokens, text, reason, metrics)
+        if self.acceptance_file is not None and isinstance(self.planner, AdaptivePlanner):
+            self.planner.acceptance.save(self.acceptance_file)
         hook.on_decode_end(decoder=self, result=result)
         return result
 
@@ -124,7 +131,7 @@ class SpeculativeDecoder:
         model, which prefills the backend with a synthetic prompt, so it runs before a request's prefill."""
         if self.planner is None:
             self.planner = (make_adaptive_planner(self.pipeline, self.budget, self.sampling, self.cost,
-                                                  self.progress)
+                                                  self.acceptance_file, self.progress)
                             if self.adaptive else FixedPlanner(self.budget))
         return self.planner
 

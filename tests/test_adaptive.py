@@ -186,3 +186,18 @@ def test_expensive_drafting_that_does_not_pay_is_skipped_but_probed():
     gaps = np.diff(np.flatnonzero(drafted))
     assert drafted[0] and sum(drafted) < 30  # it starts optimistic, then mostly skips
     assert gaps.max() == PROBE_LAST and PROBE_FIRST in gaps  # probes back off from 8 to 64 steps
+
+
+def test_acceptance_counts_persist_across_decoders(tiny, tmp_path):
+    from specframe import SpeculativeDecoder
+    from specframe.testing.targets import repetitive_prompt
+
+    path = tmp_path / "acceptance.json"
+    first = SpeculativeDecoder.from_names(tiny, "pld", budget="auto:8")
+    first.cost, first.acceptance_file = PolynomialCost((1e-4, 1.0)), path
+    first.generate(repetitive_prompt(64, 64, seed=2), max_new_tokens=24)
+    learned = first.planner.acceptance.observations
+    assert learned > 0 and path.exists()
+    second = SpeculativeDecoder(tiny, first.pipeline, budget="auto:8", cost=first.cost, acceptance_file=path)
+    second.generate(repetitive_prompt(64, 64, seed=3), max_new_tokens=8)
+    assert second.planner.acceptance.observations > learned  # started from the first decoder's counts

@@ -14,6 +14,8 @@ from earlier steps alone and prunes nothing.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from specframe.adaptive.acceptance import AcceptanceModel, NodeFeatures
@@ -153,9 +155,10 @@ def parse_budget(budget: int | str) -> tuple[int, bool]:
 
 
 def make_adaptive_planner(pipeline, cap: int, sampling, cost: CostModel | None = None,
-                          progress: bool = True) -> AdaptivePlanner:
+                          acceptance_file: Path | None = None, progress: bool = True) -> AdaptivePlanner:
     """An `AdaptivePlanner` for `pipeline` with `cost`, by default the backend's measured cost
-    (calibrated on first use and cached: `specframe.adaptive.calibration.cached_cost`).
+    (calibrated on first use and cached: `specframe.adaptive.calibration.cached_cost`), and the
+    acceptance counts stored in `acceptance_file` when given (a missing or damaged file starts afresh).
 
     Blind mode (sizes chosen before the build, nothing pruned) when the request samples, the drafter
     samples its drafts and the verifier uses their q through a builder that keeps draw order: pruning
@@ -167,4 +170,5 @@ def make_adaptive_planner(pipeline, cap: int, sampling, cost: CostModel | None =
     d, t, v = (c.capabilities for c in (pipeline.drafter, pipeline.tree_builder, pipeline.verifier))
     blind = (not sampling.greedy and d.samples_drafts and v.uses_draft_probs and t.keeps_draw_order)
     cost = cost or cached_cost(pipeline.backend, progress=progress)
-    return AdaptivePlanner(cost, cap, draw_order_only=blind)
+    acceptance = AcceptanceModel.load(acceptance_file) if acceptance_file is not None else None
+    return AdaptivePlanner(cost, cap, acceptance, draw_order_only=blind)
