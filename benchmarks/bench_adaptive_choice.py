@@ -1,0 +1,53 @@
+"""Time of the adaptive planner's per-step choice (`budget="auto"`): node features, acceptance estimates,
+the subtree search and cutting the tree, on frequency tries of 4-32 nodes. Issue 14 asks for well under
+0.5 ms per step; `docs/explanation/adaptive-speculation.md` quotes the result.
+
+    python benchmarks/bench_adaptive_choice.py               # median and p99 over 2,000 calls per size
+    pytest benchmarks/bench_adaptive_choice.py --benchmark-only
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from specframe.adaptive.planner import AdaptivePlanner
+from specframe.cost import MeasuredCost
+from specframe.records import DraftProposal
+from specframe.tree import TokenTree
+
+SIZES = (4, 16, 32)
+# A CPU-like cost curve: about 65 ms for the root alone, 200 ms at 32 nodes.
+COST = MeasuredCost((0, 1, 2, 3, 4, 6, 8, 10, 12, 16, 20, 24, 32), tuple(np.linspace(0.065, 0.2, 13)),
+                    tuple(np.linspace(0.063, 0.2, 13)))
+
+
+def case(nodes: int, seed: int = 0) -> tuple[AdaptivePlanner, DraftProposal, TokenTree]:
+    """A planner, a trie of 4 retrieved 12-token sequences, and its first `nodes` nodes as the tree."""
+    rng = np.random.default_rng(seed)
+    proposal = DraftProposal.from_sequences([rng.integers(0, 50, 12) for _ in range(4)])
+    return AdaptivePlanner(COST, cap=32), proposal, TokenTree.from_proposal(proposal, np.arange(nodes))
+
+
+@pytest.mark.parametrize("nodes", SIZES)
+def test_choice(benchmark, nodes):
+    planner, proposal, tree = case(nodes)
+    benchmark(planner.choose, proposal, tree)
+
+
+def main(calls: int = 2000) -> None:
+    for nodes in SIZES:
+        planner, proposal, tree = case(nodes)
+        times = []
+        for _ in range(calls):
+            start = time.perf_counter()
+            planner.choose(proposal, tree)
+            times.append(time.perf_counter() - start)
+        print(f"{nodes:3d} nodes: median {1e6 * np.median(times):5.0f} us, "
+              f"p99 {1e6 * np.percentile(times, 99):5.0f} us")
+
+
+if __name__ == "__main__":
+    main()
