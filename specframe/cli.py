@@ -48,6 +48,7 @@ def generate(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Generate a continuation with a speculative pipeline and print it with its metrics."""
+    from specframe.adaptive.planner import parse_budget
     from specframe.decoding import SpeculativeDecoder
     from specframe.models import load_target
     from specframe.sampling import SamplingParams
@@ -55,6 +56,7 @@ def generate(
     sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
     check_text(prompt, "the prompt")
     check_stop_strings(stop or [])
+    parse_budget(budget)  # before the model loads
     target = load_target(model)
     decoder = SpeculativeDecoder.from_names(target, drafter, tree, verifier, backend, budget=budget,
                                             sampling=sampling)
@@ -90,11 +92,11 @@ def calibrate(
         torch.set_num_threads(threads)
     target = load_target(model)
     state = assemble(target, backend=backend).backend
-    cost = cached_cost(state, refresh=True)
+    cost, path = cached_cost(state, refresh=True), cost_path(cost_key(state))
     rows = [{"nodes": n, "flat_ms": 1000 * f, "chain_ms": 1000 * c, "flat_ratio": f / cost.flat_s[0]}
             for n, f, c in zip(cost.sizes, cost.flat_s, cost.chain_s)]
     if as_json:
-        typer.echo(json.dumps({"path": str(cost_path(cost_key(state))), "costs": rows}, indent=2))
+        typer.echo(json.dumps({"path": str(path), "costs": rows}, indent=2))
         return
     from rich.console import Console
     from rich.table import Table
@@ -103,9 +105,10 @@ def calibrate(
     for column in ("tree nodes", "flat tree ms", "chain ms", "flat / empty"):
         table.add_column(column, justify="right")
     for r in rows:
-        table.add_row(str(r["nodes"]), f"{r['flat_ms']:.1f}", f"{r['chain_ms']:.1f}", f"{r['flat_ratio']:.2f}")
+        table.add_row(str(r["nodes"]), f"{r['flat_ms']:.1f}", f"{r['chain_ms']:.1f}",
+                      f"{r['flat_ratio']:.2f}")
     Console().print(table)
-    typer.echo(f"stored in {cost_path(cost_key(state))}")
+    typer.echo(f"stored in {path}")
 
 
 def check_text(text: str, what: str) -> None:

@@ -65,10 +65,11 @@ class SpeculativeDecoder:
         """Decode up to `max_new_tokens` after `prompt` (text or token ids), stopping at EOS or `stop`."""
         prompt_ids = self._encode(prompt)
         self._check_request(prompt_ids, max_new_tokens)
+        planner = self._planner()  # the first request may calibrate the cost: not part of its time
         hook = self.registry.hook
         hook.on_decode_start(decoder=self, prompt_ids=prompt_ids)
         start = time.perf_counter()
-        tokens, metrics, reason = self._decode(prompt_ids, max_new_tokens, stop)
+        tokens, metrics, reason = self._decode(planner, prompt_ids, max_new_tokens, stop)
         metrics.wall_s = time.perf_counter() - start
         metrics.peak_memory_bytes = peak_memory_bytes(self.target.device)
         tokenizer = self.target.tokenizer
@@ -79,11 +80,11 @@ class SpeculativeDecoder:
         hook.on_decode_end(decoder=self, result=result)
         return result
 
-    def _decode(self, prompt_ids: list[int], max_new_tokens: int, stop: Sequence[str]):
+    def _decode(self, planner: FixedPlanner | AdaptivePlanner, prompt_ids: list[int], max_new_tokens: int,
+                stop: Sequence[str]):
         """The loop, in the paper's words. Returns (new tokens, metrics, finish reason)."""
         drafter, tree_builder, verifier, backend = (
             self.pipeline.drafter, self.pipeline.tree_builder, self.pipeline.verifier, self.pipeline.backend)
-        planner = self._planner()
         sampler = Sampler(self.sampling, device=self.target.device)
         metrics = DecodeMetrics(prompt_tokens=len(prompt_ids))
         sync = torch.cuda.synchronize if self.target.device.type == "cuda" else None
@@ -91,7 +92,6 @@ class SpeculativeDecoder:
         t0 = time.perf_counter()
         backend.prefill(prompt_ids)
         metrics.prefill_s = time.perf_counter() - t0
-        cost = planner.cost if self.adaptive else backend.cost_model()
         tokens, new, hidden, reason = np.array(prompt_ids, dtype=np.int64), [], None, None
         while reason is None:
             timer, step_start = PhaseTimer(sync), time.perf_counter()
@@ -101,7 +101,7 @@ class SpeculativeDecoder:
                 context = DraftContext(tokens, len(prompt_ids), budget if drafting else 0, hidden, sampler)
                 proposal = drafter.propose(context) if drafting else DraftProposal.empty()
             with timer("tree"):
-                tree = (tree_builder.build(proposal, BuildContext(budget, cost)) if len(proposal)
+                tree = (tree_builder.build(proposal, BuildContext(budget, planner.cost)) if len(proposal)
                         else TokenTree.empty())
                 tree, predicted = planner.choose(proposal, tree)
             with timer("forward"):
@@ -129,10 +129,11 @@ class SpeculativeDecoder:
     def _planner(self) -> FixedPlanner | AdaptivePlanner:
         """The step planner, made once: for `budget="auto"` this measures (or loads) the backend's cost
         model, which prefills the backend with a synthetic prompt, so it runs before a request's prefill."""
-        if self.planner is None:
-            self.planner = (make_adaptive_planner(self.pipeline, self.budget, self.sampling, self.cost,
-                                                  self.acceptance_file, self.progress)
-                            if self.adaptive else FixedPlanner(self.budget))
+        if self.planner is None and self.adaptive:
+            self.planner = make_adaptive_planner(self.pipeline, self.budget, self.sampling, self.cost,
+                                                 self.acceptance_file, self.progress)
+        elif self.planner is None:
+            self.planner = FixedPlanner(self.budget, self.pipeline.backend.cost_model())
         return self.planner
 
     def _finish(self, new: list[int], emitted: list[int], max_new_tokens: int, stop: Sequence[str]):

@@ -158,7 +158,7 @@ class StateBackend(ABC):
         """Predicted step time by tree size and depth, for tree builders (see `BuildContext`).
 
         Default: the calibration stored for this backend, target, device, dtype and thread count
-        (`specframe calibrate`), or None. Called once per request, after `prefill`, when
+        (`specframe calibrate`), or None. Called once per decoder, at its first request, when
         the budget is a fixed number; with `budget="auto"` builders receive instead the cost measured for
         this backend on this machine (`specframe.adaptive.calibration`), which also drives the planner.
         """

@@ -48,6 +48,10 @@ class NodeFeatures:
         fine = (np.clip(group, 0, GROUPS - 1) * DEPTHS + d) * SCORE_BUCKETS + bucket
         return cls(prior, bucket, fine.astype(np.int64))
 
+    def take(self, keep: np.ndarray) -> NodeFeatures:
+        """The features of the nodes `keep`, in that order (for a cut tree)."""
+        return NodeFeatures(self.prior[keep], self.score_bucket[keep], self.fine_key[keep])
+
 
 def conditional_scores(proposal: DraftProposal) -> tuple[np.ndarray, np.ndarray]:
     """(c, score bucket) of every proposal node, from what its scores mean (`ScoreKind`)."""

@@ -33,10 +33,10 @@ EMA = 0.1  # weight of the newest step in the running means
 
 
 class FixedPlanner:
-    """Fill the budget every step; predict nothing."""
+    """Fill the budget every step; predict nothing. `cost` (the backend's, if any) goes to builders."""
 
-    def __init__(self, budget: int):
-        self.budget = budget
+    def __init__(self, budget: int, cost: CostModel | None = None):
+        self.budget, self.cost = budget, cost
 
     def should_draft(self) -> bool:
         return True
@@ -106,9 +106,7 @@ class AdaptivePlanner:
         p = self.acceptance.predict(self._features)
         choice = choose_subtree(tree.parents, tree.depth, p, self.cost, overhead_s=self.overhead_s)
         if len(choice.keep) < len(tree):
-            self._features = NodeFeatures(*(f[choice.keep] for f in (
-                self._features.prior, self._features.score_bucket, self._features.fine_key)))
-            tree = tree.subtree(choice.keep)
+            self._features, tree = self._features.take(choice.keep), tree.subtree(choice.keep)
         self._prediction = Prediction(choice.expected_tokens, choice.expected_seconds)
         return tree, self._prediction
 
@@ -147,7 +145,7 @@ def parse_budget(budget: int | str) -> tuple[int, bool]:
         cap = int(number)
     except ValueError:
         cap = 0
-    if cap < 1 or (not adaptive and isinstance(budget, float)):
+    if cap < 1:
         raise ConfigurationError(
             "budget must be a number of tree nodes >= 1, 'auto' or 'auto:CAP' (e.g. auto:24), "
             f"got {budget!r}; for plain decoding use the drafter 'none'")
