@@ -188,6 +188,40 @@ def test_expensive_drafting_that_does_not_pay_is_skipped_but_probed():
     assert gaps.max() == PROBE_LAST and PROBE_FIRST in gaps  # probes back off from 8 to 64 steps
 
 
+def run_expensive_drafter(accepted_per_step: int, steps: int = 200):
+    """A planner fed steps of a drafter that costs 0.3 s a node and whose first `accepted_per_step`
+    nodes are always accepted; every forward costs 1 s. Returns (planner, drafted flags, budgets)."""
+    from specframe.adaptive.planner import AdaptivePlanner
+    from specframe.records import VerifyResult
+    from specframe.tree import TokenTree
+
+    planner = AdaptivePlanner(PolynomialCost((0.0, 1.0)), cap=8)
+    drafted, budgets = [], []
+    for _ in range(steps):
+        budgets.append(planner.build_budget(room=100))
+        drafted.append(planner.should_draft())
+        n = budgets[-1] if drafted[-1] else 0
+        tree = TokenTree(np.arange(n), np.arange(n) - 1) if n else TokenTree.empty()
+        planner.choose(DraftProposal.empty(), tree)
+        planner._proposed = n  # as if the drafter had proposed the chain
+        result = VerifyResult(list(range(min(n, accepted_per_step))), 0)
+        planner.observe(tree, result, {"draft": 0.3 * n, "forward": 1.0})
+    return planner, np.array(drafted), np.array(budgets)
+
+
+def test_an_expensive_drafter_is_sized_by_realised_acceptance_and_kept_while_it_pays():
+    _, drafted, budgets = run_expensive_drafter(accepted_per_step=2)
+    assert drafted[-50:].all()  # 3 tokens per 1.6 s beat a plain step: it keeps drafting
+    assert (budgets[-50:] == 2).all()  # and drafts exactly what is accepted: each extra node costs 0.3 s
+    _, drafted, budgets = run_expensive_drafter(accepted_per_step=8)
+    assert drafted[-50:].all() and (budgets[-50:] == 8).all()  # everything accepted: the whole cap
+
+
+def test_an_expensive_drafter_that_never_lands_is_skipped():
+    planner, drafted, _ = run_expensive_drafter(accepted_per_step=0)
+    assert drafted[-100:].sum() <= 3 and planner.gain < 1.0
+
+
 def test_acceptance_counts_persist_across_decoders(tiny, tmp_path):
     from specframe import SpeculativeDecoder
     from specframe.testing.targets import repetitive_prompt

@@ -2,9 +2,11 @@
 
 `FixedPlanner` is the classic behaviour: fill the budget. `AdaptivePlanner` (`budget="auto"`, the
 budget then a cap) keeps, every step, the subtree with the most expected tokens per second
-(`selection.choose_subtree`) under a calibrated acceptance model and a measured cost model, and skips
-drafting while drafting costs more than it returns. Both record what they predicted, so the metrics
-can show predicted against realised tokens and step time.
+(`selection.choose_subtree`) under a calibrated acceptance model and a measured cost model. When
+drafting itself is expensive (a draft model), it sizes the draft before drafting from the acceptance
+realised by position, and skips drafting while drafted steps emit more slowly than plain steps. Both
+planners record what they predicted, so the metrics can show predicted against realised tokens and
+step time.
 
 Lossless by construction: every decision uses the proposal and earlier steps only. When the tree is
 sampled and the verifier uses the draft probabilities, the kept nodes must not depend on the drawn
@@ -30,6 +32,7 @@ CHEAP_DRAFT = 0.02  # drafting under 2 % of a plain step always goes on (prompt 
 # as many each time a probe confirms it, up to 64 (a wasted probe then costs under 2 % of the steps).
 PROBE_FIRST, PROBE_LAST = 8, 64
 EMA = 0.1  # weight of the newest step in the running means
+GAIN_EMA = 0.2  # ... and in the realised gain of drafted steps (few when skipping: probes must count)
 
 
 class FixedPlanner:
@@ -59,24 +62,41 @@ class AdaptivePlanner:
         self.cost, self.cap = cost, cap
         self.acceptance = acceptance or AcceptanceModel()
         self.draw_order_only = draw_order_only  # sampled trees verified with q: choose sizes blind
-        self.position_hits = np.zeros((2, cap))  # [accepted, tried] by index position (blind mode)
+        self.position_hits = np.zeros((2, cap))  # [accepted, tried] by index position in the scored tree
         self.overhead_s = 0.0  # realised step time beyond the calibrated forward, running mean
         self.draft_s = 0.0  # drafting time, running mean
-        self.gain = 2.0  # predicted speed of drafted steps over plain steps, running mean (optimistic start)
+        self.draft_node_s = 0.0  # drafting time per proposed node, running mean
+        self.gain = 2.0  # realised speed of drafted steps over a plain step, running mean (optimistic start)
         self._since_draft = 0
         self._probe_every = PROBE_FIRST
         self._drafted = False
+        self._proposed = 0
         self._features: NodeFeatures | None = None
         self._prediction: Prediction | None = None
 
     # --- before the step -----------------------------------------------------------------------------
 
+    def build_budget(self, room: int) -> int:
+        """Nodes the drafter and tree builder may use: the cap, unless the size must be chosen before
+        drafting, in blind mode or when drafting itself is expensive (a draft model pays per token).
+        Then the size with the most tokens per second by earlier steps, from the acceptance by index
+        position, the calibrated forward, the step overhead and the drafting time per node. Whether to
+        draft at all is `should_draft`'s call, so the size is at least 1 and probes keep learning."""
+        if not (self.draw_order_only or self._expensive()):
+            return min(self.cap, room)
+        a, t = self.position_hits
+        rates = np.minimum.accumulate((a + 1.0) / (t + 2.0))  # P(over i accepted), Laplace prior
+        tokens = 1.0 + np.concatenate([[0.0], np.cumsum(rates)])  # (cap + 1,)
+        sizes = np.arange(self.cap + 1)
+        seconds = self.cost.many(sizes, sizes) + self.overhead_s + sizes * self.draft_node_s
+        best = 1 + int(np.argmax((tokens / seconds)[1:]))
+        self._prediction = Prediction(float(tokens[best]), float(seconds[best]))
+        return min(best, room)
+
     def should_draft(self) -> bool:
-        """Draft unless drafting is expensive (over `CHEAP_DRAFT` of a plain step) and recent steps say
-        that drafting plus its tree is slower than a plain step; then probe at growing intervals."""
-        plain = self._seconds(0, 0)
-        pays = self.draft_s <= CHEAP_DRAFT * plain or self.gain * plain / (plain + self.draft_s) > 1.0
-        if pays:
+        """Draft unless drafting is expensive (over `CHEAP_DRAFT` of a plain step) and the drafted steps
+        so far emitted tokens more slowly than plain steps would; then probe at growing intervals."""
+        if not self._expensive() or self.gain > 1.0:
             self._since_draft, self._probe_every = 0, PROBE_FIRST
         elif self._since_draft + 1 >= self._probe_every:  # probe now; wait longer before the next one
             self._since_draft, self._probe_every = 0, min(2 * self._probe_every, PROBE_LAST)
@@ -85,20 +105,9 @@ class AdaptivePlanner:
         self._drafted = self._since_draft == 0
         return self._drafted
 
-    def build_budget(self, room: int) -> int:
-        """Nodes the tree builder may use: the cap, or in blind mode the best size by earlier steps."""
-        if not self.draw_order_only:
-            return min(self.cap, room)
-        a, t = self.position_hits
-        rates = (a + 1.0) / (t + 2.0)  # unconditional acceptance by index position, Laplace prior
-        tokens = 1.0 + np.concatenate([[0.0], np.cumsum(rates)])  # (cap + 1,)
-        sizes = np.arange(self.cap + 1)
-        best = int(np.argmax(tokens / (self.cost.many(sizes, sizes) + self.overhead_s)))
-        self._prediction = Prediction(float(tokens[best]), self._seconds(best, best))
-        return min(best, room)
-
     def choose(self, proposal: DraftProposal, tree: TokenTree) -> tuple[TokenTree, Prediction | None]:
         """The subtree of `tree` worth scoring, with its predicted tokens and seconds."""
+        self._proposed = len(proposal)
         if self.draw_order_only or tree.origin is None:
             self._features = None
             return tree, self._prediction if self.draw_order_only else None
@@ -116,18 +125,23 @@ class AdaptivePlanner:
         """Learn acceptance, the step overhead, the drafting cost and whether drafting paid."""
         if self._features is not None and len(tree):
             self.acceptance.update(self._features, tree.parents, result.path)
-        if self.draw_order_only and len(tree):
+        if len(tree):
             self.position_hits[1, :len(tree)] += 1
             self.position_hits[0, :result.accepted] += 1
         forward = self.cost.step_seconds(len(tree), int(tree.depth.max()) if len(tree) else 0)
         step = sum(s for phase, s in times.items() if phase != "draft")
         self.overhead_s += EMA * (max(step - forward, 0.0) - self.overhead_s)
-        if self._drafted:  # what did drafting cost, and what did it promise over a plain step?
-            self.draft_s += EMA * (times.get("draft", 0.0) - self.draft_s)
-            promised = (self._prediction.tokens / self._prediction.seconds * self._seconds(0, 0)
-                        if self._prediction is not None else 1.0)  # nothing proposed: no gain
-            self.gain += EMA * (promised - self.gain)
-        self._features, self._prediction, self._drafted = None, None, False
+        if self._drafted:  # what did drafting cost, and did the step emit faster than a plain one?
+            drafting = times.get("draft", 0.0)
+            self.draft_s += EMA * (drafting - self.draft_s)
+            if self._proposed:
+                self.draft_node_s += EMA * (drafting / self._proposed - self.draft_node_s)
+            realised = (result.accepted + 1) * self._seconds(0, 0) / max(step + drafting, 1e-9)
+            self.gain += GAIN_EMA * (realised - self.gain)
+        self._features, self._prediction, self._drafted, self._proposed = None, None, False, 0
+
+    def _expensive(self) -> bool:
+        return self.draft_s > CHEAP_DRAFT * self._seconds(0, 0)
 
     def _seconds(self, nodes: int, depth: int) -> float:
         return self.cost.step_seconds(nodes, depth) + self.overhead_s
