@@ -3,6 +3,11 @@
 Tree scoring passes an explicit 4D ancestor mask and explicit position ids (no patching of model code);
 grouped-query attention is handled by the model itself. Commit compacts the accepted branch with one
 gather per layer over the scored tail and crops the rest.
+
+On a CPU a forward over 2 or 3 tokens costs more than over 4 (the BLAS switches from one streaming
+pass over each weight matrix to a per-row one): trees of 1-2 nodes are padded with throwaway rows up to
+`min_rows` (see docs/explanation/metrics-and-costs.md). Nothing attends to the padding and its logits
+and cache rows are dropped, so results are unchanged.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from specframe.errors import UnknownComponentError
 
 # Layer types whose only state is the KV cache (attention) or that have no state at all (NemotronH blocks).
 CACHELESS_TYPES = {"full_attention", "sliding_attention", "mlp", "moe"}
+CPU_MIN_ROWS = 4  # a 4-row forward costs less than a 2- or 3-row one on the CPUs we measured
 
 
 def _recurrent_reason(target, recurrent: list[str]) -> str:
@@ -39,9 +45,12 @@ class KVCacheBackend(StateBackend):
     name = "kv"
     capabilities = BackendCapabilities(supports_trees=True, provides_hidden_states=True)
 
-    def __init__(self, target, *, want_hidden: bool = False):
+    def __init__(self, target, *, want_hidden: bool = False, min_rows: int | None = None):
         super().__init__(target, want_hidden=want_hidden)
         self.model = target.model
+        # Rows (root + nodes) a tree forward is padded to: see the module docstring. 1 turns padding off.
+        self.min_rows = min_rows if min_rows is not None else (CPU_MIN_ROWS if target.device.type == "cpu"
+                                                               else 1)
         self.cache = None
         self._committed = 0
         self._pending: int | None = None
@@ -79,22 +88,27 @@ class KVCacheBackend(StateBackend):
     @torch.inference_mode()
     def score(self, tree: TokenTree) -> TargetScores:
         self._crop(self._committed)  # drop any earlier uncommitted scoring
-        device, prefix = self.target.device, self._committed
-        ids = torch.from_numpy(np.concatenate([[self._pending], tree.tokens]))[None].to(device)  # (1, T)
-        positions = torch.from_numpy(prefix + tree.position_offsets)[None].to(device)  # (1, T)
-        out = self.model(input_ids=ids, position_ids=positions, attention_mask=self._mask(tree),
-                         past_key_values=self.cache, use_cache=True, output_hidden_states=self.want_hidden)
-        hidden = out.hidden_states[-1][0] if self.want_hidden else None  # (T, H)
+        device, rows = self.target.device, len(tree) + 1
+        pad = max(self.min_rows - rows, 0) if len(tree) else 0  # a plain step (root only) is fastest as is
+        ids = np.concatenate([[self._pending], tree.tokens, np.full(pad, self._pending)])
+        offsets = tree.position_offsets
+        offsets = np.concatenate([offsets, offsets[-1] + 1 + np.arange(pad)])  # the padding: a chain tail
+        out = self.model(input_ids=torch.from_numpy(ids)[None].to(device),
+                         position_ids=torch.from_numpy(self._committed + offsets)[None].to(device),
+                         attention_mask=self._mask(tree, len(ids)), past_key_values=self.cache,
+                         use_cache=True, output_hidden_states=self.want_hidden)
+        hidden = out.hidden_states[-1][0, :rows] if self.want_hidden else None  # (T, H)
         # The tree's keys/values stay in the cache after the committed ones: that is what commit keeps.
-        return self.issue(TargetScores(logits=out.logits[0].float(), hidden=hidden, tree=tree))
+        return self.issue(TargetScores(logits=out.logits[0, :rows].float(), hidden=hidden, tree=tree))
 
-    def _mask(self, tree: TokenTree) -> torch.Tensor | None:
-        """(1, 1, T, P + T) additive mask: the whole prefix, plus each node's ancestors and itself."""
+    def _mask(self, tree: TokenTree, rows: int) -> torch.Tensor | None:
+        """(1, 1, rows, P + rows) additive mask: the whole prefix, plus each node's ancestors and itself;
+        padding rows past the tree see everything before them, and no tree row sees them."""
         if len(tree) == 0 or np.all(tree.parents == np.arange(len(tree)) - 1):
-            return None  # a chain is plain causal attention: let the model build its own (faster) mask
-        dtype = self.model.dtype
-        allowed = torch.ones(len(tree) + 1, self._committed + len(tree) + 1, dtype=torch.bool)
-        allowed[:, self._committed:] = torch.from_numpy(tree.ancestor_mask)
+            return None  # a chain (and its padding tail) is plain causal attention: the model's own mask
+        dtype, prefix = self.model.dtype, self._committed
+        allowed = torch.ones(rows, prefix + rows, dtype=torch.bool).tril_(prefix)
+        allowed[:len(tree) + 1, prefix:prefix + len(tree) + 1] = torch.from_numpy(tree.ancestor_mask)
         mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
         return mask[None, None].to(self.target.device)
 

@@ -1,0 +1,41 @@
+"""The `kv` backend's padding of small trees (CPU): the same logits and the same state as without it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from specframe import TokenTree
+from specframe_kv import KVCacheBackend
+
+from conftest import tiny_llama
+
+TREES = {  # parents of trees of 1 and 2 nodes, chains and not, plus one big enough to need no padding
+    "one": [-1], "chain": [-1, 0], "siblings": [-1, -1], "wide": [-1, -1, 0, 1, 1],
+}
+
+
+@pytest.mark.parametrize("name", TREES)
+def test_padding_changes_neither_logits_nor_the_committed_state(name):
+    target = tiny_llama(seed=3)
+    parents = np.array(TREES[name])
+    tree = TokenTree(np.arange(len(parents)) + 7, parents)
+    prompt = list(range(20, 40))
+    plain, padded = KVCacheBackend(target, min_rows=1), KVCacheBackend(target, min_rows=8)
+    for backend in (plain, padded):
+        backend.prefill(prompt)
+    for step in range(3):  # score, commit the last node's path, and score again from the new state
+        a, b = plain.score(tree), padded.score(tree)
+        assert a.logits.shape == b.logits.shape == (len(tree) + 1, 96)
+        torch.testing.assert_close(a.logits, b.logits, rtol=1e-5, atol=1e-5)
+        path = [int(i) for i in np.flatnonzero(tree.ancestor_mask[-1][1:])]  # root to the last node
+        plain.commit(a, path, bonus=step + 1)
+        padded.commit(b, path, bonus=step + 1)
+        assert plain.committed_length == padded.committed_length
+        assert padded.cache.get_seq_length() == padded.committed_length  # the padding rows are gone
+
+
+def test_small_trees_are_padded_on_cpu_only_by_default():
+    target = tiny_llama(seed=3)
+    assert KVCacheBackend(target).min_rows == 4 and KVCacheBackend(target, min_rows=1).min_rows == 1
