@@ -13,6 +13,7 @@ from typing import Optional
 import typer
 
 from specframe.bench.cli import bench_command
+from specframe.cli_common import device_option, dtype_option, model_option, phase_timing_option
 from specframe.decoding import DEFAULT_BUDGET
 from specframe.errors import SpecframeError
 from specframe.extensions import CliOption, applied
@@ -29,7 +30,9 @@ def plugins() -> None:
 
 def generate(
     prompt: str = typer.Argument(..., help="Text to continue (or the user message with --chat)."),
-    model: str = typer.Option("smollm2-135m", help="Model alias or local Hugging Face model directory."),
+    model: str = model_option(),
+    device: str = device_option(),
+    dtype: str = dtype_option(),
     drafter: str = typer.Option(DEFAULT_COMPONENTS[ComponentKind.DRAFTER],
                                 help="Drafter spec, e.g. pld or 'pld(max_ngram=4)'; 'none' = plain."),
     tree: str = typer.Option(DEFAULT_COMPONENTS[ComponentKind.TREE_BUILDER], help="Tree builder spec."),
@@ -46,6 +49,7 @@ def generate(
     seed: Optional[int] = typer.Option(None, help="Seed for a reproducible sampled run."),
     compare: bool = typer.Option(False, help="Also run transformers' own generate and compare."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    phase_timing: bool = phase_timing_option(),
 ) -> None:
     """Generate a continuation with a speculative pipeline and print it with its metrics."""
     from specframe.adaptive.planner import parse_budget
@@ -57,9 +61,9 @@ def generate(
     check_text(prompt, "the prompt")
     check_stop_strings(stop or [])
     parse_budget(budget)  # before the model loads
-    target = load_target(model)
+    target = load_target(model, device=device, dtype=dtype)
     decoder = SpeculativeDecoder.from_names(target, drafter, tree, verifier, backend, budget=budget,
-                                            sampling=sampling)
+                                            sampling=sampling, phase_timing=phase_timing)
     ids = encode_prompt(target, prompt, chat)
     result = decoder.generate(ids, max_new_tokens=max_new_tokens, stop=stop or ())
     report = {"text": result.text, "new_tokens": len(result.tokens), "finish_reason": result.finish_reason,
@@ -75,7 +79,9 @@ def generate(
 
 
 def calibrate(
-    model: str = typer.Option("smollm2-135m", help="Model alias or local Hugging Face model directory."),
+    model: str = model_option(),
+    device: str = device_option(),
+    dtype: str = dtype_option(),
     backend: str = typer.Option(DEFAULT_COMPONENTS[ComponentKind.BACKEND], help="State backend spec."),
     threads: Optional[int] = typer.Option(None, help="torch intra-op threads to calibrate for (default: "
                                           "torch's choice; the cost is stored per thread count)."),
@@ -90,7 +96,7 @@ def calibrate(
 
     if threads is not None:
         torch.set_num_threads(threads)
-    target = load_target(model)
+    target = load_target(model, device=device, dtype=dtype)
     state = assemble(target, backend=backend).backend
     cost, path = cached_cost(state, refresh=True), cost_path(cost_key(state))
     rows = [{"nodes": n, "flat_ms": 1000 * f, "chain_ms": 1000 * c, "flat_ratio": f / cost.flat_s[0]}
@@ -101,7 +107,9 @@ def calibrate(
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"step cost: {target.name} on '{backend}', {torch.get_num_threads()} thread(s)")
+    where = target.device if target.device.type != "cpu" else f"{torch.get_num_threads()} thread(s)"
+    table = Table(title=f"step cost: {target.name} on '{backend}', {where}, "
+                  f"{str(next(target.model.parameters()).dtype).removeprefix('torch.')}")
     for column in ("tree nodes", "flat tree ms", "chain ms", "flat / empty"):
         table.add_column(column, justify="right")
     for r in rows:

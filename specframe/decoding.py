@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
-import torch
 
 from specframe.cost import CostModel
+from specframe.devices import synchronizer
 from specframe.errors import ConfigurationError, PromptError
-from specframe.metrics import DecodeMetrics, PhaseTimer, peak_memory_bytes
+from specframe.metrics import DecodeMetrics, PhaseTimer, peak_memory_bytes, reset_peak_memory
 from specframe.interfaces import BuildContext
 from specframe.models import Target
 from specframe.pipeline import Pipeline, assemble
@@ -41,7 +41,7 @@ class SpeculativeDecoder:
     def __init__(self, target: Target, pipeline: Pipeline, *, budget: int | str = DEFAULT_BUDGET,
                  sampling: SamplingParams | None = None, registry: PluginRegistry | None = None,
                  cost: CostModel | None = None, acceptance_file: str | Path | None = None,
-                 progress: bool = True):
+                 progress: bool = True, phase_timing: bool = True):
         self.budget, self.adaptive = parse_budget(budget)  # a fixed size, or the cap of "auto"
         self.target, self.pipeline = target, pipeline
         self.sampling = sampling or SamplingParams()
@@ -51,14 +51,18 @@ class SpeculativeDecoder:
         # request, written after each); None keeps them for this decoder only.
         self.acceptance_file = None if acceptance_file is None else Path(acceptance_file)
         self.progress = progress  # show the one-time cost calibration of budget="auto"
+        # On an accelerator, wait for the device after every phase of a step so each is charged its own
+        # work; False skips those waits (faster: totals stay right, the per-phase split is not measured).
+        self.phase_timing = phase_timing
         self.planner: FixedPlanner | AdaptivePlanner | None = None  # made at the first request
 
     @classmethod
     def from_names(cls, target: Target, drafter="pld", tree="chain", verifier="greedy", backend="kv", *,
                    budget: int | str = DEFAULT_BUDGET, sampling: SamplingParams | None = None,
-                   registry: PluginRegistry | None = None) -> SpeculativeDecoder:
+                   registry: PluginRegistry | None = None, phase_timing: bool = True) -> SpeculativeDecoder:
         pipeline = assemble(target, drafter, tree, verifier, backend, sampling, registry)
-        return cls(target, pipeline, budget=budget, sampling=sampling, registry=registry)
+        return cls(target, pipeline, budget=budget, sampling=sampling, registry=registry,
+                   phase_timing=phase_timing)
 
     def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 128,
                  stop: Sequence[str] = ()) -> GenerationResult:
@@ -68,10 +72,14 @@ class SpeculativeDecoder:
         planner = self._planner()  # the first request may calibrate the cost: not part of its time
         hook = self.registry.hook
         hook.on_decode_start(decoder=self, prompt_ids=prompt_ids)
+        device, sync = self.target.device, synchronizer(self.target.device)
+        reset_peak_memory(device)  # on CUDA the peak is this request's, not the process's
         start = time.perf_counter()
         tokens, metrics, reason = self._decode(planner, prompt_ids, max_new_tokens, stop)
+        if sync is not None:
+            sync()  # queued work is part of the request's time
         metrics.wall_s = time.perf_counter() - start
-        metrics.peak_memory_bytes = peak_memory_bytes(self.target.device)
+        metrics.peak_memory_bytes = peak_memory_bytes(device)
         tokenizer = self.target.tokenizer
         text = tokenizer.decode(tokens, skip_special_tokens=True) if tokenizer is not None else None
         result = GenerationResult(tokens, text, reason, metrics)
@@ -86,15 +94,18 @@ class SpeculativeDecoder:
         drafter, tree_builder, verifier, backend = (
             self.pipeline.drafter, self.pipeline.tree_builder, self.pipeline.verifier, self.pipeline.backend)
         sampler = Sampler(self.sampling, device=self.target.device)
-        metrics = DecodeMetrics(prompt_tokens=len(prompt_ids))
-        sync = torch.cuda.synchronize if self.target.device.type == "cuda" else None
+        metrics = DecodeMetrics(prompt_tokens=len(prompt_ids), phase_timing=self.phase_timing)
+        sync = synchronizer(self.target.device)  # None on the CPU
+        phase_sync = sync if self.phase_timing else None
         drafter.reset()
         t0 = time.perf_counter()
         backend.prefill(prompt_ids)
+        if sync is not None:
+            sync()  # once per request, even without phase timing: keeps prefill_s and decode tokens/s right
         metrics.prefill_s = time.perf_counter() - t0
         tokens, new, hidden, reason = np.array(prompt_ids, dtype=np.int64), [], None, None
         while reason is None:
-            timer, step_start = PhaseTimer(sync), time.perf_counter()
+            timer, step_start = PhaseTimer(phase_sync), time.perf_counter()
             budget = planner.build_budget(min(max_new_tokens - len(new) - 1, self._room(tokens)))
             with timer("draft"):
                 drafting = budget > 0 and planner.should_draft()

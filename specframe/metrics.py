@@ -6,7 +6,9 @@
 - per-position acceptance: unconditional = steps that accepted depth d / steps; conditional = steps that
   accepted depth d / steps that accepted depth d - 1.
 - histogram[j] = steps that accepted exactly j draft tokens.
-- time split per step: draft, tree, forward, verify, commit, other.
+- time split per step: draft, tree, forward, verify, commit, other. On an accelerator the device is
+  synchronised after each phase only with `phase_timing` on; with it off the split holds launch times
+  (work is charged to whichever phase waits for it) while the totals stay right.
 - fallback steps: steps that a verifier using draft probabilities (`rejection`) verified by sampling and
   matching instead, by reason (no draft q, deterministic drafts, not sampled in draw order).
 - predicted vs realised (budget="auto"): the planner's expected tokens and step time against what the
@@ -26,8 +28,16 @@ import torch
 PHASES = ("draft", "tree", "forward", "verify", "commit", "other")
 
 
+def reset_peak_memory(device: torch.device | str = "cpu") -> None:
+    """Start a new peak for `peak_memory_bytes` on a CUDA device, so it reports one request's peak; the
+    process's peak resident set size (other devices) cannot be reset."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
 def peak_memory_bytes(device: torch.device | str = "cpu") -> int:
-    """Peak accelerator memory for CUDA devices, else the process's peak resident set size."""
+    """Peak accelerator memory for CUDA devices (since the last `reset_peak_memory`), else the process's
+    peak resident set size."""
     if torch.device(device).type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -49,6 +59,7 @@ class DecodeMetrics:
     prefill_s: float = 0.0
     wall_s: float = 0.0  # prefill included
     peak_memory_bytes: int = 0
+    phase_timing: bool = True  # False: no synchronisation per phase, so `time` is not a measured split
     fallbacks: dict[str, int] = field(default_factory=dict)  # reason -> steps (see `VerifyResult.fallback`)
     # Adaptive speculation (budget="auto"): over the steps it predicted, predicted and realised sums.
     predicted_steps: int = 0
@@ -139,7 +150,7 @@ class DecodeMetrics:
             "time_s": dict(self.time), "time_per_step_ms": self.time_per_step_ms,
             "prefill_s": self.prefill_s, "wall_s": self.wall_s,
             "tokens_per_s": self.tokens_per_s, "decode_tokens_per_s": self.decode_tokens_per_s,
-            "peak_memory_bytes": self.peak_memory_bytes,
+            "peak_memory_bytes": self.peak_memory_bytes, "phase_timing": self.phase_timing,
             "fallback_steps": self.fallback_steps, "fallbacks": dict(self.fallbacks),
             **self.prediction_summary(),
         }
@@ -159,7 +170,7 @@ class PhaseTimer:
 
     def __init__(self, sync=None):
         self.times: dict[str, float] = {}
-        self._sync = sync  # e.g. torch.cuda.synchronize, so GPU work is charged to its phase
+        self._sync = sync  # e.g. `specframe.devices.synchronizer(device)`: GPU work is charged to its phase
 
     @contextmanager
     def __call__(self, phase: str):

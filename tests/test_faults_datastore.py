@@ -27,7 +27,7 @@ from specframe_rest.build import build_datastore, lock_file, recover
 from specframe_rest.datastore import HEADER, Datastore, DatastoreBusyError
 from specframe_rest.sources import TokenDocuments
 
-from specframe import models
+from specframe import model_files, models
 from specframe.atomic_dirs import current_umask, exclusive
 from specframe.errors import ModelLoadError
 
@@ -324,18 +324,18 @@ def tiny_safetensors(path: Path, values: int = 64) -> Path:
 
 def test_safetensors_damage_finds_truncation_and_garbage(tmp_path):
     file = tiny_safetensors(tmp_path / "model.safetensors")
-    assert models.safetensors_damage(file) is None
+    assert model_files.safetensors_damage(file) is None
     size = file.stat().st_size
     with open(file, "r+b") as f:
         f.truncate(size - 4)
     assert (
-        models.safetensors_damage(file) == f"model.safetensors has {size - 4} bytes, its header says {size}"
+        model_files.safetensors_damage(file) == f"model.safetensors has {size - 4} bytes, its header says {size}"
     )
     with open(file, "r+b") as f:
         f.truncate(20)
-    assert "truncated inside its header" in models.safetensors_damage(file)
+    assert "truncated inside its header" in model_files.safetensors_damage(file)
     file.write_bytes((12).to_bytes(8, "little") + b"not json!!!!")
-    assert models.safetensors_damage(file) == "model.safetensors has a corrupt header"
+    assert model_files.safetensors_damage(file) == "model.safetensors has a corrupt header"
 
 
 @pytest.fixture
@@ -368,16 +368,16 @@ def test_a_damaged_conversion_cache_is_converted_again(fake_conversion, capsys):
         f"cached conversion {cached} is damaged (model.safetensors has" in err
         and "converting it again" in err
     )
-    assert models.conversion_damage(cached) is None and (cached / models.CONVERSION_MARKER).is_file()
+    assert model_files.conversion_damage(cached) is None and (cached / model_files.CONVERSION_MARKER).is_file()
     models.resolve_model_dir("smollm2-135m")
     assert fake_conversion == ["smollm2-135m"]  # complete now: not converted again
     tokenizer = cached / "tokenizer.json"
     tokenizer.write_text(tokenizer.read_text()[:-5])
-    assert models.conversion_damage(cached) == (
+    assert model_files.conversion_damage(cached) == (
         f"tokenizer.json has {tokenizer.stat().st_size} bytes, expected {tokenizer.stat().st_size + 5}"
     )
     models.resolve_model_dir("smollm2-135m")
-    assert len(fake_conversion) == 2 and models.conversion_damage(cached) is None
+    assert len(fake_conversion) == 2 and model_files.conversion_damage(cached) is None
 
 
 def test_a_cache_from_before_the_marker_is_checked_by_parsing(tmp_path):
@@ -385,10 +385,10 @@ def test_a_cache_from_before_the_marker_is_checked_by_parsing(tmp_path):
     cached.mkdir()
     (cached / "config.json").write_text("{}")
     tiny_safetensors(cached / "model.safetensors")
-    assert models.conversion_damage(cached) is None
+    assert model_files.conversion_damage(cached) is None
     (cached / "tokenizer.json").write_text('{"model": {"vocab": ')
-    assert models.conversion_damage(cached).startswith("tokenizer.json is not valid JSON")
-    assert models.conversion_damage(tmp_path / "missing") == "config.json is missing"
+    assert model_files.conversion_damage(cached).startswith("tokenizer.json is not valid JSON")
+    assert model_files.conversion_damage(tmp_path / "missing") == "config.json is missing"
 
 
 def test_a_killed_conversion_is_cleaned_up_and_the_cache_follows_the_umask(fake_conversion, capsys):
@@ -483,11 +483,11 @@ def test_random_kills_of_a_conversion_never_expose_a_half_written_cache(tmp_path
         time.sleep(rng.uniform(0.0, 0.8))
         proc.send_signal(signal.SIGKILL)
         proc.communicate(timeout=60)
-        assert not cached.exists() or models.conversion_damage(cached) is None  # absent, or whole
+        assert not cached.exists() or model_files.conversion_damage(cached) is None  # absent, or whole
         if cached.exists():
             shutil.rmtree(cached)  # so the next round converts (and can be killed) again
     monkeypatch.setattr(models, "_dequantize", lambda alias, tmp, out: _stand_in(tmp))
-    assert models.resolve_model_dir("smollm2-135m") == cached and models.conversion_damage(cached) is None
+    assert models.resolve_model_dir("smollm2-135m") == cached and model_files.conversion_damage(cached) is None
     assert sorted(p.name for p in cached.parent.iterdir()) == ["smollm2-135m"]  # nothing left behind
 
 

@@ -8,6 +8,8 @@ from typing import Optional
 
 import typer
 
+from specframe.cli_common import device_option, dtype_option, model_option
+
 app = typer.Typer(help="Build and inspect REST retrieval datastores.", no_args_is_help=True)
 
 
@@ -21,7 +23,9 @@ def build(
     out: str = typer.Option(
         ..., help="Datastore directory to create (a bare name goes under $SPECFRAME_HOME/datastores)."
     ),
-    model: str = typer.Option("smollm2-135m", help="Model alias or directory whose tokenizer to use."),
+    model: str = model_option(),
+    device: str = device_option(),
+    dtype: str = dtype_option(),
     glob: str = typer.Option("**/*", help="Files to take from a directory source."),
     field: Optional[str] = typer.Option(None, help="JSONL field holding the text or the chat turns."),
     append: bool = typer.Option(False, help="Add the sources to an existing datastore (no re-tokenizing)."),
@@ -38,7 +42,7 @@ def build(
     sources = [
         parse_source(s, glob, field, max_new_tokens=answer_tokens, batch_size=batch_size) for s in source
     ]
-    target = load_target(model)
+    target = load_target(model, device=device, dtype=dtype)  # model: sources generate with it
     destination = out if ("/" in out or out.startswith(".")) else str(datastore_home() / out)
     header = build_datastore(destination, sources, target, append=append, overwrite=overwrite)
     stats = header["build"]

@@ -8,12 +8,16 @@ from pathlib import Path
 
 import typer
 
+from specframe.cli_common import device_option, dtype_option, model_option
+
 train_app = typer.Typer(help="Train drafters that need training (S4C heads).", no_args_is_help=True)
 
 
 @train_app.command("s4c")
 def train_s4c(
-    model: str = typer.Option("smollm2-135m", help="target alias or local HF directory"),
+    model: str = model_option(),
+    device: str = device_option(),
+    dtype: str = dtype_option(),
     data: list[str] = typer.Option(["python-stdlib"], help="corpus: python-stdlib[:N], a dir, .jsonl or text"),
     out: Path = typer.Option(Path("s4c-run"), help="run directory: state.pt (resumable) and heads.safetensors"),
     steps: int = typer.Option(1000, help="optimizer steps (length of the cosine schedule)"),
@@ -40,7 +44,7 @@ def train_s4c(
     start = time.time()
     if threads:
         torch.set_num_threads(threads)
-    target = specframe.load_target(model)
+    target = specframe.load_target(model, device=device, dtype=dtype)
     eos = min(target.eos_token_ids) if target.eos_token_ids else None
     blocks = token_blocks(target.tokenizer, data, block, max_tokens=max_tokens, eos=eos)
     print(f"s4c: {blocks.size} tokens in {len(blocks)} blocks of {block} from {data}", flush=True)

@@ -19,6 +19,7 @@ import torch
 from tqdm import tqdm
 
 from specframe.cost import MeasuredCost
+from specframe.devices import synchronizer
 from specframe.interfaces import StateBackend
 from specframe.tree import TokenTree
 
@@ -42,7 +43,7 @@ def calibrate(backend: StateBackend, sizes=SIZES, rounds: int = ROUNDS, progress
     for tree in (shapes[(max(sizes), "flat")], shapes[(1, "chain")]):  # warm up kernels and caches
         backend.score(tree)
     times: dict[tuple[int, str], list[float]] = {key: [] for key in shapes}
-    sync = torch.cuda.synchronize if target.device.type == "cuda" else (lambda: None)
+    sync = synchronizer(target.device) or (lambda: None)  # CUDA and MPS queue work: wait for it
     steps = tqdm(total=rounds * len(shapes), desc="calibrating step cost", disable=not progress,
                  unit="forward", leave=False)
     for _ in range(rounds):

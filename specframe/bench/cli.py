@@ -7,6 +7,8 @@ from typing import Optional
 
 import typer
 
+from specframe.cli_common import device_option, dtype_option, model_option, phase_timing_option
+
 
 def bench_command(
     suite: str = typer.Option("spec-bench", help="humaneval, spec-bench, mt-bench, or a JSONL file."),
@@ -20,7 +22,10 @@ def bench_command(
     turns: Optional[int] = typer.Option(None, help="Turns per question at most (default: all)."),
     repeats: int = typer.Option(3, help="Timed runs of every (method, question)."),
     out: Path = typer.Option(Path("results/bench"), help="Directory for records, tables and plots."),
-    model: str = typer.Option("smollm2-135m", help="Model alias or local Hugging Face model directory."),
+    model: str = model_option(),
+    device: str = device_option(),
+    dtype: str = dtype_option(),
+    phase_timing: bool = phase_timing_option(),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", help="Tokens to generate per turn at most."),
     budget: str = typer.Option("auto", help="Tree nodes per step for methods without '@BUDGET': N, or "
                                "'auto' / 'auto:CAP' (the subtree that pays, up to CAP nodes)."),
@@ -55,13 +60,13 @@ def bench_command(
         torch.set_num_threads(threads)
     sampling = SamplingParams(temperature=temperature, seed=seed)
     check_writable_dir(out, "--out", "pass a writable directory with --out")  # before loading the model
-    target = load_target(model)
+    target = load_target(model, device=device, dtype=dtype)
     run, table = run_benchmark(
         target, suite, _split(methods), out, peers=peers, limit=limit, repeats=repeats,
         max_new_tokens=max_new_tokens, budget=budget,
         synthetic_acceptance=synthetic_acceptance, max_turns=turns,
         sampling=sampling,
-        plots=plots, fresh=fresh)
+        plots=plots, fresh=fresh, phase_timing=phase_timing)
     typer.echo((out / "results.md").read_text("utf-8"))
     typer.echo(f"written under {out}: records.jsonl, results.json, results.md" + (", *.png" if plots else ""))
     if run.mismatches:

@@ -26,7 +26,7 @@ def run_benchmark(target: Target, suite: str | list[BenchPrompt], methods: list[
                   budget: int | str = "auto", synthetic_acceptance: float | None = None,
                   sampling: SamplingParams | None = None, registry: PluginRegistry | None = None,
                   max_turns: int | None = None, plots: bool = True, progress: bool = True,
-                  fresh: bool = False, warmup: bool = True,
+                  fresh: bool = False, warmup: bool = True, phase_timing: bool = True,
                   command: str | None = None) -> tuple[BenchRun, dict]:
     """Benchmark `methods` (specs or presets) against plain decoding and the transformers `peers` on
     `suite` (a suite name, a JSONL path, or prompts); write records, results and plots under `out`.
@@ -46,7 +46,7 @@ def run_benchmark(target: Target, suite: str | list[BenchPrompt], methods: list[
     check_run_args(target, repeats, max_new_tokens)  # before settings.json is written
     specs = resolve_methods(methods, registry, budget)
     runners = build_runners(target, specs, parse_peers(peers), sampling, registry, synthetic_acceptance,
-                            budget)
+                            budget, phase_timing)
     if fresh:
         for name in ("records.jsonl", "settings.json"):
             (out / name).unlink(missing_ok=True)
@@ -54,13 +54,15 @@ def run_benchmark(target: Target, suite: str | list[BenchPrompt], methods: list[
     settings = {"model": target.name, "suite": suite if isinstance(suite, str) else "custom",
                 "max_new_tokens": max_new_tokens, "budget": budget, "temperature": sampling.temperature,
                 "top_p": sampling.top_p, "top_k": sampling.top_k, "seed": sampling.seed,
-                "threads": torch.get_num_threads()}
+                "threads": torch.get_num_threads(), "device": str(target.device),
+                "dtype": str(next(target.model.parameters()).dtype).removeprefix("torch.")}
     check_settings(out, settings)
     run = run_bench(target, prompts, runners, repeats=repeats, max_new_tokens=max_new_tokens, out=out,
                     check_identity=sampling.greedy, warmup=warmup, progress=progress)
     command = command or "specframe " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     header = (f"## {settings['suite']}: {target.name}, {max_new_tokens} new tokens, {repeats} repeat(s), "
-              f"greedy={sampling.greedy}, {settings['threads']} torch thread(s)\n\nCommand: `{command}`\n")
+              f"greedy={sampling.greedy}, {settings['device']}, {settings['dtype']}, "
+              f"{settings['threads']} torch thread(s)\n\nCommand: `{command}`\n")
     table = write_reports(run, out, {**settings, "limit": limit, "repeats": repeats, "turns": max_turns,
                                           "command": command},
                           header)

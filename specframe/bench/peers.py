@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specframe.errors import ConfigurationError
+from specframe.devices import synchronize
 from specframe.metrics import DecodeMetrics, peak_memory_bytes
 from specframe.models import Target
 from specframe.registry import ComponentSpec
@@ -106,10 +107,15 @@ class PeerRunner:
         if self.seed is not None:
             torch.manual_seed(self.seed)
         eos = sorted(self.target.eos_token_ids)
+        device = self.target.device
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)  # the peak of this request, not of the process
+        synchronize(device)
         start = time.perf_counter()
         out = self.target.model.generate(
             input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_new_tokens,
             streamer=clock, pad_token_id=eos[0] if eos else None, **self.kwargs)  # (1, P + new)
+        synchronize(device)  # generate syncs every step to test for a stop; this charges the last one
         wall = time.perf_counter() - start
         tokens = out[0, len(prompt_ids):].tolist()
         steps = clock.events[1:]  # the first call is the prompt itself

@@ -39,10 +39,11 @@ class PipelineRunner:
     """A specframe pipeline; `generate` returns (new tokens, `DecodeMetrics.to_dict()`)."""
 
     def __init__(self, target: Target, spec: MethodSpec, sampling: SamplingParams, registry: PluginRegistry,
-                 baseline: str | None):
+                 baseline: str | None, phase_timing: bool = True):
         self.label, self.spec, self.baseline = spec.label, spec, baseline
         self.decoder = SpeculativeDecoder.from_names(target, *spec.components, budget=spec.budget,
-                                                     sampling=sampling, registry=registry)
+                                                     sampling=sampling, registry=registry,
+                                                     phase_timing=phase_timing)
         self.lossless = registry.get(ComponentKind.VERIFIER, spec.verifier.name).capabilities.lossless
 
     def generate(self, prompt_ids: list[int], max_new_tokens: int) -> tuple[list[int], dict]:
@@ -54,17 +55,17 @@ class SyntheticRunner(PipelineRunner):
     """The baseline's pipeline with a `SyntheticDrafter`, fed the baseline's output before each request."""
 
     def __init__(self, target: Target, acceptance: float, base: MethodSpec, sampling: SamplingParams,
-                 registry: PluginRegistry, budget: int | str):
+                 registry: PluginRegistry, budget: int | str, phase_timing: bool = True):
         spec = MethodSpec(f"synthetic(p={acceptance:g})", base.drafter, base.tree, base.verifier,
                           base.backend, budget)
-        super().__init__(target, spec, sampling, registry, base.label)
+        super().__init__(target, spec, sampling, registry, base.label, phase_timing)
         self.drafter = SyntheticDrafter(target, acceptance=acceptance)
         self.decoder.pipeline.drafter = self.drafter
 
 
 def build_runners(target: Target, methods: list[MethodSpec], peers: list[PeerSpec], sampling: SamplingParams,
                   registry: PluginRegistry, synthetic_acceptance: float | None = None,
-                  default_budget: int | str = "auto") -> list:
+                  default_budget: int | str = "auto", phase_timing: bool = True) -> list:
     """Baselines first (plain decoding through each backend the methods use; the default backend `kv`
     when it can serve the target), then the methods, the synthetic method and the peers, who are measured
     against the first. A preset that says it cannot run on the target fails with its reason, or from
@@ -81,19 +82,19 @@ def build_runners(target: Target, methods: list[MethodSpec], peers: list[PeerSpe
     bases = [baseline_spec(b, "baseline" if key == default else f"baseline[{key}]")
              for key, b in backends.items()]
     base_of = {spec_text(b.backend): b.label for b in bases}
-    runners: list = [PipelineRunner(target, b, sampling, registry, None) for b in bases]
+    runners: list = [PipelineRunner(target, b, sampling, registry, None, phase_timing) for b in bases]
     for method in methods:
         try:
             check_preset(method, target)
             base = base_of[spec_text(method.backend)]
-            runners.append(PipelineRunner(target, method, sampling, registry, base))
+            runners.append(PipelineRunner(target, method, sampling, registry, base, phase_timing))
         except SpecframeError as err:
             if not method.optional:
                 raise
             warnings.warn(f"bench: skipping preset '{method.label}': {err}", SpecframeWarning, stacklevel=2)
     if synthetic_acceptance is not None:
         runners.append(SyntheticRunner(target, synthetic_acceptance, bases[0], sampling, registry,
-                                       default_budget))
+                                       default_budget, phase_timing))
     runners += [PeerRunner(target, p, sampling, baseline=bases[0].label) for p in peers]
     return runners
 

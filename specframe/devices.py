@@ -1,0 +1,90 @@
+"""Where and in what precision a model runs: the `--device` and `--dtype` of every command.
+
+`resolve_device("auto")` picks CUDA, then Apple's MPS, then the CPU; `resolve_dtype("auto", ...)` keeps a
+model's own dtype on an accelerator and uses float32 on the CPU (half precision matrix products are slow
+on most CPUs, and the lossless checks compare against float32 references there). Both refuse what this
+machine cannot do with a message that says what it has instead.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specframe.errors import ConfigurationError
+
+DEVICE_HELP = "auto (CUDA, else MPS, else CPU), cpu, cuda, cuda:INDEX or mps."
+DTYPE_HELP = "auto (the model's own dtype on an accelerator, float32 on CPU), float32, bfloat16 or float16."
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+          "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def resolve_device(spec: str | torch.device | None = "auto") -> torch.device:
+    """The torch device for `spec`, checked to exist on this machine."""
+    if isinstance(spec, torch.device):
+        spec = str(spec)
+    text = (spec or "auto").strip().lower()
+    if text == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("mps" if _mps_available() else "cpu")
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        raise ConfigurationError(f"unknown device {spec!r}: use {DEVICE_HELP}") from None
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ConfigurationError(f"device {spec!r}: this machine has no CUDA GPU that torch can use "
+                                     f"(torch {torch.__version__}); use --device cpu")
+        index = 0 if device.index is None else device.index
+        if index >= count:
+            raise ConfigurationError(f"device {spec!r}: this machine has {count} CUDA GPU(s), "
+                                     f"cuda:0 to cuda:{count - 1}")
+        return torch.device("cuda", index)
+    if device.type == "mps" and not _mps_available():
+        raise ConfigurationError(f"device {spec!r}: MPS is not available here; use --device cpu")
+    if device.type not in ("cpu", "cuda", "mps"):
+        raise ConfigurationError(f"device {spec!r} is not supported: use {DEVICE_HELP}")
+    return device
+
+
+def resolve_dtype(spec: str | torch.dtype | None, device: torch.device,
+                  native: torch.dtype | None = None) -> torch.dtype:
+    """The dtype to load weights in: `spec`, or for auto `native` (the checkpoint's) on an accelerator
+    and float32 on the CPU."""
+    if isinstance(spec, torch.dtype):
+        return spec
+    text = (spec or "auto").strip().lower().removeprefix("torch.")
+    if text == "auto":
+        if device.type == "cpu" or native is None or not native.is_floating_point:
+            return torch.float32
+        return native
+    if text not in DTYPES:
+        raise ConfigurationError(f"unknown dtype {spec!r}: use {DTYPE_HELP}")
+    return DTYPES[text]
+
+
+def native_dtype(config) -> torch.dtype | None:
+    """The dtype a checkpoint's config declares (`dtype`, formerly `torch_dtype`), if any."""
+    value = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    if isinstance(value, str):
+        value = DTYPES.get(value.removeprefix("torch."))
+    return value if isinstance(value, torch.dtype) else None
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work, so a wall-clock reading includes it (no-op on the CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+def synchronizer(device: torch.device):
+    """`synchronize` bound to `device`, or None where there is nothing to wait for (the CPU)."""
+    return None if device.type == "cpu" else (lambda: synchronize(device))
+
+
+def _mps_available() -> bool:
+    backend = getattr(torch.backends, "mps", None)
+    return bool(backend is not None and backend.is_available())
