@@ -1,0 +1,63 @@
+"""pytest-benchmark: one Mamba2 layer's tree scan, the Triton kernel against its PyTorch reference, on CUDA.
+
+Mamba2-2.7B layer dimensions (80 heads x 64, d_state 128, 1 group), full binary trees of depth 2-6 (3 to
+63 nodes under the root), float32, with a committed state. Skipped without a CUDA device (the CPU runs
+the kernel only under TRITON_INTERPRET=1, which times the interpreter, not the kernel).
+
+    pytest benchmarks/bench_tree_scan_kernel.py --benchmark-group-by=param:depth
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from specframe import TokenTree
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+H, P, N, G = 80, 64, 128, 1
+
+
+def binary_tree_parents(depth: int) -> list[int]:
+    """Parents of a full binary tree of `depth` levels under the root, breadth first."""
+    parents, level = [], [-1]
+    for _ in range(depth):
+        nxt = []
+        for p in level:
+            for _ in range(2):
+                parents.append(p)
+                nxt.append(len(parents) - 1)
+        level = nxt
+    return parents
+
+
+def inputs(depth: int) -> dict:
+    parents = binary_tree_parents(depth)
+    gen = torch.Generator().manual_seed(depth)
+    T = len(parents) + 1
+    mask = torch.from_numpy(TokenTree(np.zeros(len(parents), np.int64), np.array(parents)).ancestor_mask)
+    args = dict(x=torch.randn(T, H, P, generator=gen), dt=torch.rand(T, H, generator=gen),
+                A=-torch.rand(H, generator=gen) * 4, B=torch.randn(T, G, N, generator=gen),
+                C=torch.randn(T, G, N, generator=gen), D=torch.randn(H, generator=gen), mask=mask,
+                h0=torch.randn(H, P, N, generator=gen))
+    return {k: v.to("cuda") for k, v in args.items()}
+
+
+@pytest.mark.parametrize("depth", [2, 3, 4, 5, 6])
+@pytest.mark.parametrize("impl", ["triton", "torch"])
+def test_tree_scan(benchmark, impl, depth):
+    from specframe_kernels import tree_scan_ref
+    from specframe_kernels.tree_scan_triton import tree_scan_triton
+
+    scan = tree_scan_triton if impl == "triton" else tree_scan_ref
+    args = inputs(depth)
+    expected = tree_scan_ref(**args)
+    torch.testing.assert_close(scan(**args), expected, atol=1e-4, rtol=1e-4)
+
+    def call():
+        scan(**args)
+        torch.cuda.synchronize()
+
+    benchmark(call)
