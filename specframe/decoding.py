@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -12,7 +11,7 @@ import numpy as np
 from specframe.cost import CostModel
 from specframe.devices import synchronizer
 from specframe.errors import ConfigurationError, PromptError
-from specframe.metrics import DecodeMetrics, PhaseTimer, peak_memory_bytes, reset_peak_memory
+from specframe.metrics import DecodeMetrics, PhaseTimer, now, peak_memory_bytes, reset_peak_memory
 from specframe.interfaces import BuildContext
 from specframe.models import Target
 from specframe.pipeline import Pipeline, assemble
@@ -74,11 +73,11 @@ class SpeculativeDecoder:
         hook.on_decode_start(decoder=self, prompt_ids=prompt_ids)
         device, sync = self.target.device, synchronizer(self.target.device)
         reset_peak_memory(device)  # on CUDA the peak is this request's, not the process's
-        start = time.perf_counter()
+        start = now()
         tokens, metrics, reason = self._decode(planner, prompt_ids, max_new_tokens, stop)
         if sync is not None:
             sync()  # queued work is part of the request's time
-        metrics.wall_s = time.perf_counter() - start
+        metrics.wall_s = now() - start
         metrics.peak_memory_bytes = peak_memory_bytes(device)
         tokenizer = self.target.tokenizer
         text = tokenizer.decode(tokens, skip_special_tokens=True) if tokenizer is not None else None
@@ -98,14 +97,14 @@ class SpeculativeDecoder:
         sync = synchronizer(self.target.device)  # None on the CPU
         phase_sync = sync if self.phase_timing else None
         drafter.reset()
-        t0 = time.perf_counter()
+        t0 = now()
         backend.prefill(prompt_ids)
         if sync is not None:
             sync()  # once per request, even without phase timing: keeps prefill_s and decode tokens/s right
-        metrics.prefill_s = time.perf_counter() - t0
+        metrics.prefill_s = now() - t0
         tokens, new, hidden, reason = np.array(prompt_ids, dtype=np.int64), [], None, None
         while reason is None:
-            timer, step_start = PhaseTimer(phase_sync), time.perf_counter()
+            timer, step_start = PhaseTimer(phase_sync), now()
             budget = planner.build_budget(min(max_new_tokens - len(new) - 1, self._room(tokens)))
             with timer("draft"):
                 drafting = budget > 0 and planner.should_draft()
@@ -128,7 +127,7 @@ class SpeculativeDecoder:
             emitted, reason = self._finish(new, emitted, max_new_tokens, stop)
             new += emitted
             tokens = np.concatenate([tokens, np.asarray(emitted, dtype=np.int64)])
-            timer.times["other"] = time.perf_counter() - step_start - sum(timer.times.values())
+            timer.times["other"] = now() - step_start - sum(timer.times.values())
             planner.observe(tree, result, timer.times)
             skipped = budget > 0 and not drafting  # the planner judged drafting not worth it
             metrics.record_step(len(tree), result.accepted, timer.times, result.fallback, predicted, skipped)

@@ -26,6 +26,27 @@ from dataclasses import dataclass, field
 import torch
 
 PHASES = ("draft", "tree", "forward", "verify", "commit", "other")
+# The clock every timing of this process reads (`set_clock`): wall time, or this process's CPU time, which
+# other processes' load on a shared CPU does not inflate (single-threaded torch only: with more threads
+# CPU time adds up the threads' time; on an accelerator it misses the device's work).
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+_clock = [time.perf_counter]
+
+
+def set_clock(name: str) -> None:
+    """Make `now` read the `wall` or the `cpu` clock (see `CLOCKS`)."""
+    if name not in CLOCKS:
+        raise ValueError(f"clock must be one of {', '.join(CLOCKS)}, got {name!r}")
+    _clock[0] = CLOCKS[name]
+
+
+def clock_name() -> str:
+    return next(name for name, clock in CLOCKS.items() if clock is _clock[0])
+
+
+def now() -> float:
+    """Seconds on the clock chosen with `set_clock` (wall time unless changed)."""
+    return _clock[0]()
 
 
 def reset_peak_memory(device: torch.device | str = "cpu") -> None:
@@ -174,10 +195,10 @@ class PhaseTimer:
 
     @contextmanager
     def __call__(self, phase: str):
-        start = time.perf_counter()
+        start = now()
         try:
             yield
         finally:
             if self._sync is not None:
                 self._sync()
-            self.times[phase] = self.times.get(phase, 0.0) + time.perf_counter() - start
+            self.times[phase] = self.times.get(phase, 0.0) + now() - start

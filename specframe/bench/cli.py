@@ -36,6 +36,8 @@ def bench_command(
     seed: Optional[int] = typer.Option(None, help="Seed for sampled runs."),
     threads: Optional[int] = typer.Option(None, help="torch intra-op threads (default: torch's choice). "
                                           "On a busy machine 1 thread times far more steadily."),
+    clock: str = typer.Option("wall", help="wall, or cpu: this process's CPU time, which other processes on "
+                              "a shared CPU do not inflate (needs --threads 1 and --device cpu)."),
     plots: bool = typer.Option(True, help="Write PNG plots (needs matplotlib)."),
     fresh: bool = typer.Option(False, help="Discard earlier records in --out instead of resuming."),
     list_methods: bool = typer.Option(False, "--list-methods", help="Print the presets and exit."),
@@ -58,6 +60,7 @@ def bench_command(
         import torch
 
         torch.set_num_threads(threads)
+    check_clock(clock, threads, device)
     sampling = SamplingParams(temperature=temperature, seed=seed)
     check_writable_dir(out, "--out", "pass a writable directory with --out")  # before loading the model
     target = load_target(model, device=device, dtype=dtype)
@@ -73,6 +76,20 @@ def bench_command(
         typer.secho(f"{len(run.mismatches)} LOSSLESS MISMATCH(ES): see {out / 'results.md'}",
                     fg="red", err=True)
         raise typer.Exit(3)
+
+
+def check_clock(clock: str, threads: int | None, device: str) -> None:
+    """Use `clock` for every timing; CPU time measures a request only on one thread of a CPU."""
+    from specframe.devices import resolve_device
+    from specframe.errors import ConfigurationError
+    from specframe.metrics import CLOCKS, set_clock
+
+    if clock not in CLOCKS:
+        raise ConfigurationError(f"--clock must be one of {', '.join(CLOCKS)}, got {clock!r}")
+    if clock == "cpu" and (threads != 1 or resolve_device(device).type != "cpu"):
+        raise ConfigurationError("--clock cpu needs --threads 1 and the CPU (--device cpu): CPU time adds up "
+                                 "all threads' time and misses an accelerator's work")
+    set_clock(clock)
 
 
 def _split(methods: str) -> list[str]:

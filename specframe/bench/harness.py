@@ -11,6 +11,7 @@ import torch
 
 from specframe.errors import ConfigurationError
 from specframe.models import Target
+from specframe.metrics import clock_name
 from specframe.registry import PluginRegistry, get_registry
 from specframe.sampling import SamplingParams
 
@@ -54,7 +55,7 @@ def run_benchmark(target: Target, suite: str | list[BenchPrompt], methods: list[
     settings = {"model": target.name, "suite": suite if isinstance(suite, str) else "custom",
                 "max_new_tokens": max_new_tokens, "budget": budget, "temperature": sampling.temperature,
                 "top_p": sampling.top_p, "top_k": sampling.top_k, "seed": sampling.seed,
-                "threads": torch.get_num_threads(), "device": str(target.device),
+                "threads": torch.get_num_threads(), "device": str(target.device), "clock": clock_name(),
                 "dtype": str(next(target.model.parameters()).dtype).removeprefix("torch.")}
     check_settings(out, settings)
     run = run_bench(target, prompts, runners, repeats=repeats, max_new_tokens=max_new_tokens, out=out,
@@ -62,7 +63,7 @@ def run_benchmark(target: Target, suite: str | list[BenchPrompt], methods: list[
     command = command or "specframe " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     header = (f"## {settings['suite']}: {target.name}, {max_new_tokens} new tokens, {repeats} repeat(s), "
               f"greedy={sampling.greedy}, {settings['device']}, {settings['dtype']}, "
-              f"{settings['threads']} torch thread(s)\n\nCommand: `{command}`\n")
+              f"{settings['threads']} torch thread(s), {settings['clock']} clock\n\nCommand: `{command}`\n")
     table = write_reports(run, out, {**settings, "limit": limit, "repeats": repeats, "turns": max_turns,
                                           "command": command},
                           header)

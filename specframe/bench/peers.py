@@ -13,14 +13,13 @@ one verification step. Draft counts are not visible from outside, so a peer's al
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import torch
 
 from specframe.errors import ConfigurationError
 from specframe.devices import synchronize
-from specframe.metrics import DecodeMetrics, peak_memory_bytes
+from specframe.metrics import DecodeMetrics, now, peak_memory_bytes
 from specframe.models import Target
 from specframe.registry import ComponentSpec
 from specframe.sampling import SamplingParams
@@ -66,7 +65,7 @@ class StepClock:
         self.events: list[tuple[float, int]] = []  # (time, tokens produced by that call)
 
     def put(self, value: torch.Tensor) -> None:
-        self.events.append((time.perf_counter(), int(value.numel())))
+        self.events.append((now(), int(value.numel())))
 
     def end(self) -> None:
         pass
@@ -111,12 +110,12 @@ class PeerRunner:
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)  # the peak of this request, not of the process
         synchronize(device)
-        start = time.perf_counter()
+        start = now()
         out = self.target.model.generate(
             input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_new_tokens,
             streamer=clock, pad_token_id=eos[0] if eos else None, **self.kwargs)  # (1, P + new)
         synchronize(device)  # generate syncs every step to test for a stop; this charges the last one
-        wall = time.perf_counter() - start
+        wall = now() - start
         tokens = out[0, len(prompt_ids):].tolist()
         steps = clock.events[1:]  # the first call is the prompt itself
         metrics = DecodeMetrics(prompt_tokens=len(prompt_ids), new_tokens=len(tokens), steps=len(steps),
