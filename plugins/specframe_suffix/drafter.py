@@ -1,0 +1,306 @@
+"""`suffix`: SuffixDecoding (Oliaro et al., 2025) through the field's own library, arctic-inference.
+
+The library keeps a suffix tree over each active request (its prompt and output so far) and one over a
+bounded FIFO cache of earlier responses. At each step it matches the longest suffixes of the text in a
+tree, and from the best match proposes the continuation tree whose nodes carry the estimated
+probability of reaching them (the product of child/parent counts along the path), at most
+`factor * match length + offset` tokens, none below `min_prob`.
+
+`SuffixDecodingCache.speculate` returns only the better of the request's and the cache's drafts and does
+not say which. So this drafter asks both trees (`_local_trees[req]` and `_global_tree`, the library's
+native `SuffixTree`s, checked at construction) and, with `corpus=`, a REST datastore as a third, static
+source (SAM-Decoding's static + dynamic split), and merges the drafts into one forest: the same token
+under the same parent is one node, whose score is the highest probability any source gives it. Each
+node is labelled with the source of that score and its match length (`DraftProposal.group`), so
+adaptive speculation learns per source how far those probabilities can be trusted.
+
+Everything the library does is called, not rewritten; what specframe adds (persistence, merging,
+labels) is in this package. See docs/explanation/suffix-decoding.md.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+
+import numpy as np
+
+from specframe import ConfigurationError, DraftContext, Drafter, DrafterCapabilities, DraftProposal, ScoreKind
+from specframe.records import StepOutcome
+from specframe.tokenizer_identity import TokenizerIdentity
+from specframe_suffix.store import load_responses, resolve_cache, save_responses
+
+SUPPORTED = "0.3.0"  # the arctic-inference version whose internals (the two native trees) are read
+INSTALL = (f'`make setup`, or: pip install "nanobind==2.9.2" cmake ninja setuptools wheel "protobuf>=5.29" '
+           f"grpcio-tools && CMAKE_ARGS=-DPython_EXECUTABLE=$(which python) pip install "
+           f"--no-build-isolation arctic-inference=={SUPPORTED}")
+
+REQUEST, RESPONSES, CORPUS = 0, 1, 2  # draft sources
+SOURCES = ("request", "responses", "corpus")
+# `DraftProposal.group` labels, source x match-length class (adaptive speculation learns 8 labels):
+# request 0-2 and earlier responses 3-5 (matches of 1-2, 3-8, 9+ tokens), corpus 6-7 (1-4, 5+ tokens).
+GROUP_BASE = (0, 3, 6)
+MATCH_BOUNDS = ((2, 8), (2, 8), (4,))
+
+
+def group_of(source: int, match_len: int) -> int:
+    return GROUP_BASE[source] + int(np.searchsorted(MATCH_BOUNDS[source], match_len))
+
+
+@dataclass
+class SourceDraft:
+    """One source's draft: a forest in the library's encoding (parents index earlier nodes, -1 = root)."""
+
+    source: int
+    tokens: Sequence[int]
+    parents: Sequence[int]
+    probs: Sequence[float]
+    match_len: int
+
+    @property
+    def group(self) -> int:
+        return group_of(self.source, self.match_len)
+
+
+def merge(drafts: Sequence[SourceDraft]) -> DraftProposal:
+    """The union of the drafts as a trie: the same token under the same merged parent is one node, scored
+    by the highest probability any draft gives it and labelled with that draft's group. Each draft's
+    probabilities never increase downwards, so neither do their maxima (a `ScoreKind.FREQUENCY` forest)."""
+    index: dict[tuple[int, int], int] = {}  # (merged parent, token) -> merged node
+    tokens: list[int] = []
+    parents: list[int] = []
+    scores: list[float] = []
+    groups: list[int] = []
+    for draft in drafts:
+        mapped: list[int] = []  # draft node -> merged node
+        for token, parent, prob in zip(draft.tokens, draft.parents, draft.probs):
+            key = (mapped[parent] if parent >= 0 else -1, int(token))
+            if key[0] >= 0:  # float32 products may exceed the parent by an ulp: keep scores monotone
+                prob = min(prob, scores[key[0]])
+            node = index.get(key)
+            if node is None:
+                node = index[key] = len(tokens)
+                tokens.append(key[1])
+                parents.append(key[0])
+                scores.append(float(prob))
+                groups.append(draft.group)
+            elif prob > scores[node]:
+                scores[node], groups[node] = float(prob), draft.group
+            mapped.append(node)
+    if not tokens:
+        return DraftProposal.empty()
+    return DraftProposal(np.array(tokens, np.int64), np.array(parents, np.int64), np.array(scores),
+                         score_kind=ScoreKind.FREQUENCY, group=np.array(groups, np.int64))
+
+
+def import_library():
+    """(SuffixDecodingCache, SuffixTree) from arctic-inference, or a `ConfigurationError` saying how to
+    install it."""
+    try:
+        from arctic_inference.suffix_decoding import SuffixDecodingCache
+        from arctic_inference.suffix_decoding._C import SuffixTree
+    except ImportError as err:
+        raise ConfigurationError(
+            f"drafter 'suffix' needs arctic-inference {SUPPORTED} ({err}); install it with {INSTALL}"
+        ) from None
+    return SuffixDecodingCache, SuffixTree
+
+
+def check_internals(cache, tree_class) -> None:
+    """Refuse a library whose cache does not hold the two native trees this drafter queries."""
+    ok = (isinstance(getattr(cache, "_local_trees", None), dict)
+          and isinstance(getattr(cache, "_global_tree", None), tree_class)
+          and all(hasattr(tree_class, m) for m in ("speculate_ndarray", "estimate_memory")))
+    if not ok:
+        try:
+            installed = version("arctic-inference")
+        except PackageNotFoundError:
+            installed = "unknown"
+        raise ConfigurationError(
+            f"drafter 'suffix' reads the request and response trees of arctic-inference {SUPPORTED} "
+            f"(SuffixDecodingCache._local_trees, _global_tree), which the installed version {installed} "
+            f"lacks; install the supported version with {INSTALL}")
+
+
+class SuffixDrafter(Drafter):
+    """Options: `cache` (a file path, or a name stored as `$SPECFRAME_HOME/suffix-caches/NAME.json`;
+    default: earlier responses are kept in memory only), `max_depth` (suffix tree depth), `max_cached`
+    (earlier responses kept, oldest evicted first; 0 = the request alone), `factor` and `offset` (a
+    match of n tokens proposes at most factor * n + offset), `min_prob` (lowest estimated probability
+    proposed), `tree` (propose trees; False: one path per source) and `corpus` (a REST datastore name or
+    directory drafted from as a third source)."""
+
+    name = "suffix"
+    capabilities = DrafterCapabilities(proposes_trees=True, score_kind=ScoreKind.FREQUENCY)
+
+    def __init__(self, target, *, cache: str | None = None, max_depth: int = 64, max_cached: int = 256,
+                 factor: float = 1.0, offset: float = 0.0, min_prob: float = 0.1, tree: bool = True,
+                 corpus: str | None = None):
+        super().__init__(target)
+        check_options(cache, max_depth, max_cached, factor, offset, min_prob, tree, corpus)
+        cache_class, tree_class = import_library()
+        self.max_depth, self.max_cached = int(max_depth), int(max_cached)
+        self.factor, self.offset, self.min_prob = float(factor), float(offset), float(min_prob)
+        self.use_tree = tree
+        self.identity = TokenizerIdentity.of(target)
+        self.cache_label = None if cache is None else os.fspath(cache)
+        self.cache_path = None if cache is None else resolve_cache(cache)
+        stored = [] if self.cache_path is None else load_responses(self.cache_path, self.identity,
+                                                                    self.cache_label)
+        self.library = cache_class(max_tree_depth=self.max_depth, max_cached_requests=self.max_cached)
+        check_internals(self.library, tree_class)
+        self.finished: deque[list[int]] = deque(maxlen=self.max_cached)  # responses kept, oldest first
+        self._ids = itertools.count()  # request ids in the library
+        self._request: int | None = None  # the active request, once it proposed
+        self._prompt_len = 0
+        self._known = np.zeros(0, np.int32)  # the active request's prompt + output, as the library has it
+        self._pending: list[int] = []  # tokens emitted since the latest `propose` (see `observe`)
+        for response in stored[max(0, len(stored) - self.max_cached):]:
+            self._replay(response)
+        self.corpus = None
+        if corpus is not None:
+            from specframe_suffix.corpus import CorpusSource
+
+            self.corpus = CorpusSource(corpus, target, self.max_depth)
+
+    # --- drafting ----------------------------------------------------------------------------------
+
+    def propose(self, context: DraftContext) -> DraftProposal:
+        tokens = context.tokens
+        self._sync(tokens, context.prompt_len)
+        budget = context.budget
+        if budget < 1:
+            return DraftProposal.empty()
+        window = np.ascontiguousarray(tokens[-self.max_depth:], dtype=np.int32)  # as the library's speculate
+        drafts = [self._speculate(REQUEST, self.library._local_trees[self._request], window, budget)]
+        if self.max_cached:
+            drafts.append(self._speculate(RESPONSES, self.library._global_tree, window, budget))
+        if self.corpus is not None:
+            drafts.append(self.corpus.draft(tokens, budget, self.factor, self.offset, self.min_prob))
+        return merge([d for d in drafts if d is not None])
+
+    def _speculate(self, source: int, tree, window: np.ndarray, budget: int) -> SourceDraft | None:
+        draft = tree.speculate_ndarray(window, budget, self.factor, self.offset, self.min_prob, self.use_tree)
+        token_ids = draft.token_ids  # each attribute read copies the native vector
+        if not token_ids:
+            return None
+        return SourceDraft(source, token_ids, draft.parents, draft.probs, draft.match_len)
+
+    def observe(self, outcome: StepOutcome) -> None:
+        """Remember the emitted tokens. They reach the library at the next `propose` (from its context,
+        which is what was really emitted) or when the request finishes (from the request's result, which
+        excludes tokens emitted past EOS, a stop string or the length limit)."""
+        self._pending.extend(outcome.emitted)
+
+    def reset(self) -> None:
+        """Called before each request: finish the previous one, if the `on_decode_end` hook did not."""
+        self.finish()
+
+    # --- requests in the library -------------------------------------------------------------------
+
+    def _sync(self, tokens: np.ndarray, prompt_len: int) -> None:
+        """Make the library's active request hold exactly `tokens`: start one at a request's first
+        proposal (or when the context is not a continuation of the active one), else add what is new."""
+        n = len(self._known)
+        fresh = (self._request is None or prompt_len != self._prompt_len or len(tokens) < n
+                 or not np.array_equal(tokens[:n], self._known))
+        if fresh:
+            if self._request is not None:  # a new request without `reset` (direct use)
+                self.finish()
+            self._start(tokens[:prompt_len])
+            n = prompt_len
+        if len(tokens) > n:
+            self._extend(tokens[n:])
+        self._pending = []
+
+    def _start(self, prompt) -> None:
+        self._request = next(self._ids)
+        self._known = np.ascontiguousarray(prompt, dtype=np.int32)
+        self._prompt_len = len(self._known)
+        self.library.start_request(self._request, self._known)
+
+    def _extend(self, new) -> None:
+        new = np.ascontiguousarray(new, dtype=np.int32)
+        self.library.add_active_response(self._request, new)
+        self._known = np.concatenate([self._known, new])
+
+    def _replay(self, response: list[int]) -> None:
+        """Add a stored response to the library's cache, as a request with no prompt."""
+        if not response:
+            return
+        self._start([])
+        self._extend(response)
+        self.library.stop_request(self._request)
+        self._request = None
+        self.finished.append(list(response))
+
+    def finish(self, tokens: Sequence[int] | None = None) -> None:
+        """End the active request: the library drops its prompt and keeps its response among the earlier
+        responses; with `cache=`, the cache file is rewritten. `tokens` (the request's new tokens, from
+        `GenerationResult.tokens`) settle its exact end. A request that never proposed is recorded too."""
+        if self._request is None:
+            if not (tokens or self._pending):
+                return
+            self._start([])
+        response = self._known[self._prompt_len:].tolist()
+        tail = self._pending
+        if tokens is not None:
+            tokens = [int(t) for t in tokens]
+            if tokens[: len(response)] == response:
+                tail = tokens[len(response):]
+        if tail:
+            self._extend(tail)
+        self.library.stop_request(self._request)
+        response = self._known[self._prompt_len:].tolist()
+        self._request, self._pending, self._known = None, [], np.zeros(0, np.int32)
+        if self.max_cached and response:
+            self.finished.append(response)
+        if self.cache_path is not None:
+            save_responses(self.cache_path, self.identity, list(self.finished))
+
+    def stats(self) -> dict:
+        """Responses and tokens kept, and the library's estimate of its trees' memory (walks every tree:
+        call it between requests, not per step)."""
+        trees = [self.library._global_tree, *self.library._local_trees.values()]
+        return {
+            "responses": len(self.finished),
+            "tokens": sum(len(r) for r in self.finished),
+            "active_tokens": len(self._known),
+            "memory_bytes": int(sum(t.estimate_memory() for t in trees)),
+            "cache": None if self.cache_path is None else str(self.cache_path),
+        }
+
+
+def check_options(cache, max_depth, max_cached, factor, offset, min_prob, tree, corpus) -> None:
+    """Refuse option values of the wrong type or range, naming the option."""
+    def integer(value) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool)
+
+    def real(value) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+    problems = []
+    if not integer(max_depth) or max_depth < 1:
+        problems.append(f"max_depth must be an integer >= 1, got {max_depth!r}")
+    if not integer(max_cached) or not 0 <= max_cached < 2**31:
+        problems.append(f"max_cached must be an integer >= 0 (0: no earlier responses), got {max_cached!r}")
+    if not real(factor) or factor < 0:
+        problems.append(f"factor must be a number >= 0, got {factor!r}")
+    if not real(offset):
+        problems.append(f"offset must be a finite number, got {offset!r}")
+    if not real(min_prob) or not 0 <= min_prob <= 1:
+        problems.append(f"min_prob must be a number in [0, 1], got {min_prob!r}")
+    if not isinstance(tree, bool):
+        problems.append(f"tree must be True or False, got {tree!r}")
+    for name, value in (("cache", cache), ("corpus", corpus)):
+        if value is not None and not isinstance(value, (str, os.PathLike)):
+            problems.append(f"{name} must be a name or a path, got {value!r}")
+    if cache is not None and integer(max_cached) and max_cached == 0:
+        problems.append("cache= keeps earlier responses, so it needs max_cached >= 1")
+    if problems:
+        raise ConfigurationError("drafter 'suffix': " + "; ".join(problems))

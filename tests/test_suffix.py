@@ -1,0 +1,316 @@
+"""The `suffix` drafter (arctic-inference's SuffixDecoding): lossless greedy and sampled decoding, memory
+across requests, the persisted cache and its refusals, merging of the sources, and `specframe cache`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("arctic_inference.suffix_decoding")
+
+from conftest import tiny_llama  # noqa: E402
+from specframe_suffix.drafter import (  # noqa: E402
+    CORPUS, REQUEST, RESPONSES, SourceDraft, SuffixDrafter, check_internals, group_of, merge,
+)
+from specframe_suffix.store import SuffixCacheError  # noqa: E402
+from typer.testing import CliRunner  # noqa: E402
+
+from specframe import ConfigurationError, DraftContext, Pipeline, SamplingParams, SpeculativeDecoder  # noqa: E402
+from specframe.registry import get_registry  # noqa: E402
+from specframe.testing import DrafterConformance, reference_greedy, repetitive_prompt  # noqa: E402
+from specframe.testing.exact import P_PASS, LogitTable, TableBackend, decoder_counts, exact_law, law_test  # noqa: E402
+from specframe.testing.targets import tiny_target  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # fixture in conftest.py
+NEW = 40
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return tiny_llama(seed=1)
+
+
+@pytest.fixture(scope="module")
+def prompts(tiny):
+    """Two prompts with their plain greedy continuations (by full recomputation)."""
+    out = [repetitive_prompt(tiny.vocab_size, 40, seed=s) for s in (0, 1)]
+    return [(p, reference_greedy(tiny, p, NEW)) for p in out]
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECFRAME_HOME", str(tmp_path / "home"))
+    return tmp_path / "home" / "suffix-caches"
+
+
+def decoder(target, drafter="suffix", tree="trie", budget=8, **kwargs) -> SpeculativeDecoder:
+    return SpeculativeDecoder.from_names(target, drafter, tree, "greedy", budget=budget, **kwargs)
+
+
+# --- greedy decoding and memory ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("tree", ["chain", "trie"])
+@pytest.mark.parametrize("budget", [8, "auto:8"])
+def test_greedy_output_equals_plain_greedy(tiny, prompts, tree, budget):
+    run = decoder(tiny, "suffix", tree, budget)
+    for prompt, expected in prompts * 2:  # the second round drafts from the first round's responses
+        assert run.generate(prompt, max_new_tokens=NEW).tokens == expected
+
+
+@pytest.mark.parametrize("spec", ["suffix(tree=False)", "suffix(factor=2.0, offset=1, min_prob=0.0)",
+                                  "suffix(max_depth=4, max_cached=1)"])
+def test_greedy_output_with_other_options(tiny, prompts, spec):
+    run = decoder(tiny, spec, "trie", 6)
+    for prompt, expected in prompts * 2:
+        assert run.generate(prompt, max_new_tokens=NEW).tokens == expected
+
+
+def test_a_second_request_drafts_from_the_first_response(tiny, prompts):
+    prompt, expected = prompts[0]
+    run = decoder(tiny)
+    first, second = (run.generate(prompt, max_new_tokens=NEW) for _ in range(2))
+    assert first.tokens == second.tokens == expected
+    assert second.metrics.steps < first.metrics.steps
+    assert second.metrics.accepted_draft_tokens > first.metrics.accepted_draft_tokens
+    forgetful = decoder(tiny, "suffix(max_cached=0)")  # no earlier responses: each request starts afresh
+    a, b = (forgetful.generate(prompt, max_new_tokens=NEW) for _ in range(2))
+    assert a.tokens == b.tokens == expected
+    assert a.metrics.steps == b.metrics.steps > second.metrics.steps
+
+
+def test_the_hook_finishes_each_request_with_its_exact_tokens(tiny, prompts):
+    run = decoder(tiny, "suffix(max_cached=2)")
+    drafter = run.pipeline.drafter
+    results = [run.generate(p, max_new_tokens=n).tokens for n in (NEW, 7, 13) for p, _ in prompts[:1]]
+    assert drafter._request is None and not drafter.library.active_requests
+    assert list(drafter.finished) == results[-2:]  # the oldest response was evicted
+    stats = drafter.stats()
+    assert stats["responses"] == 2 and stats["tokens"] == 20 and stats["memory_bytes"] > 0
+
+
+def test_sources_are_labelled_in_the_proposal(tiny, prompts):
+    prompt, expected = prompts[0]
+    drafter = SuffixDrafter(tiny)
+    drafter.finish(expected)  # as if an earlier request had answered
+    tokens = np.array(prompt + expected[:10])
+    proposal = drafter.propose(DraftContext(tokens, len(prompt), budget=8))
+    assert len(proposal) and set(proposal.group.tolist()) & {3, 4, 5}  # from the earlier response
+    assert proposal.tokens[proposal.parents == -1].tolist().count(expected[10]) == 1
+
+
+@pytest.mark.parametrize("family", ["mamba2", "bamba"])
+def test_greedy_on_ssm_and_hybrid_targets(family):
+    from ssm_models import make_repetitive, tiny_ssm_target
+    from ssm_models import reference_greedy as ssm_reference
+
+    target = make_repetitive(tiny_ssm_target(family, seed=1))
+    prompt = [3, 4, 5, 6, 7, 3, 4, 5, 6, 7, 3, 4, 5, 9, 10, 11, 3, 4, 5, 6]
+    expected = ssm_reference(target, prompt, 32)
+    run = SpeculativeDecoder.from_names(target, "suffix", "trie", "greedy", "ssm-tree", budget=8)
+    results = [run.generate(prompt, max_new_tokens=32) for _ in range(2)]
+    assert all(r.tokens == expected for r in results)
+    assert results[1].metrics.accepted_draft_tokens > results[0].metrics.accepted_draft_tokens
+
+
+# --- merging -------------------------------------------------------------------------------------------
+
+
+def test_merge_is_a_union_scored_by_the_best_source():
+    request = SourceDraft(REQUEST, [5, 6, 7], [-1, 0, 0], [0.9, 0.5, 0.3], match_len=2)
+    responses = SourceDraft(RESPONSES, [5, 7, 8], [-1, 0, 1], [0.6, 0.6, 0.6], match_len=12)
+    proposal = merge([request, responses])
+    assert proposal.tokens.tolist() == [5, 6, 7, 8]
+    assert proposal.parents.tolist() == [-1, 0, 0, 2]
+    assert proposal.scores.tolist() == pytest.approx([0.9, 0.5, 0.6, 0.6])
+    assert proposal.group.tolist() == [group_of(REQUEST, 2)] * 2 + [group_of(RESPONSES, 12)] * 2
+    assert merge([]).tokens.size == 0
+
+
+def test_groups_fit_the_eight_labels_adaptive_speculation_learns():
+    labels = {group_of(s, n) for s in (REQUEST, RESPONSES, CORPUS) for n in range(1, 100)}
+    assert labels == set(range(8))
+
+
+# --- sampling ------------------------------------------------------------------------------------------
+
+PROMPT = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3]  # repeats, so the suffix trees find matches
+HOT = SamplingParams(temperature=1.0)
+
+
+@pytest.fixture(scope="module")
+def table_setup():
+    target = tiny_target(seed=0, vocab_size=8)
+    return target, LogitTable.from_target(target, PROMPT, 2)
+
+
+def table_decoder(table_setup, verifier: str, drafter: str = "suffix") -> SpeculativeDecoder:
+    target, table = table_setup
+    registry = get_registry()
+    d_cls = registry.get("drafter", drafter)
+    pipeline = Pipeline(d_cls(target), registry.get("tree builder", "trie")(),
+                        registry.get("verifier", verifier)(), TableBackend(target, table=table))
+    return SpeculativeDecoder(target, pipeline, budget=3)
+
+
+def test_sample_and_match_follows_the_target_law(table_setup):
+    _, table = table_setup
+    run = table_decoder(table_setup, "sample-match")
+    counts, accepted = decoder_counts(run, PROMPT, 2, 2000, HOT, max_new_tokens=4)
+    result = law_test(counts, exact_law(table, HOT))
+    assert result.pvalue >= P_PASS, f"suffix + trie + sample-match: {result}"
+    assert accepted > 100, f"the drafts were hardly accepted ({accepted})"
+
+
+@pytest.mark.parametrize("verifier", ["sample-match", "rejection"])
+def test_sampling_replays_plain_sampling_token_for_token(table_setup, verifier):
+    """Retrieved drafts carry no q: `rejection` falls back to sample-and-match, step by step, so every
+    request emits exactly the tokens plain sampling draws with the same seed."""
+    plain, run = table_decoder(table_setup, "sample-match", "none"), table_decoder(table_setup, verifier)
+    accepted = fallbacks = 0
+    for seed in range(200):
+        for d in (plain, run):
+            d.sampling = SamplingParams(1.0, seed=seed)
+        expected = plain.generate(PROMPT, max_new_tokens=4).tokens
+        result = run.generate(PROMPT, max_new_tokens=4)
+        assert result.tokens == expected, f"seed {seed}"
+        accepted += result.metrics.accepted_draft_tokens
+        fallbacks += result.metrics.fallback_steps
+    assert accepted > 0
+    assert (fallbacks > 0) == (verifier == "rejection")
+
+
+class TestSuffixConformance(DrafterConformance):
+    component = "suffix"
+
+
+# --- persistence ---------------------------------------------------------------------------------------
+
+
+def test_the_cache_persists_across_decoders(tiny, prompts, home):
+    prompt, expected = prompts[0]
+    first = decoder(tiny, "suffix(cache='chat')").generate(prompt, max_new_tokens=NEW)
+    path = home / "chat.json"
+    data = json.loads(path.read_text())
+    assert data["format"] == 1 and data["responses"] == [expected]
+    assert data["tokenizer"]["vocab_size"] == tiny.vocab_size
+    assert not list(home.glob("*.tmp"))  # written through a temporary file, then renamed
+    again = decoder(tiny, f"suffix(cache={str(path)!r})")  # the same file by its path
+    assert again.pipeline.drafter.stats()["responses"] == 1
+    warm = again.generate(prompt, max_new_tokens=NEW)
+    assert warm.tokens == expected and warm.metrics.steps < first.metrics.steps
+    assert len(json.loads(path.read_text())["responses"]) == 2
+
+
+def test_a_cache_for_another_tokenizer_is_refused_and_kept(tiny, prompts, home):
+    decoder(tiny, "suffix(cache='chat')").generate(prompts[0][0], max_new_tokens=8)
+    path = home / "chat.json"
+    before = path.read_bytes()
+    other = tiny_llama(seed=2, vocab=64)
+    with pytest.raises(SuffixCacheError, match=r"vocab 96.*vocab 64.*specframe cache clear chat"):
+        SuffixDrafter(other, cache="chat")
+    assert path.read_bytes() == before
+
+
+@pytest.mark.parametrize("content,message", [
+    ('{"format": 1, "responses": [[1, 2', "not valid JSON"),
+    ('[1, 2, 3]', "not a specframe suffix cache"),
+    ('{"format": 1, "tokenizer": {"name": "x"}, "responses": []}', "tokenizer"),
+    ('{"format": 1, "tokenizer": {"name": "x", "fingerprint": "raw-ids", "vocab_size": 96}, '
+     '"responses": [[1, 96]]}', "token ids in"),
+    ('{"format": 2, "tokenizer": {}, "responses": []}', "newer than the format 1"),
+])
+def test_damaged_or_newer_caches_are_refused_and_kept(tiny, tmp_path, content, message):
+    path = tmp_path / "mine.json"
+    path.write_text(content)
+    with pytest.raises(SuffixCacheError, match=message) as err:
+        SuffixDrafter(tiny, cache=str(path))
+    assert f"specframe cache clear {path}" in str(err.value)
+    assert path.read_text() == content
+
+
+def test_options_are_checked(tiny, tmp_path):
+    bad = [{"max_depth": 0}, {"max_cached": -1}, {"factor": -1.0}, {"min_prob": 1.5}, {"tree": "yes"},
+           {"offset": float("nan")}, {"cache": "chat", "max_cached": 0}, {"cache": str(tmp_path / "x.txt")},
+           {"cache": "bad name"}]
+    for options in bad:
+        with pytest.raises(ConfigurationError, match="suffix"):
+            SuffixDrafter(tiny, **options)
+
+
+def test_a_missing_or_changed_library_is_explained(tiny, monkeypatch):
+    class Bare:
+        pass
+
+    with pytest.raises(ConfigurationError, match="arctic-inference 0.3.0"):
+        check_internals(Bare(), type(None))
+    monkeypatch.setitem(sys.modules, "arctic_inference.suffix_decoding", None)  # import fails
+    with pytest.raises(ConfigurationError, match="no-build-isolation arctic-inference==0.3.0"):
+        SuffixDrafter(tiny)
+
+
+# --- a REST datastore as a third source ----------------------------------------------------------------
+
+
+def test_a_rest_corpus_is_a_third_labelled_source(tiny, prompts, tmp_path):
+    from specframe_rest.build import build_datastore
+    from specframe_rest.sources import TokenDocuments
+
+    prompt, expected = prompts[1]
+    store = tmp_path / "corpus"
+    build_datastore(store, [TokenDocuments("answers", "ids", documents=[prompt + expected])], tiny,
+                    progress=False)
+    drafter = SuffixDrafter(tiny, corpus=str(store), max_cached=0)
+    tokens = np.array(prompt + expected[:12])
+    found = drafter.corpus.draft(tokens, 8, 1.0, 0.0, 0.1)  # the whole text matches: 8 tokens, probability 1
+    assert list(found.tokens) == expected[12:20] and found.probs == [1.0] * 8 and found.group == 7
+    proposal = drafter.propose(DraftContext(tokens, len(prompt), budget=8))
+    node = -1
+    for token in expected[12:20]:  # the corpus path is in the merged forest
+        node = proposal.child(node, token)
+        assert node is not None
+    run = decoder(tiny, f"suffix(corpus={str(store)!r})")
+    result = run.generate(prompt, max_new_tokens=NEW)
+    assert result.tokens == expected and result.metrics.accepted_draft_tokens > 20
+
+
+# --- the command line ----------------------------------------------------------------------------------
+
+
+def test_cache_info_and_clear(tiny, prompts, home):
+    from specframe.cli import build_app
+
+    for name in ("chat", "code"):
+        decoder(tiny, f"suffix(cache={name!r})").generate(prompts[0][0], max_new_tokens=8)
+    (home / "broken.json").write_text("{")
+    runner, app = CliRunner(), build_app()
+    listing = runner.invoke(app, ["cache", "info"])
+    assert listing.exit_code == 0, listing.output
+    assert "chat: 1 responses, 8 tokens" in listing.output and "broken: unreadable" in listing.output
+    one = runner.invoke(app, ["cache", "info", "chat", "--json", "--memory"])
+    report = json.loads(one.output)
+    assert report["responses"] == 1 and report["tree_memory_bytes"] > 0
+    assert report["tokenizer"]["name"].startswith(tiny.name)
+    missing = runner.invoke(app, ["cache", "clear", "nope"])
+    assert isinstance(missing.exception, SuffixCacheError) and "broken, chat, code" in str(missing.exception)
+    assert runner.invoke(app, ["cache", "clear", "broken"]).exit_code == 0
+    assert sorted(p.name for p in home.iterdir()) == ["chat.json", "code.json"]
+    assert runner.invoke(app, ["cache", "clear"]).exit_code == 2  # neither a name nor --all
+    cleared = runner.invoke(app, ["cache", "clear", "--all"])
+    assert cleared.exit_code == 0 and "deleted 2 cache files" in cleared.output
+    assert not list(home.iterdir())
+
+
+def test_cache_errors_exit_2_with_a_message(home):
+    env = {**os.environ, "SPECFRAME_HOME": str(home.parent), "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-m", "specframe.cli", "cache", "info", "nope"], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2 and "error: no suffix cache 'nope'" in out.stderr
+    assert "Traceback" not in out.stderr
+    assert Path(home).exists() is False  # reading never creates the directory
