@@ -4,8 +4,7 @@
 budget then a cap) keeps, every step, the subtree with the most expected tokens per second
 (`selection.choose_subtree`) under a calibrated acceptance model and a measured cost model. When
 drafting itself is expensive (a draft model), it sizes the draft before drafting from the acceptance
-realised by position; and it skips drafting, probing now and then, while drafted steps emit more slowly
-than plain steps (by over 2 % for cheap drafting such as retrieval over an unrelated corpus). Both
+realised by position, and skips drafting while drafted steps emit more slowly than plain steps. Both
 planners record what they predicted, so the metrics can show predicted against realised tokens and
 step time.
 
@@ -28,7 +27,7 @@ from specframe.errors import ConfigurationError
 from specframe.records import DraftProposal, Prediction, VerifyResult
 from specframe.tree import TokenTree
 
-CHEAP_DRAFT = 0.02  # drafting under 2 % of a plain step is cheap (prompt lookup, retrieval)
+CHEAP_DRAFT = 0.02  # drafting under 2 % of a plain step always goes on (prompt lookup, retrieval)
 # While drafting does not pay, still draft now and then to keep learning: after 8 steps, then after twice
 # as many each time a probe confirms it, up to 64 (a wasted probe then costs under 2 % of the steps).
 PROBE_FIRST, PROBE_LAST = 8, 64
@@ -95,11 +94,9 @@ class AdaptivePlanner:
         return min(best, room)
 
     def should_draft(self) -> bool:
-        """Draft unless the drafted steps so far emitted tokens more slowly than plain steps would (for
-        cheap drafting, more than `CHEAP_DRAFT` more slowly: a step it wastes costs little, and a match
-        it misses may cost much); then probe at growing intervals."""
-        floor = 1.0 if self._expensive() else 1.0 - CHEAP_DRAFT
-        if self.gain > floor:
+        """Draft unless drafting is expensive (over `CHEAP_DRAFT` of a plain step) and the drafted steps
+        so far emitted tokens more slowly than plain steps would; then probe at growing intervals."""
+        if not self._expensive() or self.gain > 1.0:
             self._since_draft, self._probe_every = 0, PROBE_FIRST
         elif self._since_draft + 1 >= self._probe_every:  # probe now; wait longer before the next one
             self._since_draft, self._probe_every = 0, min(2 * self._probe_every, PROBE_LAST)
