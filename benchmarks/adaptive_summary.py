@@ -28,6 +28,19 @@ def rows(table: dict) -> list[dict]:
     return out
 
 
+def category_matrix(table: dict) -> list[str]:
+    """Speedup of every method in every category (methods as rows), when there are several categories."""
+    categories = [c for c in table if c != "overall"]
+    if len(categories) < 2:
+        return []
+    methods = [m for m in table["overall"] if not m.startswith("baseline")]
+    lines = ["", "| method | " + " | ".join(categories) + " |", "|---|" + "---|" * len(categories)]
+    for m in methods:
+        cells = [f"{table[c][m]['speedup']['mean']:.2f}" if m in table[c] else "-" for c in categories]
+        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def family(method: str) -> tuple[str, str | None]:
     name, _, budget = method.partition("@")
     return name, budget or None
@@ -44,6 +57,7 @@ def report(directory: Path) -> str:
         tau = f"{r['tau']:.2f}" if r["tau"] else "-"
         tree = f"{r['mean_tree']:.1f}" if r["mean_tree"] is not None else "-"
         lines.append(f"| {r['method']} | {r['speedup']:.2f} | {worst} | {slow} | {tau} | {tree} |")
+    lines += category_matrix(table)
     by_family: dict[str, dict[str, float]] = {}
     for r in found:
         name, budget = family(r["method"])
