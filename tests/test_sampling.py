@@ -167,7 +167,8 @@ def test_a_seeded_run_is_reproducible_and_sample_match_replays_plain_sampling(ta
     """Every emitted token of sample-match is one draw, so with the same seed it emits what plain
     sampling (drafter `none`, one token per step) emits."""
     plain = SpeculativeDecoder.from_names(target, "none", "chain", "sample-match", sampling=params)
-    spec = SpeculativeDecoder.from_names(target, "pld(min_ngram=1)", "chain", "sample-match", sampling=params)
+    spec = SpeculativeDecoder.from_names(target, "pld(min_ngram=1)", "chain", "sample-match", sampling=params,
+                                         budget=8)  # a fixed budget: trees every step, whatever they cost
     first = plain.generate(PROMPT, max_new_tokens=40)
     assert plain.generate(PROMPT, max_new_tokens=40).tokens == first.tokens
     result = spec.generate(PROMPT, max_new_tokens=40)

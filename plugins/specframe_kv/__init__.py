@@ -95,22 +95,36 @@ class KVCacheBackend(StateBackend):
         offsets = np.concatenate([offsets, offsets[-1] + 1 + np.arange(pad)])  # the padding: a chain tail
         out = self.model(input_ids=torch.from_numpy(ids)[None].to(device),
                          position_ids=torch.from_numpy(self._committed + offsets)[None].to(device),
-                         attention_mask=self._mask(tree, len(ids)), past_key_values=self.cache,
+                         attention_mask=self._padded(self._mask(tree), pad), past_key_values=self.cache,
                          use_cache=True, output_hidden_states=self.want_hidden)
         hidden = out.hidden_states[-1][0, :rows] if self.want_hidden else None  # (T, H)
         # The tree's keys/values stay in the cache after the committed ones: that is what commit keeps.
         return self.issue(TargetScores(logits=out.logits[0, :rows].float(), hidden=hidden, tree=tree))
 
-    def _mask(self, tree: TokenTree, rows: int) -> torch.Tensor | None:
-        """(1, 1, rows, P + rows) additive mask: the whole prefix, plus each node's ancestors and itself;
-        padding rows past the tree see everything before them, and no tree row sees them."""
+    def _mask(self, tree: TokenTree) -> torch.Tensor | None:
+        """(1, 1, T, P + T) additive mask: the whole prefix, plus each node's ancestors and itself."""
         if len(tree) == 0 or np.all(tree.parents == np.arange(len(tree)) - 1):
-            return None  # a chain (and its padding tail) is plain causal attention: the model's own mask
-        dtype, prefix = self.model.dtype, self._committed
-        allowed = torch.ones(rows, prefix + rows, dtype=torch.bool).tril_(prefix)
-        allowed[:len(tree) + 1, prefix:prefix + len(tree) + 1] = torch.from_numpy(tree.ancestor_mask)
+            return None  # a chain is plain causal attention: let the model build its own (faster) mask
+        dtype = self.model.dtype
+        allowed = torch.ones(len(tree) + 1, self._committed + len(tree) + 1, dtype=torch.bool)
+        allowed[:, self._committed:] = torch.from_numpy(tree.ancestor_mask)
         mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
         return mask[None, None].to(self.target.device)
+
+    @staticmethod
+    def _padded(mask: torch.Tensor | None, pad: int) -> torch.Tensor | None:
+        """`mask` grown by `pad` padding rows that see everything before them; no tree row sees them.
+        None (causal attention) stays None: padding after the last row is causal already."""
+        if mask is None or pad == 0:
+            return mask
+        rows, columns = mask.shape[-2:]
+        low = torch.finfo(mask.dtype).min
+        grown = torch.full((1, 1, rows + pad, columns + pad), low, dtype=mask.dtype, device=mask.device)
+        grown[..., :rows, :columns] = mask
+        sees = torch.ones(pad, columns + pad, dtype=torch.bool, device=mask.device).tril(columns)  # causal
+        blank = torch.zeros(sees.shape, dtype=mask.dtype, device=mask.device)
+        grown[0, 0, rows:] = blank.masked_fill_(~sees, low)
+        return grown
 
     @torch.inference_mode()
     def commit(self, scored: TargetScores, path: list[int], bonus: int) -> None:
