@@ -9,11 +9,8 @@ the kernel only under TRITON_INTERPRET=1, which times the interpreter, not the k
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
-
-from specframe import TokenTree
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -34,15 +31,9 @@ def binary_tree_parents(depth: int) -> list[int]:
 
 
 def inputs(depth: int) -> dict:
-    parents = binary_tree_parents(depth)
-    gen = torch.Generator().manual_seed(depth)
-    T = len(parents) + 1
-    mask = torch.from_numpy(TokenTree(np.zeros(len(parents), np.int64), np.array(parents)).ancestor_mask)
-    args = dict(x=torch.randn(T, H, P, generator=gen), dt=torch.rand(T, H, generator=gen),
-                A=-torch.rand(H, generator=gen) * 4, B=torch.randn(T, G, N, generator=gen),
-                C=torch.randn(T, G, N, generator=gen), D=torch.randn(H, generator=gen), mask=mask,
-                h0=torch.randn(H, P, N, generator=gen))
-    return {k: v.to("cuda") for k, v in args.items()}
+    from specframe_kernels.random_inputs import random_scan_inputs
+
+    return random_scan_inputs(binary_tree_parents(depth), H, P=P, G=G, N=N, seed=depth, device="cuda")
 
 
 @pytest.mark.parametrize("depth", [2, 3, 4, 5, 6])

@@ -75,18 +75,11 @@ def test_gpu_tests_in_a_fresh_process():
 # --- the Triton tree scan ----------------------------------------------------------------------------
 
 
-def scan_inputs(parents: list[int], H: int, G: int, P: int, N: int, seed: int, *, with_state: bool = True,
-                skip: str | None = "head", dtype: torch.dtype = torch.float32) -> dict:
-    """Random tree-scan inputs on CUDA for a forest `parents` under the root (see `tree_scan_ref`)."""
-    gen = torch.Generator().manual_seed(seed)
-    T = len(parents) + 1
-    mask = torch.from_numpy(TokenTree(np.zeros(len(parents), np.int64), np.array(parents)).ancestor_mask)
-    D = {"head": torch.randn(H, generator=gen), "channel": torch.randn(H, P, generator=gen), None: None}[skip]
-    args = dict(x=torch.randn(T, H, P, generator=gen), dt=torch.rand(T, H, generator=gen),
-                A=-torch.rand(H, generator=gen) * 4, B=torch.randn(T, G, N, generator=gen),
-                C=torch.randn(T, G, N, generator=gen), D=D, mask=mask,
-                h0=torch.randn(H, P, N, generator=gen) if with_state else None)
-    return {k: None if v is None else v.to(CUDA, v.dtype if k == "mask" else dtype) for k, v in args.items()}
+def scan_inputs(parents: list[int], H: int, G: int, P: int, N: int, seed: int, **options) -> dict:
+    """Random tree-scan inputs on CUDA (`specframe_kernels.random_inputs`)."""
+    from specframe_kernels.random_inputs import random_scan_inputs
+
+    return random_scan_inputs(parents, H, G, P, N, seed, device=CUDA, **options)
 
 
 @pytest.fixture

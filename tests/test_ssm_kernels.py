@@ -21,6 +21,7 @@ from hypothesis import given, settings, strategies as st  # noqa: E402
 
 pytest.importorskip("triton")
 from specframe_kernels import tree_scan, tree_scan_ref  # noqa: E402
+from specframe_kernels.random_inputs import random_scan_inputs  # noqa: E402
 
 from specframe import TokenTree  # noqa: E402
 
@@ -40,15 +41,7 @@ def test_kernels_in_a_fresh_process():
     assert " passed" in summary and "skipped" not in summary, summary
 
 
-def inputs(parents, H, G, P, N, seed, with_state=True, skip="head"):
-    gen = torch.Generator().manual_seed(seed)
-    T = len(parents) + 1
-    mask = torch.from_numpy(TokenTree(np.zeros(len(parents), np.int64), np.array(parents)).ancestor_mask)
-    D = {"head": torch.randn(H, generator=gen), "channel": torch.randn(H, P, generator=gen), None: None}[skip]
-    return dict(x=torch.randn(T, H, P, generator=gen), dt=torch.rand(T, H, generator=gen),
-                A=-torch.rand(H, generator=gen) * 4, B=torch.randn(T, G, N, generator=gen),
-                C=torch.randn(T, G, N, generator=gen), D=D, mask=mask,
-                h0=torch.randn(H, P, N, generator=gen) if with_state else None)
+inputs = random_scan_inputs  # the kernels' shared random inputs
 
 
 @in_this_process
