@@ -58,7 +58,8 @@ def make_runner(target, method: str):
     registry, sampling = specframe.get_registry(), specframe.SamplingParams()
     try:
         if method == "baseline":
-            return PipelineRunner(target, baseline_spec(ComponentSpec("kv", {})), sampling, registry, None)
+            return PipelineRunner(target, baseline_spec(ComponentSpec("kv", {}), greedy=sampling.greedy),
+                                  sampling, registry, None)
         if method.startswith("hf-"):
             return PeerRunner(target, parse_peers(method)[0], sampling)
         return PipelineRunner(target, parse_method(method, registry), sampling, registry, "baseline")

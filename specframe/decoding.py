@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 import numpy as np
@@ -64,17 +64,21 @@ class SpeculativeDecoder:
                    phase_timing=phase_timing)
 
     def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 128,
-                 stop: Sequence[str] = ()) -> GenerationResult:
-        """Decode up to `max_new_tokens` after `prompt` (text or token ids), stopping at EOS or `stop`."""
+                 stop: Sequence[str] = (), *, seed: int | None = None) -> GenerationResult:
+        """Decode up to `max_new_tokens` after `prompt` (text or token ids), stopping at EOS or `stop`.
+
+        `seed` replaces the sampling seed for this request only (e.g. one seed per sample of best-of-n);
+        None keeps `sampling.seed`."""
         prompt_ids = self._encode(prompt)
         self._check_request(prompt_ids, max_new_tokens)
+        sampling = self.sampling if seed is None else replace(self.sampling, seed=seed)
         planner = self._planner()  # the first request may calibrate the cost: not part of its time
         hook = self.registry.hook
         hook.on_decode_start(decoder=self, prompt_ids=prompt_ids)
         device, sync = self.target.device, synchronizer(self.target.device)
         reset_peak_memory(device)  # on CUDA the peak is this request's, not the process's
         start = now()
-        tokens, metrics, reason = self._decode(planner, prompt_ids, max_new_tokens, stop)
+        tokens, metrics, reason = self._decode(planner, prompt_ids, max_new_tokens, stop, sampling)
         if sync is not None:
             sync()  # queued work is part of the request's time
         metrics.wall_s = now() - start
@@ -88,11 +92,11 @@ class SpeculativeDecoder:
         return result
 
     def _decode(self, planner: FixedPlanner | AdaptivePlanner, prompt_ids: list[int], max_new_tokens: int,
-                stop: Sequence[str]):
+                stop: Sequence[str], sampling: SamplingParams):
         """The loop, in the paper's words. Returns (new tokens, metrics, finish reason)."""
         drafter, tree_builder, verifier, backend = (
             self.pipeline.drafter, self.pipeline.tree_builder, self.pipeline.verifier, self.pipeline.backend)
-        sampler = Sampler(self.sampling, device=self.target.device)
+        sampler = Sampler(sampling, device=self.target.device)
         metrics = DecodeMetrics(prompt_tokens=len(prompt_ids), phase_timing=self.phase_timing)
         sync = synchronizer(self.target.device)  # None on the CPU
         phase_sync = sync if self.phase_timing else None

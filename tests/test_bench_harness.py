@@ -106,7 +106,7 @@ class BrokenPlugin:
 def test_a_broken_verifier_is_reported_as_a_mismatch(target, tmp_path):
     registry = specframe.PluginRegistry()
     registry.register_plugin(BrokenPlugin, name="broken")
-    method = "pld(min_ngram=1)+chain+accept-everything"
+    method = "pld(min_ngram=1)+chain+accept-everything@4"  # fixed: `auto` may choose not to draft
     run, table = run_benchmark(target, PROMPTS[1:], [method], tmp_path, peers="hf-generate", repeats=1,
                                max_new_tokens=24, registry=registry, plots=False, progress=False)
     assert run.mismatches and {m.method for m in run.mismatches} == {method}
@@ -120,11 +120,11 @@ def test_an_interrupted_run_resumes_where_it_stopped(target, tmp_path, monkeypat
     real = bench_runner.PipelineRunner.generate
     calls = {"n": 0}
 
-    def flaky(self, ids, max_new_tokens):
+    def flaky(self, ids, max_new_tokens, seed=None):
         calls["n"] += 1
         if calls["n"] == 6:  # 2 warm-ups, then 3 timed generations, then the "power cut"
             raise KeyboardInterrupt
-        return real(self, ids, max_new_tokens)
+        return real(self, ids, max_new_tokens, seed)
 
     monkeypatch.setattr(bench_runner.PipelineRunner, "generate", flaky)
     kwargs = dict(peers="none", repeats=2, max_new_tokens=NEW_TOKENS, plots=False, progress=False)
@@ -173,3 +173,31 @@ def test_the_bench_command_writes_tables_and_plots(target, tmp_path):
     assert "| pld(max_ngram=2)+chain |" in result.output and "### qa" in result.output
     assert {p.name for p in out.iterdir()} >= {"records.jsonl", "results.json", "results.md", "speedup.png",
                                                "acceptance_histogram.png", "time_split.png", "settings.json"}
+
+
+def test_sampled_repeats_are_different_samples_drawn_alike_by_every_method(target, tmp_path):
+    """With --seed S, repeat r samples with seed S + r: n repeats are n samples of a prompt (best-of-n),
+    and `sample-match`, which draws one token per emitted token, reproduces plain sampling's tokens."""
+    sampling = specframe.SamplingParams(temperature=1.0, seed=11)
+    run, _ = run_benchmark(target, PROMPTS[1:], ["pld+chain+sample-match@4"], tmp_path, peers="none",
+                           repeats=3, max_new_tokens=NEW_TOKENS, sampling=sampling, progress=False,
+                           plots=False)
+    by = {(r["method"], r["repeat"]): r for r in run.records}
+    assert [by["baseline", rep]["seed"] for rep in range(3)] == [11, 12, 13]
+    samples = {tuple(by["baseline", rep]["tokens"]) for rep in range(3)}
+    assert len(samples) == 3  # three different samples, not one sample three times
+    for rep in range(3):
+        assert by["pld+chain+sample-match@4", rep]["tokens"] == by["baseline", rep]["tokens"]
+
+
+def test_a_request_seed_replaces_the_sampling_seed_for_that_request_only(target):
+    decoder = specframe.SpeculativeDecoder.from_names(
+        target, "none", verifier="sample-match", budget=1,
+        sampling=specframe.SamplingParams(temperature=1.0, seed=3))
+    fixed = decoder.generate([1, 2, 3], max_new_tokens=8).tokens
+    other = decoder.generate([1, 2, 3], max_new_tokens=8, seed=4).tokens
+    assert decoder.generate([1, 2, 3], max_new_tokens=8).tokens == fixed
+    seeded4 = specframe.SpeculativeDecoder.from_names(
+        target, "none", verifier="sample-match", budget=1,
+        sampling=specframe.SamplingParams(temperature=1.0, seed=4))
+    assert seeded4.generate([1, 2, 3], max_new_tokens=8).tokens == other != fixed

@@ -9,7 +9,7 @@ import specframe
 from specframe.bench.methods import parse_method, resolve_methods, split_parts, usable_presets
 from specframe.bench.peers import parse_peers, truncated_assistant
 from specframe.bench.report import method_stats
-from specframe.bench.suites import load_suite
+from specframe.bench.suites import BenchPrompt, load_suite
 from specframe.bench.synthetic import SyntheticDrafter
 from specframe.errors import ConfigurationError, UnknownComponentError
 from specframe.testing import tiny_target
@@ -109,3 +109,14 @@ def test_speedup_is_the_mean_of_per_turn_ratios_over_repeats():
     assert stats["tau"] == pytest.approx(40 / 20) and stats["alpha"] == pytest.approx(20 / 32)
     assert stats["acceptance_histogram"] == [4, 8, 8]
     assert stats["time_per_step_ms"]["forward"] == pytest.approx(1000 * 0.04 / 20)
+
+
+def test_shards_split_a_suite_into_disjoint_interleaved_parts():
+    from specframe.bench.harness import take_shard
+
+    prompts = [BenchPrompt(str(i), "c", ("q",)) for i in range(7)]
+    parts = [take_shard(prompts, f"{i}/3") for i in range(3)]
+    assert [[p.qid for p in part] for part in parts] == [["0", "3", "6"], ["1", "4"], ["2", "5"]]
+    for bad in ("3/3", "-1/2", "1", "a/b", "1/0"):
+        with pytest.raises(ConfigurationError, match="--shard must be I/N"):
+            take_shard(prompts, bad)

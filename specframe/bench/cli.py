@@ -20,6 +20,9 @@ def bench_command(
                               "hf-pld(num_tokens=10), hf-assisted(layers=8,num_tokens=4)."),
     limit: Optional[int] = typer.Option(None, help="Questions per category (default: all)."),
     turns: Optional[int] = typer.Option(None, help="Turns per question at most (default: all)."),
+    shard: Optional[str] = typer.Option(None, help="I/N: only every N-th question from the I-th (0-based), "
+                                        "e.g. 0/2 and 1/2 in two processes; merge their records.jsonl "
+                                        "into one --out and rerun without --shard for the whole table."),
     repeats: int = typer.Option(3, help="Timed runs of every (method, question)."),
     out: Path = typer.Option(Path("results/bench"), help="Directory for records, tables and plots."),
     model: str = model_option(),
@@ -33,7 +36,8 @@ def bench_command(
         None, "--synthetic-acceptance", help="Also run a drafter accepted with this probability per token "
         "(measures the framework's own overhead)."),
     temperature: float = typer.Option(0.0, help="0 = greedy (outputs then checked against the baseline)."),
-    seed: Optional[int] = typer.Option(None, help="Seed for sampled runs."),
+    seed: Optional[int] = typer.Option(None, help="Seed for sampled runs: repeat r samples with seed + r "
+                                       "(the repeats are n samples of each question) in every method."),
     threads: Optional[int] = typer.Option(None, help="torch intra-op threads (default: torch's choice). "
                                           "On a busy machine 1 thread times far more steadily."),
     clock: str = typer.Option("wall", help="wall, or cpu: this process's CPU time, which other processes on "
@@ -67,7 +71,7 @@ def bench_command(
     run, table = run_benchmark(
         target, suite, _split(methods), out, peers=peers, limit=limit, repeats=repeats,
         max_new_tokens=max_new_tokens, budget=budget,
-        synthetic_acceptance=synthetic_acceptance, max_turns=turns,
+        synthetic_acceptance=synthetic_acceptance, max_turns=turns, shard=shard,
         sampling=sampling,
         plots=plots, fresh=fresh, phase_timing=phase_timing)
     typer.echo((out / "results.md").read_text("utf-8"))

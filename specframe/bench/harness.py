@@ -26,7 +26,8 @@ def run_benchmark(target: Target, suite: str | list[BenchPrompt], methods: list[
                   peers: str = "all", limit: int | None = None, repeats: int = 3, max_new_tokens: int = 128,
                   budget: int | str = "auto", synthetic_acceptance: float | None = None,
                   sampling: SamplingParams | None = None, registry: PluginRegistry | None = None,
-                  max_turns: int | None = None, plots: bool = True, progress: bool = True,
+                  max_turns: int | None = None, shard: str | None = None, plots: bool = True,
+                  progress: bool = True,
                   fresh: bool = False, warmup: bool = True, phase_timing: bool = True,
                   command: str | None = None) -> tuple[BenchRun, dict]:
     """Benchmark `methods` (specs or presets) against plain decoding and the transformers `peers` on
@@ -38,8 +39,10 @@ def run_benchmark(target: Target, suite: str | list[BenchPrompt], methods: list[
     sampling = sampling or SamplingParams()
     out = Path(out)
     prompts = load_suite(suite, limit) if isinstance(suite, str) else list(suite)
+    if shard is not None:
+        prompts = take_shard(prompts, shard)
     if not prompts:
-        raise ConfigurationError("no prompts to benchmark: check --suite and --limit")
+        raise ConfigurationError("no prompts to benchmark: check --suite, --limit and --shard")
     if max_turns is not None:
         if max_turns < 1:
             raise ConfigurationError(f"--turns must be >= 1, got {max_turns}")
@@ -72,3 +75,15 @@ def run_benchmark(target: Target, suite: str | list[BenchPrompt], methods: list[
 
         write_plots(table, out, title=f"{settings['suite']} ({target.name})")
     return run, table
+
+
+def take_shard(prompts: list[BenchPrompt], shard: str) -> list[BenchPrompt]:
+    """Shard `I/N` of `prompts`: every N-th prompt from the I-th, so N processes (or machines) share a
+    suite; their records merge into one directory, keyed by question (`RecordStore`)."""
+    try:
+        index, count = (int(x) for x in shard.split("/"))
+    except ValueError:
+        index = count = -1
+    if not 0 <= index < count:
+        raise ConfigurationError(f"--shard must be I/N with 0 <= I < N, e.g. 0/2, got {shard!r}")
+    return prompts[index::count]

@@ -38,11 +38,17 @@ class MethodSpec:
         return (self.drafter, self.tree, self.verifier, self.backend)
 
 
-def baseline_spec(backend: ComponentSpec, label: str = "baseline") -> MethodSpec:
-    """Plain decoding (drafter `none`) through `backend`: what every speedup is measured against."""
+SAMPLING_BASELINE_VERIFIER = "sample-match"  # with no drafts: one draw from p per token, plain sampling
+
+
+def baseline_spec(backend: ComponentSpec, label: str = "baseline", greedy: bool = True) -> MethodSpec:
+    """Plain decoding (drafter `none`) through `backend`: what every speedup is measured against. Sampled
+    runs (`greedy` False) verify with `sample-match`, which, given no drafts, samples each token from the
+    target's distribution with the request's generator, as plain sampling does."""
+    verifier = DEFAULT_COMPONENTS[ComponentKind.VERIFIER] if greedy else SAMPLING_BASELINE_VERIFIER
     return MethodSpec(label, ComponentSpec(PLAIN_DRAFTER, {}),
                       ComponentSpec(DEFAULT_COMPONENTS[ComponentKind.TREE_BUILDER], {}),
-                      ComponentSpec(DEFAULT_COMPONENTS[ComponentKind.VERIFIER], {}), backend, budget=1)
+                      ComponentSpec(verifier, {}), backend, budget=1)
 
 
 def split_parts(text: str, sep: str = "+") -> list[str]:

@@ -100,11 +100,13 @@ class PeerRunner:
             self.kwargs["assistant_model"] = assistant
 
     @torch.inference_mode()
-    def generate(self, prompt_ids: list[int], max_new_tokens: int) -> tuple[list[int], dict]:
+    def generate(self, prompt_ids: list[int], max_new_tokens: int,
+                 seed: int | None = None) -> tuple[list[int], dict]:
         input_ids = torch.tensor([prompt_ids], device=self.target.device)  # (1, P)
         clock = StepClock()
-        if self.seed is not None:
-            torch.manual_seed(self.seed)
+        seed = self.seed if seed is None else seed
+        if seed is not None:
+            torch.manual_seed(seed)
         eos = sorted(self.target.eos_token_ids)
         device = self.target.device
         if device.type == "cuda":

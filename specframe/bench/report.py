@@ -72,6 +72,10 @@ def method_stats(records: list[dict], base: dict[tuple, dict] | None) -> dict:
         "peak_memory_bytes": max(x["peak_memory_bytes"] for x in metrics),
         "mean_tree_size": sum(x["draft_tokens"] or 0 for x in metrics) / steps if steps else None,
         "slow_turns": len(slow) / len(records) if base is not None else None,
+        "drafted_per_accepted": (sum(drafted) / sum(x["accepted_draft_tokens"] for x in metrics)
+                                 if alpha else None),
+        "drafter_stats": next((r["metrics"]["drafter_stats"] for r in reversed(records)
+                               if r["metrics"].get("drafter_stats")), None),  # after the last request
         **predictions(metrics),
     }
 
@@ -130,8 +134,8 @@ def markdown(table: dict, run: BenchRun, header: str = "") -> str:
                   "| tokens/s excl. prefill | identical to baseline |",
                   "|---|---|---|---|---|---|---|---|"]
         for label, s in rows.items():
-            ident = "n/a" if not lossless[label] else ("MISMATCH x%d" % s["mismatches"] if s["mismatches"]
-                                                       else "yes")
+            ident = ("n/a" if not lossless[label] else "not checked (sampled)" if not run.identity_checked
+                     else "MISMATCH x%d" % s["mismatches"] if s["mismatches"] else "yes")
             alpha = "-" if s["alpha"] is None else f"{s['alpha']:.2f}"
             tau = "-" if s["tau"] is None else f"{s['tau']:.2f}"
             lines.append(f"| {label} | {_fmt(s['speedup'])} | {_fmt(s['speedup_excl_prefill'])} | {tau} | "
@@ -149,16 +153,27 @@ def adaptive_table(rows: dict) -> list[str]:
     def num(value, digits=2, scale=1.0):
         return "-" if value is None else f"{value * scale:.{digits}f}"
 
-    lines = ["| method | mean tree | turns < 0.9x | tokens/step predicted / realised "
-             "| step ms predicted / realised | drafting skipped |", "|---|---|---|---|---|---|"]
+    lines = ["| method | mean tree | drafted per accepted | turns < 0.9x | tokens/step predicted / realised "
+             "| step ms predicted / realised | drafting skipped | drafter memory |",
+             "|---|---|---|---|---|---|---|---|"]
     for label, s in rows.items():
         if s.get("slow_turns") is None:
             continue
-        lines.append(f"| {label} | {num(s['mean_tree_size'], 1)} | {num(s['slow_turns'], 0, 100)} % "
+        lines.append(f"| {label} | {num(s['mean_tree_size'], 1)} | {num(s.get('drafted_per_accepted'), 1)} "
+                     f"| {num(s['slow_turns'], 0, 100)} % "
                      f"| {num(s['predicted_tokens_per_step'])} / {num(s['realised_tokens_per_step'])} "
                      f"| {num(s['predicted_step_ms'], 1)} / {num(s['realised_step_ms'], 1)} "
-                     f"| {s['drafting_skipped']} |")
+                     f"| {s['drafting_skipped']} | {memory(s.get('drafter_stats'))} |")
     return lines + [""] if len(lines) > 2 else []
+
+
+def memory(stats: dict | None) -> str:
+    """A drafter's `stats()` in a table cell: its memory, and the responses and tokens it keeps if it says."""
+    if not stats or stats.get("memory_bytes") is None:
+        return "-"
+    kept = f" ({stats['responses']} responses, {stats['tokens']} tokens)" if "responses" in stats else ""
+    size = stats["memory_bytes"]
+    return (f"{size / 2**20:.1f} MiB" if size >= 2**20 else f"{size / 2**10:.0f} KiB") + kept
 
 
 def write_reports(run: BenchRun, out: Path, settings: dict, header: str = "") -> dict:

@@ -2,7 +2,9 @@
 
 Order: for each prompt, for each repeat, for each turn, every method runs once, the order rotated by one
 place per prompt and repeat, so slow drifts of a shared machine (thermal state, other processes) and any
-cost of running first or after a given method hit all methods alike. One warm-up generation per method runs before any timing and is not recorded.
+cost of running first or after a given method hit all methods alike. One warm-up generation per method,
+on a prompt of no suite, runs before any timing and is not recorded. Sampled runs with `--seed S` draw
+repeat r with seed S + r in every method: the repeats are n different samples of each prompt.
 
 Every finished (method, question, turn, repeat) is appended at once to `records.jsonl`; a rerun with the
 same `--out` skips what is there, so an interrupted run resumes where it stopped. The output of every
@@ -33,6 +35,7 @@ from specframe.bench.suites import BenchPrompt, encode_turn
 from specframe.bench.synthetic import SyntheticDrafter
 
 WARMUP_TOKENS = 16
+WARMUP_PROMPT = "Count from one to ten in words."
 
 
 class PipelineRunner:
@@ -45,10 +48,16 @@ class PipelineRunner:
                                                      sampling=sampling, registry=registry,
                                                      phase_timing=phase_timing)
         self.lossless = registry.get(ComponentKind.VERIFIER, spec.verifier.name).capabilities.lossless
+        self.seed = sampling.seed
 
-    def generate(self, prompt_ids: list[int], max_new_tokens: int) -> tuple[list[int], dict]:
-        result = self.decoder.generate(prompt_ids, max_new_tokens=max_new_tokens)
-        return result.tokens, result.metrics.to_dict()
+    def generate(self, prompt_ids: list[int], max_new_tokens: int,
+                 seed: int | None = None) -> tuple[list[int], dict]:
+        result = self.decoder.generate(prompt_ids, max_new_tokens=max_new_tokens, seed=seed)
+        metrics = result.metrics.to_dict()
+        stats = getattr(self.decoder.pipeline.drafter, "stats", None)
+        if callable(stats):
+            metrics["drafter_stats"] = stats()  # e.g. the suffix drafter's cache size and memory
+        return result.tokens, metrics
 
 
 class SyntheticRunner(PipelineRunner):
@@ -79,7 +88,7 @@ def build_runners(target: Target, methods: list[MethodSpec], peers: list[PeerSpe
     if not backends:
         raise ConfigurationError("no backend to run the plain-decoding baseline on: name one in a method, "
                                  "e.g. 'pld+chain+greedy+ssm-tree'")
-    bases = [baseline_spec(b, "baseline" if key == default else f"baseline[{key}]")
+    bases = [baseline_spec(b, "baseline" if key == default else f"baseline[{key}]", sampling.greedy)
              for key, b in backends.items()]
     base_of = {spec_text(b.backend): b.label for b in bases}
     runners: list = [PipelineRunner(target, b, sampling, registry, None, phase_timing) for b in bases]
@@ -210,6 +219,7 @@ class BenchRun:
     runners: list
     prompts: list[BenchPrompt]
     mismatches: list[Mismatch] = field(default_factory=list)
+    identity_checked: bool = True  # greedy runs; sampled outputs are not compared
 
 
 def check_settings(out: Path, settings: dict) -> None:
@@ -264,12 +274,14 @@ def run_bench(target: Target, prompts: list[BenchPrompt], runners: list, *, repe
     wanted = [(r.label, p.qid, t, rep) for p in prompts for rep in range(repeats)
               for t in range(len(p.turns)) for r in runners]
     todo = [k for k in wanted if k not in store.records]
-    run = BenchRun([], runners, prompts)
+    run = BenchRun([], runners, prompts, identity_checked=check_identity)
     bar = tqdm(total=len(wanted), initial=len(wanted) - len(todo), desc="bench", unit="gen",
                disable=not progress, file=sys.stderr, mininterval=1 if sys.stderr.isatty() else 20)
     if warmup and todo:
         busy = {k[0] for k in todo}
-        ids = encode_turn(tokenizer, prompts[0], 0, [])
+        # A prompt of no suite: methods that remember earlier responses (`suffix`) learn nothing from it.
+        warm = BenchPrompt("warmup", "warmup", (WARMUP_PROMPT,), prompts[0].chat)
+        ids = encode_turn(tokenizer, warm, 0, [])
         for runner in runners:
             if runner.label in busy:
                 if isinstance(runner, SyntheticRunner):
@@ -287,9 +299,11 @@ def run_bench(target: Target, prompts: list[BenchPrompt], runners: list, *, repe
                         if isinstance(runner, SyntheticRunner):
                             base = store.get(runner.baseline, prompt.qid, turn, rep)
                             runner.drafter.reference = base["tokens"]
-                        tokens, metrics = runner.generate(ids, max_new_tokens)
+                        seed = request_seed(runner, rep)
+                        tokens, metrics = runner.generate(ids, max_new_tokens, seed=seed)
                         record = {"method": runner.label, "qid": prompt.qid, "category": prompt.category,
-                                  "turn": turn, "repeat": rep, "tokens": tokens, "metrics": metrics}
+                                  "turn": turn, "repeat": rep, "tokens": tokens, "metrics": metrics,
+                                  "seed": seed}
                         store.add(record)
                         bar.update()
                     run.records.append(record)
@@ -304,6 +318,14 @@ def run_bench(target: Target, prompts: list[BenchPrompt], runners: list, *, repe
                             tqdm.write(f"\033[1;31m{mismatch.describe()}\033[0m", file=sys.stderr)
     bar.close()
     return run
+
+
+def request_seed(runner, repeat: int) -> int | None:
+    """The sampling seed of one request: `--seed` plus the repeat, so the repeats of a sampled run are
+    n different samples (best-of-n) while every method draws with the same seed on the same repeat; None
+    (fresh seeds) without `--seed`."""
+    seed = runner.seed
+    return None if seed is None else seed + repeat
 
 
 def rotation(runners: list, shift: int) -> list:
