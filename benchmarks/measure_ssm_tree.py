@@ -4,7 +4,10 @@ Full binary trees of depth 4, 5 and 6 (15, 31, 63 packed nodes) on random-weight
 layer dimensions (d_model 2560, 80 heads x 64, d_state 128, 1 group, conv 4, vocab 50288), float32:
 - `ssm`: a Mamba2ForCausalLM with `--layers` Mamba2 layers;
 - `hybrid`: a NemotronH model in the Mamba2-attention 2.7B layout, one attention layer (20 heads x 128) per
-  ten layers, `--hybrid-layers` layers in all.
+  ten layers, `--hybrid-layers` layers in all;
+- `gdn`: a Qwen3-Next model with the gated DeltaNet dimensions of Qwen3-Next-80B-A3B (d_model 2048, 16 key
+  heads and 32 value heads of 128, conv 4), three DeltaNet layers per gated attention layer (16 heads of
+  256, 2 KV heads), a dense MLP of 5120 instead of the MoE, the same vocabulary; `--gdn-layers` in all.
 Each (model, backend, depth) runs in a fresh subprocess. Peak memory is the growth of the process's peak
 resident set during the call (VmHWM reset through /proc/self/clear_refs, freed heap trimmed first); on a
 GPU it is torch.cuda.max_memory_allocated growth. Time is the minimum of `--repeats` calls after a warm-up,
@@ -41,6 +44,16 @@ def build_model(kind: str, layers: int, chunk: int):
                               num_heads=d["heads"], head_dim=d["head_dim"], state_size=d["state"],
                               n_groups=d["groups"], expand=2, conv_kernel=d["conv"], chunk_size=chunk)
         return Mamba2ForCausalLM(config)
+    if kind == "gdn":
+        from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+        types = ["full_attention" if i % 4 == 3 else "linear_attention" for i in range(layers)]
+        config = Qwen3NextConfig(vocab_size=d["vocab"], hidden_size=2048, num_hidden_layers=layers,
+                                 layer_types=types, linear_num_key_heads=16, linear_num_value_heads=32,
+                                 linear_key_head_dim=128, linear_value_head_dim=128,
+                                 linear_conv_kernel_dim=d["conv"], num_attention_heads=16,
+                                 num_key_value_heads=2, head_dim=256, intermediate_size=5120, num_experts=0)
+        return Qwen3NextForCausalLM(config)
     types = ["full_attention" if i % 10 == 9 else "linear_attention" for i in range(layers)]
     config = NemotronHConfig(vocab_size=d["vocab"], hidden_size=d["hidden"], layers_block_type=types,
                              mamba_num_heads=d["heads"], mamba_head_dim=d["head_dim"], n_groups=d["groups"],
@@ -120,13 +133,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--hybrid-layers", type=int, default=10)
+    parser.add_argument("--gdn-layers", type=int, default=8)
     parser.add_argument("--depths", type=int, nargs="+", default=[2, 3, 4, 5, 6])
     parser.add_argument("--prefix", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--chunk", type=int, default=8, help="HF chunk size; >= the longest path avoids "
                         "padding each unrolled path to a long chunk")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--kinds", nargs="+", default=["ssm", "hybrid"])
+    parser.add_argument("--kinds", nargs="+", default=["ssm", "hybrid"], choices=["ssm", "hybrid", "gdn"])
     parser.add_argument("--out", default="results/ssm_tree")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     parser.add_argument("--time", choices=["wall", "cpu"], default="wall", help="which time the fits use")
@@ -136,7 +150,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     if args.case:  # child process: one measurement, JSON on stdout
         kind, backend, depth = args.case.split(":")
-        layers = args.layers if kind == "ssm" else args.hybrid_layers
+        layers = {"ssm": args.layers, "hybrid": args.hybrid_layers, "gdn": args.gdn_layers}[kind]
         print(json.dumps(one_case(kind, layers, backend, int(depth), args.prefix, args.repeats, args.chunk,
                                   args.device)))
         return
@@ -161,6 +175,7 @@ def main() -> None:
 
 def _passthrough(args) -> list[str]:
     return ["--layers", str(args.layers), "--hybrid-layers", str(args.hybrid_layers),
+            "--gdn-layers", str(args.gdn_layers),
             "--prefix", str(args.prefix), "--repeats", str(args.repeats), "--chunk", str(args.chunk),
             "--device", args.device, "--threads", str(args.threads)]
 

@@ -23,19 +23,26 @@ VOCAB = 64
 
 
 def _randomize_ssm(model: torch.nn.Module, seed: int) -> None:
-    """Random A_log, dt_bias and D so decays, clamps and skips are all exercised."""
+    """Random A_log, dt_bias and (Mamba2) D so decays, clamps and skips are all exercised."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for m in model.modules():
             if hasattr(m, "A_log") and hasattr(m, "dt_bias"):
                 m.A_log.copy_(torch.rand(m.A_log.shape, generator=gen) * 2.0 - 1.0)
                 m.dt_bias.copy_(torch.randn(m.dt_bias.shape, generator=gen))
-                m.D.copy_(torch.randn(m.D.shape, generator=gen))
+                if hasattr(m, "D"):
+                    m.D.copy_(torch.randn(m.D.shape, generator=gen))
+
+
+# Gated DeltaNet hybrids: the recurrent layers first (as in both models), attention after.
+_DELTA = dict(hidden_size=32, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+              linear_key_head_dim=8, linear_value_head_dim=8, initializer_range=0.2)
 
 
 def tiny_ssm_target(kind: str = "mamba2", *, groups: int = 2, conv: int = 4, dt_min: float = 0.0,
                 seed: int = 0) -> Target:
-    """A tiny random target of family `kind` ("mamba2", "bamba" or "nemotronh"), float32, eval mode."""
+    """A tiny random target of family `kind` ("mamba2", "bamba", "nemotronh", or the gated DeltaNet hybrids
+    "qwen3_next" and "olmo_hybrid", where `groups` is the key head count), float32, eval mode."""
     torch.manual_seed(seed)
     # A wide init so that every layer, the SSM ones included, moves the logits visibly.
     common = dict(vocab_size=VOCAB, hidden_size=32, initializer_range=0.2)
@@ -57,6 +64,18 @@ def tiny_ssm_target(kind: str = "mamba2", *, groups: int = 2, conv: int = 4, dt_
                                  conv_kernel=conv, chunk_size=8, num_attention_heads=4, num_key_value_heads=2,
                                  head_dim=8, intermediate_size=48, expand=2)
         model = NemotronHForCausalLM(config)
+    elif kind == "qwen3_next":
+        config = transformers.Qwen3NextConfig(
+            **_NO_SPECIAL_IDS, **_DELTA, num_hidden_layers=3,
+            layer_types=["linear_attention", "full_attention", "linear_attention"],
+            linear_num_key_heads=groups, linear_num_value_heads=4, linear_conv_kernel_dim=conv, num_experts=0)
+        model = transformers.Qwen3NextForCausalLM(config)
+    elif kind == "olmo_hybrid":
+        config = transformers.OlmoHybridConfig(
+            **_NO_SPECIAL_IDS, **_DELTA, num_hidden_layers=3,
+            layer_types=["linear_attention", "linear_attention", "full_attention"],
+            linear_num_key_heads=groups, linear_num_value_heads=4, linear_conv_kernel_dim=conv)
+        model = transformers.OlmoHybridForCausalLM(config)
     else:
         raise ValueError(kind)
     _randomize_ssm(model, seed)

@@ -1,4 +1,5 @@
-"""`ssm-tree` and `ssm-unrolled` against the naive per-path reference (tests/ssm_models.py): tree logits
+"""`ssm-tree` and `ssm-unrolled` against the naive per-path reference (tests/ssm_models.py), on Mamba2,
+Bamba, NemotronH and the gated DeltaNet hybrids Qwen3-Next and OLMo-hybrid: tree logits
 equal plain per-path logits, scoring never touches the committed state, and after committing any path the
 conv state, SSM state, KV cache and next-token logits equal those of the plain sequential run."""
 
@@ -28,6 +29,9 @@ TREES = {
     "several roots": [-1, -1, 1, 0, 2, -1, 5],
 }
 ATOL = 1e-5
+# Two gated DeltaNet layers with beta up to 2 (OLMo-hybrid) round a little more: 1e-5 of logits up to ~4.
+DELTA_ATOL = 5e-5
+DELTA_FAMILIES = ("qwen3_next", "olmo_hybrid")
 
 
 def backend_cls(name: str):
@@ -41,6 +45,10 @@ def make_tree(parents: list[int], seed: int = 0) -> TokenTree:
 
 def packed_path(path: list[int]) -> list[int]:
     return [0] + [i + 1 for i in path]
+
+
+def tolerance(target: Target) -> float:
+    return DELTA_ATOL if target.name.removeprefix("tiny-") in DELTA_FAMILIES else ATOL
 
 
 def check_scores(target: Target, backend: str, tree: TokenTree, prompt=PROMPT, **options):
@@ -58,7 +66,8 @@ def check_scores(target: Target, backend: str, tree: TokenTree, prompt=PROMPT, *
     for path in tree.paths or [[]]:
         tokens = [prompt[-1], *tree.tokens[path].tolist()]
         want, _ = path_reference(target.model, _committed_copy(b), start, tokens)
-        torch.testing.assert_close(scores.logits[packed_path(path)], want, atol=ATOL, rtol=ATOL)
+        atol = tolerance(target)
+        torch.testing.assert_close(scores.logits[packed_path(path)], want, atol=atol, rtol=atol)
     return b, scores
 
 
@@ -83,16 +92,20 @@ def check_commit(target: Target, backend: str, tree: TokenTree, node: int, promp
     assert b.committed_length == len(prompt) - 1 + len(tokens)
     got, want = state_tensors(b.cache), state_tensors(want_cache)
     assert sorted(got) == sorted(want)
+    atol = tolerance(target)
     for name in want:
-        torch.testing.assert_close(got[name], want[name], atol=ATOL, rtol=ATOL, msg=name)
+        torch.testing.assert_close(got[name], want[name], atol=atol, rtol=atol, msg=name)
     next_logits = b.score(TokenTree.empty()).logits[0]
     # Two tokens, not one: transformers' single-token Mamba2 step ignores time_step_limit (no dt clamp),
     # its multi-token scan applies it; row 0 of a 2-token run is the clamped next-token output.
     want_next = run_sequence(target.model, want_cache, b.committed_length, [bonus, 0])[0]
-    torch.testing.assert_close(next_logits, want_next, atol=ATOL, rtol=ATOL)
+    torch.testing.assert_close(next_logits, want_next, atol=atol, rtol=atol)
 
 
-@pytest.fixture(scope="module", params=["mamba2", "bamba", "nemotronh"])
+FAMILIES = ["mamba2", "bamba", "nemotronh", *DELTA_FAMILIES]
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
 def target(request) -> Target:
     return tiny_ssm_target(request.param)
 
@@ -116,15 +129,19 @@ def test_unrolled_commit_equals_sequential_run(target):
         check_commit(target, "ssm-unrolled", tree, node)
 
 
+@pytest.mark.parametrize("kind", ["mamba2", *DELTA_FAMILIES])
 @pytest.mark.parametrize("commit", ["replay", "closed"])
-def test_commit_rules_agree_with_the_reference(commit):
-    target = tiny_ssm_target("mamba2")
+def test_commit_rules_agree_with_the_reference(kind, commit):
+    target = tiny_ssm_target(kind)
     check_commit(target, "ssm-tree", make_tree(TREES["deep"]), node=8, commit=commit)
 
 
+@pytest.mark.parametrize("kind", ["mamba2", *DELTA_FAMILIES])
 @pytest.mark.parametrize(("groups", "conv"), [(1, 4), (2, 2), (4, 3)])
-def test_group_counts_and_conv_widths(groups, conv):
-    target = tiny_ssm_target("mamba2", groups=groups, conv=conv, seed=groups + conv)
+def test_group_counts_and_conv_widths(kind, groups, conv):
+    """Mamba2 B/C groups, or gated DeltaNet key heads shared by 4, 2 or 1 value heads; conv widths below
+    and above the deep tree's depth."""
+    target = tiny_ssm_target(kind, groups=groups, conv=conv, seed=groups + conv)
     tree = make_tree(TREES["deep"])
     check_scores(target, "ssm-tree", tree)
     check_commit(target, "ssm-tree", tree, node=7)
@@ -141,7 +158,7 @@ def test_dt_clamp_with_a_lower_bound(kind):
     check_commit(clamped, "ssm-tree", tree, node=6)
 
 
-@pytest.mark.parametrize("kind", ["mamba2", "bamba"])
+@pytest.mark.parametrize("kind", ["mamba2", "bamba", *DELTA_FAMILIES])
 def test_single_token_prompt_starts_from_an_empty_state(kind):
     target = tiny_ssm_target(kind)
     tree = make_tree(TREES["deep"])
@@ -170,10 +187,10 @@ def test_scoring_twice_then_committing(target):
 _TARGETS: dict[str, Target] = {}
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(data=st.data())
 def test_random_trees(data):
-    kind = data.draw(st.sampled_from(["mamba2", "bamba", "nemotronh"]))
+    kind = data.draw(st.sampled_from(FAMILIES))
     target = _TARGETS.setdefault(kind, tiny_ssm_target(kind))
     size = data.draw(st.integers(1, 12))
     parents = [data.draw(st.integers(-1, i - 1)) for i in range(size)]
@@ -226,7 +243,6 @@ UNSERVED = {
     "mamba": ("MambaMixer", "a Mamba-1 selective scan"),
     "falcon_mamba": ("FalconMambaMixer", "a Mamba-1 selective scan"),
     "jamba": ("JambaMambaMixer", "a Mamba-1 selective scan"),
-    "qwen3_next": ("Qwen3NextGatedDeltaNet", "a gated delta-rule linear attention"),
     "kimi_linear": ("KimiLinearDeltaAttention", "a gated delta-rule linear attention"),
 }
 

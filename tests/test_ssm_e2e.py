@@ -1,6 +1,7 @@
-"""End to end on tiny random Mamba2, Bamba and NemotronH targets: speculative greedy decoding through the
-SSM backends emits exactly the tokens of plain greedy decoding (the `none` drafter, and a plain loop of
-the unmodified model), with prompt lookup and REST drafts, chains, tries and static trees."""
+"""End to end on tiny random Mamba2, Bamba, NemotronH, Qwen3-Next and OLMo-hybrid targets: speculative
+greedy decoding through the SSM backends emits exactly the tokens of plain greedy decoding (the `none`
+drafter, and a plain loop of the unmodified model), with prompt lookup and REST drafts, chains, tries and
+static trees."""
 
 from __future__ import annotations
 
@@ -13,9 +14,15 @@ PROMPT = [3, 4, 5, 6, 7, 3, 4, 5, 6, 7, 3, 4, 5, 9, 10, 11, 3, 4, 5, 6]
 NEW_TOKENS = 32
 
 
-@pytest.fixture(scope="module", params=["mamba2", "bamba", "nemotronh"])
+# family -> (seed, embedding boost) under which greedy text both follows and breaks prompt-lookup drafts
+TARGETS = {"mamba2": (1, 4.0), "bamba": (1, 4.0), "nemotronh": (1, 4.0), "qwen3_next": (4, 8.0),
+           "olmo_hybrid": (1, 4.0)}
+
+
+@pytest.fixture(scope="module", params=list(TARGETS))
 def target(request):
-    return make_repetitive(tiny_ssm_target(request.param, seed=1))
+    seed, boost = TARGETS[request.param]
+    return make_repetitive(tiny_ssm_target(request.param, seed=seed), boost=boost)
 
 
 @pytest.fixture(scope="module")

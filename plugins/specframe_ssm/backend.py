@@ -1,7 +1,8 @@
-"""`ssm-tree`: STree's tree-scan state backend for Mamba2 models and Mamba2 + attention hybrids.
+"""`ssm-tree`: STree's tree-scan state backend for Mamba2 and gated DeltaNet models, and their hybrids.
 
-`score` runs the unmodified model with every Mamba2 mixer swapped for the tree forward (tree conv along
-parent chains, tree scan from the committed state); attention layers get the 4D ancestor mask and
+`score` runs the unmodified model with every recurrent layer swapped for its tree forward (tree conv
+along parent chains, then the tree scan, or the tree delta rule, from the committed state); attention
+layers get the 4D ancestor mask and
 positions `prefix + depth` and append the tree's keys/values after the committed ones. Nothing committed
 is written. `commit` writes the accepted path into the conv and SSM states (activation replay or the
 closed form, option `commit`) and compacts the attention KV.
@@ -17,10 +18,8 @@ from specframe.errors import ConfigurationError, UnsupportedModelError
 from specframe_ssm import cache as cache_ops
 from specframe_ssm.cost import default_cost_model
 from specframe_ssm.layout import inspect_layout, unsupported_reason
-from specframe_ssm.mixer import TreeRun, mixer_A, tree_forward_mode
-from specframe_ssm.tree_ops import commit_conv, commit_ssm_closed, commit_ssm_replay, conv_window_index
-
-COMMIT_RULES = {"replay": commit_ssm_replay, "closed": commit_ssm_closed}
+from specframe_ssm.mixer import COMMIT_RULES, FAMILIES, TreeRun, tree_forward_mode
+from specframe_ssm.tree_ops import conv_window_index
 
 
 class SSMBackendBase(StateBackend):
@@ -103,8 +102,9 @@ def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 class SSMTreeBackend(SSMBackendBase):
-    """Packed-tree verification on Mamba2 and hybrid models (STree). Options: `commit` = "replay" or
-    "closed" (how the SSM state absorbs the accepted path), `scan` = "auto", "torch" or "triton"."""
+    """Packed-tree verification on Mamba2, gated DeltaNet and hybrid models (STree). Options: `commit` =
+    "replay" or "closed" (how the recurrent state absorbs the accepted path), `scan` = "auto", "torch" or
+    "triton" (the Mamba2 tree scan)."""
 
     name = "ssm-tree"
 
@@ -139,7 +139,7 @@ class SSMTreeBackend(SSMBackendBase):
             allowed = torch.ones(1, len(tree) + 1, prefix + len(tree) + 1, dtype=torch.bool, device=device)
             allowed[0, :, prefix:] = ancestors
             mask = additive_mask(allowed, self.model.dtype)  # (1, 1, T, P + T)
-        with tree_forward_mode(self.layout.mixers, run):
+        with tree_forward_mode(self.layout.mixers, run, self.layout.kinds):
             out = self._forward(ids, positions, self.cache, mask, output_hidden_states=self.want_hidden)
         hidden = out.hidden_states[-1][0] if self.want_hidden else None  # (T, D)
         # `run` now holds each mixer's per-node activations: all commit needs to absorb any path.
@@ -151,16 +151,10 @@ class SSMTreeBackend(SSMBackendBase):
         run: TreeRun = scored.state
         packed = [0] + [int(i) + 1 for i in path]  # root first, then the accepted nodes
         index = torch.tensor(packed, device=self.target.device)
-        rule = COMMIT_RULES[self.commit_rule]
-        for idx, mixer in self.layout.mixers.items():
-            conv, h0 = run.states[idx]
-            nodes = run.saved[idx]
-            if h0 is None:
-                h0 = torch.zeros(mixer.num_heads, mixer.head_dim, mixer.ssm_state_size, device=conv.device)
-            new_conv = commit_conv(conv, nodes.xbc.index_select(0, index))  # (Cd, K)
-            new_h = rule(h0, nodes.x.index_select(0, index), nodes.dt.index_select(0, index), mixer_A(mixer),
-                         nodes.B.index_select(0, index))  # (H, P, N)
-            cache_ops.write_ssm_state(self.cache, mixer, new_conv, new_h)
+        for idx, layer in self.layout.mixers.items():
+            commit = FAMILIES[self.layout.kinds[idx]].commit
+            new_conv, new_state = commit(layer, run.states[idx], run.saved[idx], index, self.commit_rule)
+            cache_ops.write_ssm_state(self.cache, layer, new_conv, new_state)
         start = self._committed
         cache_ops.compact_kv(self.cache, self.layout.attention, start, [start + i for i in packed])
         self._committed = start + len(packed)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import torch
 
 from specframe import PolynomialCost
 
@@ -29,13 +30,20 @@ REFERENCE_WIDTH = 2560 * 10576  # d_model x in_proj outputs of one Mamba2-2.7B l
 
 
 def layer_counts(model) -> tuple[int, int, float]:
-    """(Mamba2 layers, attention layers, width ratio vs a Mamba2-2.7B layer) of a transformers model."""
+    """(recurrent layers, attention layers, width ratio vs a Mamba2-2.7B layer) of a transformers model."""
     from specframe_ssm.layout import ATTENTION_TYPES, SSM_TYPE
 
     types = list(model.config.layer_types)
     mixer = next(m for m in model.modules() if hasattr(m, "A_log"))
-    width = mixer.in_proj.in_features * mixer.in_proj.out_features / REFERENCE_WIDTH
+    width = input_width(mixer) / REFERENCE_WIDTH
     return types.count(SSM_TYPE), sum(t in ATTENTION_TYPES for t in types), width
+
+
+def input_width(mixer: torch.nn.Module) -> int:
+    """Weights of a recurrent layer's input projections (Mamba2's in_proj; gated DeltaNet's q, k, v, gate,
+    a and b projections, fused or not): every linear map but the output projection."""
+    return sum(m.weight.numel() for name, m in mixer.named_children()
+               if isinstance(m, torch.nn.Linear) and name not in ("out_proj", "o_proj"))
 
 
 def default_cost_model(backend: str, model) -> PolynomialCost:

@@ -3,7 +3,8 @@ how its forward takes the cache. Detected from the modules and `config.layer_typ
 
 Recurrent layers are told apart by module class (`layer_kind`): transformers types them all
 "linear_attention" (Mamba-1, Mamba2, gated DeltaNet, Kimi delta attention alike), and several of them
-carry an `A_log` parameter. Only Mamba2 mixers run in the tree scan; a refusal names what the layer is.
+carry an `A_log` parameter. Mamba2 mixers run in the tree scan and gated DeltaNet layers (Qwen3-Next,
+OLMo-hybrid) in the tree delta rule; a refusal of any other names what the layer is.
 """
 
 from __future__ import annotations
@@ -19,6 +20,10 @@ MIXER_ATTRIBUTES = ("in_proj", "conv1d", "dt_bias", "A_log", "D", "norm", "out_p
                     "time_step_limit", "layer_idx")
 # Mixers with extra scaling inside the mixer that the tree forward does not reproduce.
 EXTRA_SCALING = ("mup_vector", "ssm_in_multiplier")
+# Attributes the gated DeltaNet tree forward reads (specframe_ssm.gated_deltanet), and the classes it serves.
+DELTA_ATTRIBUTES = ("conv1d", "A_log", "dt_bias", "num_v_heads", "num_k_heads", "head_k_dim", "head_v_dim",
+                    "key_dim", "value_dim", "conv_dim", "conv_kernel_size", "activation", "layer_idx")
+GATED_DELTANET_CLASSES = ("Qwen3NextGatedDeltaNet", "OlmoHybridGatedDeltaNet")
 ATTENTION_TYPES = {"full_attention"}
 STATELESS_TYPES = {"mlp", "moe"}  # blocks without a cache (NemotronH)
 SSM_TYPE = "linear_attention"
@@ -34,8 +39,9 @@ UNSERVED = {
              "its decay A (shape {shape}) has one rate per channel and state, where the Mamba2 tree scan "
              "(ssm-tree) takes one scalar per head, and cropping a KV cache (kv) cannot roll its state back"),
     DELTA_RULE: ("a gated delta-rule linear attention ({cls})",
-                 "its matrix state is rewritten by a gated delta rule, not by the decay-and-add of the "
-                 "Mamba2 tree scan (ssm-tree), and cropping a KV cache (kv) cannot roll it back"),
+                 "its decay gate is not the one scalar per head of the gated DeltaNet layers the tree delta "
+                 "rule (ssm-tree) serves ({served}), and cropping a KV cache (kv) cannot roll its matrix "
+                 "state back; a tree form with one decay per key channel would serve it"),
     SHORT_CONV: ("a gated short convolution ({cls})",
                  "LFM2's short gated convolution layers keep a rolling conv state that neither cropping a "
                  "KV cache (kv) nor the Mamba2 tree scan (ssm-tree) handles; a tree form of the gated short "
@@ -47,12 +53,14 @@ UNSERVED = {
 
 @dataclass
 class ModelLayout:
-    """The Mamba2 mixers (by cache layer index), the attention layer indices and the cache keyword."""
+    """The recurrent layers (by cache layer index) and their kinds, the attention layer indices and the
+    cache keyword."""
 
-    mixers: dict[int, torch.nn.Module]
+    mixers: dict[int, torch.nn.Module]  # Mamba2 mixers and gated DeltaNet layers
     attention: list[int]
     cache_kwarg: str  # "cache_params" (Mamba2ForCausalLM) or "past_key_values" (hybrids)
     takes_positions: bool
+    kinds: dict[int, str]  # layer index -> MAMBA2 or DELTA_RULE
 
     @property
     def hybrid(self) -> bool:
@@ -103,16 +111,31 @@ def recurrent_layers(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module,
     return layers
 
 
-def _state_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
-    """The Mamba2 mixers of a model, by module name."""
-    return [(name, m) for name, m, kind in recurrent_layers(model) if kind == MAMBA2]
+def served(module: torch.nn.Module, kind: str) -> bool:
+    """Whether `ssm-tree` has a tree form for this layer: a Mamba2 mixer, or a gated DeltaNet it knows."""
+    return kind == MAMBA2 or (kind == DELTA_RULE and type(module).__name__ in GATED_DELTANET_CLASSES)
+
+
+def _state_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module, str]]:
+    """The recurrent layers `ssm-tree` serves, by module name, with their kinds."""
+    return [(name, m, kind) for name, m, kind in recurrent_layers(model) if served(m, kind)]
 
 
 def _unserved_reason(name: str, module: torch.nn.Module, kind: str) -> str:
-    """What a recurrent layer other than a Mamba2 mixer is, and why no backend serves it yet."""
+    """What a recurrent layer without a tree form is, and why no backend serves it yet."""
     what, why = UNSERVED[kind]
-    fields = dict(cls=type(module).__name__, shape=tuple(getattr(module, "A_log", torch.empty(0)).shape))
+    fields = dict(cls=type(module).__name__, shape=tuple(getattr(module, "A_log", torch.empty(0)).shape),
+                  served=", ".join(GATED_DELTANET_CLASSES))
     return f"layer '{name}' is {what.format(**fields)}; {NO_BACKEND}: {why.format(**fields)}"
+
+
+def _delta_reason(name: str, module: torch.nn.Module) -> str | None:
+    """Why a gated DeltaNet layer of a served class cannot run in the tree forward, or None when it can."""
+    missing = [a for a in DELTA_ATTRIBUTES if not hasattr(module, a)]
+    if missing:
+        return (f"layer '{name}' ({type(module).__name__}) is not the gated DeltaNet layer the tree delta "
+                f"rule knows: it lacks {missing}; {NO_BACKEND}")
+    return None
 
 
 def _mixer_reason(name: str, module: torch.nn.Module) -> str | None:
@@ -145,7 +168,12 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
     """
     layers = recurrent_layers(model)
     for name, module, kind in layers:
-        reason = _mixer_reason(name, module) if kind == MAMBA2 else _unserved_reason(name, module, kind)
+        if kind == MAMBA2:
+            reason = _mixer_reason(name, module)
+        elif served(module, kind):
+            reason = _delta_reason(name, module)
+        else:
+            reason = _unserved_reason(name, module, kind)
         if reason:
             return reason
     layer_types = list(getattr(model.config, "layer_types", None) or [])
@@ -154,10 +182,10 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
     unknown = sorted(set(layer_types) - ATTENTION_TYPES - STATELESS_TYPES - {SSM_TYPE})
     if unknown:
         return (f"its layer types {unknown} are not supported "
-                f"(only Mamba2, full attention, MLP and MoE blocks); {NO_BACKEND}")
+                f"(only Mamba2, gated DeltaNet, full attention, MLP and MoE blocks); {NO_BACKEND}")
     ssm_layers = [i for i, t in enumerate(layer_types) if t == SSM_TYPE]
     if sorted(m.layer_idx for _, m, _ in layers) != ssm_layers:
-        return ("its Mamba2 mixers do not match config.layer_types one to one "
+        return ("its recurrent layers do not match config.layer_types one to one "
                 f"(shared or parallel blocks are not supported); {NO_BACKEND}")
     return None
 
@@ -165,9 +193,11 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
 def inspect_layout(model: torch.nn.Module) -> ModelLayout:
     """The layout of a model that `unsupported_reason` accepted."""
     layer_types = list(model.config.layer_types)
-    mixers = {m.layer_idx: m for _, m in _state_modules(model)}
+    found = _state_modules(model)
+    mixers = {m.layer_idx: m for _, m, _ in found}
     params = inspect.signature(model.forward).parameters
     cache_kwarg = "past_key_values" if "past_key_values" in params else "cache_params"
     return ModelLayout(mixers=mixers,
                        attention=[i for i, t in enumerate(layer_types) if t in ATTENTION_TYPES],
-                       cache_kwarg=cache_kwarg, takes_positions="position_ids" in params)
+                       cache_kwarg=cache_kwarg, takes_positions="position_ids" in params,
+                       kinds={m.layer_idx: kind for _, m, kind in found})

@@ -1,8 +1,9 @@
 """The tree forward of one Mamba2 mixer, swapped in for the mixer's own forward while a tree is scored.
 
 transformers' mixers concatenate new tokens to the conv state in packed order and run a linear scan,
-which is wrong for a tree, and they write the cache. During `score` each mixer instead runs
-`tree_mixer_forward`: it reads the committed state, never writes it, and saves the per-node activations
+which is wrong for a tree, and they write the cache. During `score` each recurrent layer instead runs
+its family's tree forward (`FAMILIES`: `tree_mixer_forward` here for Mamba2, `tree_delta_forward` for
+gated DeltaNet): it reads the committed state, never writes it, and saves the per-node activations
 that `commit` needs. The swap is an instance attribute set and removed by `tree_forward_mode`.
 """
 
@@ -13,8 +14,16 @@ from dataclasses import dataclass, field
 
 import torch
 
+from typing import Callable
+
 from specframe_kernels import tree_scan
-from specframe_ssm.tree_ops import discretize, tree_conv
+from specframe_ssm.gated_deltanet import commit_delta, tree_delta_forward
+from specframe_ssm.layout import DELTA_RULE, MAMBA2
+from specframe_ssm.tree_ops import (
+    commit_conv, commit_ssm_closed, commit_ssm_replay, discretize, tree_conv,
+)
+
+COMMIT_RULES = {"replay": commit_ssm_replay, "closed": commit_ssm_closed}
 
 
 @dataclass
@@ -33,9 +42,9 @@ class TreeRun:
 
     mask: torch.Tensor  # (T, T) bool ancestor-or-self, packed order
     conv_index: torch.Tensor  # (T, K) rows into [conv state^T ; xBC]
-    states: dict[int, tuple[torch.Tensor, torch.Tensor | None]]  # layer -> (conv (Cd, K), h0 (H, P, N))
+    states: dict[int, tuple[torch.Tensor, torch.Tensor | None]]  # layer -> (conv (Cd, K), state or None)
     scan_impl: str = "auto"
-    saved: dict[int, SavedNodes] = field(default_factory=dict)
+    saved: dict[int, object] = field(default_factory=dict)  # layer -> its family's saved nodes
 
 
 def mixer_A(mixer) -> torch.Tensor:
@@ -65,13 +74,37 @@ def tree_mixer_forward(mixer, run: TreeRun, hidden_states: torch.Tensor, *args, 
     return mixer.out_proj(y.to(dtype))  # (1, T, D)
 
 
+def commit_mamba2(mixer, state, nodes: SavedNodes, index: torch.Tensor, rule: str):
+    """(conv (Cd, K), SSM state (H, P, N)) after the packed nodes `index` (root first)."""
+    conv, h0 = state
+    if h0 is None:
+        h0 = torch.zeros(mixer.num_heads, mixer.head_dim, mixer.ssm_state_size, device=conv.device)
+    new_h = COMMIT_RULES[rule](h0, nodes.x.index_select(0, index), nodes.dt.index_select(0, index),
+                               mixer_A(mixer), nodes.B.index_select(0, index))  # (H, P, N)
+    return commit_conv(conv, nodes.xbc.index_select(0, index)), new_h
+
+
+@dataclass(frozen=True)
+class TreeFamily:
+    """How `ssm-tree` runs one kind of recurrent layer: its tree forward, and the commit of a path."""
+
+    forward: Callable  # (layer, run, hidden_states (1, T, D), *args, **kwargs) -> (1, T, D)
+    commit: Callable  # (layer, (conv, state), saved nodes, packed index, rule) -> (conv, state)
+
+
+FAMILIES = {MAMBA2: TreeFamily(tree_mixer_forward, commit_mamba2),
+            DELTA_RULE: TreeFamily(tree_delta_forward, commit_delta)}
+
+
 @contextlib.contextmanager
-def tree_forward_mode(mixers: dict[int, torch.nn.Module], run: TreeRun):
-    """Within the block every mixer in `mixers` runs `tree_mixer_forward` with `run`; restored after."""
+def tree_forward_mode(mixers: dict[int, torch.nn.Module], run: TreeRun, kinds: dict[int, str]):
+    """Within the block every layer in `mixers` runs its family's tree forward (`kinds[idx]` in
+    `FAMILIES`) with `run`; restored after."""
     previous = {idx: m.__dict__.get("forward") for idx, m in mixers.items()}  # accelerate may hook forward
     try:
-        for m in mixers.values():
-            m.forward = lambda *a, _m=m, **kw: tree_mixer_forward(_m, run, *a, **kw)
+        for idx, m in mixers.items():
+            forward = FAMILIES[kinds[idx]].forward
+            m.forward = lambda *a, _m=m, _f=forward, **kw: _f(_m, run, *a, **kw)
         yield run
     finally:
         for idx, m in mixers.items():

@@ -1,0 +1,100 @@
+"""The tree forward and commit of a gated DeltaNet layer (Qwen3-Next, OLMo-hybrid), swapped in for the
+layer's own forward while a tree is scored, as `specframe_ssm.mixer` does for Mamba2.
+
+Both layers project q, k, v (one depthwise causal conv over their concatenation, then SiLU), a gate for
+the output norm, beta = sigmoid(b) and the log-decay -exp(A_log) softplus(a + dt_bias); they differ only
+in how the projections are laid out (`delta_inputs`). The conv runs along each node's ancestor chain
+(`tree_conv`), the recurrence through `tree_delta_rule`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from transformers.activations import ACT2FN
+
+from specframe_ssm.delta_rule import commit_delta_closed, commit_delta_replay, l2norm, tree_delta_rule
+from specframe_ssm.tree_ops import commit_conv, tree_conv
+
+COMMIT_RULES = {"replay": commit_delta_replay, "closed": commit_delta_closed}
+
+
+@dataclass
+class DeltaInputs:
+    """One layer's per-token inputs to the conv and the recurrence, T tokens of one sequence."""
+
+    mixed: torch.Tensor  # (T, 2 key_dim + value_dim) q, k, v before the conv
+    gate: torch.Tensor  # (T, H, dv) the output norm's gate
+    beta: torch.Tensor  # (T, H)
+    log_decay: torch.Tensor  # (T, H) float32, <= 0
+
+
+@dataclass
+class SavedDeltaNodes:
+    """Per-node activations of one gated DeltaNet layer on the scored tree, kept for the commit."""
+
+    mixed: torch.Tensor  # (T, Cd) pre-conv inputs
+    k: torch.Tensor  # (T, H, dk) normalised keys, repeated to the value heads
+    v: torch.Tensor  # (T, H, dv)
+    log_decay: torch.Tensor  # (T, H)
+    beta: torch.Tensor  # (T, H)
+    u: torch.Tensor  # (T, H, dv) delta updates along each node's path
+
+
+def _log_decay(layer, a: torch.Tensor) -> torch.Tensor:
+    return -layer.A_log.float().exp() * F.softplus(a.float() + layer.dt_bias)  # (T, H)
+
+
+def delta_inputs(layer, hidden: torch.Tensor) -> DeltaInputs:
+    """The projections of `hidden` (1, T, D) by a Qwen3-Next or OLMo-hybrid gated DeltaNet layer."""
+    T = hidden.shape[1]
+    if hasattr(layer, "in_proj_qkvz"):  # Qwen3-Next: fused, grouped by key head
+        q, k, v, z, b, a = layer.fix_query_key_value_ordering(layer.in_proj_qkvz(hidden),
+                                                              layer.in_proj_ba(hidden))
+        mixed = torch.cat([x.reshape(1, T, -1) for x in (q, k, v)], dim=-1)[0]
+        return DeltaInputs(mixed, z[0], b[0].sigmoid(), _log_decay(layer, a[0]))
+    # OLMo-hybrid: separate projections, beta optionally doubled (negative eigenvalues allowed)
+    mixed = torch.cat([layer.q_proj(hidden), layer.k_proj(hidden), layer.v_proj(hidden)], dim=-1)[0]
+    beta = layer.b_proj(hidden)[0].sigmoid() * (2.0 if layer.allow_neg_eigval else 1.0)
+    gate = layer.g_proj(hidden)[0].reshape(T, -1, layer.head_v_dim)
+    return DeltaInputs(mixed, gate, beta, _log_decay(layer, layer.a_proj(hidden)[0]))
+
+
+def _output_modules(layer):
+    """(gated RMS norm, output projection) of the layer."""
+    if hasattr(layer, "in_proj_qkvz"):
+        return layer.norm, layer.out_proj
+    return layer.o_norm, layer.o_proj
+
+
+def tree_delta_forward(layer, run, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+    """Layer output (1, T, D) for the packed tree in `hidden_states` (1, T, D); saves what commit needs."""
+    if hidden_states.shape[0] != 1:
+        raise ValueError("ssm-tree scores one tree at a time (batch 1)")
+    dtype, T = hidden_states.dtype, hidden_states.shape[1]
+    inputs = delta_inputs(layer, hidden_states)
+    conv_state, h0 = run.states[layer.layer_idx]
+    mixed = tree_conv(inputs.mixed, conv_state, layer.conv1d.weight[:, 0, :], layer.conv1d.bias,
+                      run.conv_index, ACT2FN[layer.activation])  # (T, Cd)
+    q, k, v = mixed.split([layer.key_dim, layer.key_dim, layer.value_dim], dim=-1)
+    heads = layer.num_v_heads
+    q = q.reshape(T, -1, layer.head_k_dim).repeat_interleave(heads // layer.num_k_heads, dim=1)
+    k = k.reshape(T, -1, layer.head_k_dim).repeat_interleave(heads // layer.num_k_heads, dim=1)
+    v = v.reshape(T, heads, layer.head_v_dim)
+    q = l2norm(q.float()) / layer.head_k_dim ** 0.5  # (T, H, dk)
+    k = l2norm(k.float())
+    out, u = tree_delta_rule(q, k, v, inputs.log_decay, inputs.beta, run.mask, h0)  # (T, H, dv) fp32
+    run.saved[layer.layer_idx] = SavedDeltaNodes(inputs.mixed, k, v.float(), inputs.log_decay,
+                                                 inputs.beta.float(), u)
+    norm, project = _output_modules(layer)
+    out = norm(out.to(dtype).reshape(-1, layer.head_v_dim), inputs.gate.reshape(-1, layer.head_v_dim))
+    return project(out.reshape(1, T, -1))  # (1, T, D)
+
+
+def commit_delta(layer, state, nodes: SavedDeltaNodes, index: torch.Tensor, rule: str):
+    """(conv (Cd, K), recurrent state (H, dk, dv)) after the packed nodes `index` (root first)."""
+    conv, h0 = state
+    pick = [t.index_select(0, index) for t in (nodes.k, nodes.v, nodes.log_decay, nodes.beta, nodes.u)]
+    return commit_conv(conv, nodes.mixed.index_select(0, index)), COMMIT_RULES[rule](h0, *pick)
