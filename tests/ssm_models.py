@@ -1,14 +1,16 @@
-"""Tiny random Mamba2, Bamba and NemotronH targets, and the naive per-path reference the SSM tests use.
+"""Tiny random targets of every family ssm-tree serves (Mamba2, Bamba, NemotronH, Qwen3-Next, OLMo-hybrid,
+Mamba, FalconMamba, Jamba), and the naive per-path reference the SSM tests use.
 
 The reference deep-copies the committed cache and runs the unmodified transformers model on one
 root-to-leaf path as a plain sequence with explicit positions: no tree code is involved.
 `tiny_recurrent_target` builds tiny models of the recurrent families that no backend serves yet
-(LFM2, Mamba-1, gated delta-rule attention), for the tests of the backends' refusals.
+(LFM2, Kimi delta attention), for the tests of the backends' refusals.
 """
 
 from __future__ import annotations
 
 import copy
+import inspect
 
 import pytest
 import torch
@@ -76,6 +78,19 @@ def tiny_ssm_target(kind: str = "mamba2", *, groups: int = 2, conv: int = 4, dt_
             layer_types=["linear_attention", "linear_attention", "full_attention"],
             linear_num_key_heads=groups, linear_num_value_heads=4, linear_conv_kernel_dim=conv)
         model = transformers.OlmoHybridForCausalLM(config)
+    elif kind in ("mamba", "falcon_mamba"):
+        prefix = "Mamba" if kind == "mamba" else "FalconMamba"
+        config = getattr(transformers, f"{prefix}Config")(
+            **_NO_SPECIAL_IDS, hidden_size=32, num_hidden_layers=2, state_size=8, expand=2, conv_kernel=conv,
+            time_step_rank=4, initializer_range=0.2)
+        model = getattr(transformers, f"{prefix}ForCausalLM")(config)
+    elif kind == "jamba":
+        config = transformers.JambaConfig(
+            **_NO_SPECIAL_IDS, hidden_size=32, intermediate_size=48, num_hidden_layers=4, attn_layer_period=2,
+            attn_layer_offset=1, expert_layer_period=10, num_attention_heads=4, num_key_value_heads=2,
+            mamba_d_state=8, mamba_d_conv=conv, mamba_expand=2, mamba_dt_rank=4, use_mamba_kernels=False,
+            initializer_range=0.2)
+        model = transformers.JambaForCausalLM(config)
     else:
         raise ValueError(kind)
     _randomize_ssm(model, seed)
@@ -92,21 +107,18 @@ _ATTENTION = dict(hidden_size=16, intermediate_size=32, num_attention_heads=2, n
 # family -> (transformers class prefix, config keywords): one recurrent layer, plus attention in hybrids.
 RECURRENT_FAMILIES = {
     "lfm2": ("Lfm2", dict(**_ATTENTION, num_hidden_layers=2, layer_types=["conv", "full_attention"])),
-    "mamba": ("Mamba", dict(hidden_size=16, num_hidden_layers=1, state_size=4)),
-    "falcon_mamba": ("FalconMamba", dict(hidden_size=16, num_hidden_layers=1, state_size=4)),
-    "jamba": ("Jamba", dict(**_ATTENTION, num_hidden_layers=2, attn_layer_period=2, attn_layer_offset=1,
-                            expert_layer_period=10, mamba_d_state=4)),
-    "qwen3_next": ("Qwen3Next", dict(**_ATTENTION, num_hidden_layers=2, layer_types=["linear_attention",
-                                                                                      "full_attention"],
-                                     head_dim=8, linear_num_value_heads=2, linear_num_key_heads=1,
-                                     linear_key_head_dim=8, linear_value_head_dim=8, num_experts=2,
-                                     num_experts_per_tok=1, moe_intermediate_size=8,
-                                     shared_expert_intermediate_size=8)),
     "kimi_linear": ("KimiLinear", dict(**_ATTENTION, num_hidden_layers=2, layer_types=["linear_attention",
                                                                                        "full_attention"],
                                        linear_num_heads=2, linear_head_dim=8, kv_lora_rank=8,
                                        qk_rope_head_dim=4, qk_nope_head_dim=4, v_head_dim=8,
                                        num_local_experts=2, num_experts_per_tok=1, moe_intermediate_size=8)),
+    # Mamba2 mixers inside blocks ssm-tree does not take apart: shared attention (Zamba2), muP-scaled
+    # mixers in parallel with attention (Falcon-H1).
+    "zamba2": ("Zamba2", dict(**_ATTENTION, num_hidden_layers=2, layer_types=["mamba", "hybrid"],
+                              hybrid_layer_ids=[1], mamba_d_state=4, mamba_headdim=8, n_mamba_heads=4,
+                              use_mem_rope=False, use_mamba_kernels=False)),
+    "falcon_h1": ("FalconH1", dict(**_ATTENTION, num_hidden_layers=2, head_dim=8, mamba_d_state=4,
+                                   mamba_n_heads=4, mamba_d_head=8, mamba_n_groups=1, mamba_d_ssm=32)),
 }
 
 
@@ -124,15 +136,26 @@ def tiny_recurrent_target(family: str) -> Target:
 
 
 def cache_kwarg(model) -> str:
-    return "cache_params" if isinstance(model, Mamba2ForCausalLM) else "past_key_values"
+    params = inspect.signature(model.forward).parameters
+    return "past_key_values" if "past_key_values" in params else "cache_params"
+
+
+def one_token_at_a_time(model) -> bool:
+    """Mamba-1 models: transformers' multi-token forward restarts their selective scan from a zero state
+    (it takes no initial state), so a reference continuing a cache must feed one token per call."""
+    from specframe_ssm.layout import MAMBA1, recurrent_layers
+
+    return any(kind == MAMBA1 for _, _, kind in recurrent_layers(model))
 
 
 @torch.inference_mode()
 def run_sequence(model, cache, start: int, tokens: list[int]):
     """Logits (m, V) of the unmodified model on `tokens` at positions start.., extending `cache` in place."""
+    if len(tokens) > 1 and one_token_at_a_time(model) and start > 0:
+        return torch.cat([run_sequence(model, cache, start + i, [t]) for i, t in enumerate(tokens)])
     ids = torch.tensor([tokens])
     kwargs = {cache_kwarg(model): cache, "use_cache": True}
-    if not isinstance(model, Mamba2ForCausalLM):
+    if "position_ids" in inspect.signature(model.forward).parameters:
         kwargs["position_ids"] = start + torch.arange(len(tokens))[None]
     return model(input_ids=ids, **kwargs).logits[0]
 

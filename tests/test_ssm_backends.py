@@ -15,7 +15,7 @@ from hypothesis import given, settings, strategies as st
 from ssm_models import (
     VOCAB, path_reference, run_sequence, state_tensors, tiny_recurrent_target, tiny_ssm_target,
 )
-from transformers import LlamaConfig, LlamaForCausalLM, MambaConfig, MambaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM
 
 from specframe import SpeculativeDecoder, Target, TokenTree, UnsupportedModelError, get_registry
 from specframe_ssm.cache import crop_kv
@@ -32,6 +32,7 @@ ATOL = 1e-5
 # Two gated DeltaNet layers with beta up to 2 (OLMo-hybrid) round a little more: 1e-5 of logits up to ~4.
 DELTA_ATOL = 5e-5
 DELTA_FAMILIES = ("qwen3_next", "olmo_hybrid")
+MAMBA1_FAMILIES = ("mamba", "falcon_mamba", "jamba")  # ssm-tree only: see test_unrolled_refuses_mamba1
 
 
 def backend_cls(name: str):
@@ -102,7 +103,7 @@ def check_commit(target: Target, backend: str, tree: TokenTree, node: int, promp
     torch.testing.assert_close(next_logits, want_next, atol=atol, rtol=atol)
 
 
-FAMILIES = ["mamba2", "bamba", "nemotronh", *DELTA_FAMILIES]
+FAMILIES = ["mamba2", "bamba", "nemotronh", *DELTA_FAMILIES, *MAMBA1_FAMILIES]
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -113,6 +114,8 @@ def target(request) -> Target:
 @pytest.mark.parametrize("backend", ["ssm-tree", "ssm-unrolled"])
 @pytest.mark.parametrize("shape", list(TREES))
 def test_tree_logits_equal_per_path_logits(target, backend, shape):
+    if backend == "ssm-unrolled" and target.name.removeprefix("tiny-") in MAMBA1_FAMILIES:
+        pytest.skip("ssm-unrolled refuses Mamba-1 models (test_unrolled_refuses_mamba1)")
     check_scores(target, backend, make_tree(TREES[shape]))
 
 
@@ -124,12 +127,14 @@ def test_commit_any_path_equals_sequential_run(target, shape):
 
 
 def test_unrolled_commit_equals_sequential_run(target):
+    if target.name.removeprefix("tiny-") in MAMBA1_FAMILIES:
+        pytest.skip("ssm-unrolled refuses Mamba-1 models (test_unrolled_refuses_mamba1)")
     tree = make_tree(TREES["several roots"])
     for node in (-1, 4, 6):
         check_commit(target, "ssm-unrolled", tree, node)
 
 
-@pytest.mark.parametrize("kind", ["mamba2", *DELTA_FAMILIES])
+@pytest.mark.parametrize("kind", ["mamba2", *DELTA_FAMILIES, *MAMBA1_FAMILIES])
 @pytest.mark.parametrize("commit", ["replay", "closed"])
 def test_commit_rules_agree_with_the_reference(kind, commit):
     target = tiny_ssm_target(kind)
@@ -158,7 +163,7 @@ def test_dt_clamp_with_a_lower_bound(kind):
     check_commit(clamped, "ssm-tree", tree, node=6)
 
 
-@pytest.mark.parametrize("kind", ["mamba2", "bamba", *DELTA_FAMILIES])
+@pytest.mark.parametrize("kind", ["mamba2", "bamba", *DELTA_FAMILIES, *MAMBA1_FAMILIES])
 def test_single_token_prompt_starts_from_an_empty_state(kind):
     target = tiny_ssm_target(kind)
     tree = make_tree(TREES["deep"])
@@ -200,15 +205,17 @@ def test_random_trees(data):
     check_commit(target, "ssm-tree", tree, node=data.draw(st.integers(-1, size - 1)), prompt=prompt)
 
 
-def test_mamba1_is_refused_naming_its_layer():
-    model = MambaForCausalLM(MambaConfig(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=1, state_size=4))
-    target = Target(model.eval(), None, "tiny-mamba1")
-    reason = backend_cls("ssm-tree").unsupported_reason(target)
-    assert "MambaMixer" in reason and "Mamba-1" in reason
-    with pytest.raises(UnsupportedModelError, match="MambaMixer"):
-        backend_cls("ssm-tree")(target)
+@pytest.mark.parametrize("kind", MAMBA1_FAMILIES)
+def test_unrolled_refuses_mamba1(kind):
+    """transformers' multi-token Mamba-1 forward starts its scan from zeros: paths cannot run as sequences
+    after a prefix, so ssm-unrolled says so and names ssm-tree, which serves the model."""
+    target = tiny_ssm_target(kind)
+    assert backend_cls("ssm-tree").unsupported_reason(target) is None
+    reason = backend_cls("ssm-unrolled").unsupported_reason(target)
+    assert "zero state" in reason and "use the 'ssm-tree' backend" in reason
     with pytest.raises(UnsupportedModelError, match="ssm-unrolled"):
         backend_cls("ssm-unrolled")(target)
+    check_recommendations(target)
 
 
 def test_attention_only_model_is_refused():
@@ -240,9 +247,6 @@ def check_recommendations(target: Target) -> None:
 # family -> (the module class of its recurrent layer, what the refusals call that layer)
 UNSERVED = {
     "lfm2": ("Lfm2ShortConv", "a gated short convolution"),
-    "mamba": ("MambaMixer", "a Mamba-1 selective scan"),
-    "falcon_mamba": ("FalconMambaMixer", "a Mamba-1 selective scan"),
-    "jamba": ("JambaMambaMixer", "a Mamba-1 selective scan"),
     "kimi_linear": ("KimiLinearDeltaAttention", "a gated delta-rule linear attention"),
 }
 
@@ -259,6 +263,18 @@ def test_recurrent_layers_no_backend_serves_are_refused_by_both(family):
         with pytest.raises(UnsupportedModelError, match=layer_class):
             SpeculativeDecoder.from_names(target, "pld", backend=name)
     check_recommendations(target)
+
+
+@pytest.mark.parametrize(("family", "says"), [
+    ("zamba2", "layer types ['hybrid'] are not supported"),
+    ("falcon_h1", "(FalconH1Mixer) scales its SSM inputs (['mup_vector', 'ssm_in_multiplier'])"),
+])
+def test_mamba2_inside_blocks_the_tree_scan_does_not_take_apart_is_refused(family, says):
+    target = tiny_recurrent_target(family)
+    for name in ("kv", "ssm-tree", "ssm-unrolled"):
+        reason = backend_cls(name).unsupported_reason(target)
+        assert says in reason and "no backend serves it yet" in reason, reason
+        assert not RECOMMENDS.search(reason), reason
 
 
 def test_lfm2_refusal_says_what_would_serve_it():

@@ -133,7 +133,7 @@ class SSMTreeBackend(SSMBackendBase):
         parents = torch.from_numpy(tree.packed_parents)  # (T,)
         run = TreeRun(mask=ancestors, conv_index=conv_window_index(parents, self.conv_width).to(device),
                       states={i: cache_ops.ssm_state(self.cache, m) for i, m in self.layout.mixers.items()},
-                      scan_impl=self.scan)
+                      scan_impl=self.scan, parents=parents)
         mask = None
         if self.layout.hybrid:
             allowed = torch.ones(1, len(tree) + 1, prefix + len(tree) + 1, dtype=torch.bool, device=device)

@@ -14,8 +14,8 @@ def ssm_state(cache, mixer) -> tuple[torch.Tensor, torch.Tensor | None]:
     layer = cache.layers[mixer.layer_idx]
     if layer.has_previous_state[0]:
         return layer.conv_states[0][0], layer.recurrent_states[0][0]
-    weight = mixer.conv1d.weight
-    return torch.zeros(mixer.conv_dim, mixer.conv_kernel_size, dtype=weight.dtype, device=weight.device), None
+    weight = mixer.conv1d.weight  # (channels, 1, K)
+    return torch.zeros(weight.shape[0], weight.shape[-1], dtype=weight.dtype, device=weight.device), None
 
 
 def write_ssm_state(cache, mixer, conv: torch.Tensor, h: torch.Tensor) -> None:

@@ -3,8 +3,9 @@ how its forward takes the cache. Detected from the modules and `config.layer_typ
 
 Recurrent layers are told apart by module class (`layer_kind`): transformers types them all
 "linear_attention" (Mamba-1, Mamba2, gated DeltaNet, Kimi delta attention alike), and several of them
-carry an `A_log` parameter. Mamba2 mixers run in the tree scan and gated DeltaNet layers (Qwen3-Next,
-OLMo-hybrid) in the tree delta rule; a refusal of any other names what the layer is.
+carry an `A_log` parameter. Mamba2 mixers run in the tree scan, gated DeltaNet layers (Qwen3-Next,
+OLMo-hybrid) in the tree delta rule and Mamba-1 mixers (Mamba, FalconMamba, Jamba) in the tree selective
+scan; a refusal of any other names what the layer is.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ EXTRA_SCALING = ("mup_vector", "ssm_in_multiplier")
 DELTA_ATTRIBUTES = ("conv1d", "A_log", "dt_bias", "num_v_heads", "num_k_heads", "head_k_dim", "head_v_dim",
                     "key_dim", "value_dim", "conv_dim", "conv_kernel_size", "activation", "layer_idx")
 GATED_DELTANET_CLASSES = ("Qwen3NextGatedDeltaNet", "OlmoHybridGatedDeltaNet")
+# Attributes the Mamba-1 tree forward reads (specframe_ssm.selective_scan).
+SELECTIVE_ATTRIBUTES = ("in_proj", "conv1d", "x_proj", "dt_proj", "A_log", "D", "out_proj", "time_step_rank",
+                        "ssm_state_size", "intermediate_size", "conv_kernel_size", "activation", "layer_idx")
 ATTENTION_TYPES = {"full_attention"}
 STATELESS_TYPES = {"mlp", "moe"}  # blocks without a cache (NemotronH)
 SSM_TYPE = "linear_attention"
@@ -36,8 +40,9 @@ NO_BACKEND = "no backend serves it yet"
 # What each kind other than Mamba2 is ({cls}: its module class) and why neither 'kv' nor 'ssm-tree' serves it.
 UNSERVED = {
     MAMBA1: ("a Mamba-1 selective scan ({cls})",
-             "its decay A (shape {shape}) has one rate per channel and state, where the Mamba2 tree scan "
-             "(ssm-tree) takes one scalar per head, and cropping a KV cache (kv) cannot roll its state back"),
+             "its decay A (shape {shape}) is laid out per head and channel, unlike the Mamba, FalconMamba "
+             "and Jamba mixers the Mamba-1 tree scan (ssm-tree) serves, and cropping a KV cache (kv) cannot "
+             "roll its state back"),
     DELTA_RULE: ("a gated delta-rule linear attention ({cls})",
                  "its decay gate is not the one scalar per head of the gated DeltaNet layers the tree delta "
                  "rule (ssm-tree) serves ({served}), and cropping a KV cache (kv) cannot roll its matrix "
@@ -56,11 +61,11 @@ class ModelLayout:
     """The recurrent layers (by cache layer index) and their kinds, the attention layer indices and the
     cache keyword."""
 
-    mixers: dict[int, torch.nn.Module]  # Mamba2 mixers and gated DeltaNet layers
+    mixers: dict[int, torch.nn.Module]  # Mamba2, gated DeltaNet and Mamba-1 layers
     attention: list[int]
     cache_kwarg: str  # "cache_params" (Mamba2ForCausalLM) or "past_key_values" (hybrids)
     takes_positions: bool
-    kinds: dict[int, str]  # layer index -> MAMBA2 or DELTA_RULE
+    kinds: dict[int, str]  # layer index -> MAMBA2, DELTA_RULE or MAMBA1
 
     @property
     def hybrid(self) -> bool:
@@ -112,8 +117,11 @@ def recurrent_layers(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module,
 
 
 def served(module: torch.nn.Module, kind: str) -> bool:
-    """Whether `ssm-tree` has a tree form for this layer: a Mamba2 mixer, or a gated DeltaNet it knows."""
-    return kind == MAMBA2 or (kind == DELTA_RULE and type(module).__name__ in GATED_DELTANET_CLASSES)
+    """Whether `ssm-tree` has a tree form for this layer: a Mamba2 mixer, or a gated DeltaNet or Mamba-1
+    mixer of a class it knows."""
+    cls = type(module).__name__
+    return (kind == MAMBA2 or (kind == DELTA_RULE and cls in GATED_DELTANET_CLASSES)
+            or (kind == MAMBA1 and cls in MAMBA1_MIXERS))
 
 
 def _state_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module, str]]:
@@ -129,12 +137,14 @@ def _unserved_reason(name: str, module: torch.nn.Module, kind: str) -> str:
     return f"layer '{name}' is {what.format(**fields)}; {NO_BACKEND}: {why.format(**fields)}"
 
 
-def _delta_reason(name: str, module: torch.nn.Module) -> str | None:
-    """Why a gated DeltaNet layer of a served class cannot run in the tree forward, or None when it can."""
-    missing = [a for a in DELTA_ATTRIBUTES if not hasattr(module, a)]
+def _layer_reason(name: str, module: torch.nn.Module, kind: str) -> str | None:
+    """Why a gated DeltaNet or Mamba-1 layer of a served class cannot run in its tree forward, or None."""
+    wanted, what = ((DELTA_ATTRIBUTES, "gated DeltaNet layer the tree delta rule") if kind == DELTA_RULE
+                    else (SELECTIVE_ATTRIBUTES, "Mamba-1 mixer the tree selective scan"))
+    missing = [a for a in wanted if not hasattr(module, a)]
     if missing:
-        return (f"layer '{name}' ({type(module).__name__}) is not the gated DeltaNet layer the tree delta "
-                f"rule knows: it lacks {missing}; {NO_BACKEND}")
+        return (f"layer '{name}' ({type(module).__name__}) is not the {what} knows: it lacks {missing}; "
+                f"{NO_BACKEND}")
     return None
 
 
@@ -171,7 +181,7 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
         if kind == MAMBA2:
             reason = _mixer_reason(name, module)
         elif served(module, kind):
-            reason = _delta_reason(name, module)
+            reason = _layer_reason(name, module, kind)
         else:
             reason = _unserved_reason(name, module, kind)
         if reason:
@@ -182,7 +192,7 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
     unknown = sorted(set(layer_types) - ATTENTION_TYPES - STATELESS_TYPES - {SSM_TYPE})
     if unknown:
         return (f"its layer types {unknown} are not supported "
-                f"(only Mamba2, gated DeltaNet, full attention, MLP and MoE blocks); {NO_BACKEND}")
+                f"(only Mamba2, Mamba-1, gated DeltaNet, full attention, MLP and MoE blocks); {NO_BACKEND}")
     ssm_layers = [i for i, t in enumerate(layer_types) if t == SSM_TYPE]
     if sorted(m.layer_idx for _, m, _ in layers) != ssm_layers:
         return ("its recurrent layers do not match config.layer_types one to one "

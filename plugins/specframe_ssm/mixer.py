@@ -3,8 +3,9 @@
 transformers' mixers concatenate new tokens to the conv state in packed order and run a linear scan,
 which is wrong for a tree, and they write the cache. During `score` each recurrent layer instead runs
 its family's tree forward (`FAMILIES`: `tree_mixer_forward` here for Mamba2, `tree_delta_forward` for
-gated DeltaNet): it reads the committed state, never writes it, and saves the per-node activations
-that `commit` needs. The swap is an instance attribute set and removed by `tree_forward_mode`.
+gated DeltaNet, `tree_selective_forward` for Mamba-1): it reads the committed state, never writes it,
+and saves the per-node activations that `commit` needs. The swap is an instance attribute set and
+removed by `tree_forward_mode`.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from typing import Callable
 
 from specframe_kernels import tree_scan
 from specframe_ssm.gated_deltanet import commit_delta, tree_delta_forward
-from specframe_ssm.layout import DELTA_RULE, MAMBA2
+from specframe_ssm.layout import DELTA_RULE, MAMBA1, MAMBA2
+from specframe_ssm.selective_scan import commit_selective, tree_selective_forward
 from specframe_ssm.tree_ops import (
     commit_conv, commit_ssm_closed, commit_ssm_replay, discretize, tree_conv,
 )
@@ -44,6 +46,7 @@ class TreeRun:
     conv_index: torch.Tensor  # (T, K) rows into [conv state^T ; xBC]
     states: dict[int, tuple[torch.Tensor, torch.Tensor | None]]  # layer -> (conv (Cd, K), state or None)
     scan_impl: str = "auto"
+    parents: torch.Tensor | None = None  # (T,) packed parents, -1 for the root (the Mamba-1 scan walks them)
     saved: dict[int, object] = field(default_factory=dict)  # layer -> its family's saved nodes
 
 
@@ -93,7 +96,8 @@ class TreeFamily:
 
 
 FAMILIES = {MAMBA2: TreeFamily(tree_mixer_forward, commit_mamba2),
-            DELTA_RULE: TreeFamily(tree_delta_forward, commit_delta)}
+            DELTA_RULE: TreeFamily(tree_delta_forward, commit_delta),
+            MAMBA1: TreeFamily(tree_selective_forward, commit_selective)}
 
 
 @contextlib.contextmanager

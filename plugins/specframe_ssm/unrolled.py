@@ -17,6 +17,7 @@ import torch
 from specframe import TargetScores, TokenTree
 from specframe_ssm import cache as cache_ops
 from specframe_ssm.backend import SSMBackendBase, additive_mask, chain_allowed
+from specframe_ssm.layout import MAMBA1, inspect_layout
 
 
 def batched_copy(cache, batch: int):
@@ -37,6 +38,15 @@ class SSMUnrolledBackend(SSMBackendBase):
     """Scores each root-to-leaf path as its own sequence in one batch (no options)."""
 
     name = "ssm-unrolled"
+
+    @classmethod
+    def unsupported_reason(cls, target) -> str | None:
+        reason = super().unsupported_reason(target)
+        if reason is None and MAMBA1 in inspect_layout(target.model).kinds.values():
+            return ("its Mamba-1 mixers run a multi-token forward from a zero state in transformers (their "
+                    "selective scan takes no initial state), so a path cannot be scored as a sequence after "
+                    "the prefix; use the 'ssm-tree' backend")
+        return reason
 
     @torch.inference_mode()
     def score(self, tree: TokenTree) -> TargetScores:
