@@ -7,7 +7,13 @@ layer dimensions (d_model 2560, 80 heads x 64, d_state 128, 1 group, conv 4, voc
   ten layers, `--hybrid-layers` layers in all;
 - `gdn`: a Qwen3-Next model with the gated DeltaNet dimensions of Qwen3-Next-80B-A3B (d_model 2048, 16 key
   heads and 32 value heads of 128, conv 4), three DeltaNet layers per gated attention layer (16 heads of
-  256, 2 KV heads), a dense MLP of 5120 instead of the MoE, the same vocabulary; `--gdn-layers` in all.
+  256, 2 KV heads), a dense MLP of 5120 instead of the MoE, the same vocabulary; `--gdn-layers` in all;
+- `mamba1`: a Mamba (Mamba-1) model with Mamba-2.8B layer dimensions (d_model 2560, 5120 channels, d_state
+  16, dt rank 160, conv 4), `--layers` layers. transformers cannot continue a Mamba-1 cache with several
+  tokens at once, so there is no unrolled baseline: `own-step` times the model's own one-token step, the
+  unit of verifying nodes one at a time;
+- `lfm2`: an LFM2 model with LFM2-1.2B dimensions (d_model 2048, MLP 8192, 32 heads, 8 KV heads, conv
+  window 3), attention at every third layer, `--gdn-layers` layers.
 Each (model, backend, depth) runs in a fresh subprocess. Peak memory is the growth of the process's peak
 resident set during the call (VmHWM reset through /proc/self/clear_refs, freed heap trimmed first); on a
 GPU it is torch.cuda.max_memory_allocated growth. Time is the minimum of `--repeats` calls after a warm-up,
@@ -22,6 +28,7 @@ Then the STree paper's runtime models are fitted per backend: t = kN + C (ssm), 
 from __future__ import annotations
 
 import argparse
+import copy
 import ctypes
 import json
 import subprocess
@@ -44,6 +51,19 @@ def build_model(kind: str, layers: int, chunk: int):
                               num_heads=d["heads"], head_dim=d["head_dim"], state_size=d["state"],
                               n_groups=d["groups"], expand=2, conv_kernel=d["conv"], chunk_size=chunk)
         return Mamba2ForCausalLM(config)
+    if kind == "mamba1":
+        from transformers import MambaConfig, MambaForCausalLM
+
+        config = MambaConfig(vocab_size=d["vocab"], hidden_size=2560, num_hidden_layers=layers, state_size=16,
+                             expand=2, conv_kernel=d["conv"], time_step_rank=160)
+        return MambaForCausalLM(config)
+    if kind == "lfm2":
+        from transformers import Lfm2Config, Lfm2ForCausalLM
+
+        types = ["full_attention" if i % 3 == 2 else "conv" for i in range(layers)]
+        return Lfm2ForCausalLM(Lfm2Config(vocab_size=d["vocab"], hidden_size=2048, intermediate_size=8192,
+                                          num_hidden_layers=layers, layer_types=types, num_attention_heads=32,
+                                          num_key_value_heads=8, conv_L_cache=3))
     if kind == "gdn":
         from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
 
@@ -76,19 +96,30 @@ def _reset_peak() -> None:
 
 def one_case(kind: str, layers: int, backend_name: str, depth: int, prefix: int, repeats: int,
              chunk: int, device: str) -> dict:
-    """Build the model, prefill `prefix` tokens, score one full binary tree; time and memory of `score`."""
+    """Build the model, prefill `prefix` tokens, score one full binary tree; time and memory of `score`.
+    Backend `own-step` times the model's own one-token forward instead (the tree is not used)."""
     import specframe
     from specframe_ssm import full_binary_tree
 
     torch.manual_seed(0)
+    own = backend_name == "own-step"
     model = build_model(kind, layers, chunk).to(device).eval()
     target = specframe.Target(model=model, tokenizer=None, name=f"{kind}-{layers}L")
-    backend = specframe.get_registry().get("backend", backend_name)(target)
+    backend = specframe.get_registry().get("backend", "ssm-tree" if own else backend_name)(target)
     rng = np.random.default_rng(0)
     backend.prefill(rng.integers(0, DIMS["vocab"], prefix).tolist())
-    parents = full_binary_tree(depth)
+    parents = [] if own else full_binary_tree(depth)
     tree = specframe.TokenTree(rng.integers(0, DIMS["vocab"], len(parents)), np.array(parents))
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    if own:  # the model's own one-token step on a copy of the committed cache, as generate() runs it
+        step = torch.tensor([[1]], device=device)
+        copies = [copy.deepcopy(backend.cache) for _ in range(repeats + 2)]  # copied outside the timing
+
+        def score(_tree):
+            with torch.inference_mode():
+                model(input_ids=step, use_cache=True, **{backend.layout.cache_kwarg: copies.pop()})
+
+        backend.score = score
     backend.score(tree)  # warm-up
     times, cpu_times = [], []
     for _ in range(repeats):
@@ -140,7 +171,8 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=8, help="HF chunk size; >= the longest path avoids "
                         "padding each unrolled path to a long chunk")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--kinds", nargs="+", default=["ssm", "hybrid"], choices=["ssm", "hybrid", "gdn"])
+    parser.add_argument("--kinds", nargs="+", default=["ssm", "hybrid"],
+                        choices=["ssm", "hybrid", "gdn", "mamba1", "lfm2"])
     parser.add_argument("--out", default="results/ssm_tree")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     parser.add_argument("--time", choices=["wall", "cpu"], default="wall", help="which time the fits use")
@@ -150,7 +182,8 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     if args.case:  # child process: one measurement, JSON on stdout
         kind, backend, depth = args.case.split(":")
-        layers = {"ssm": args.layers, "hybrid": args.hybrid_layers, "gdn": args.gdn_layers}[kind]
+        layers = {"ssm": args.layers, "hybrid": args.hybrid_layers, "gdn": args.gdn_layers,
+                  "mamba1": args.layers, "lfm2": args.gdn_layers}[kind]
         print(json.dumps(one_case(kind, layers, backend, int(depth), args.prefix, args.repeats, args.chunk,
                                   args.device)))
         return
@@ -158,8 +191,11 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     rows = []
     for kind in args.kinds:
+        baseline = "own-step" if kind == "mamba1" else "ssm-unrolled"
         for depth in args.depths:
-            for backend in ("ssm-tree", "ssm-unrolled"):
+            for backend in ("ssm-tree", baseline):
+                if backend == "own-step" and depth != args.depths[0]:
+                    continue  # one tree-independent measurement
                 cmd = [sys.executable, __file__, "--case", f"{kind}:{backend}:{depth}", *_passthrough(args)]
                 result = subprocess.run(cmd, capture_output=True, text=True, check=True)
                 row = json.loads(result.stdout.strip().splitlines()[-1])

@@ -91,6 +91,13 @@ def tiny_ssm_target(kind: str = "mamba2", *, groups: int = 2, conv: int = 4, dt_
             mamba_d_state=8, mamba_d_conv=conv, mamba_expand=2, mamba_dt_rank=4, use_mamba_kernels=False,
             initializer_range=0.2)
         model = transformers.JambaForCausalLM(config)
+    elif kind == "lfm2":
+        config = transformers.Lfm2Config(
+            **_NO_SPECIAL_IDS, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
+            num_attention_heads=4, num_key_value_heads=2, layer_types=["conv", "full_attention", "conv"],
+            conv_L_cache=conv,
+            initializer_range=0.2)
+        model = transformers.Lfm2ForCausalLM(config)
     else:
         raise ValueError(kind)
     _randomize_ssm(model, seed)
@@ -106,7 +113,6 @@ _NO_SPECIAL_IDS = dict(vocab_size=VOCAB, pad_token_id=None, bos_token_id=None, e
 _ATTENTION = dict(hidden_size=16, intermediate_size=32, num_attention_heads=2, num_key_value_heads=1)
 # family -> (transformers class prefix, config keywords): one recurrent layer, plus attention in hybrids.
 RECURRENT_FAMILIES = {
-    "lfm2": ("Lfm2", dict(**_ATTENTION, num_hidden_layers=2, layer_types=["conv", "full_attention"])),
     "kimi_linear": ("KimiLinear", dict(**_ATTENTION, num_hidden_layers=2, layer_types=["linear_attention",
                                                                                        "full_attention"],
                                        linear_num_heads=2, linear_head_dim=8, kv_lora_rank=8,
@@ -173,7 +179,8 @@ def state_tensors(cache) -> dict[str, torch.Tensor]:
         if hasattr(layer, "conv_states"):
             if layer.has_previous_state[0]:
                 out[f"conv{i}"] = layer.conv_states[0].clone()
-                out[f"ssm{i}"] = layer.recurrent_states[0].clone()
+                if layer.recurrent_states[0] is not None:  # LFM2's short convs keep a conv window only
+                    out[f"ssm{i}"] = layer.recurrent_states[0].clone()
         elif getattr(layer, "is_initialized", False) and getattr(layer, "keys", None) is not None:
             out[f"keys{i}"] = layer.keys.clone()
             out[f"values{i}"] = layer.values.clone()

@@ -1,5 +1,6 @@
 """`ssm-tree` and `ssm-unrolled` against the naive per-path reference (tests/ssm_models.py), on Mamba2,
-Bamba, NemotronH and the gated DeltaNet hybrids Qwen3-Next and OLMo-hybrid: tree logits
+Bamba, NemotronH, the gated DeltaNet hybrids Qwen3-Next and OLMo-hybrid, the Mamba-1 models Mamba,
+FalconMamba and Jamba, and LFM2's short convolutions: tree logits
 equal plain per-path logits, scoring never touches the committed state, and after committing any path the
 conv state, SSM state, KV cache and next-token logits equal those of the plain sequential run."""
 
@@ -32,6 +33,7 @@ ATOL = 1e-5
 # Two gated DeltaNet layers with beta up to 2 (OLMo-hybrid) round a little more: 1e-5 of logits up to ~4.
 DELTA_ATOL = 5e-5
 DELTA_FAMILIES = ("qwen3_next", "olmo_hybrid")
+SHORT_CONV_FAMILIES = ("lfm2",)
 MAMBA1_FAMILIES = ("mamba", "falcon_mamba", "jamba")  # ssm-tree only: see test_unrolled_refuses_mamba1
 
 
@@ -103,7 +105,7 @@ def check_commit(target: Target, backend: str, tree: TokenTree, node: int, promp
     torch.testing.assert_close(next_logits, want_next, atol=atol, rtol=atol)
 
 
-FAMILIES = ["mamba2", "bamba", "nemotronh", *DELTA_FAMILIES, *MAMBA1_FAMILIES]
+FAMILIES = ["mamba2", "bamba", "nemotronh", *DELTA_FAMILIES, *MAMBA1_FAMILIES, *SHORT_CONV_FAMILIES]
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -134,18 +136,18 @@ def test_unrolled_commit_equals_sequential_run(target):
         check_commit(target, "ssm-unrolled", tree, node)
 
 
-@pytest.mark.parametrize("kind", ["mamba2", *DELTA_FAMILIES, *MAMBA1_FAMILIES])
+@pytest.mark.parametrize("kind", ["mamba2", *DELTA_FAMILIES, *MAMBA1_FAMILIES, *SHORT_CONV_FAMILIES])
 @pytest.mark.parametrize("commit", ["replay", "closed"])
 def test_commit_rules_agree_with_the_reference(kind, commit):
     target = tiny_ssm_target(kind)
     check_commit(target, "ssm-tree", make_tree(TREES["deep"]), node=8, commit=commit)
 
 
-@pytest.mark.parametrize("kind", ["mamba2", *DELTA_FAMILIES])
+@pytest.mark.parametrize("kind", ["mamba2", *DELTA_FAMILIES, *MAMBA1_FAMILIES, *SHORT_CONV_FAMILIES])
 @pytest.mark.parametrize(("groups", "conv"), [(1, 4), (2, 2), (4, 3)])
 def test_group_counts_and_conv_widths(kind, groups, conv):
-    """Mamba2 B/C groups, or gated DeltaNet key heads shared by 4, 2 or 1 value heads; conv widths below
-    and above the deep tree's depth."""
+    """Mamba2 B/C groups, or gated DeltaNet key heads shared by 4, 2 or 1 value heads (other families ignore
+    `groups`); conv widths below and above the deep tree's depth."""
     target = tiny_ssm_target(kind, groups=groups, conv=conv, seed=groups + conv)
     tree = make_tree(TREES["deep"])
     check_scores(target, "ssm-tree", tree)
@@ -163,7 +165,7 @@ def test_dt_clamp_with_a_lower_bound(kind):
     check_commit(clamped, "ssm-tree", tree, node=6)
 
 
-@pytest.mark.parametrize("kind", ["mamba2", "bamba", *DELTA_FAMILIES, *MAMBA1_FAMILIES])
+@pytest.mark.parametrize("kind", ["mamba2", "bamba", *DELTA_FAMILIES, *MAMBA1_FAMILIES, *SHORT_CONV_FAMILIES])
 def test_single_token_prompt_starts_from_an_empty_state(kind):
     target = tiny_ssm_target(kind)
     tree = make_tree(TREES["deep"])
@@ -246,7 +248,6 @@ def check_recommendations(target: Target) -> None:
 
 # family -> (the module class of its recurrent layer, what the refusals call that layer)
 UNSERVED = {
-    "lfm2": ("Lfm2ShortConv", "a gated short convolution"),
     "kimi_linear": ("KimiLinearDeltaAttention", "a gated delta-rule linear attention"),
 }
 
@@ -277,10 +278,10 @@ def test_mamba2_inside_blocks_the_tree_scan_does_not_take_apart_is_refused(famil
         assert not RECOMMENDS.search(reason), reason
 
 
-def test_lfm2_refusal_says_what_would_serve_it():
-    reason = backend_cls("kv").unsupported_reason(tiny_recurrent_target("lfm2"))
-    assert "neither cropping a KV cache (kv) nor the Mamba2 tree scan (ssm-tree)" in reason
-    assert "tree form of the gated short conv" in reason and "ancestor path" in reason
+def test_kimi_delta_attention_refusal_says_what_would_serve_it():
+    reason = backend_cls("kv").unsupported_reason(tiny_recurrent_target("kimi_linear"))
+    assert "Qwen3NextGatedDeltaNet, OlmoHybridGatedDeltaNet" in reason
+    assert "one decay per key channel would serve it" in reason
 
 
 def test_unknown_options_are_refused(target):

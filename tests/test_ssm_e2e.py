@@ -1,4 +1,4 @@
-"""End to end on tiny random Mamba2, Bamba, NemotronH, Qwen3-Next and OLMo-hybrid targets: speculative
+"""End to end on tiny random targets of every family ssm-tree serves (tests/ssm_models.py): speculative
 greedy decoding through the SSM backends emits exactly the tokens of plain greedy decoding (the `none`
 drafter, and a plain loop of the unmodified model), with prompt lookup and REST drafts, chains, tries and
 static trees."""
@@ -16,7 +16,8 @@ NEW_TOKENS = 32
 
 # family -> (seed, embedding boost) under which greedy text both follows and breaks prompt-lookup drafts
 TARGETS = {"mamba2": (1, 4.0), "bamba": (1, 4.0), "nemotronh": (1, 4.0), "qwen3_next": (4, 8.0),
-           "olmo_hybrid": (1, 4.0), "mamba": (1, 4.0), "falcon_mamba": (1, 4.0), "jamba": (1, 4.0)}
+           "olmo_hybrid": (1, 4.0), "mamba": (1, 4.0), "falcon_mamba": (1, 4.0), "jamba": (1, 4.0),
+           "lfm2": (5, 8.0)}
 
 
 @pytest.fixture(scope="module", params=list(TARGETS))

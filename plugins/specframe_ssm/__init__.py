@@ -1,4 +1,4 @@
-"""`ssm-tree` and `ssm-unrolled`: state backends for Mamba2, Mamba-1, gated DeltaNet and hybrid models.
+"""`ssm-tree` and `ssm-unrolled`: state backends for Mamba2, Mamba-1, gated DeltaNet, LFM2 and hybrid models.
 
 `ssm-tree` verifies a packed token tree in one forward with STree's tree scan (Wu et al., "STree:
 Speculative Tree Decoding for Hybrid State-Space Models"); `ssm-unrolled` is the paper's baseline,

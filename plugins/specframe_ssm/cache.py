@@ -9,24 +9,34 @@ from __future__ import annotations
 import torch
 
 
+def conv_module(mixer) -> torch.nn.Conv1d:
+    """The layer's depthwise causal conv (`conv1d`; LFM2's short conv calls it `conv`)."""
+    return mixer.conv1d if hasattr(mixer, "conv1d") else mixer.conv
+
+
 def ssm_state(cache, mixer) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(conv (Cd, K), h0 (H, P, N) or None) of a mixer's layer; zeros and None before any token."""
+    """(conv (Cd, K), recurrent state or None) of a mixer's layer: zeros and None before any token, and
+    None for layers with no recurrent state (LFM2's short conv)."""
     layer = cache.layers[mixer.layer_idx]
     if layer.has_previous_state[0]:
-        return layer.conv_states[0][0], layer.recurrent_states[0][0]
-    weight = mixer.conv1d.weight  # (channels, 1, K)
+        recurrent = layer.recurrent_states[0]
+        return layer.conv_states[0][0], None if recurrent is None else recurrent[0]
+    weight = conv_module(mixer).weight  # (channels, 1, K)
     return torch.zeros(weight.shape[0], weight.shape[-1], dtype=weight.dtype, device=weight.device), None
 
 
-def write_ssm_state(cache, mixer, conv: torch.Tensor, h: torch.Tensor) -> None:
-    """Store conv (Cd, K) and h (H, P, N) as the layer's committed state, in place when it exists."""
+def write_ssm_state(cache, mixer, conv: torch.Tensor, h: torch.Tensor | None) -> None:
+    """Store conv (Cd, K) and the recurrent state h (None: the layer has none) as the layer's committed
+    state, in place when it exists."""
     layer = cache.layers[mixer.layer_idx]
     if layer.has_previous_state[0]:
         layer.conv_states[0].copy_(conv[None])
-        layer.recurrent_states[0].copy_(h[None])
+        if h is not None:
+            layer.recurrent_states[0].copy_(h[None])
     else:  # first tokens ever: let the cache allocate its buffers
         cache.update_conv_state(conv[None].contiguous(), mixer.layer_idx, conv_kernel_size=conv.shape[1])
-        cache.update_recurrent_state(h[None].contiguous(), mixer.layer_idx)
+        if h is not None:
+            cache.update_recurrent_state(h[None].contiguous(), mixer.layer_idx)
 
 
 def kv_length(cache, layer_idx: int) -> int:

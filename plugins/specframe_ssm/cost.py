@@ -31,12 +31,12 @@ REFERENCE_WIDTH = 2560 * 10576  # d_model x in_proj outputs of one Mamba2-2.7B l
 
 def layer_counts(model) -> tuple[int, int, float]:
     """(recurrent layers, attention layers, width ratio vs a Mamba2-2.7B layer) of a transformers model."""
-    from specframe_ssm.layout import ATTENTION_TYPES, SSM_TYPE
+    from specframe_ssm.layout import ATTENTION_TYPES, RECURRENT_TYPES, recurrent_layers
 
     types = list(model.config.layer_types)
-    mixer = next(m for m in model.modules() if hasattr(m, "A_log"))
+    mixer = recurrent_layers(model)[0][1]
     width = input_width(mixer) / REFERENCE_WIDTH
-    return types.count(SSM_TYPE), sum(t in ATTENTION_TYPES for t in types), width
+    return sum(t in RECURRENT_TYPES for t in types), sum(t in ATTENTION_TYPES for t in types), width
 
 
 def input_width(mixer: torch.nn.Module) -> int:

@@ -31,6 +31,9 @@ SELECTIVE_ATTRIBUTES = ("in_proj", "conv1d", "x_proj", "dt_proj", "A_log", "D", 
 ATTENTION_TYPES = {"full_attention"}
 STATELESS_TYPES = {"mlp", "moe"}  # blocks without a cache (NemotronH)
 SSM_TYPE = "linear_attention"
+RECURRENT_TYPES = {SSM_TYPE, "conv"}  # "conv": LFM2's short convolutions
+SHORT_CONV_CLASSES = ("Lfm2ShortConv", "Lfm2MoeShortConv")
+SHORT_CONV_ATTRIBUTES = ("in_proj", "conv", "out_proj", "conv_kernel_size", "layer_idx")
 
 # Kinds of recurrent layer (see `layer_kind`).
 MAMBA2, MAMBA1, DELTA_RULE, SHORT_CONV, OTHER = "mamba2", "mamba1", "delta-rule", "short-conv", "other"
@@ -48,9 +51,8 @@ UNSERVED = {
                  "rule (ssm-tree) serves ({served}), and cropping a KV cache (kv) cannot roll its matrix "
                  "state back; a tree form with one decay per key channel would serve it"),
     SHORT_CONV: ("a gated short convolution ({cls})",
-                 "LFM2's short gated convolution layers keep a rolling conv state that neither cropping a "
-                 "KV cache (kv) nor the Mamba2 tree scan (ssm-tree) handles; a tree form of the gated short "
-                 "conv, with each node's conv window gathered along its ancestor path, would serve it"),
+                 "its class is not one of the LFM2 short convolutions whose tree form ssm-tree has "
+                 "({served}), and cropping a KV cache (kv) cannot roll its conv window back"),
     OTHER: ("a recurrent layer of type {cls}",
             "neither cropping a KV cache (kv) nor the Mamba2 tree scan (ssm-tree) handles its state"),
 }
@@ -116,12 +118,19 @@ def recurrent_layers(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module,
     return layers
 
 
+# Kinds other than Mamba2: the module classes with a tree form, and (attributes that tree form reads,
+# what a refusal calls it).
+SERVED_CLASSES = {DELTA_RULE: GATED_DELTANET_CLASSES, MAMBA1: MAMBA1_MIXERS, SHORT_CONV: SHORT_CONV_CLASSES}
+TREE_FORMS = {DELTA_RULE: (DELTA_ATTRIBUTES, "gated DeltaNet layer the tree delta rule"),
+              MAMBA1: (SELECTIVE_ATTRIBUTES, "Mamba-1 mixer the tree selective scan"),
+              SHORT_CONV: (SHORT_CONV_ATTRIBUTES, "short convolution the tree conv")}
+
+
 def served(module: torch.nn.Module, kind: str) -> bool:
-    """Whether `ssm-tree` has a tree form for this layer: a Mamba2 mixer, or a gated DeltaNet or Mamba-1
-    mixer of a class it knows."""
+    """Whether `ssm-tree` has a tree form for this layer: a Mamba2 mixer, or a gated DeltaNet, Mamba-1 or
+    short-conv layer of a class it knows."""
     cls = type(module).__name__
-    return (kind == MAMBA2 or (kind == DELTA_RULE and cls in GATED_DELTANET_CLASSES)
-            or (kind == MAMBA1 and cls in MAMBA1_MIXERS))
+    return kind == MAMBA2 or cls in SERVED_CLASSES.get(kind, ())
 
 
 def _state_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module, str]]:
@@ -133,14 +142,13 @@ def _unserved_reason(name: str, module: torch.nn.Module, kind: str) -> str:
     """What a recurrent layer without a tree form is, and why no backend serves it yet."""
     what, why = UNSERVED[kind]
     fields = dict(cls=type(module).__name__, shape=tuple(getattr(module, "A_log", torch.empty(0)).shape),
-                  served=", ".join(GATED_DELTANET_CLASSES))
+                  served=", ".join(SERVED_CLASSES.get(kind, ())))
     return f"layer '{name}' is {what.format(**fields)}; {NO_BACKEND}: {why.format(**fields)}"
 
 
 def _layer_reason(name: str, module: torch.nn.Module, kind: str) -> str | None:
-    """Why a gated DeltaNet or Mamba-1 layer of a served class cannot run in its tree forward, or None."""
-    wanted, what = ((DELTA_ATTRIBUTES, "gated DeltaNet layer the tree delta rule") if kind == DELTA_RULE
-                    else (SELECTIVE_ATTRIBUTES, "Mamba-1 mixer the tree selective scan"))
+    """Why a non-Mamba2 layer of a served class cannot run in its tree forward, or None when it can."""
+    wanted, what = TREE_FORMS[kind]
     missing = [a for a in wanted if not hasattr(module, a)]
     if missing:
         return (f"layer '{name}' ({type(module).__name__}) is not the {what} knows: it lacks {missing}; "
@@ -189,11 +197,12 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
     layer_types = list(getattr(model.config, "layer_types", None) or [])
     if not layers:
         return _no_recurrent_module_reason(layer_types)
-    unknown = sorted(set(layer_types) - ATTENTION_TYPES - STATELESS_TYPES - {SSM_TYPE})
+    unknown = sorted(set(layer_types) - ATTENTION_TYPES - STATELESS_TYPES - RECURRENT_TYPES)
     if unknown:
         return (f"its layer types {unknown} are not supported "
-                f"(only Mamba2, Mamba-1, gated DeltaNet, full attention, MLP and MoE blocks); {NO_BACKEND}")
-    ssm_layers = [i for i, t in enumerate(layer_types) if t == SSM_TYPE]
+                f"(only Mamba2, Mamba-1, gated DeltaNet, LFM2 short conv, full attention, MLP and MoE "
+                f"blocks); {NO_BACKEND}")
+    ssm_layers = [i for i, t in enumerate(layer_types) if t in RECURRENT_TYPES]
     if sorted(m.layer_idx for _, m, _ in layers) != ssm_layers:
         return ("its recurrent layers do not match config.layer_types one to one "
                 f"(shared or parallel blocks are not supported); {NO_BACKEND}")

@@ -3,9 +3,9 @@
 transformers' mixers concatenate new tokens to the conv state in packed order and run a linear scan,
 which is wrong for a tree, and they write the cache. During `score` each recurrent layer instead runs
 its family's tree forward (`FAMILIES`: `tree_mixer_forward` here for Mamba2, `tree_delta_forward` for
-gated DeltaNet, `tree_selective_forward` for Mamba-1): it reads the committed state, never writes it,
-and saves the per-node activations that `commit` needs. The swap is an instance attribute set and
-removed by `tree_forward_mode`.
+gated DeltaNet, `tree_selective_forward` for Mamba-1, `tree_short_conv_forward` for LFM2): it reads the
+committed state, never writes it, and saves the per-node activations that `commit` needs. The swap is
+an instance attribute set and removed by `tree_forward_mode`.
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ from typing import Callable
 
 from specframe_kernels import tree_scan
 from specframe_ssm.gated_deltanet import commit_delta, tree_delta_forward
-from specframe_ssm.layout import DELTA_RULE, MAMBA1, MAMBA2
+from specframe_ssm.layout import DELTA_RULE, MAMBA1, MAMBA2, SHORT_CONV
 from specframe_ssm.selective_scan import commit_selective, tree_selective_forward
+from specframe_ssm.short_conv import commit_short_conv, tree_short_conv_forward
 from specframe_ssm.tree_ops import (
     commit_conv, commit_ssm_closed, commit_ssm_replay, discretize, tree_conv,
 )
@@ -97,7 +98,8 @@ class TreeFamily:
 
 FAMILIES = {MAMBA2: TreeFamily(tree_mixer_forward, commit_mamba2),
             DELTA_RULE: TreeFamily(tree_delta_forward, commit_delta),
-            MAMBA1: TreeFamily(tree_selective_forward, commit_selective)}
+            MAMBA1: TreeFamily(tree_selective_forward, commit_selective),
+            SHORT_CONV: TreeFamily(tree_short_conv_forward, commit_short_conv)}
 
 
 @contextlib.contextmanager

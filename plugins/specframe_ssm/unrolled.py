@@ -20,17 +20,22 @@ from specframe_ssm.backend import SSMBackendBase, additive_mask, chain_allowed
 from specframe_ssm.layout import MAMBA1, inspect_layout
 
 
+def repeat_batch(tensor, batch: int):
+    return tensor.repeat(batch, *[1] * (tensor.dim() - 1))
+
+
 def batched_copy(cache, batch: int):
     """A deep copy of `cache` with every state repeated `batch` times along the batch dimension."""
     out = copy.deepcopy(cache)
     for layer in out.layers:
         if hasattr(layer, "conv_states"):
             if layer.has_previous_state[0]:
-                layer.conv_states[0] = layer.conv_states[0].repeat(batch, 1, 1)  # (B, Cd, K)
-                layer.recurrent_states[0] = layer.recurrent_states[0].repeat(batch, 1, 1, 1)  # (B, H, P, N)
+                layer.conv_states[0] = repeat_batch(layer.conv_states[0], batch)  # (B, Cd, K)
+                if layer.recurrent_states[0] is not None:  # (B, H, P, N); LFM2's short convs have none
+                    layer.recurrent_states[0] = repeat_batch(layer.recurrent_states[0], batch)
         elif getattr(layer, "is_initialized", False) and layer.keys is not None and layer.keys.numel():
-            layer.keys = layer.keys.repeat(batch, 1, 1, 1)  # (B, H_kv, S, d)
-            layer.values = layer.values.repeat(batch, 1, 1, 1)
+            layer.keys = repeat_batch(layer.keys, batch)  # (B, H_kv, S, d)
+            layer.values = repeat_batch(layer.values, batch)
     return out
 
 
