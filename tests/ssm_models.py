@@ -91,6 +91,15 @@ def tiny_ssm_target(kind: str = "mamba2", *, groups: int = 2, conv: int = 4, dt_
             mamba_d_state=8, mamba_d_conv=conv, mamba_expand=2, mamba_dt_rank=4, use_mamba_kernels=False,
             initializer_range=0.2)
         model = transformers.JambaForCausalLM(config)
+    elif kind == "kimi_linear":
+        config = transformers.KimiLinearConfig(
+            **_NO_SPECIAL_IDS, hidden_size=32, intermediate_size=48, num_attention_heads=4,
+            num_key_value_heads=4, num_hidden_layers=3,
+            layer_types=["linear_attention", "full_attention", "linear_attention"], linear_num_heads=4,
+            linear_head_dim=8, linear_conv_kernel_dim=conv, kv_lora_rank=8, qk_rope_head_dim=4,
+            qk_nope_head_dim=4, v_head_dim=8, num_local_experts=2, num_experts_per_tok=1,
+            moe_intermediate_size=8, initializer_range=0.2)
+        model = transformers.KimiLinearForCausalLM(config)
     elif kind == "lfm2":
         config = transformers.Lfm2Config(
             **_NO_SPECIAL_IDS, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
@@ -113,11 +122,6 @@ _NO_SPECIAL_IDS = dict(vocab_size=VOCAB, pad_token_id=None, bos_token_id=None, e
 _ATTENTION = dict(hidden_size=16, intermediate_size=32, num_attention_heads=2, num_key_value_heads=1)
 # family -> (transformers class prefix, config keywords): one recurrent layer, plus attention in hybrids.
 RECURRENT_FAMILIES = {
-    "kimi_linear": ("KimiLinear", dict(**_ATTENTION, num_hidden_layers=2, layer_types=["linear_attention",
-                                                                                       "full_attention"],
-                                       linear_num_heads=2, linear_head_dim=8, kv_lora_rank=8,
-                                       qk_rope_head_dim=4, qk_nope_head_dim=4, v_head_dim=8,
-                                       num_local_experts=2, num_experts_per_tok=1, moe_intermediate_size=8)),
     # Mamba2 mixers inside blocks ssm-tree does not take apart: shared attention (Zamba2), muP-scaled
     # mixers in parallel with attention (Falcon-H1).
     "zamba2": ("Zamba2", dict(**_ATTENTION, num_hidden_layers=2, layer_types=["mamba", "hybrid"],

@@ -1,5 +1,5 @@
 """`ssm-tree` and `ssm-unrolled` against the naive per-path reference (tests/ssm_models.py), on Mamba2,
-Bamba, NemotronH, the gated DeltaNet hybrids Qwen3-Next and OLMo-hybrid, the Mamba-1 models Mamba,
+Bamba, NemotronH, the delta-rule hybrids Qwen3-Next, OLMo-hybrid and Kimi Linear, the Mamba-1 models Mamba,
 FalconMamba and Jamba, and LFM2's short convolutions: tree logits
 equal plain per-path logits, scoring never touches the committed state, and after committing any path the
 conv state, SSM state, KV cache and next-token logits equal those of the plain sequential run."""
@@ -18,7 +18,7 @@ from ssm_models import (
 )
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from specframe import SpeculativeDecoder, Target, TokenTree, UnsupportedModelError, get_registry
+from specframe import Target, TokenTree, UnsupportedModelError, get_registry
 from specframe_ssm.cache import crop_kv
 
 PROMPT = [5, 9, 3, 7, 11, 2, 8, 9, 3]
@@ -32,7 +32,7 @@ TREES = {
 ATOL = 1e-5
 # Two gated DeltaNet layers with beta up to 2 (OLMo-hybrid) round a little more: 1e-5 of logits up to ~4.
 DELTA_ATOL = 5e-5
-DELTA_FAMILIES = ("qwen3_next", "olmo_hybrid")
+DELTA_FAMILIES = ("qwen3_next", "olmo_hybrid", "kimi_linear")
 SHORT_CONV_FAMILIES = ("lfm2",)
 MAMBA1_FAMILIES = ("mamba", "falcon_mamba", "jamba")  # ssm-tree only: see test_unrolled_refuses_mamba1
 
@@ -246,26 +246,6 @@ def check_recommendations(target: Target) -> None:
             assert backend_cls(other).unsupported_reason(target) is None, f"{name} names {other}: {reason}"
 
 
-# family -> (the module class of its recurrent layer, what the refusals call that layer)
-UNSERVED = {
-    "kimi_linear": ("KimiLinearDeltaAttention", "a gated delta-rule linear attention"),
-}
-
-
-@pytest.mark.parametrize("family", list(UNSERVED))
-def test_recurrent_layers_no_backend_serves_are_refused_by_both(family):
-    target = tiny_recurrent_target(family)
-    layer_class, kind = UNSERVED[family]
-    for name in ("kv", "ssm-tree"):
-        reason = backend_cls(name).unsupported_reason(target)
-        assert f"{kind} ({layer_class})" in reason and "no backend serves it yet" in reason, reason
-        assert ("Mamba-1" in reason) == ("Mamba-1" in kind), reason
-        assert not RECOMMENDS.search(reason), reason
-        with pytest.raises(UnsupportedModelError, match=layer_class):
-            SpeculativeDecoder.from_names(target, "pld", backend=name)
-    check_recommendations(target)
-
-
 @pytest.mark.parametrize(("family", "says"), [
     ("zamba2", "layer types ['hybrid'] are not supported"),
     ("falcon_h1", "(FalconH1Mixer) scales its SSM inputs (['mup_vector', 'ssm_in_multiplier'])"),
@@ -276,12 +256,6 @@ def test_mamba2_inside_blocks_the_tree_scan_does_not_take_apart_is_refused(famil
         reason = backend_cls(name).unsupported_reason(target)
         assert says in reason and "no backend serves it yet" in reason, reason
         assert not RECOMMENDS.search(reason), reason
-
-
-def test_kimi_delta_attention_refusal_says_what_would_serve_it():
-    reason = backend_cls("kv").unsupported_reason(tiny_recurrent_target("kimi_linear"))
-    assert "Qwen3NextGatedDeltaNet, OlmoHybridGatedDeltaNet" in reason
-    assert "one decay per key channel would serve it" in reason
 
 
 def test_unknown_options_are_refused(target):

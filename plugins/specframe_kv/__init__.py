@@ -28,8 +28,8 @@ def _recurrent_reason(target, recurrent: list[str]) -> str:
     """Why cropping a KV cache cannot serve a model with `recurrent` layer types, and what can, if anything.
 
     'ssm-tree' is recommended only when that backend accepts the model; otherwise its own refusal, which
-    names the layer, what it is and says that no backend serves it yet (Kimi delta attention, Zamba2's
-    shared blocks, Falcon-H1's rescaled mixers), is passed on. Layer types alone cannot tell those apart
+    names the layer, what it is and says that no backend serves it yet (Zamba2's shared blocks,
+    Falcon-H1's rescaled mixers), is passed on. Layer types alone cannot tell those apart
     from what ssm-tree serves: transformers types them all "linear_attention" (LFM2's are "conv").
     """
     lead = f"it has recurrent layers ({recurrent}) whose state cannot be rolled back by cropping a KV cache"

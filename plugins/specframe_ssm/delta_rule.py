@@ -34,7 +34,8 @@ def tree_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_decay
                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """Outputs O (T, H, dv) and delta updates U (T, H, dv) of every node of a packed tree, in float32.
 
-    q, k: (T, H, dk) normalised and scaled as the layer does; v: (T, H, dv); log_decay, beta: (T, H);
+    q, k: (T, H, dk) normalised and scaled as the layer does; v: (T, H, dv); beta: (T, H); log_decay: (T, H)
+    (one decay per head, gated DeltaNet) or (T, H, dk) (one per key channel, Kimi delta attention);
     mask: (T, T) bool, mask[t, s] = s is an ancestor of t or t itself (packed order: parents first);
     h0: (H, dk, dv) committed state, or None for the zero state.
     """
@@ -42,34 +43,40 @@ def tree_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_decay
     T = q.shape[0]
     fmask = mask.float()
     log_decay = log_decay.float()
-    gamma = fmask @ log_decay  # (T, H) log of the decay product from the committed state
+    if log_decay.dim() == 2:
+        log_decay = log_decay[:, :, None]  # (T, H, 1): every key channel decays alike
+    gamma = torch.einsum("tj,jhc->thc", fmask, log_decay)  # (T, H, c) log decay from the committed state
     # log(Gamma_t / Gamma_s) as a segment sum over the nodes below s on t's path (no cancellation of two
     # long cumulative sums); zero off the ancestor paths.
-    segment = torch.einsum("tj,jh,sj->hts", fmask, log_decay, 1.0 - fmask)  # (H, T, T)
-    ratio = torch.where(mask[None], torch.exp(segment), 0.0)
-    qh, kh, vh = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)  # (H, T, d)
+    segment = torch.einsum("tj,jhc,sj->htsc", fmask, log_decay, 1.0 - fmask)  # (H, T, T, c)
+    ratio = torch.where(mask[None, :, :, None], torch.exp(segment), 0.0)
+    # (k_t . diag(Gamma_t / Gamma_s) k_s) and (q_t . diag(Gamma_t / Gamma_s) k_s): (H, T, T)
+    kk = torch.einsum("thc,shc,htsc->hts", k, k, ratio.expand(-1, -1, -1, k.shape[-1]))
+    qk = torch.einsum("thc,shc,htsc->hts", q, k, ratio.expand(-1, -1, -1, k.shape[-1]))
     bh = beta.t()[:, :, None]  # (H, T, 1)
-    strict = ratio * (1.0 - torch.eye(T, device=q.device))  # proper ancestors only
-    system = torch.eye(T, device=q.device) + bh * strict * (kh @ kh.transpose(1, 2))  # (H, T, T)
-    rhs = vh
-    decay_to = torch.exp(gamma).t()[:, :, None]  # (H, T, 1)
+    strict = kk * (1.0 - torch.eye(T, device=q.device))  # proper ancestors only
+    system = torch.eye(T, device=q.device) + bh * strict  # (H, T, T) unit lower triangular
+    rhs = v.transpose(0, 1)  # (H, T, dv)
+    decayed_k = (torch.exp(gamma) * k).transpose(0, 1)  # (H, T, dk)
+    decayed_q = (torch.exp(gamma) * q).transpose(0, 1)
     if h0 is not None:
-        rhs = rhs - decay_to * (kh @ h0.float())  # (H, T, dv)
+        rhs = rhs - decayed_k @ h0.float()  # (H, T, dv)
     u = torch.linalg.solve_triangular(system, bh * rhs, upper=False, unitriangular=True)  # (H, T, dv)
-    out = (ratio * (qh @ kh.transpose(1, 2))) @ u  # (H, T, dv)
+    out = qk @ u  # (H, T, dv)
     if h0 is not None:
-        out = out + decay_to * (qh @ h0.float())
+        out = out + decayed_q @ h0.float()
     return out.transpose(0, 1), u.transpose(0, 1)
 
 
 def commit_delta_replay(h0: torch.Tensor | None, k: torch.Tensor, v: torch.Tensor, log_decay: torch.Tensor,
                         beta: torch.Tensor, u: torch.Tensor | None = None) -> torch.Tensor:
     """New state (H, dk, dv) after the m accepted nodes in order, by running the recurrence step by step
-    (k: (m, H, dk), v: (m, H, dv), log_decay, beta: (m, H)); `u` is not used (same signature as closed)."""
+    (k: (m, H, dk), v: (m, H, dv), beta: (m, H), log_decay: (m, H) or (m, H, dk)); `u` is not used (same
+    signature as closed)."""
     H, dk, dv = k.shape[1], k.shape[2], v.shape[2]
     h = torch.zeros(H, dk, dv, device=k.device) if h0 is None else h0.float()
     for j in range(k.shape[0]):
-        h = h * torch.exp(log_decay[j].float())[:, None, None]
+        h = h * torch.exp(log_decay[j].float()).reshape(H, -1, 1)
         kv_mem = torch.einsum("hkv,hk->hv", h, k[j].float())  # (H, dv)
         delta = (v[j].float() - kv_mem) * beta[j].float()[:, None]
         h = h + k[j].float()[:, :, None] * delta[:, None, :]
@@ -81,9 +88,11 @@ def commit_delta_closed(h0: torch.Tensor | None, k: torch.Tensor, v: torch.Tenso
     """New state in closed form from the updates the tree solve already found:
     Gamma_m S_0 + sum_j (Gamma_m / Gamma_j) k_j u_j^T, with u (m, H, dv) the path's rows of
     `tree_delta_rule`."""
-    a = log_decay.float()  # (m, H)
-    after = torch.flip(torch.cumsum(torch.flip(a, [0]), 0), [0]) - a  # (m, H) log-decay after node j
-    update = torch.einsum("mh,mhk,mhv->hkv", torch.exp(after), k.float(), u.float())  # (H, dk, dv)
+    a = log_decay.float()
+    if a.dim() == 2:
+        a = a[:, :, None]  # (m, H, 1)
+    after = torch.flip(torch.cumsum(torch.flip(a, [0]), 0), [0]) - a  # (m, H, c) log-decay after node j
+    update = torch.einsum("mhk,mhk,mhv->hkv", torch.exp(after).expand_as(k), k.float(), u.float())
     if h0 is None:
-        return update
-    return torch.exp(a.sum(0))[:, None, None] * h0.float() + update
+        return update  # (H, dk, dv)
+    return torch.exp(a.sum(0))[:, :, None] * h0.float() + update

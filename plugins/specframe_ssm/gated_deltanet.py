@@ -1,9 +1,11 @@
-"""The tree forward and commit of a gated DeltaNet layer (Qwen3-Next, OLMo-hybrid), swapped in for the
-layer's own forward while a tree is scored, as `specframe_ssm.mixer` does for Mamba2.
+"""The tree forward and commit of a gated delta-rule layer (gated DeltaNet in Qwen3-Next and OLMo-hybrid,
+Kimi delta attention in Kimi Linear), swapped in for the layer's own forward while a tree is scored, as
+`specframe_ssm.mixer` does for Mamba2.
 
-Both layers project q, k, v (one depthwise causal conv over their concatenation, then SiLU), a gate for
-the output norm, beta = sigmoid(b) and the log-decay -exp(A_log) softplus(a + dt_bias); they differ only
-in how the projections are laid out (`delta_inputs`). The conv runs along each node's ancestor chain
+All three project q, k, v (one depthwise causal conv over their concatenation, then SiLU), a gate for the
+output norm, beta = sigmoid(b) and a log-decay; they differ in how the projections are laid out and in
+the decay: one per head, -exp(A_log) softplus(a + dt_bias), for gated DeltaNet, one per key channel
+(the forget gate) for Kimi (`delta_inputs`, `head_dims`). The conv runs along each node's ancestor chain
 (`tree_conv`), the recurrence through `tree_delta_rule`.
 """
 
@@ -28,7 +30,7 @@ class DeltaInputs:
     mixed: torch.Tensor  # (T, 2 key_dim + value_dim) q, k, v before the conv
     gate: torch.Tensor  # (T, H, dv) the output norm's gate
     beta: torch.Tensor  # (T, H)
-    log_decay: torch.Tensor  # (T, H) float32, <= 0
+    log_decay: torch.Tensor  # (T, H), or (T, H, dk) per key channel (Kimi); float32, <= 0
 
 
 @dataclass
@@ -38,7 +40,7 @@ class SavedDeltaNodes:
     mixed: torch.Tensor  # (T, Cd) pre-conv inputs
     k: torch.Tensor  # (T, H, dk) normalised keys, repeated to the value heads
     v: torch.Tensor  # (T, H, dv)
-    log_decay: torch.Tensor  # (T, H)
+    log_decay: torch.Tensor  # (T, H) or (T, H, dk)
     beta: torch.Tensor  # (T, H)
     u: torch.Tensor  # (T, H, dv) delta updates along each node's path
 
@@ -47,9 +49,22 @@ def _log_decay(layer, a: torch.Tensor) -> torch.Tensor:
     return -layer.A_log.float().exp() * F.softplus(a.float() + layer.dt_bias)  # (T, H)
 
 
+def head_dims(layer) -> tuple[int, int, int, int, int, int]:
+    """(key_dim, value_dim, key heads, value heads, key head dim, value head dim) of the layer."""
+    if hasattr(layer, "forget_gate"):  # Kimi: as many key as value heads, one head dim
+        return layer.qkv_dim, layer.qkv_dim, layer.num_heads, layer.num_heads, layer.head_dim, layer.head_dim
+    return (layer.key_dim, layer.value_dim, layer.num_k_heads, layer.num_v_heads, layer.head_k_dim,
+            layer.head_v_dim)
+
+
 def delta_inputs(layer, hidden: torch.Tensor) -> DeltaInputs:
-    """The projections of `hidden` (1, T, D) by a Qwen3-Next or OLMo-hybrid gated DeltaNet layer."""
+    """The projections of `hidden` (1, T, D) by a Qwen3-Next, OLMo-hybrid or Kimi Linear delta layer."""
     T = hidden.shape[1]
+    if hasattr(layer, "forget_gate"):  # Kimi delta attention: low-rank gates, a decay per key channel
+        mixed = torch.cat([layer.q_proj(hidden), layer.k_proj(hidden), layer.v_proj(hidden)], dim=-1)[0]
+        gate = layer.g_b_proj(layer.g_a_proj(hidden))[0].reshape(T, layer.num_heads, layer.head_dim)
+        beta = layer.b_proj(hidden)[0].sigmoid()
+        return DeltaInputs(mixed, gate, beta, layer.forget_gate(hidden)[0].float())  # decay (T, H, dk)
     if hasattr(layer, "in_proj_qkvz"):  # Qwen3-Next: fused, grouped by key head
         q, k, v, z, b, a = layer.fix_query_key_value_ordering(layer.in_proj_qkvz(hidden),
                                                               layer.in_proj_ba(hidden))
@@ -78,18 +93,18 @@ def tree_delta_forward(layer, run, hidden_states: torch.Tensor, *args, **kwargs)
     conv_state, h0 = run.states[layer.layer_idx]
     mixed = tree_conv(inputs.mixed, conv_state, layer.conv1d.weight[:, 0, :], layer.conv1d.bias,
                       run.conv_index, ACT2FN[layer.activation])  # (T, Cd)
-    q, k, v = mixed.split([layer.key_dim, layer.key_dim, layer.value_dim], dim=-1)
-    heads = layer.num_v_heads
-    q = q.reshape(T, -1, layer.head_k_dim).repeat_interleave(heads // layer.num_k_heads, dim=1)
-    k = k.reshape(T, -1, layer.head_k_dim).repeat_interleave(heads // layer.num_k_heads, dim=1)
-    v = v.reshape(T, heads, layer.head_v_dim)
-    q = l2norm(q.float()) / layer.head_k_dim ** 0.5  # (T, H, dk)
+    key_dim, value_dim, k_heads, heads, dk, dv = head_dims(layer)
+    q, k, v = mixed.split([key_dim, key_dim, value_dim], dim=-1)
+    q = q.reshape(T, k_heads, dk).repeat_interleave(heads // k_heads, dim=1)
+    k = k.reshape(T, k_heads, dk).repeat_interleave(heads // k_heads, dim=1)
+    v = v.reshape(T, heads, dv)
+    q = l2norm(q.float()) / dk ** 0.5  # (T, H, dk)
     k = l2norm(k.float())
     out, u = tree_delta_rule(q, k, v, inputs.log_decay, inputs.beta, run.mask, h0)  # (T, H, dv) fp32
     run.saved[layer.layer_idx] = SavedDeltaNodes(inputs.mixed, k, v.float(), inputs.log_decay,
                                                  inputs.beta.float(), u)
     norm, project = _output_modules(layer)
-    out = norm(out.to(dtype).reshape(-1, layer.head_v_dim), inputs.gate.reshape(-1, layer.head_v_dim))
+    out = norm(out.to(dtype).reshape(-1, dv), inputs.gate.reshape(-1, dv))
     return project(out.reshape(1, T, -1))  # (1, T, D)
 
 

@@ -4,8 +4,9 @@ how its forward takes the cache. Detected from the modules and `config.layer_typ
 Recurrent layers are told apart by module class (`layer_kind`): transformers types them all
 "linear_attention" (Mamba-1, Mamba2, gated DeltaNet, Kimi delta attention alike), and several of them
 carry an `A_log` parameter. Mamba2 mixers run in the tree scan, gated DeltaNet layers (Qwen3-Next,
-OLMo-hybrid) in the tree delta rule and Mamba-1 mixers (Mamba, FalconMamba, Jamba) in the tree selective
-scan; a refusal of any other names what the layer is.
+OLMo-hybrid) and Kimi delta attention in the tree delta rule, Mamba-1 mixers (Mamba, FalconMamba, Jamba)
+in the tree selective scan and LFM2's short convs in the tree conv; a refusal of any other names what
+the layer is.
 """
 
 from __future__ import annotations
@@ -22,9 +23,8 @@ MIXER_ATTRIBUTES = ("in_proj", "conv1d", "dt_bias", "A_log", "D", "norm", "out_p
 # Mixers with extra scaling inside the mixer that the tree forward does not reproduce.
 EXTRA_SCALING = ("mup_vector", "ssm_in_multiplier")
 # Attributes the gated DeltaNet tree forward reads (specframe_ssm.gated_deltanet), and the classes it serves.
-DELTA_ATTRIBUTES = ("conv1d", "A_log", "dt_bias", "num_v_heads", "num_k_heads", "head_k_dim", "head_v_dim",
-                    "key_dim", "value_dim", "conv_dim", "conv_kernel_size", "activation", "layer_idx")
-GATED_DELTANET_CLASSES = ("Qwen3NextGatedDeltaNet", "OlmoHybridGatedDeltaNet")
+DELTA_ATTRIBUTES = ("conv1d", "conv_dim", "conv_kernel_size", "activation", "layer_idx")
+GATED_DELTANET_CLASSES = ("Qwen3NextGatedDeltaNet", "OlmoHybridGatedDeltaNet", "KimiLinearDeltaAttention")
 # Attributes the Mamba-1 tree forward reads (specframe_ssm.selective_scan).
 SELECTIVE_ATTRIBUTES = ("in_proj", "conv1d", "x_proj", "dt_proj", "A_log", "D", "out_proj", "time_step_rank",
                         "ssm_state_size", "intermediate_size", "conv_kernel_size", "activation", "layer_idx")
@@ -47,9 +47,9 @@ UNSERVED = {
              "and Jamba mixers the Mamba-1 tree scan (ssm-tree) serves, and cropping a KV cache (kv) cannot "
              "roll its state back"),
     DELTA_RULE: ("a gated delta-rule linear attention ({cls})",
-                 "its decay gate is not the one scalar per head of the gated DeltaNet layers the tree delta "
-                 "rule (ssm-tree) serves ({served}), and cropping a KV cache (kv) cannot roll its matrix "
-                 "state back; a tree form with one decay per key channel would serve it"),
+                 "its class is not one of the delta-rule layers whose projections the tree delta rule "
+                 "(ssm-tree) knows ({served}), and cropping a KV cache (kv) cannot roll its matrix state "
+                 "back"),
     SHORT_CONV: ("a gated short convolution ({cls})",
                  "its class is not one of the LFM2 short convolutions whose tree form ssm-tree has "
                  "({served}), and cropping a KV cache (kv) cannot roll its conv window back"),
