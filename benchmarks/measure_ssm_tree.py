@@ -207,6 +207,28 @@ def main() -> None:
     fits = fit(rows, "seconds" if args.time == "wall" else "cpu_seconds")
     (out / "fits.json").write_text(json.dumps(fits, indent=1))
     print(json.dumps(fits, indent=1))
+    table = markdown_table(rows, "seconds" if args.time == "wall" else "cpu_seconds")
+    (out / "table.md").write_text(table)
+    print(table)
+
+
+def markdown_table(rows: list[dict], key: str) -> str:
+    """Per kind and depth: the packed tree against its baseline (unrolled paths, or for Mamba-1 N of the
+    model's own one-token steps), time (ms, `key`) and peak memory growth."""
+    lines = ["| model | depth | nodes N | ssm-tree ms | baseline | baseline ms | speed-up "
+             "| ssm-tree peak MiB | baseline peak MiB |", "|---|---|---|---|---|---|---|---|---|"]
+    for kind in dict.fromkeys(r["kind"] for r in rows):
+        mine = [r for r in rows if r["kind"] == kind]
+        step = next((r for r in mine if r["backend"] == "own-step"), None)
+        for tree in (r for r in mine if r["backend"] == "ssm-tree"):
+            base = step or next(r for r in mine
+                                if r["backend"] == "ssm-unrolled" and r["depth"] == tree["depth"])
+            name, base_s = (("N x own step", tree["nodes"] * base[key]) if step
+                            else ("ssm-unrolled", base[key]))
+            lines.append(f"| {kind} | {tree['depth']} | {tree['nodes']} | {tree[key] * 1e3:.0f} | {name} "
+                         f"| {base_s * 1e3:.0f} | {base_s / tree[key]:.2f}x "
+                         f"| {tree['peak_bytes'] / 2**20:.1f} | {base['peak_bytes'] / 2**20:.1f} |")
+    return "\n".join(lines) + "\n"
 
 
 def _passthrough(args) -> list[str]:
