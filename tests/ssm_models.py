@@ -3,8 +3,6 @@ Mamba, FalconMamba, Jamba), and the naive per-path reference the SSM tests use.
 
 The reference deep-copies the committed cache and runs the unmodified transformers model on one
 root-to-leaf path as a plain sequence with explicit positions: no tree code is involved.
-`tiny_recurrent_target` builds tiny models of the recurrent families that no backend serves yet
-(LFM2, Kimi delta attention), for the tests of the backends' refusals.
 """
 
 from __future__ import annotations
@@ -12,7 +10,6 @@ from __future__ import annotations
 import copy
 import inspect
 
-import pytest
 import torch
 import transformers
 from transformers import (
@@ -100,6 +97,23 @@ def tiny_ssm_target(kind: str = "mamba2", *, groups: int = 2, conv: int = 4, dt_
             qk_nope_head_dim=4, v_head_dim=8, num_local_experts=2, num_experts_per_tok=1,
             moe_intermediate_size=8, initializer_range=0.2)
         model = transformers.KimiLinearForCausalLM(config)
+    elif kind in ("falcon_h1", "falcon_h1_norm"):  # without and with the mixer's gated RMS norm
+        config = transformers.FalconH1Config(
+            **_NO_SPECIAL_IDS, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=8, mamba_d_state=8, mamba_n_heads=4,
+            mamba_d_head=16, mamba_n_groups=groups, mamba_d_ssm=64, mamba_d_conv=conv, mamba_chunk_size=8,
+            initializer_range=0.2, ssm_multipliers=[0.8, 1.3, 0.7, 1.1, 0.9], ssm_in_multiplier=1.4,
+            ssm_out_multiplier=0.6, attention_in_multiplier=1.2, attention_out_multiplier=0.9,
+            mamba_rms_norm=kind == "falcon_h1_norm")
+        model = transformers.FalconH1ForCausalLM(config)
+    elif kind == "zamba2":  # one shared attention block used by two hybrid layers, with its own RoPE
+        config = transformers.Zamba2Config(
+            **_NO_SPECIAL_IDS, hidden_size=32, intermediate_size=48, num_hidden_layers=4,
+            layer_types=["mamba", "hybrid", "mamba", "hybrid"], hybrid_layer_ids=[1, 3], num_mem_blocks=1,
+            num_attention_heads=4, num_key_value_heads=4, mamba_d_state=8, mamba_headdim=8, n_mamba_heads=8,
+            mamba_ngroups=groups, mamba_d_conv=conv, chunk_size=8, use_mem_rope=True, use_mamba_kernels=False,
+            initializer_range=0.2)
+        model = transformers.Zamba2ForCausalLM(config)
     elif kind == "lfm2":
         config = transformers.Lfm2Config(
             **_NO_SPECIAL_IDS, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
@@ -119,32 +133,6 @@ def tiny_ssm_target(kind: str = "mamba2", *, groups: int = 2, conv: int = 4, dt_
 
 
 _NO_SPECIAL_IDS = dict(vocab_size=VOCAB, pad_token_id=None, bos_token_id=None, eos_token_id=None)
-_ATTENTION = dict(hidden_size=16, intermediate_size=32, num_attention_heads=2, num_key_value_heads=1)
-# family -> (transformers class prefix, config keywords): one recurrent layer, plus attention in hybrids.
-RECURRENT_FAMILIES = {
-    # Mamba2 mixers inside blocks ssm-tree does not take apart: shared attention (Zamba2), muP-scaled
-    # mixers in parallel with attention (Falcon-H1).
-    "zamba2": ("Zamba2", dict(**_ATTENTION, num_hidden_layers=2, layer_types=["mamba", "hybrid"],
-                              hybrid_layer_ids=[1], mamba_d_state=4, mamba_headdim=8, n_mamba_heads=4,
-                              use_mem_rope=False, use_mamba_kernels=False)),
-    "falcon_h1": ("FalconH1", dict(**_ATTENTION, num_hidden_layers=2, head_dim=8, mamba_d_state=4,
-                                   mamba_n_heads=4, mamba_d_head=8, mamba_n_groups=1, mamba_d_ssm=32)),
-}
-
-
-def tiny_recurrent_target(family: str) -> Target:
-    """A tiny random model of a `RECURRENT_FAMILIES` family, float32, eval mode; skips the calling test
-    when the installed transformers does not have that family."""
-    prefix, kwargs = RECURRENT_FAMILIES[family]
-    config_cls = getattr(transformers, f"{prefix}Config", None)
-    model_cls = getattr(transformers, f"{prefix}ForCausalLM", None)
-    if config_cls is None or model_cls is None:
-        pytest.skip(f"transformers {transformers.__version__} has no {prefix}ForCausalLM")
-    torch.manual_seed(0)
-    return Target(model=model_cls(config_cls(**_NO_SPECIAL_IDS, **kwargs)).eval(), tokenizer=None,
-                  name=f"tiny-{family}")
-
-
 def cache_kwarg(model) -> str:
     params = inspect.signature(model.forward).parameters
     return "past_key_values" if "past_key_values" in params else "cache_params"
@@ -185,7 +173,8 @@ def state_tensors(cache) -> dict[str, torch.Tensor]:
                 out[f"conv{i}"] = layer.conv_states[0].clone()
                 if layer.recurrent_states[0] is not None:  # LFM2's short convs keep a conv window only
                     out[f"ssm{i}"] = layer.recurrent_states[0].clone()
-        elif getattr(layer, "is_initialized", False) and getattr(layer, "keys", None) is not None:
+        # not `elif`: Falcon-H1's layers hold both recurrent states and keys/values
+        if getattr(layer, "is_initialized", False) and getattr(layer, "keys", None) is not None:
             out[f"keys{i}"] = layer.keys.clone()
             out[f"values{i}"] = layer.values.clone()
     return out

@@ -44,11 +44,15 @@ def kv_length(cache, layer_idx: int) -> int:
 
 
 def crop_kv(cache, layers: list[int], length: int) -> None:
-    """Drop every key/value row after `length` in the given attention layers."""
+    """Drop every key/value row after `length` in the given attention layers. The keys/values alone: a
+    layer that also holds recurrent states (Falcon-H1's parallel layers) would otherwise try to roll them
+    back too, which transformers refuses and `commit` does itself."""
+    from transformers.cache_utils import DynamicLayer
+
     for idx in layers:
         extra = kv_length(cache, idx) - length
         if extra > 0:
-            cache.layers[idx].crop(-extra)
+            DynamicLayer.crop(cache.layers[idx], -extra)
 
 
 def compact_kv(cache, layers: list[int], start: int, keep: list[int]) -> None:

@@ -31,12 +31,13 @@ REFERENCE_WIDTH = 2560 * 10576  # d_model x in_proj outputs of one Mamba2-2.7B l
 
 def layer_counts(model) -> tuple[int, int, float]:
     """(recurrent layers, attention layers, width ratio vs a Mamba2-2.7B layer) of a transformers model."""
-    from specframe_ssm.layout import ATTENTION_TYPES, RECURRENT_TYPES, recurrent_layers
+    from specframe_ssm.layout import ATTENTION_TYPES, PARALLEL_TYPE, RECURRENT_TYPES, recurrent_layers
 
     types = list(model.config.layer_types)
     mixer = recurrent_layers(model)[0][1]
     width = input_width(mixer) / REFERENCE_WIDTH
-    return sum(t in RECURRENT_TYPES for t in types), sum(t in ATTENTION_TYPES for t in types), width
+    recurrent = sum(t in RECURRENT_TYPES or t == PARALLEL_TYPE for t in types)
+    return recurrent, sum(t in ATTENTION_TYPES or t == PARALLEL_TYPE for t in types), width
 
 
 def input_width(mixer: torch.nn.Module) -> int:

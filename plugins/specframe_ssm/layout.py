@@ -20,8 +20,14 @@ import torch
 MIXER_ATTRIBUTES = ("in_proj", "conv1d", "dt_bias", "A_log", "D", "norm", "out_proj", "num_heads", "head_dim",
                     "n_groups", "ssm_state_size", "intermediate_size", "conv_dim", "conv_kernel_size",
                     "time_step_limit", "layer_idx")
-# Mixers with extra scaling inside the mixer that the tree forward does not reproduce.
+# Mixers with extra scaling inside the mixer: the tree forward reproduces it for these classes only.
 EXTRA_SCALING = ("mup_vector", "ssm_in_multiplier")
+SCALED_MIXERS = ("FalconH1Mixer",)
+# "hybrid" layers hold a Mamba2 mixer and attention in the same layer: in parallel (Falcon-H1), or a
+# shared attention block before the Mamba layer (Zamba2). One cache layer holds both the conv/SSM states
+# and the keys/values; the attention sees the tree through the mask like any other.
+PARALLEL_TYPE = "hybrid"
+PARALLEL_MIXERS = ("FalconH1Mixer", "Zamba2MambaMixer")
 # Attributes the gated DeltaNet tree forward reads (specframe_ssm.gated_deltanet), and the classes it serves.
 DELTA_ATTRIBUTES = ("conv1d", "conv_dim", "conv_kernel_size", "activation", "layer_idx")
 GATED_DELTANET_CLASSES = ("Qwen3NextGatedDeltaNet", "OlmoHybridGatedDeltaNet", "KimiLinearDeltaAttention")
@@ -163,7 +169,7 @@ def _mixer_reason(name: str, module: torch.nn.Module) -> str | None:
     if missing:
         return f"layer '{name}' ({kind}) is not a recognised Mamba2 mixer: it lacks {missing}; {NO_BACKEND}"
     extra = [a for a in EXTRA_SCALING if hasattr(module, a)]
-    if extra:
+    if extra and kind not in SCALED_MIXERS:
         return (f"layer '{name}' ({kind}) scales its SSM inputs ({extra}), which the tree scan does not do; "
                 f"{NO_BACKEND}")
     return None
@@ -197,12 +203,14 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
     layer_types = list(getattr(model.config, "layer_types", None) or [])
     if not layers:
         return _no_recurrent_module_reason(layer_types)
-    unknown = sorted(set(layer_types) - ATTENTION_TYPES - STATELESS_TYPES - RECURRENT_TYPES)
+    parallel = all(type(m).__name__ in PARALLEL_MIXERS for _, m, _ in layers)
+    unknown = sorted(set(layer_types) - ATTENTION_TYPES - STATELESS_TYPES - RECURRENT_TYPES
+                     - ({PARALLEL_TYPE} if parallel else set()))
     if unknown:
         return (f"its layer types {unknown} are not supported "
                 f"(only Mamba2, Mamba-1, gated DeltaNet, LFM2 short conv, full attention, MLP and MoE "
                 f"blocks); {NO_BACKEND}")
-    ssm_layers = [i for i, t in enumerate(layer_types) if t in RECURRENT_TYPES]
+    ssm_layers = [i for i, t in enumerate(layer_types) if t in RECURRENT_TYPES or t == PARALLEL_TYPE]
     if sorted(m.layer_idx for _, m, _ in layers) != ssm_layers:
         return ("its recurrent layers do not match config.layer_types one to one "
                 f"(shared or parallel blocks are not supported); {NO_BACKEND}")
@@ -217,6 +225,7 @@ def inspect_layout(model: torch.nn.Module) -> ModelLayout:
     params = inspect.signature(model.forward).parameters
     cache_kwarg = "past_key_values" if "past_key_values" in params else "cache_params"
     return ModelLayout(mixers=mixers,
-                       attention=[i for i, t in enumerate(layer_types) if t in ATTENTION_TYPES],
+                       attention=[i for i, t in enumerate(layer_types)
+                                  if t in ATTENTION_TYPES or t == PARALLEL_TYPE],
                        cache_kwarg=cache_kwarg, takes_positions="position_ids" in params,
                        kinds={m.layer_idx: kind for _, m, kind in found})

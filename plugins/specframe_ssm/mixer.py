@@ -63,7 +63,10 @@ def tree_mixer_forward(mixer, run: TreeRun, hidden_states: torch.Tensor, *args, 
     T = hidden_states.shape[1]
     H, P, G, N = mixer.num_heads, mixer.head_dim, mixer.n_groups, mixer.ssm_state_size
     d_inner = mixer.intermediate_size
-    projected = mixer.in_proj(hidden_states[0])  # (T, d_inner + Cd + H)
+    hidden = hidden_states[0] * getattr(mixer, "ssm_in_multiplier", 1.0)  # Falcon-H1's muP scalings
+    projected = mixer.in_proj(hidden)  # (T, d_inner + Cd + H)
+    if hasattr(mixer, "mup_vector"):
+        projected = projected * mixer.mup_vector.reshape(-1)
     gate, xbc_raw, dt_raw = projected.split([d_inner, mixer.conv_dim, H], dim=-1)
     conv_state, h0 = run.states[mixer.layer_idx]
     act = getattr(mixer, "act", torch.nn.functional.silu)
@@ -74,7 +77,10 @@ def tree_mixer_forward(mixer, run: TreeRun, hidden_states: torch.Tensor, *args, 
     dt = discretize(dt_raw, mixer.dt_bias, mixer.time_step_limit)  # (T, H)
     y = tree_scan(x, dt, mixer_A(mixer), B, C, mixer.D, run.mask, h0, impl=run.scan_impl)  # (T, H, P) fp32
     run.saved[mixer.layer_idx] = SavedNodes(xbc=xbc_raw, x=x, B=B, dt=dt)
-    y = mixer.norm(y.reshape(1, T, H * P), gate[None])  # (1, T, d_inner)
+    if getattr(mixer, "mamba_rms_norm", True):
+        y = mixer.norm(y.reshape(1, T, H * P), gate[None])  # (1, T, d_inner)
+    else:  # Falcon-H1 without its mixer norm: the gate multiplies the scan output
+        y = y.reshape(1, T, H * P) * torch.nn.functional.silu(gate[None].float())
     return mixer.out_proj(y.to(dtype))  # (1, T, D)
 
 

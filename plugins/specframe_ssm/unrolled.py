@@ -27,13 +27,13 @@ def repeat_batch(tensor, batch: int):
 def batched_copy(cache, batch: int):
     """A deep copy of `cache` with every state repeated `batch` times along the batch dimension."""
     out = copy.deepcopy(cache)
-    for layer in out.layers:
-        if hasattr(layer, "conv_states"):
-            if layer.has_previous_state[0]:
-                layer.conv_states[0] = repeat_batch(layer.conv_states[0], batch)  # (B, Cd, K)
-                if layer.recurrent_states[0] is not None:  # (B, H, P, N); LFM2's short convs have none
-                    layer.recurrent_states[0] = repeat_batch(layer.recurrent_states[0], batch)
-        elif getattr(layer, "is_initialized", False) and layer.keys is not None and layer.keys.numel():
+    for layer in out.layers:  # a layer may hold both (Falcon-H1's parallel attention and Mamba2)
+        if hasattr(layer, "conv_states") and layer.has_previous_state[0]:
+            layer.conv_states[0] = repeat_batch(layer.conv_states[0], batch)  # (B, Cd, K)
+            if layer.recurrent_states[0] is not None:  # (B, H, P, N); LFM2's short convs have none
+                layer.recurrent_states[0] = repeat_batch(layer.recurrent_states[0], batch)
+        if getattr(layer, "is_initialized", False) and getattr(layer, "keys", None) is not None \
+                and layer.keys.numel():
             layer.keys = repeat_batch(layer.keys, batch)  # (B, H_kv, S, d)
             layer.values = repeat_batch(layer.values, batch)
     return out
