@@ -28,22 +28,50 @@ def build(
     dtype: str = dtype_option(),
     glob: str = typer.Option("**/*", help="Files to take from a directory source."),
     field: Optional[str] = typer.Option(None, help="JSONL field holding the text or the chat turns."),
-    append: bool = typer.Option(False, help="Add the sources to an existing datastore (no re-tokenizing)."),
+    append: bool = typer.Option(
+        False, help="Add the sources to an existing datastore (no re-tokenizing); to a sharded one, as new "
+        "shards (--shards of them, default 1)."
+    ),
     overwrite: bool = typer.Option(False, help="Replace an existing datastore."),
     answer_tokens: int = typer.Option(256, help="model: sources: new tokens per answer."),
     batch_size: int = typer.Option(8, help="model: sources: prompts per generation batch."),
+    shards: Optional[int] = typer.Option(
+        None, help="Split the corpus into N shards of whole documents, each an ordinary datastore, under "
+        "one manifest; the drafter searches them as one store."
+    ),
+    ray: Optional[str] = typer.Option(
+        None, help="Build the shards in parallel as Ray tasks: 'local' starts Ray on this machine, else "
+        "the ADDRESS of a Ray cluster (needs `pip install 'specframe[ray]'`)."
+    ),
+    ray_cpus: Optional[int] = typer.Option(None, help="--ray local: CPUs Ray may use (default: all)."),
 ) -> None:
     """Tokenize SOURCEs with MODEL's tokenizer and index them into a datastore at OUT."""
     from specframe.models import load_target
     from specframe_rest.build import build_datastore
     from specframe_rest.drafter import datastore_home
+    from specframe_rest.shards import is_sharded
     from specframe_rest.sources import parse_source
 
     sources = [
         parse_source(s, glob, field, max_new_tokens=answer_tokens, batch_size=batch_size) for s in source
     ]
-    target = load_target(model, device=device, dtype=dtype)  # model: sources generate with it
     destination = out if ("/" in out or out.startswith(".")) else str(datastore_home() / out)
+    sharded = shards is not None or (append and is_sharded(destination))
+    if ray is not None and not sharded:
+        raise typer.BadParameter("--ray builds shards: add --shards N", param_hint="--ray")
+    target = load_target(model, device=device, dtype=dtype)  # model: sources generate with it
+    if sharded:
+        from specframe_rest.distributed import build_sharded_datastore
+
+        manifest = build_sharded_datastore(destination, sources, target, shards=shards or 1, ray=ray,
+                                           ray_cpus=ray_cpus, append=append, overwrite=overwrite)
+        stats = manifest["builds"][-1]
+        typer.echo(
+            f"built {destination}: {manifest['n_tokens']:,} tokens in {manifest['n_documents']:,} documents, "
+            f"{len(manifest['shards'])} shards ({len(stats['shards'])} new, {stats['executor']}), "
+            f"{stats['seconds']:.1f} s ({stats['tokens_per_second']:,} tokens/s)"
+        )
+        return
     header = build_datastore(destination, sources, target, append=append, overwrite=overwrite)
     stats = header["build"]
     typer.echo(
@@ -60,11 +88,11 @@ def info(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Print a datastore's header, sizes and load time."""
-    from specframe_rest.datastore import Datastore
     from specframe_rest.drafter import resolve_datastore
+    from specframe_rest.shards import open_store
 
     start = time.perf_counter()
-    store = Datastore.open(resolve_datastore(path))
+    store = open_store(resolve_datastore(path))
     load_s = time.perf_counter() - start
     if verify:
         store.verify()
@@ -84,6 +112,7 @@ def info(
             f"{report['bytes_on_disk'] / 2**20:,.1f} MiB, {report['bytes_per_token']:.2f} bytes/token",
         ),
         ("built", f"{report['built_at']} in {report['build']['seconds']} s"),
+        *([("shards", f"{len(report['shards'])} (sharded store)")] if "shards" in report else []),
         ("load", f"{load_s * 1e3:.1f} ms"),
         ("verified", "yes" if verify else "no (--verify)"),
     ]

@@ -22,10 +22,11 @@ from specframe import ConfigurationError, DraftContext, Drafter, DrafterCapabili
 from specframe.models import specframe_home
 from specframe_rest.datastore import HEADER, Datastore, TokenizerIdentity, read_header
 from specframe_rest.retrieval import SuffixIndex, build_trie, context_continuations, top_nodes
+from specframe_rest.shards import ShardedDatastore, ShardedIndex, index_of, open_store, version_file
 
 ENV_DATASTORE = "SPECFRAME_DATASTORE"
 DEFAULT_DATASTORE = "python-site"  # used when neither the option nor the environment names one, if built
-_opened: dict[tuple[str, int], tuple[Datastore, SuffixIndex]] = {}  # (path, header mtime) -> store
+_opened: dict[tuple[str, int], tuple] = {}  # (path, header or manifest mtime) -> (store, index)
 _identities: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> identity
 MATCH_GROUPS = np.array([2, 4, 8])  # match lengths 1-2, 3-4, 5-8, 9+ -> groups 0, 1, 2, 3
 
@@ -53,14 +54,17 @@ def resolve_datastore(value: str | os.PathLike | None, target=None) -> Path | No
     return path
 
 
-def open_datastore(path: Path, target) -> tuple[Datastore, SuffixIndex]:
-    """Open (once per process and file version) and check `path` against `target`'s tokenizer."""
-    header = path.expanduser() / HEADER
+def open_datastore(
+    path: Path, target
+) -> tuple[Datastore | ShardedDatastore, SuffixIndex | ShardedIndex]:
+    """Open (once per process and file version) and check `path`, a datastore or a sharded one (see
+    `shards.py`), against `target`'s tokenizer."""
+    header = version_file(path)
     key = (str(header.absolute()), header.stat().st_mtime_ns if header.is_file() else 0)
     identity = target_identity(target)
     if key not in _opened:
-        store = Datastore.open(path, expect=identity)
-        _opened[key] = (store, SuffixIndex.of(store))
+        store = open_store(path, expect=identity)
+        _opened[key] = (store, index_of(store))
     store, index = _opened[key]
     Datastore.check_identity(store.path, store.identity, identity)
     return store, index
