@@ -44,6 +44,11 @@ def bench_command(
                               "a shared CPU do not inflate (needs --threads 1 and --device cpu)."),
     plots: bool = typer.Option(True, help="Write PNG plots (needs matplotlib)."),
     fresh: bool = typer.Option(False, help="Discard earlier records in --out instead of resuming."),
+    ray: Optional[str] = typer.Option(None, help="Run the questions as Ray work: 'local' (a Ray instance on "
+                                      "this machine) or the ADDRESS of a cluster. Needs "
+                                      "pip install 'specframe[ray]'."),
+    ray_workers: int = typer.Option(2, "--ray-workers", help="Ray actors, each with its own copy of the "
+                                    "model and --threads torch threads (default 1 under --ray)."),
     list_methods: bool = typer.Option(False, "--list-methods", help="Print the presets and exit."),
 ) -> None:
     """Benchmark speculative methods against plain decoding and transformers, Spec-Bench style."""
@@ -60,6 +65,11 @@ def bench_command(
             status = "usable" if name in usable else "missing components"
             typer.echo(f"{name:16} {preset.spec:36} {status:20} (plugin '{registry.presets.owner(name)}')")
         return
+    if ray is not None:
+        from specframe.bench.distributed import import_ray
+
+        import_ray()  # a clear error before anything else when Ray is missing
+        threads = 1 if threads is None else threads
     if threads is not None:
         import torch
 
@@ -67,13 +77,20 @@ def bench_command(
     check_clock(clock, threads, device)
     sampling = SamplingParams(temperature=temperature, seed=seed)
     check_writable_dir(out, "--out", "pass a writable directory with --out")  # before loading the model
-    target = load_target(model, device=device, dtype=dtype)
-    run, table = run_benchmark(
-        target, suite, _split(methods), out, peers=peers, limit=limit, repeats=repeats,
-        max_new_tokens=max_new_tokens, budget=budget,
-        synthetic_acceptance=synthetic_acceptance, max_turns=turns, shard=shard,
-        sampling=sampling,
-        plots=plots, fresh=fresh, phase_timing=phase_timing)
+    options = dict(peers=peers, limit=limit, repeats=repeats, max_new_tokens=max_new_tokens, budget=budget,
+                   synthetic_acceptance=synthetic_acceptance, max_turns=turns, shard=shard, sampling=sampling,
+                   plots=plots, fresh=fresh, phase_timing=phase_timing)
+    if ray is not None:
+        from functools import partial
+
+        from specframe.bench.distributed import run_benchmark_ray
+
+        run, table = run_benchmark_ray(partial(load_target, model, device=device, dtype=dtype), suite,
+                                       _split(methods), out, address=ray, workers=ray_workers,
+                                       threads=threads, **options)
+    else:
+        target = load_target(model, device=device, dtype=dtype)
+        run, table = run_benchmark(target, suite, _split(methods), out, **options)
     typer.echo((out / "results.md").read_text("utf-8"))
     typer.echo(f"written under {out}: records.jsonl, results.json, results.md" + (", *.png" if plots else ""))
     if run.mismatches:

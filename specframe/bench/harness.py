@@ -38,6 +38,23 @@ def run_benchmark(target: Target, suite: str | list[BenchPrompt], methods: list[
     registry = registry or get_registry()
     sampling = sampling or SamplingParams()
     out = Path(out)
+    prompts = select_prompts(suite, limit, shard, max_turns)
+    check_run_args(target, repeats, max_new_tokens)  # before settings.json is written
+    specs = resolve_methods(methods, registry, budget)
+    runners = build_runners(target, specs, parse_peers(peers), sampling, registry, synthetic_acceptance,
+                            budget, phase_timing)
+    settings = bench_settings(target_settings(target), suite, max_new_tokens, budget, sampling)
+    start_out(out, settings, fresh)
+    run = run_bench(target, prompts, runners, repeats=repeats, max_new_tokens=max_new_tokens, out=out,
+                    check_identity=sampling.greedy, warmup=warmup, progress=progress)
+    table = write_results(run, out, settings, limit=limit, repeats=repeats, max_turns=max_turns,
+                          plots=plots, command=command)
+    return run, table
+
+
+def select_prompts(suite: str | list[BenchPrompt], limit: int | None, shard: str | None,
+                   max_turns: int | None) -> list[BenchPrompt]:
+    """The prompts a run covers: `--suite` cut by `--limit`, `--shard` and `--turns`."""
     prompts = load_suite(suite, limit) if isinstance(suite, str) else list(suite)
     if shard is not None:
         prompts = take_shard(prompts, shard)
@@ -47,34 +64,50 @@ def run_benchmark(target: Target, suite: str | list[BenchPrompt], methods: list[
         if max_turns < 1:
             raise ConfigurationError(f"--turns must be >= 1, got {max_turns}")
         prompts = [replace(p, turns=p.turns[:max_turns]) for p in prompts]
-    check_run_args(target, repeats, max_new_tokens)  # before settings.json is written
-    specs = resolve_methods(methods, registry, budget)
-    runners = build_runners(target, specs, parse_peers(peers), sampling, registry, synthetic_acceptance,
-                            budget, phase_timing)
+    return prompts
+
+
+def target_settings(target: Target) -> dict:
+    """The settings that come from the model and the process running it."""
+    return {"model": target.name, "threads": torch.get_num_threads(), "device": str(target.device),
+            "dtype": str(next(target.model.parameters()).dtype).removeprefix("torch.")}
+
+
+def bench_settings(model: dict, suite: str | list[BenchPrompt], max_new_tokens: int, budget: int | str,
+                   sampling: SamplingParams) -> dict:
+    """What `settings.json` records: a resumed run must match it (`check_settings`)."""
+    return {"model": model["model"], "suite": suite if isinstance(suite, str) else "custom",
+            "max_new_tokens": max_new_tokens, "budget": budget, "temperature": sampling.temperature,
+            "top_p": sampling.top_p, "top_k": sampling.top_k, "seed": sampling.seed,
+            "threads": model["threads"], "device": model["device"], "clock": clock_name(),
+            "dtype": model["dtype"]}
+
+
+def start_out(out: Path, settings: dict, fresh: bool) -> None:
+    """Create `out` (emptied of earlier records with `fresh`) and record or check the settings."""
     if fresh:
         for name in ("records.jsonl", "settings.json"):
             (out / name).unlink(missing_ok=True)
     out.mkdir(parents=True, exist_ok=True)
-    settings = {"model": target.name, "suite": suite if isinstance(suite, str) else "custom",
-                "max_new_tokens": max_new_tokens, "budget": budget, "temperature": sampling.temperature,
-                "top_p": sampling.top_p, "top_k": sampling.top_k, "seed": sampling.seed,
-                "threads": torch.get_num_threads(), "device": str(target.device), "clock": clock_name(),
-                "dtype": str(next(target.model.parameters()).dtype).removeprefix("torch.")}
     check_settings(out, settings)
-    run = run_bench(target, prompts, runners, repeats=repeats, max_new_tokens=max_new_tokens, out=out,
-                    check_identity=sampling.greedy, warmup=warmup, progress=progress)
+
+
+def write_results(run: BenchRun, out: Path, settings: dict, *, limit: int | None, repeats: int,
+                  max_turns: int | None, plots: bool, command: str | None) -> dict:
+    """Write `results.json`, `results.md` and the plots of a finished run; return its summary table."""
     command = command or "specframe " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    header = (f"## {settings['suite']}: {target.name}, {max_new_tokens} new tokens, {repeats} repeat(s), "
-              f"greedy={sampling.greedy}, {settings['device']}, {settings['dtype']}, "
-              f"{settings['threads']} torch thread(s), {settings['clock']} clock\n\nCommand: `{command}`\n")
+    header = (f"## {settings['suite']}: {settings['model']}, {settings['max_new_tokens']} new tokens, "
+              f"{repeats} repeat(s), greedy={settings['temperature'] == 0}, {settings['device']}, "
+              f"{settings['dtype']}, {settings['threads']} torch thread(s), {settings['clock']} clock\n\n"
+              f"Command: `{command}`\n")
     table = write_reports(run, out, {**settings, "limit": limit, "repeats": repeats, "turns": max_turns,
-                                          "command": command},
+                                     "command": command},
                           header)
     if plots:
         from specframe.bench.plots import write_plots
 
-        write_plots(table, out, title=f"{settings['suite']} ({target.name})")
-    return run, table
+        write_plots(table, out, title=f"{settings['suite']} ({settings['model']})")
+    return table
 
 
 def take_shard(prompts: list[BenchPrompt], shard: str) -> list[BenchPrompt]:

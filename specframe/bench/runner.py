@@ -265,8 +265,10 @@ def check_run_args(target: Target, repeats: int, max_new_tokens: int) -> None:
 
 def run_bench(target: Target, prompts: list[BenchPrompt], runners: list, *, repeats: int,
               max_new_tokens: int, out: Path, check_identity: bool = True, warmup: bool = True,
-              progress: bool = True) -> BenchRun:
-    """Run every runner on every turn of every prompt `repeats` times; see the module docstring."""
+              progress: bool = True, first_index: int = 0) -> BenchRun:
+    """Run every runner on every turn of every prompt `repeats` times; see the module docstring.
+    `first_index` is the place of `prompts[0]` in the whole suite (it sets the rotation), for a worker
+    that runs part of it (`specframe.bench.distributed`)."""
     check_run_args(target, repeats, max_new_tokens)
     out.mkdir(parents=True, exist_ok=True)
     store = RecordStore(out / "records.jsonl")
@@ -289,7 +291,7 @@ def run_bench(target: Target, prompts: list[BenchPrompt], runners: list, *, repe
                 runner.generate(ids, min(WARMUP_TOKENS, max_new_tokens))
     for index, prompt in enumerate(prompts):
         for rep in range(repeats):
-            order = rotation(runners, index * repeats + rep)
+            order = rotation(runners, (first_index + index) * repeats + rep)
             answers: dict[str, list[str]] = {r.label: [] for r in runners}
             for turn in range(len(prompt.turns)):
                 for runner in order:

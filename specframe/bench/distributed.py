@@ -1,0 +1,204 @@
+"""`specframe bench --ray`: the question grid as Ray work, one model per worker.
+
+A cell is one question with all its methods, turns and repeats. A fixed pool of Ray actors (`ActorPool`)
+each build the target once, from a picklable `target_factory`, pin torch to `threads` threads and build
+the runners; each cell runs in one of them through `run_bench`, the local runner, so the rotation order,
+the warm-up (once per worker) and the records are the local run's. The driver loads no model: it skips
+cells whose records are all in `records.jsonl`, hands a half-done cell its finished records (only the
+missing runs are made), appends every record a cell returns to `records.jsonl` as soon as the cell
+ends, compares each turn's lossless outputs with their baseline's, and writes the same reports.
+
+Ray is imported only here, when `--ray` is given: `pip install 'specframe[ray]'`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from dataclasses import dataclass, make_dataclass
+from pathlib import Path
+from typing import Callable
+
+from tqdm import tqdm
+
+from specframe.errors import ConfigurationError
+from specframe.metrics import clock_name
+from specframe.models import Target
+from specframe.registry import PluginRegistry
+from specframe.sampling import SamplingParams
+
+from specframe.bench.harness import bench_settings, select_prompts, start_out, target_settings, write_results
+from specframe.bench.runner import BenchRun, Mismatch, RecordStore, compare
+from specframe.bench.suites import BenchPrompt
+
+
+def import_ray():
+    """The `ray` module, or a `ConfigurationError` saying how to install it."""
+    try:
+        import ray
+    except ImportError as err:
+        raise ConfigurationError("`specframe bench --ray` needs Ray, which is not installed: "
+                                 "pip install 'specframe[ray]'") from err
+    return ray
+
+
+@dataclass(frozen=True)
+class GridSpec:
+    """What every worker needs to build the runners and run a cell (shipped to the actors)."""
+
+    methods: list[str]
+    peers: str
+    sampling: SamplingParams
+    repeats: int
+    max_new_tokens: int
+    budget: int | str
+    synthetic_acceptance: float | None
+    phase_timing: bool
+    warmup: bool
+    registry: PluginRegistry | None = None  # None: the installed plugins, loaded in the worker
+
+
+class BenchWorker:
+    """A Ray actor: one target, one set of runners, any number of cells."""
+
+    def setup(self, target_factory: Callable[[], Target], threads: int, clock: str, grid: GridSpec) -> dict:
+        """Load the model and build the runners; return the settings they give and the runners' outline.
+        (Not in `__init__`: an error here reaches the driver as itself, e.g. a `ConfigurationError`.)"""
+        import torch
+
+        from specframe.bench.methods import resolve_methods
+        from specframe.bench.peers import parse_peers
+        from specframe.bench.runner import build_runners, check_run_args
+        from specframe.metrics import set_clock
+        from specframe.registry import get_registry
+
+        torch.set_num_threads(threads)
+        set_clock(clock)
+        self.grid, self.warm = grid, not grid.warmup
+        self.target = target_factory()
+        check_run_args(self.target, grid.repeats, grid.max_new_tokens)
+        registry = grid.registry or get_registry()
+        specs = resolve_methods(grid.methods, registry, grid.budget)
+        self.runners = build_runners(self.target, specs, parse_peers(grid.peers), grid.sampling, registry,
+                                     grid.synthetic_acceptance, grid.budget, grid.phase_timing)
+        outline = [{"kind": type(r).__name__, "label": r.label, "baseline": r.baseline,
+                    "lossless": r.baseline is None or r.lossless} for r in self.runners]
+        return {"settings": target_settings(self.target), "runners": outline,
+                "tokenizer": self.target.tokenizer}
+
+    def run_cell(self, index: int, prompt: BenchPrompt, done: list[dict]) -> list[dict]:
+        """Every record of question `prompt` (the `index`-th of the suite), making those not in `done`."""
+        from specframe.bench.runner import run_bench
+
+        with tempfile.TemporaryDirectory() as tmp:
+            (Path(tmp) / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in done), "utf-8")
+            run = run_bench(self.target, [prompt], self.runners, repeats=self.grid.repeats,
+                            max_new_tokens=self.grid.max_new_tokens, out=Path(tmp), check_identity=False,
+                            warmup=not self.warm, progress=False, first_index=index)
+        self.warm = True
+        return run.records
+
+
+def run_benchmark_ray(target_factory: Callable[[], Target], suite: str | list[BenchPrompt],
+                      methods: list[str], out: str | Path, *, address: str = "local", workers: int = 2,
+                      threads: int = 1, peers: str = "all", limit: int | None = None, repeats: int = 3,
+                      max_new_tokens: int = 128, budget: int | str = "auto",
+                      synthetic_acceptance: float | None = None, sampling: SamplingParams | None = None,
+                      registry: PluginRegistry | None = None, max_turns: int | None = None,
+                      shard: str | None = None, plots: bool = True, progress: bool = True,
+                      fresh: bool = False, warmup: bool = True, phase_timing: bool = True,
+                      command: str | None = None) -> tuple[BenchRun, dict]:
+    """`run_benchmark` with the questions spread over `workers` Ray actors of `threads` torch threads,
+    on a new local Ray instance (`address="local"`, unless Ray is already initialised) or the cluster at
+    `address`. `target_factory` builds the target in each worker, e.g.
+    `functools.partial(load_target, "smollm2-135m", device="cpu")`. Same records, results and plots."""
+    ray = import_ray()
+    from ray.util import ActorPool
+
+    if workers < 1 or threads < 1:
+        raise ConfigurationError(f"--ray-workers and --threads must be >= 1, got {workers} and {threads}")
+    sampling = sampling or SamplingParams()
+    out = Path(out)
+    prompts = select_prompts(suite, limit, shard, max_turns)
+    grid = GridSpec(methods, peers, sampling, repeats, max_new_tokens, budget, synthetic_acceptance,
+                    phase_timing, warmup, registry)
+    started = not ray.is_initialized()
+    if started:
+        if address == "local":
+            ray.init(num_cpus=workers * threads, include_dashboard=False, log_to_driver=False)
+        else:
+            ray.init(address=address)
+    actors: list = []
+    try:
+        actors += [ray.remote(num_cpus=threads)(BenchWorker).remote() for _ in range(workers)]
+        outlines = ray.get([a.setup.remote(target_factory, threads, clock_name(), grid) for a in actors])
+        runners = [stand_in(r) for r in outlines[0]["runners"]]
+        tokenizer = outlines[0]["tokenizer"]
+        settings = bench_settings(outlines[0]["settings"], suite, max_new_tokens, budget, sampling)
+        start_out(out, settings, fresh)
+        store = RecordStore(out / "records.jsonl")
+        cells = [(index, prompt, [store.records[k] for k in cell_keys(prompt, runners, repeats)
+                                  if k in store.records])
+                 for index, prompt in enumerate(prompts)
+                 if any(k not in store.records for k in cell_keys(prompt, runners, repeats))]
+        mismatches: list[Mismatch] = []
+        done = {p.qid for p in prompts} - {p.qid for _, p, _ in cells}
+        for prompt in prompts:
+            if prompt.qid in done:  # checked again, as a local resumed run does
+                mismatches += check_cell(prompt, runners, store, repeats, tokenizer, sampling.greedy)
+        bar = tqdm(total=len(prompts), initial=len(prompts) - len(cells), desc="bench (ray)", unit="question",
+                   disable=not progress, file=sys.stderr, mininterval=1 if sys.stderr.isatty() else 20)
+        pool = ActorPool(actors)
+        by_qid = {p.qid: p for p in prompts}
+        for records in pool.map_unordered(lambda actor, cell: actor.run_cell.remote(*cell), cells):
+            for record in records:
+                if store.key(record) not in store.records:
+                    store.add(record)
+            found = check_cell(by_qid[records[0]["qid"]], runners, store, repeats, tokenizer, sampling.greedy)
+            for mismatch in found:
+                tqdm.write(f"\033[1;31m{mismatch.describe()}\033[0m", file=sys.stderr)
+            mismatches += found
+            bar.update()
+        bar.close()
+    finally:
+        for actor in actors:
+            ray.kill(actor)  # each holds a model: free it at once, also on a cluster that stays up
+        if started:
+            ray.shutdown()
+    records = [store.records[k] for p in prompts for k in cell_keys(p, runners, repeats)]
+    run = BenchRun(records, runners, prompts, mismatches, identity_checked=sampling.greedy)
+    table = write_results(run, out, settings, limit=limit, repeats=repeats, max_turns=max_turns, plots=plots,
+                          command=command)
+    return run, table
+
+
+def stand_in(outline: dict):
+    """What the reports read of a runner that lives in the workers, under the runner's class name
+    (`results.json` records it as the method's kind)."""
+    cls = make_dataclass(outline["kind"], [("label", str), ("baseline", "str | None"), ("lossless", bool)],
+                         frozen=True)
+    return cls(outline["label"], outline["baseline"], outline["lossless"])
+
+
+def cell_keys(prompt: BenchPrompt, runners: list, repeats: int) -> list[tuple]:
+    """The record keys of one cell, in the order of a local run's records for each method."""
+    return [(r.label, prompt.qid, turn, rep) for rep in range(repeats) for turn in range(len(prompt.turns))
+            for r in runners]
+
+
+def check_cell(prompt: BenchPrompt, runners: list, store: RecordStore, repeats: int, tokenizer,
+               greedy: bool) -> list[Mismatch]:
+    """Each lossless method's output on every turn of `prompt` against its baseline's (greedy runs)."""
+    if not greedy:
+        return []
+    found = []
+    for rep in range(repeats):
+        for turn in range(len(prompt.turns)):
+            for runner in runners:
+                if runner.baseline is not None and runner.lossless:
+                    mismatch = compare(store.get(runner.label, prompt.qid, turn, rep),
+                                       store.get(runner.baseline, prompt.qid, turn, rep), runner.baseline,
+                                       tokenizer)
+                    found += [mismatch] if mismatch else []
+    return found
