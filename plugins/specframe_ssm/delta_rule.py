@@ -51,8 +51,13 @@ def tree_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_decay
     segment = torch.einsum("tj,jhc,sj->htsc", fmask, log_decay, 1.0 - fmask)  # (H, T, T, c)
     ratio = torch.where(mask[None, :, :, None], torch.exp(segment), 0.0)
     # (k_t . diag(Gamma_t / Gamma_s) k_s) and (q_t . diag(Gamma_t / Gamma_s) k_s): (H, T, T)
-    kk = torch.einsum("thc,shc,htsc->hts", k, k, ratio.expand(-1, -1, -1, k.shape[-1]))
-    qk = torch.einsum("thc,shc,htsc->hts", q, k, ratio.expand(-1, -1, -1, k.shape[-1]))
+    if ratio.shape[-1] == 1:  # one decay per head: the ratio scales whole dot products
+        kh, qh = k.transpose(0, 1), q.transpose(0, 1)  # (H, T, dk)
+        kk = ratio[..., 0] * (kh @ kh.transpose(1, 2))
+        qk = ratio[..., 0] * (qh @ kh.transpose(1, 2))
+    else:
+        kk = torch.einsum("thc,shc,htsc->hts", k, k, ratio)
+        qk = torch.einsum("thc,shc,htsc->hts", q, k, ratio)
     bh = beta.t()[:, :, None]  # (H, T, 1)
     strict = kk * (1.0 - torch.eye(T, device=q.device))  # proper ancestors only
     system = torch.eye(T, device=q.device) + bh * strict  # (H, T, T) unit lower triangular

@@ -38,18 +38,17 @@ def mixer_A(mixer) -> torch.Tensor:
 
 
 def tree_selective_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
-                        D: torch.Tensor, parents: torch.Tensor, h0: torch.Tensor | None) -> torch.Tensor:
+                        D: torch.Tensor, parents: torch.Tensor, mask: torch.Tensor,
+                        h0: torch.Tensor | None) -> torch.Tensor:
     """y (T, Di) of the selective scan on a packed tree, float32, before the gate.
 
     x, dt: (T, Di); A: (Di, N); B, C: (T, N); D: (Di,); parents: (T,) packed parents, -1 for nodes attached
-    to the committed state h0 (Di, N) (None: zeros). Packed order puts parents first.
+    to the committed state h0 (Di, N) (None: zeros); mask: (T, T) ancestor-or-self. Packed order puts
+    parents first.
     """
     x, dt, B, C = x.float(), dt.float(), B.float(), C.float()
     T = x.shape[0]
-    depth = torch.zeros(T, dtype=torch.long)
-    for i in range(T):  # parents first: one pass gives every depth
-        p = int(parents[i])
-        depth[i] = 0 if p < 0 else depth[p] + 1
+    depth = mask.sum(1).cpu() - 1  # (T,) ancestors of each node
     h = torch.empty(T, *A.shape, device=x.device)  # (T, Di, N)
     start = torch.zeros_like(A) if h0 is None else h0.float()
     parents = parents.to(x.device)
@@ -83,7 +82,7 @@ def tree_selective_forward(mixer, run, hidden_states: torch.Tensor, *args, **kwa
     dtype = hidden_states.dtype
     x_raw, x, gate, dt, B, C = selective_inputs(mixer, hidden_states, run)
     _, h0 = run.states[mixer.layer_idx]
-    y = tree_selective_scan(x, dt, mixer_A(mixer), B, C, mixer.D, run.parents, h0)  # (T, Di) fp32
+    y = tree_selective_scan(x, dt, mixer_A(mixer), B, C, mixer.D, run.parents, run.mask, h0)  # (T, Di)
     run.saved[mixer.layer_idx] = SavedSelectiveNodes(x_raw, x, dt, B)
     y = y * F.silu(gate.float())
     return mixer.out_proj(y.to(dtype))[None]  # (1, T, D)
