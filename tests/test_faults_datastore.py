@@ -35,7 +35,7 @@ SPECFRAME = Path(sys.executable).with_name("specframe")
 WORDS = 63
 
 # Runs the real CLI; GATE pauses the build inside its lock (in the first `write_source`) until RELEASE
-# exists; KILL_AT_PUBLISH kills the process between the two renames of `_publish`.
+# exists; KILL_AT_PUBLISH kills the process between the two renames of `publish`.
 WRAPPER = """
 import os, signal, sys, time
 from pathlib import Path
@@ -275,7 +275,7 @@ def test_a_build_killed_between_the_publish_renames_gets_the_previous_store_back
 
 def test_random_kills_never_expose_a_half_written_store(model_dir, tmp_path):
     """SIGKILL a replacing build at random moments after it took the lock: the store at `out` is always
-    the previous or the new one, whole (or, killed inside `_publish`, put back by the next build), and
+    the previous or the new one, whole (or, killed inside `publish`, put back by the next build), and
     the next build leaves no temporary directory."""
     out = tmp_path / "ds"
     new_source = corpus(tmp_path / "new.txt", 20000, 2)
@@ -289,7 +289,7 @@ def test_random_kills_never_expose_a_half_written_store(model_dir, tmp_path):
         time.sleep(delay)
         proc.send_signal(signal.SIGKILL)
         finish(proc)
-        if not out.exists():  # killed between the renames of `_publish`: the next build puts it back
+        if not out.exists():  # killed between the renames of `publish`: the next build puts it back
             with exclusive(lock_file(out), lambda: AssertionError("busy")):
                 recover(out)
         header = (out / HEADER).read_text()

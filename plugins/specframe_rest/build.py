@@ -85,14 +85,14 @@ def _busy(out: Path) -> DatastoreBusyError:
 
 def _temp_pattern(out: Path, kind: str = "building|old") -> re.Pattern[str]:
     """Names of the temporary directories a build of `out` makes: `.NAME.building-*` (the store being
-    written) and `.NAME.old-*` (the previous store, moved aside by `_publish`); `kind` picks one."""
+    written) and `.NAME.old-*` (the previous store, moved aside by `publish`); `kind` picks one."""
     return re.compile("|".join(temp_name_pattern(f".{out.name}.{k}-") for k in kind.split("|")))
 
 
 def recover(out: Path) -> None:
     """Undo what a killed build of `out` left behind; call it only while holding `lock_file(out)`.
 
-    A build killed between the two renames of `_publish` leaves no store at `out` and the previous one in
+    A build killed between the two renames of `publish` leaves no store at `out` and the previous one in
     `.NAME.old-*/store`: that store is put back. Every other temporary directory of `out` then belongs
     to no live build (a live one would hold the lock) and is removed.
     """
@@ -102,7 +102,7 @@ def recover(out: Path) -> None:
 
 
 def _restore_previous(out: Path) -> None:
-    """Move the newest complete store that a killed `_publish` had moved aside back to `out`."""
+    """Move the newest complete store that a killed `publish` had moved aside back to `out`."""
     pattern = _temp_pattern(out, "old")
     moved = [p / "store" for p in out.parent.iterdir() if pattern.fullmatch(p.name)]
     moved = [p for p in moved if (p / HEADER).is_file()]
@@ -184,7 +184,7 @@ def _build(
         Datastore.open(tmp, expect=identity)  # never publish a store that does not open
         del old
         follow_umask(tmp)
-        _publish(tmp, out)
+        publish(tmp, out)
         return header
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -206,7 +206,7 @@ def _existing(out: Path, identity: TokenizerIdentity, append: bool, overwrite: b
     )
 
 
-def _publish(tmp: Path, out: Path) -> None:
+def publish(tmp: Path, out: Path) -> None:
     """Move the finished store into place; an older store is replaced only after the new one is complete."""
     if out.exists():
         trash = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))

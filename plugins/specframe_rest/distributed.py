@@ -20,7 +20,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -30,7 +29,8 @@ from tqdm.auto import tqdm
 
 import specframe
 from specframe.atomic_dirs import exclusive, follow_umask, remove_stale, temp_name_pattern
-from specframe_rest.build import _publish, build_datastore, lock_file, recover
+from specframe.ray_support import import_ray, ray_session
+from specframe_rest.build import build_datastore, lock_file, publish, recover
 from specframe_rest.datastore import (
     HEADER,
     DatastoreBusyError,
@@ -123,7 +123,7 @@ class Build:
             write_manifest(tmp, manifest)
             ShardedDatastore.open(tmp, expect=self.identity)  # never publish a store that does not open
             follow_umask(tmp)
-            _publish(tmp, out)
+            publish(tmp, out)
             return manifest
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -221,7 +221,7 @@ def existing_manifest(out: Path, identity: TokenizerIdentity, append: bool, over
 
 def restore_previous(out: Path) -> None:
     """Put back a sharded store that a build killed while replacing it (between the two renames of
-    `_publish`) had moved aside; `recover` does this for single stores and removes the rest."""
+    `publish`) had moved aside; `recover` does this for single stores and removes the rest."""
     if out.exists():
         return
     pattern = re.compile(temp_name_pattern(f".{out.name}.old-"))
@@ -264,7 +264,8 @@ def build_on_ray(jobs: list[tuple[Path, list[Source]]], target: TokenizerTarget,
     Each task runs in a fresh worker process (`max_calls=1`), so the peak memory it reports is its own.
     A failed shard cancels the others and raises its own error.
     """
-    ray = import_ray()
+    ray = import_ray(DatastoreError, "build without --ray (the shards are then built one after another in "
+                                     "this process)")
     with ray_session(ray, address, num_cpus):
         task = ray.remote(num_cpus=1, max_calls=1)(build_shard)
         shared = ray.put(target)
@@ -285,34 +286,6 @@ def build_on_ray(jobs: list[tuple[Path, list[Source]]], target: TokenizerTarget,
             if pending:  # let the cancelled workers die before the caller removes what they wrote
                 ray.wait(list(pending), num_returns=len(pending), timeout=60)
         return results
-
-
-def import_ray():
-    try:
-        import ray
-    except ImportError:
-        raise DatastoreError(
-            "--ray needs Ray, an optional dependency: `pip install 'specframe[ray]'`; or build without "
-            "--ray (the shards are then built one after another in this process)"
-        ) from None
-    return ray
-
-
-@contextmanager
-def ray_session(ray, address: str, num_cpus: int | None):
-    """Use the running Ray session if there is one; else start a local instance (`address` "local") or
-    connect to the cluster at `address`, and shut that down afterwards."""
-    if ray.is_initialized():
-        yield
-        return
-    if address == "local":
-        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, logging_level="WARNING")
-    else:
-        ray.init(address=address, logging_level="WARNING")
-    try:
-        yield
-    finally:
-        ray.shutdown()
 
 
 @dataclass

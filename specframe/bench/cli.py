@@ -66,9 +66,9 @@ def bench_command(
             typer.echo(f"{name:16} {preset.spec:36} {status:20} (plugin '{registry.presets.owner(name)}')")
         return
     if ray is not None:
-        from specframe.bench.distributed import import_ray
+        from specframe.bench.distributed import require_ray
 
-        import_ray()  # a clear error before anything else when Ray is missing
+        require_ray()  # a clear error before anything else when Ray is missing
         threads = 1 if threads is None else threads
     if threads is not None:
         import torch

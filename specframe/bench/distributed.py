@@ -18,6 +18,8 @@ import sys
 import tempfile
 from dataclasses import dataclass, make_dataclass
 from pathlib import Path
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Callable
 
 from tqdm import tqdm
@@ -25,6 +27,7 @@ from tqdm import tqdm
 from specframe.errors import ConfigurationError
 from specframe.metrics import clock_name
 from specframe.models import Target
+from specframe.ray_support import import_ray, ray_session
 from specframe.registry import PluginRegistry
 from specframe.sampling import SamplingParams
 
@@ -33,14 +36,21 @@ from specframe.bench.runner import BenchRun, Mismatch, RecordStore, compare
 from specframe.bench.suites import BenchPrompt
 
 
-def import_ray():
-    """The `ray` module, or a `ConfigurationError` saying how to install it."""
+def require_ray():
+    """The `ray` module, or a `ConfigurationError` saying how to install it or run without it."""
+    return import_ray(ConfigurationError, "drop --ray to run the grid in this process")
+
+
+@contextmanager
+def worker_pool(ray, workers: int, threads: int) -> Iterator[list]:
+    """`workers` `BenchWorker` actors of `threads` CPUs each, killed on the way out: each holds a model,
+    freed at once, also on a cluster that stays up."""
+    actors = [ray.remote(num_cpus=threads)(BenchWorker).remote() for _ in range(workers)]
     try:
-        import ray
-    except ImportError as err:
-        raise ConfigurationError("`specframe bench --ray` needs Ray, which is not installed: "
-                                 "pip install 'specframe[ray]'") from err
-    return ray
+        yield actors
+    finally:
+        for actor in actors:
+            ray.kill(actor)
 
 
 @dataclass(frozen=True)
@@ -113,7 +123,7 @@ def run_benchmark_ray(target_factory: Callable[[], Target], suite: str | list[Be
     on a new local Ray instance (`address="local"`, unless Ray is already initialised) or the cluster at
     `address`. `target_factory` builds the target in each worker, e.g.
     `functools.partial(load_target, "smollm2-135m", device="cpu")`. Same records, results and plots."""
-    ray = import_ray()
+    ray = require_ray()
     from ray.util import ActorPool
 
     if workers < 1 or threads < 1:
@@ -123,15 +133,8 @@ def run_benchmark_ray(target_factory: Callable[[], Target], suite: str | list[Be
     prompts = select_prompts(suite, limit, shard, max_turns)
     grid = GridSpec(methods, peers, sampling, repeats, max_new_tokens, budget, synthetic_acceptance,
                     phase_timing, warmup, registry)
-    started = not ray.is_initialized()
-    if started:
-        if address == "local":
-            ray.init(num_cpus=workers * threads, include_dashboard=False, log_to_driver=False)
-        else:
-            ray.init(address=address)
-    actors: list = []
-    try:
-        actors += [ray.remote(num_cpus=threads)(BenchWorker).remote() for _ in range(workers)]
+    with ray_session(ray, address, workers * threads, log_to_driver=False), \
+            worker_pool(ray, workers, threads) as actors:
         outlines = ray.get([a.setup.remote(target_factory, threads, clock_name(), grid) for a in actors])
         runners = [stand_in(r) for r in outlines[0]["runners"]]
         tokenizer = outlines[0]["tokenizer"]
@@ -161,11 +164,6 @@ def run_benchmark_ray(target_factory: Callable[[], Target], suite: str | list[Be
             mismatches += found
             bar.update()
         bar.close()
-    finally:
-        for actor in actors:
-            ray.kill(actor)  # each holds a model: free it at once, also on a cluster that stays up
-        if started:
-            ray.shutdown()
     records = [store.records[k] for p in prompts for k in cell_keys(p, runners, repeats)]
     run = BenchRun(records, runners, prompts, mismatches, identity_checked=sampling.greedy)
     table = write_results(run, out, settings, limit=limit, repeats=repeats, max_turns=max_turns, plots=plots,
