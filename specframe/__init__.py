@@ -12,7 +12,7 @@ from specframe.errors import (
     CapabilityError, ConfigurationError, DuplicateComponentError, ModelLoadError, PromptError,
     SpecframeError, UnknownComponentError, UnsupportedModelError,
 )
-from specframe.extensions import CliOption, Preset
+from specframe.extensions import CliOption, ModelRecipe, Preset
 from specframe.hookspecs import hookimpl
 from specframe.interfaces import (
     BackendCapabilities, BuildContext, Drafter, DrafterCapabilities, StateBackend, TreeBuilder, TreeBuilderCapabilities,
@@ -37,7 +37,7 @@ __all__ = [
     "ComponentSpec",
     "ConfigurationError", "CostModel", "DecodeMetrics", "DEFAULT_BUDGET", "DraftContext", "Drafter",
     "DrafterCapabilities", "DraftProposal", "DrawMethod", "DuplicateComponentError", "generate",
-    "GenerationResult", "get_registry", "hookimpl", "load_target", "ModelLoadError", "Pipeline",
+    "GenerationResult", "get_registry", "hookimpl", "load_target", "ModelLoadError", "ModelRecipe", "Pipeline",
     "PluginRegistry", "PolynomialCost", "Preset", "PromptError", "Sampler", "SamplingParams", "ScoreKind",
     "SpecframeError", "SpeculativeDecoder", "StateBackend", "StepEvent", "StepOutcome", "Target",
     "TargetScores", "TokenTree", "TreeBuilder", "TreeBuilderCapabilities", "UnknownComponentError",

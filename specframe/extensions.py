@@ -1,6 +1,7 @@
-"""What plugins add besides components: bench presets and command-line options.
+"""What plugins add besides components: bench presets, command-line options and model aliases.
 
-Both are plain records, registered through the `register_presets` and `register_cli_options` hooks and
+All are plain records, registered through the `register_presets`, `register_cli_options` and
+`register_models` hooks and
 collected with the components: a plugin whose records are malformed or clash with another's is refused
 whole, like one whose components do.
 """
@@ -47,6 +48,28 @@ class Preset:
                                      "'.', ':' or '-' (no '+', '@' or parentheses)")
         if not self.spec.strip():
             raise ConfigurationError(f"preset '{self.name}' needs a pipeline spec, e.g. 'pld+chain+greedy'")
+
+
+@dataclass(frozen=True)
+class ModelRecipe:
+    """A model alias that a plugin builds on first use, as the GGUF aliases are converted.
+
+    `build(directory, log)` writes a model that transformers loads (`save_pretrained` of a model and its
+    tokenizer) into `directory`, an empty temporary directory; `log(line)` reports progress. The core calls
+    it once, holding a lock, and renames the directory into the model cache (`specframe.models`), so a
+    build killed mid-way leaves nothing behind that is mistaken for a model. `minutes` is the build's
+    expected duration on a CPU, shown before it starts.
+    """
+
+    name: str
+    build: Callable[[Path, Callable[[str], None]], None]
+    help: str = ""
+    minutes: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", self.name or "") or "/" in self.name:
+            raise ConfigurationError(f"model alias {self.name!r} must be a word of letters, digits, '_', '.' "
+                                     "or '-' (a '/' would read as a Hugging Face id)")
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ if TYPE_CHECKING:  # for the annotations only: importing them here would be an i
     import typer
 
     from specframe.decoding import GenerationResult, SpeculativeDecoder
-    from specframe.extensions import CliOption, Preset
+    from specframe.extensions import CliOption, ModelRecipe, Preset
     from specframe.records import StepEvent
 
 PROJECT = "specframe"
@@ -63,6 +63,15 @@ def register_presets(register: Callable[[Preset], None]) -> None:
     A preset is offered (and run by `all`) only when every component it names is registered; its
     optional `unusable(target)` check says why it cannot run on a target. Called once, with the
     registration hooks above. Returns nothing. Not firstresult.
+    """
+
+
+@hookspec
+def register_models(register: Callable[[ModelRecipe], None]) -> None:
+    """Add model aliases built on first use: call `register(ModelRecipe(...))` for each.
+
+    `load_target(alias)` (and `--model alias`) then builds the model once into the model cache and loads
+    it from there. Called once, with the registration hooks above. Returns nothing. Not firstresult.
     """
 
 

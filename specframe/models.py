@@ -98,20 +98,31 @@ def resolve_model_dir(name: str) -> Path:
         return _converted(str(path.resolve()), model_cache_dir(gguf_cache_name(path)))
     if name in GGUF_MODELS:
         return _converted(name, model_cache_dir(name))
+    recipe = _model_recipes().get(name)
+    if recipe is not None:
+        return _converted(name, model_cache_dir(name), recipe)
     if looks_like_hub_id(name):
         return hub_snapshot(name)
     raise ModelLoadError(
         f"model '{name}' is not a local Hugging Face model directory, a .gguf file, a known alias "
-        f"({', '.join(GGUF_MODELS)}) or a Hugging Face model id (org/name)")
+        f"({', '.join([*GGUF_MODELS, *_model_recipes()])}) or a Hugging Face model id (org/name)")
 
 
-def _converted(source: str, cached: Path) -> Path:
-    """`cached`, after converting the GGUF `source` (an alias or a file path) into it if needed."""
+def _model_recipes() -> dict:
+    """Model aliases that plugins build on first use (`register_models`), by name."""
+    from specframe.registry import get_registry
+
+    return dict(get_registry().models.items())
+
+
+def _converted(source: str, cached: Path, recipe=None) -> Path:
+    """`cached`, after converting the GGUF `source` (an alias or a file path) into it, or building it by the
+    plugin's `recipe` (a `ModelRecipe`), if needed."""
     if conversion_damage(cached) is not None:
         check_writable_dir(cached.parent, "the model cache directory",
                            f"point SPECFRAME_HOME at a writable directory (the first load of '{source}' "
                            "converts the model into it)")
-        convert_gguf(source, cached)
+        convert_gguf(source, cached, recipe)
     return cached
 
 
@@ -123,9 +134,9 @@ def gguf_cache_name(file: Path) -> str:
     return f"{file.stem}-{digest[:12]}"
 
 
-def convert_gguf(source: str, out: Path) -> None:
-    """Dequantize the GGUF `source` (an alias or a file path) to float32 safetensors in `out`, unless a
-    complete one is there.
+def convert_gguf(source: str, out: Path, recipe=None) -> None:
+    """Dequantize the GGUF `source` (an alias or a file path) to float32 safetensors in `out`, or build the
+    alias `source` by its `recipe` (a `ModelRecipe`) there, unless a complete model is there.
 
     One process converts at a time (a lock in `out`'s parent; others wait, then find the result). The
     conversion is written into `.NAME-*` beside `out` and renamed into place, so a killed conversion
@@ -142,10 +153,10 @@ def convert_gguf(source: str, out: Path) -> None:
         wait=CONVERT_WAIT_S,
         waiting=f"specframe: waiting for another process converting {source} into {out}...",
     ):
-        _convert_once(source, out)
+        _convert_once(source, out, recipe)
 
 
-def _convert_once(source: str, out: Path) -> None:
+def _convert_once(source: str, out: Path, recipe=None) -> None:
     """With the conversion lock held: clean up killed conversions, then convert unless `out` is complete."""
     stale = re.compile(temp_name_pattern(f".{out.name}-"))
     remove_stale(out.parent, stale, f"partial conversions of {source}")
@@ -160,7 +171,10 @@ def _convert_once(source: str, out: Path) -> None:
         )
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:
-        _dequantize(source, tmp, out)
+        if recipe is None:
+            _dequantize(source, tmp, out)
+        else:
+            _build(recipe, tmp, out)
         write_marker(tmp)
         follow_umask(tmp)
         if out.exists():
@@ -205,6 +219,21 @@ def _dequantize(source: str, tmp: Path, out: Path) -> None:
         del model.config.quantization_config
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
+
+
+def _build(recipe, tmp: Path, out: Path) -> None:
+    """Run a plugin's model recipe into `tmp`; a failure names the alias and its plugin's message."""
+    print(f"specframe: building model '{recipe.name}' once into {out} (about {recipe.minutes:g} min)...",
+          flush=True)
+    try:
+        recipe.build(tmp, lambda line: print(line, flush=True))
+    except ModelLoadError:
+        raise
+    except (OSError, ValueError, KeyError, RuntimeError) as err:
+        raise ModelLoadError(f"cannot build model '{recipe.name}': {_one_line(err)}") from None
+    if not (tmp / "config.json").is_file():
+        raise ModelLoadError(f"model recipe '{recipe.name}' wrote no config.json: its plugin's build must "
+                             "save_pretrained a model and its tokenizer into the directory it is given")
 
 
 def load_target(name: str = DEFAULT_MODEL, *, device: str | torch.device = "auto",
@@ -316,7 +345,7 @@ def load_weights(directory: Path, config, dtype: torch.dtype, hint: str) -> torc
 
 def _reconvert_hint(name: str, directory: Path) -> str:
     """How to replace a damaged model: convert the cache again for an alias, save or copy it otherwise."""
-    if name in GGUF_MODELS and directory == model_cache_dir(name):
+    if directory == model_cache_dir(name) and (name in GGUF_MODELS or name in _model_recipes()):
         return f"Delete {directory} to convert '{name}' again"
     return "Copy or save the model again (model.save_pretrained), or pass another --model"
 

@@ -19,7 +19,7 @@ import pluggy
 
 from specframe import hookspecs
 from specframe.errors import ConfigurationError, DuplicateComponentError, UnknownComponentError
-from specframe.extensions import CliOption, Preset
+from specframe.extensions import CliOption, ModelRecipe, Preset
 from specframe.interfaces import Drafter, StateBackend, TreeBuilder, Verifier
 from specframe.kinds import ComponentKind
 
@@ -112,6 +112,7 @@ class PluginRegistry:
         self.registers = {kind: ComponentRegister(kind, base) for kind, base in KINDS.items()}
         self._presets = RecordRegister("preset", Preset, "name")
         self._cli_options = RecordRegister("command-line option", CliOption, "flag")
+        self._models = RecordRegister("model alias", ModelRecipe, "name")
         self._loaded = False
         self.distributions: dict[str, str] = {}  # plugin name -> "dist==version"
         self.failures: dict[str, str] = {}  # plugin name -> why it could not be loaded
@@ -171,7 +172,8 @@ class PluginRegistry:
     def _register_components(self, plugin: str, added: list[tuple[ComponentRegister, str]]) -> None:
         """Run `plugin`'s registration hooks; every (register, name) it registers is appended to `added`."""
         hooks = [(kind.registration_hook, self.registers[kind]) for kind in KINDS]
-        hooks += [("register_presets", self._presets), ("register_cli_options", self._cli_options)]
+        hooks += [("register_presets", self._presets), ("register_cli_options", self._cli_options),
+                  ("register_models", self._models)]
         for hook_name, target in hooks:
             def register(item, _target=target):
                 added.append((_target, _target.add(item, plugin)))
@@ -212,6 +214,12 @@ class PluginRegistry:
         self.load()
         return self._cli_options
 
+    @property
+    def models(self) -> RecordRegister:
+        """Model aliases that plugins build on first use (`ModelRecipe` records), by name."""
+        self.load()
+        return self._models
+
     def preset(self, name: str) -> Preset | None:
         """The preset registered under `name`, or None."""
         return dict(self.presets.items()).get(name)
@@ -233,7 +241,8 @@ class PluginRegistry:
                 entry = plugins.setdefault(register.owner(comp), {"name": register.owner(comp),
                                                                   "version": "?", "components": {}})
                 entry["components"].setdefault(kind + "s", []).append(comp)
-        for key, register in (("presets", self.presets), ("options", self.cli_options)):
+        for key, register in (("presets", self.presets), ("options", self.cli_options),
+                              ("models", self.models)):
             for item in register.names():
                 owner = register.owner(item)
                 entry = plugins.setdefault(owner, {"name": owner, "version": "?", "components": {}})

@@ -1,5 +1,6 @@
 """Tiny random targets of every family ssm-tree serves (Mamba2, Bamba, NemotronH, Qwen3-Next, OLMo-hybrid,
-Mamba, FalconMamba, Jamba), and the naive per-path reference the SSM tests use.
+Mamba, FalconMamba, Jamba, and specframe_hybrid's GraniteMoeHybrid conversion of a Llama), and the naive
+per-path reference the SSM tests use.
 
 The reference deep-copies the committed cache and runs the unmodified transformers model on one
 root-to-leaf path as a plain sequence with explicit positions: no tree code is involved.
@@ -114,6 +115,8 @@ def tiny_ssm_target(kind: str = "mamba2", *, groups: int = 2, conv: int = 4, dt_
             mamba_ngroups=groups, mamba_d_conv=conv, chunk_size=8, use_mem_rope=True, use_mamba_kernels=False,
             initializer_range=0.2)
         model = transformers.Zamba2ForCausalLM(config)
+    elif kind == "granite_hybrid":  # specframe_hybrid's conversion of a tiny Llama: layers 1 and 3 Mamba2
+        model = tiny_converted_hybrid(seed, mamba_layers=[1, 3])
     elif kind == "lfm2":
         config = transformers.Lfm2Config(
             **_NO_SPECIAL_IDS, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
@@ -130,6 +133,22 @@ def tiny_ssm_target(kind: str = "mamba2", *, groups: int = 2, conv: int = 4, dt_
                 m.time_step_limit = (dt_min, float("inf"))
     model.eval()
     return Target(model=model, tokenizer=None, name=f"tiny-{kind}")
+
+
+def tiny_llama(seed: int = 0, layers: int = 4) -> transformers.LlamaForCausalLM:
+    """A tiny random Llama with grouped-query attention (4 query heads on 2 key/value heads), float32."""
+    torch.manual_seed(seed)
+    config = transformers.LlamaConfig(**_NO_SPECIAL_IDS, hidden_size=32, intermediate_size=48,
+                                      num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                                      initializer_range=0.2, tie_word_embeddings=True)
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+def tiny_converted_hybrid(seed: int = 0, mamba_layers=(1, 3)) -> torch.nn.Module:
+    """A tiny Llama converted by `specframe_hybrid.convert` (GraniteMoeHybrid format), mixers randomized."""
+    from specframe_hybrid.convert import convert
+
+    return convert(tiny_llama(seed), list(mamba_layers), seed=seed)
 
 
 _NO_SPECIAL_IDS = dict(vocab_size=VOCAB, pad_token_id=None, bos_token_id=None, eos_token_id=None)

@@ -65,7 +65,8 @@ def test_a_hub_id_missing_offline_says_how_to_fetch_it(offline_hub):
 
 def test_a_name_that_is_nothing_loadable_lists_the_forms():
     with pytest.raises(ModelLoadError, match=r"local Hugging Face model directory, a \.gguf file, a known "
-                                             r"alias \(smollm2-135m\) or a Hugging Face model id"):
+                                             r"alias \(smollm2-135m, smollm2-135m-hybrid, "
+                                             r"smollm2-135m-hybrid-1in2\) or a Hugging Face model id"):
         specframe.load_target("no such model")
     with pytest.raises(ModelLoadError, match="GGUF file .*missing.gguf does not exist"):
         specframe.load_target("/tmp/missing.gguf")

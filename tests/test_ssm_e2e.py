@@ -18,7 +18,7 @@ NEW_TOKENS = 32
 TARGETS = {"mamba2": (1, 4.0), "bamba": (1, 4.0), "nemotronh": (1, 4.0), "qwen3_next": (4, 8.0),
            "olmo_hybrid": (1, 4.0), "mamba": (1, 4.0), "falcon_mamba": (1, 4.0), "jamba": (1, 4.0),
            "lfm2": (5, 8.0), "kimi_linear": (1, 4.0), "falcon_h1": (1, 4.0),
-           "zamba2": (3, 8.0)}
+           "zamba2": (3, 8.0), "granite_hybrid": (1, 4.0)}
 
 
 @pytest.fixture(scope="module", params=list(TARGETS))

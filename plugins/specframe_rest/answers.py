@@ -52,8 +52,12 @@ class ModelAnswers(Source):
         self.target, self.cache = target, out.parent / f"{out.name}.answers.jsonl"
         self.meta["cache"] = str(self.cache)
 
+    def answers(self) -> dict[int, list[int]]:
+        """Prompt index -> the target's greedy answer ids, generating (and caching) those not yet answered."""
+        return self._generate_missing()
+
     def batches(self) -> Iterator[tuple[list, int]]:
-        answers = self._generate_missing()
+        answers = self.answers()
         yield from TokenDocuments(
             self.spec, self.kind, documents=[answers[i] for i in range(len(self.prompts)) if answers[i]]
         ).batches()

@@ -1,0 +1,88 @@
+"""Distillation data: token blocks from the corpus the REST datastore reads (the Python standard library) and
+from the teacher's own greedy answers to chat prompts (`specframe_hybrid.prompts`), and the held-out texts
+quality is measured on (HumanEval prompts and Spec-Bench questions, which no training block contains)."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from specframe_hybrid.prompts import distillation_prompts
+
+
+def training_blocks(target, run_dir: Path, *, block: int, code_tokens: int, chat_prompts: int,
+                    chat_new_tokens: int, log=print) -> torch.Tensor:
+    """(N, block) token ids: the chat transcripts (prompt and the teacher's answer) first, then standard
+    library files, each document ended by EOS, joined and cut into blocks. Cached in `run_dir/blocks.pt`;
+    the answers are generated resumably (`run_dir/chat.answers.jsonl`)."""
+    cached = run_dir / "blocks.pt"
+    settings = {"block": block, "code_tokens": code_tokens, "chat_prompts": chat_prompts,
+                "chat_new_tokens": chat_new_tokens, "model": target.name}
+    if cached.is_file():
+        saved = torch.load(cached)
+        if saved["settings"] == settings:
+            return saved["blocks"]
+    eos = min(target.eos_token_ids) if target.eos_token_ids else 0
+    stream: list[int] = []
+    for document in chat_transcripts(target, run_dir, chat_prompts, chat_new_tokens):
+        stream += document + [eos]
+    chat = len(stream)
+    for document in code_documents(target.tokenizer, code_tokens):
+        stream += document + [eos]
+    usable = len(stream) // block * block
+    blocks = torch.tensor(stream[:usable], dtype=torch.long).view(-1, block)  # (N, block)
+    log(f"hybrid: {blocks.numel()} training tokens in {len(blocks)} blocks of {block} "
+        f"({chat} from {chat_prompts} chat answers, the rest standard library code)")
+    torch.save({"settings": settings, "blocks": blocks}, cached)
+    return blocks
+
+
+def chat_transcripts(target, run_dir: Path, prompts: int, new_tokens: int) -> list[list[int]]:
+    """The chat-templated prompt and the teacher's greedy answer, for `prompts` distillation prompts."""
+    from specframe_rest.answers import ModelAnswers, prompt_ids
+
+    if prompts == 0:
+        return []
+    run_dir.mkdir(parents=True, exist_ok=True)
+    prompt_file = run_dir / "prompts.jsonl"
+    texts = distillation_prompts(prompts)
+    prompt_file.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in texts))
+    source = ModelAnswers.from_spec(f"model:{prompt_file}", max_new_tokens=new_tokens, batch_size=16)
+    source.prepare(target, run_dir / "chat")
+    answers = source.answers()
+    return [prompt_ids(target.tokenizer, text) + answers[i] for i, text in enumerate(texts)]
+
+
+def code_documents(tokenizer, tokens: int, seed: int = 0) -> list[list[int]]:
+    """Standard library files in a fixed shuffled order, tokenized, until `tokens` ids are collected."""
+    from specframe_rest.sources import parse_source
+
+    files = list(parse_source("python-stdlib").files)
+    random.Random(seed).shuffle(files)  # many packages, not the first few alphabetically
+    documents, total = [], 0
+    with tqdm(total=tokens, desc="tokenizing code", unit="tok") as bar:
+        for file in files:
+            if total >= tokens:
+                break
+            try:
+                text = file.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError):
+                continue
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"][:4 * 1024]  # no file dominates
+            documents.append(ids)
+            total += len(ids)
+            bar.update(len(ids))
+    return documents
+
+
+def held_out_texts(tokenizer, humaneval: int = 20, per_category: int = 5) -> dict[str, list[list[int]]]:
+    """Held-out token sequences by suite, encoded as the benchmarks feed them: the first `humaneval` HumanEval
+    prompts (raw code) and `per_category` Spec-Bench questions per category (first turn, chat template)."""
+    from specframe.bench.suites import encode_turn, load_suite
+
+    return {suite: [encode_turn(tokenizer, prompt, 0, []) for prompt in load_suite(suite, limit)]
+            for suite, limit in (("humaneval", humaneval), ("spec-bench", per_category))}
