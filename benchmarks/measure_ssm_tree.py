@@ -12,6 +12,8 @@ layer dimensions (d_model 2560, 80 heads x 64, d_state 128, 1 group, conv 4, voc
   16, dt rank 160, conv 4), `--layers` layers. transformers cannot continue a Mamba-1 cache with several
   tokens at once, so there is no unrolled baseline: `own-step` times the model's own one-token step, the
   unit of verifying nodes one at a time;
+- `smollm2-hybrid`: the trained `smollm2-135m-hybrid` (SmolLM2-135M with 7 of its 30 attention layers
+  distilled into Mamba2 mixers; its own layer count, whatever `--layers` says);
 - `lfm2`: an LFM2 model with LFM2-1.2B dimensions (d_model 2048, MLP 8192, 32 heads, 8 KV heads, conv
   window 3), attention at every third layer, `--gdn-layers` layers.
 Each (model, backend, depth) runs in a fresh subprocess. Peak memory is the growth of the process's peak
@@ -46,6 +48,10 @@ def build_model(kind: str, layers: int, chunk: int):
     from transformers import Mamba2Config, Mamba2ForCausalLM, NemotronHConfig, NemotronHForCausalLM
 
     d = DIMS
+    if kind == "smollm2-hybrid":  # the trained hybrid: SmolLM2 with 7 of 30 layers distilled into Mamba2
+        import specframe
+
+        return specframe.load_target("smollm2-135m-hybrid", device="cpu", dtype="float32").model
     if kind == "ssm":
         config = Mamba2Config(vocab_size=d["vocab"], hidden_size=d["hidden"], num_hidden_layers=layers,
                               num_heads=d["heads"], head_dim=d["head_dim"], state_size=d["state"],
@@ -107,9 +113,10 @@ def one_case(kind: str, layers: int, backend_name: str, depth: int, prefix: int,
     target = specframe.Target(model=model, tokenizer=None, name=f"{kind}-{layers}L")
     backend = specframe.get_registry().get("backend", "ssm-tree" if own else backend_name)(target)
     rng = np.random.default_rng(0)
-    backend.prefill(rng.integers(0, DIMS["vocab"], prefix).tolist())
+    vocab = target.vocab_size
+    backend.prefill(rng.integers(0, vocab, prefix).tolist())
     parents = [] if own else full_binary_tree(depth)
-    tree = specframe.TokenTree(rng.integers(0, DIMS["vocab"], len(parents)), np.array(parents))
+    tree = specframe.TokenTree(rng.integers(0, vocab, len(parents)), np.array(parents))
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     if own:  # the model's own one-token step on a copy of the committed cache, as generate() runs it
         step = torch.tensor([[1]], device=device)
@@ -172,7 +179,7 @@ def main() -> None:
                         "padding each unrolled path to a long chunk")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--kinds", nargs="+", default=["ssm", "hybrid"],
-                        choices=["ssm", "hybrid", "gdn", "mamba1", "lfm2"])
+                        choices=["ssm", "hybrid", "gdn", "mamba1", "lfm2", "smollm2-hybrid"])
     parser.add_argument("--out", default="results/ssm_tree")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     parser.add_argument("--time", choices=["wall", "cpu"], default="wall", help="which time the fits use")

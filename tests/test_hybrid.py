@@ -14,6 +14,7 @@ import specframe
 from specframe import ConfigurationError, ModelLoadError, ModelRecipe
 from specframe_hybrid.convert import convert, hybrid_config, replaced_layers
 from specframe_hybrid.distill import LayerTraining, TeacherActivations, distil_layers, mixer_path, train_mixer
+from specframe_hybrid.end_to_end import EndToEndTraining
 
 IDS = torch.tensor([[5, 9, 2, 33, 7, 7, 40, 11, 3, 5, 9, 2, 60, 1]])
 
@@ -200,7 +201,7 @@ def test_packaged_mixers_refuse_another_teacher(tmp_path, monkeypatch):
 
 
 def test_end_to_end_lowers_the_divergence_and_resumes(tmp_path):
-    from specframe_hybrid.end_to_end import EndToEndTraining, load_end_to_end, train_end_to_end
+    from specframe_hybrid.end_to_end import load_end_to_end, train_end_to_end
 
     llama = tiny_llama(seed=6)
     blocks = torch.randint(0, 64, (6, 24), generator=torch.Generator().manual_seed(1))
@@ -233,3 +234,35 @@ def test_quality_rows_compare_argmax_and_score_the_text():
     teacher_row = _row("t", "suite", reference, reference)
     assert same["perplexity"] == pytest.approx(teacher_row["perplexity"], rel=1e-4)
     assert "| copy | suite | 1.000 |" in table([same])
+
+
+@pytest.mark.slow
+def test_the_whole_recipe_on_a_tiny_teacher_builds_a_served_hybrid_and_resumes(smollm2, tmp_path):
+    """`specframe_hybrid.recipe.run` end to end (teacher answers, activations, both stages, save) on a tiny
+    random Llama with SmolLM2's tokenizer; the saved hybrid loads by itself and decodes losslessly."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from specframe_hybrid.recipe import Recipe, run
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=smollm2.vocab_size, hidden_size=32, intermediate_size=48,
+                         num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                         tie_word_embeddings=True, eos_token_id=2, bos_token_id=1, pad_token_id=2)
+    teacher_dir = tmp_path / "teacher"
+    LlamaForCausalLM(config).save_pretrained(teacher_dir)
+    smollm2.tokenizer.save_pretrained(teacher_dir)
+    recipe = Recipe(model=str(teacher_dir), ratios=["1/2"], block=64, code_tokens=1024, chat_prompts=2,
+                    chat_new_tokens=8, training=LayerTraining(steps=3, batch=2, warmup=1),
+                    end_to_end=EndToEndTraining(steps=2))
+    out = tmp_path / "hybrid"
+    summary = run(recipe, tmp_path / "run", {"1/2": out}, log=lambda line: None)
+    assert summary["tokens"] % 64 == 0 and summary["end_to_end"]["1/2"]["steps"] == 2
+    assert sorted(summary["layers"]) == ["1", "3"]
+    hybrid = specframe.load_target(str(out), device="cpu", dtype="float32")
+    assert type(hybrid.model).__name__ == "GraniteMoeHybridForCausalLM"
+    prompt = hybrid.tokenizer("def add(a, b):\n    return a + b\n\ndef add(a, b):")["input_ids"]
+    plain = specframe.SpeculativeDecoder.from_names(hybrid, "none", "chain", "greedy", "ssm-tree", budget=1)
+    spec = specframe.SpeculativeDecoder.from_names(hybrid, "pld", "chain", "greedy", "ssm-tree", budget=4)
+    assert spec.generate(prompt, 12).tokens == plain.generate(prompt, 12).tokens
+    again = run(recipe, tmp_path / "run", None, log=lambda line: None)  # every stage found done
+    assert again["layers"] == summary["layers"] and again["end_to_end"]["1/2"]["steps"] == 2

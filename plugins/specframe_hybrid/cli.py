@@ -21,11 +21,12 @@ def build(
                                      "as 3,7,11; repeat for several hybrids (their mixers are shared)"),
     run_dir: Path = typer.Option(Path("hybrid-run"), "--run", help="work directory (resumable)"),
     out: Optional[Path] = typer.Option(None, help="save each hybrid as OUT/1in4, OUT/1in2, ..."),
-    steps: int = typer.Option(300, help="training steps per mixer"),
+    steps: int = typer.Option(250, help="training steps per mixer"),
     batch: int = typer.Option(4, help="blocks per step"),
     lr: float = typer.Option(1e-3),
-    end_to_end_steps: int = typer.Option(0, "--end-to-end-steps", help="then train all mixers of each hybrid "
-                                         "on the teacher's distributions for this many steps (0: skip)"),
+    end_to_end_steps: int = typer.Option(60, "--end-to-end-steps", help="then train all mixers of each "
+                                         "hybrid on the teacher's distributions for this many steps "
+                                         "(0: skip)"),
     code_tokens: int = typer.Option(96 * 1024, help="standard library tokens of training data"),
     chat_prompts: int = typer.Option(128, help="chat prompts answered by the teacher for training data"),
     threads: Optional[int] = typer.Option(None, help="torch CPU threads"),
@@ -43,7 +44,10 @@ def build(
                     chat_prompts=chat_prompts,
                     training=LayerTraining(steps=steps, batch=batch, lr=lr),
                     end_to_end=EndToEndTraining(steps=end_to_end_steps))
-    summary = run(recipe, run_dir, out, log=lambda line: print(line, flush=True))
+    from specframe_hybrid.recipe import ratio_name
+
+    save_to = {ratio: out / ratio_name(ratio) for ratio in layers} if out else None
+    summary = run(recipe, run_dir, save_to, log=lambda line: print(line, flush=True))
     print(f"hybrid: done in {summary['minutes']} min; summary in {run_dir / 'summary.json'}")
 
 

@@ -32,7 +32,7 @@ CHUNK_BLOCKS = 8  # training blocks per activation file
 class LayerTraining:
     """How each mixer is trained."""
 
-    steps: int = 300
+    steps: int = 250
     batch: int = 4  # blocks per step
     lr: float = 1e-3
     warmup: int = 20

@@ -26,7 +26,7 @@ CHECKPOINT_EVERY = 10
 
 @dataclass
 class EndToEndTraining:
-    steps: int = 100
+    steps: int = 60
     batch: int = 2
     lr: float = 2e-4
     seed: int = 0

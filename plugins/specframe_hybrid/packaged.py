@@ -17,7 +17,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from specframe.errors import ModelLoadError
-from specframe_hybrid.convert import convert, replaced_layers
+from specframe_hybrid.convert import convert
 from specframe_hybrid.distill import mixer_path
 
 WEIGHTS = Path(__file__).parent / "weights"
@@ -83,16 +83,10 @@ def build_by_recipe(ratio: str) -> Callable[[Path, Callable[[str], None]], None]
     """A builder that runs the whole distillation for `ratio` (in the model cache's work directory)."""
 
     def build(directory: Path, log: Callable[[str], None]) -> None:
-        import specframe
         from specframe.models import specframe_home
-        from specframe_hybrid.distill import assemble
         from specframe_hybrid.recipe import Recipe, run
 
-        run_dir = specframe_home() / "hybrid-runs" / TEACHER
-        run(Recipe(model=TEACHER, ratios=[ratio]), run_dir, None, log=log)
-        teacher = specframe.load_target(TEACHER, device="cpu", dtype="float32")
-        layers = replaced_layers(ratio, teacher.config.num_hidden_layers)
-        assemble(teacher.model, layers, run_dir).save_pretrained(directory)
-        teacher.tokenizer.save_pretrained(directory)
+        run_dir = specframe_home() / "hybrid-runs" / TEACHER  # resumable: an interrupted build goes on
+        run(Recipe(model=TEACHER, ratios=[ratio]), run_dir, {ratio: directory}, log=log)
 
     return build

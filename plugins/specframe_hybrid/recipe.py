@@ -27,7 +27,7 @@ class Recipe:
     chat_prompts: int = 128
     chat_new_tokens: int = 256
     training: LayerTraining = field(default_factory=LayerTraining)
-    end_to_end: EndToEndTraining = field(default_factory=lambda: EndToEndTraining(steps=0))  # 0: skip
+    end_to_end: EndToEndTraining = field(default_factory=lambda: EndToEndTraining(steps=60))  # 0: skip
 
 
 def ratio_name(ratio: str) -> str:
@@ -35,9 +35,9 @@ def ratio_name(ratio: str) -> str:
     return ratio.replace("/", "in").replace(",", "-")
 
 
-def run(recipe: Recipe, run_dir: Path, out_dir: Path | None, log=print) -> dict:
-    """Run every stage not yet done in `run_dir`; save each ratio's hybrid into `out_dir/<ratio>` (if given).
-    Returns the summary also written to `run_dir/summary.json`."""
+def run(recipe: Recipe, run_dir: Path, save_to: dict[str, Path] | None = None, log=print) -> dict:
+    """Run every stage not yet done in `run_dir`; save the hybrid of each ratio in `save_to` (ratio ->
+    directory) with the teacher's tokenizer. Returns the summary also written to `run_dir/summary.json`."""
     import specframe
 
     start = time.time()
@@ -59,9 +59,9 @@ def run(recipe: Recipe, run_dir: Path, out_dir: Path | None, log=print) -> dict:
             stage_two[ratio] = train_end_to_end(teacher.model, hybrid, layers, blocks, work,
                                                 recipe.end_to_end, log=log)
             load_end_to_end(hybrid, work)
-        if out_dir is None:
+        path = (save_to or {}).get(ratio)
+        if path is None:
             continue
-        path = out_dir / ratio_name(ratio)
         hybrid.to("cpu").save_pretrained(path)
         teacher.tokenizer.save_pretrained(path)
         built[ratio] = str(path)
