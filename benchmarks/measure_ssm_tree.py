@@ -190,7 +190,7 @@ def main() -> None:
     if args.case:  # child process: one measurement, JSON on stdout
         kind, backend, depth = args.case.split(":")
         layers = {"ssm": args.layers, "hybrid": args.hybrid_layers, "gdn": args.gdn_layers,
-                  "mamba1": args.layers, "lfm2": args.gdn_layers}[kind]
+                  "mamba1": args.layers, "lfm2": args.gdn_layers, "smollm2-hybrid": 30}[kind]
         print(json.dumps(one_case(kind, layers, backend, int(depth), args.prefix, args.repeats, args.chunk,
                                   args.device)))
         return

@@ -346,7 +346,7 @@ def load_weights(directory: Path, config, dtype: torch.dtype, hint: str) -> torc
 def _reconvert_hint(name: str, directory: Path) -> str:
     """How to replace a damaged model: convert the cache again for an alias, save or copy it otherwise."""
     if directory == model_cache_dir(name) and (name in GGUF_MODELS or name in _model_recipes()):
-        return f"Delete {directory} to convert '{name}' again"
+        return f"Delete {directory} to convert (or build) '{name}' again"
     return "Copy or save the model again (model.save_pretrained), or pass another --model"
 
 

@@ -266,3 +266,10 @@ def test_the_whole_recipe_on_a_tiny_teacher_builds_a_served_hybrid_and_resumes(s
     assert spec.generate(prompt, 12).tokens == plain.generate(prompt, 12).tokens
     again = run(recipe, tmp_path / "run", None, log=lambda line: None)  # every stage found done
     assert again["layers"] == summary["layers"] and again["end_to_end"]["1/2"]["steps"] == 2
+
+
+def test_assembling_undistilled_layers_names_them(tmp_path):
+    from specframe_hybrid.distill import assemble
+
+    with pytest.raises(ConfigurationError, match=r"no distilled mixer for layers \[1, 3\].*hybrid build"):
+        assemble(tiny_llama(seed=0), [1, 3], tmp_path)

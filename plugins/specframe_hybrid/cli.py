@@ -38,6 +38,10 @@ def build(
     from specframe_hybrid.end_to_end import EndToEndTraining
     from specframe_hybrid.recipe import Recipe, run
 
+    from specframe_hybrid.convert import replaced_layers
+
+    for spec in layers:
+        replaced_layers(spec, 1 << 20)  # a malformed spec fails before the teacher loads
     if threads:
         torch.set_num_threads(threads)
     recipe = Recipe(model=model, device=device, ratios=list(layers), code_tokens=code_tokens,

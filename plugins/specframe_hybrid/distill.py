@@ -23,6 +23,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
+from specframe.errors import ConfigurationError
 from specframe_hybrid.convert import convert, hybrid_config
 
 CHUNK_BLOCKS = 8  # training blocks per activation file
@@ -116,6 +117,14 @@ def mixer_path(run_dir: Path, layer: int) -> Path:
     return run_dir / "mixers" / f"layer-{layer:02d}.safetensors"
 
 
+def require_mixers(run_dir: Path, layers: list[int]) -> None:
+    """Refuse, naming them, layers whose mixer `run_dir` has not distilled."""
+    missing = [layer for layer in layers if not mixer_path(run_dir, layer).is_file()]
+    if missing:
+        raise ConfigurationError(f"{run_dir} has no distilled mixer for layers {missing}: run "
+                                 f"`specframe hybrid build --run {run_dir}` with these layers first")
+
+
 def train_mixer(mixer: torch.nn.Module, inputs: torch.Tensor, outputs: torch.Tensor, settings: LayerTraining,
                 *, held_out: int = 2, desc: str = "mixer") -> dict:
     """Fit `mixer` so that mixer(inputs) ~ outputs; the last `held_out` blocks are kept out of training and
@@ -205,11 +214,8 @@ def distil_layers(teacher, activations: TeacherActivations, run_dir: Path, setti
 
 def assemble(teacher, mamba_layers: list[int], run_dir: Path) -> torch.nn.Module:
     """The hybrid of `teacher` with the layer-wise distilled mixers of `run_dir` at `mamba_layers`."""
+    require_mixers(run_dir, mamba_layers)
     hybrid = convert(teacher, mamba_layers).to(teacher.device)
     for layer in mamba_layers:
-        path = mixer_path(run_dir, layer)
-        if not path.is_file():
-            raise FileNotFoundError(f"no distilled mixer for layer {layer} in {path.parent}: run the "
-                                    "distillation for this layer first (specframe hybrid build)")
-        hybrid.model.layers[layer].mamba.load_state_dict(load_file(str(path)))
+        hybrid.model.layers[layer].mamba.load_state_dict(load_file(str(mixer_path(run_dir, layer))))
     return hybrid

@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 
 from specframe.errors import ModelLoadError
 from specframe_hybrid.convert import convert
-from specframe_hybrid.distill import mixer_path
+from specframe_hybrid.distill import mixer_path, require_mixers
 
 WEIGHTS = Path(__file__).parent / "weights"
 TEACHER = "smollm2-135m"
@@ -44,6 +44,7 @@ def export(teacher: torch.nn.Module, run_dir: Path, layers: list[int], out: Path
         if stored != sorted(layers):
             raise ValueError(f"{end_to_end} holds the mixers of layers {stored}, not {sorted(layers)}")
     else:
+        require_mixers(run_dir, layers)
         tensors = {f"layers.{layer}.{key}": value.to(torch.float16) for layer in layers
                    for key, value in load_file(str(mixer_path(run_dir, layer))).items()}
     metadata = {**teacher_identity(teacher), "layers": ",".join(map(str, layers)),
