@@ -41,6 +41,7 @@ class LayerTraining:
 
 
 def save_atomic(tensors: dict[str, torch.Tensor], path: Path, metadata: dict | None = None) -> None:
+    """Write `tensors` as safetensors beside `path`, then rename: a killed run never leaves half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata=metadata)
