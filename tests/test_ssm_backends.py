@@ -31,8 +31,9 @@ TREES = {
 }
 ATOL = 1e-5
 # Deeper stacks round a little more (two gated DeltaNet layers with beta up to 2 in OLMo-hybrid, Zamba2's
-# shared blocks): 1e-5 of logits up to ~4.
-LOOSE_ATOL = 5e-5
+# shared blocks, the triangular solve of the tree delta rule): a few 1e-5 of logits up to ~4. Hypothesis
+# found 6.1e-5 on a Qwen3-Next star of 7 nodes; a wrong mask or decay moves logits by 1e-2 and more.
+LOOSE_ATOL = 1e-4
 DELTA_FAMILIES = ("qwen3_next", "olmo_hybrid", "kimi_linear")
 SHORT_CONV_FAMILIES = ("lfm2",)
 # Mamba2 and attention in one layer: in parallel with muP scalings (Falcon-H1), after a shared block (Zamba2)
