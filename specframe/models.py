@@ -98,11 +98,11 @@ def resolve_model_dir(name: str) -> Path:
         return _converted(str(path.resolve()), model_cache_dir(gguf_cache_name(path)))
     if name in GGUF_MODELS:
         return _converted(name, model_cache_dir(name))
+    if looks_like_hub_id(name):  # has a '/', which no recipe alias has: no need to load the plugins
+        return hub_snapshot(name)
     recipe = _model_recipes().get(name)
     if recipe is not None:
         return _converted(name, model_cache_dir(name), recipe)
-    if looks_like_hub_id(name):
-        return hub_snapshot(name)
     raise ModelLoadError(
         f"model '{name}' is not a local Hugging Face model directory, a .gguf file, a known alias "
         f"({', '.join([*GGUF_MODELS, *_model_recipes()])}) or a Hugging Face model id (org/name)")

@@ -1,4 +1,4 @@
-"""`specframe hybrid build` and `specframe hybrid quality`."""
+"""`specframe hybrid build`, `specframe hybrid quality` and `specframe hybrid export`."""
 
 from __future__ import annotations
 
@@ -31,14 +31,13 @@ def build(
     chat_prompts: int = typer.Option(128, help="chat prompts answered by the teacher for training data"),
     threads: Optional[int] = typer.Option(None, help="torch CPU threads"),
 ) -> None:
-    """Distil MODEL into hybrids layer by layer; rerun the same command to resume."""
+    """Distil MODEL into hybrids, layer by layer then end to end; rerun the same command to resume."""
     import torch
 
+    from specframe_hybrid.convert import replaced_layers
     from specframe_hybrid.distill import LayerTraining
     from specframe_hybrid.end_to_end import EndToEndTraining
-    from specframe_hybrid.recipe import Recipe, run
-
-    from specframe_hybrid.convert import replaced_layers
+    from specframe_hybrid.recipe import Recipe, ratio_name, run
 
     for spec in layers:
         replaced_layers(spec, 1 << 20)  # a malformed spec fails before the teacher loads
@@ -48,8 +47,6 @@ def build(
                     chat_prompts=chat_prompts,
                     training=LayerTraining(steps=steps, batch=batch, lr=lr),
                     end_to_end=EndToEndTraining(steps=end_to_end_steps))
-    from specframe_hybrid.recipe import ratio_name
-
     save_to = {ratio: out / ratio_name(ratio) for ratio in layers} if out else None
     summary = run(recipe, run_dir, save_to, log=lambda line: print(line, flush=True))
     print(f"hybrid: done in {summary['minutes']} min; summary in {run_dir / 'summary.json'}")
@@ -89,13 +86,12 @@ def export_mixers(
     import specframe
     from specframe_hybrid.convert import replaced_layers
     from specframe_hybrid.packaged import export
+    from specframe_hybrid.recipe import ratio_name
 
     teacher = specframe.load_target(model, device="cpu", dtype="float32")
     chosen = replaced_layers(layers, teacher.config.num_hidden_layers)
     summary_file = run_dir / "summary.json"
     summary = json.loads(summary_file.read_text()) if summary_file.is_file() else {}
-    from specframe_hybrid.recipe import ratio_name
-
     stage_two = run_dir / f"end-to-end-{ratio_name(layers)}"
     end_to_end = stage_two if (stage_two / "mixers.safetensors").is_file() else None
     size = export(teacher.model, run_dir, chosen, out, summary, end_to_end)

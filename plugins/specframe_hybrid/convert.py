@@ -3,7 +3,7 @@
 The hybrid is a `GraniteMoeHybridForCausalLM` with no experts: its decoder layer is a Llama layer (RMSNorm,
 mixer, residual, RMSNorm, SwiGLU MLP, residual) whose mixer is either attention or a Mamba2 mixer, with
 rotary embeddings over the whole head and every multiplier set to the value that makes it a Llama. With no
-layer replaced it computes the Llama's logits exactly (`tests/test_hybrid_convert.py` checks it), so a
+layer replaced it computes the Llama's logits exactly (`tests/test_hybrid.py` checks it), so a
 layer replaced is the only difference. Bamba would not do: it hard-codes rotary embeddings over half of
 each head.
 
@@ -27,7 +27,6 @@ import torch
 
 from specframe.errors import ConfigurationError
 
-HYBRID_ARCHITECTURE = "GraniteMoeHybridForCausalLM"
 # Mamba2's step-size initialisation: dt log-uniform in [DT_MIN, DT_MAX], stored through softplus.
 DT_MIN, DT_MAX = 1e-3, 1e-1
 
@@ -98,7 +97,7 @@ def _check_llama(config) -> None:
         raise ConfigurationError(f"the hybrid conversion maps Llama-architecture models (SmolLM2, Llama); "
                                  f"this model is '{config.model_type}'")
     if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
-        raise ConfigurationError("the hybrid conversion maps Llama layers without biases; this model has")
+        raise ConfigurationError("the hybrid conversion maps Llama layers without biases; this one has some")
 
 
 def convert(llama: torch.nn.Module, mamba_layers: list[int], *, seed: int = 0) -> torch.nn.Module:
@@ -157,7 +156,3 @@ def init_mixer_from_attention(mixer: torch.nn.Module, attention: torch.nn.Module
     mixer.D.fill_(1.0)
     mixer.norm.weight.fill_(1.0)
 
-
-def mamba_layer_indices(config) -> list[int]:
-    """The layers of a hybrid config that are Mamba2 mixers."""
-    return [i for i, kind in enumerate(config.layer_types) if kind == "linear_attention"]

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
@@ -63,8 +64,6 @@ class TeacherActivations:
 
     def missing(self) -> list[int]:
         """Chunks not yet computed, or computed without some of these layers."""
-        from safetensors import safe_open
-
         todo = []
         for index in range(self.chunks):
             path = self._chunk(index)
@@ -192,8 +191,6 @@ def distil_layers(teacher, activations: TeacherActivations, run_dir: Path, setti
     for layer in order or activations.layers:
         path = mixer_path(run_dir, layer)
         if path.is_file():
-            from safetensors import safe_open
-
             with safe_open(str(path), "pt") as f:
                 reports[layer] = json.loads((f.metadata() or {}).get("report", "{}"))
             continue
