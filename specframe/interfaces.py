@@ -166,6 +166,11 @@ class StateBackend(ABC):
 
         return stored_cost(self)
 
+    def cost_options(self) -> dict:
+        """This instance's options that change what a step costs (a key of the stored calibration, so
+        `kv(min_rows=1)` and `kv` are measured apart). Default: none."""
+        return {}
+
     @property
     @abstractmethod
     def committed_length(self) -> int:

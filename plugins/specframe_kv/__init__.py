@@ -4,10 +4,12 @@ Tree scoring passes an explicit 4D ancestor mask and explicit position ids (no p
 grouped-query attention is handled by the model itself. Commit compacts the accepted branch with one
 gather per layer over the scored tail and crops the rest.
 
-On a CPU a forward over 2 or 3 tokens costs more than over 4 (the BLAS switches from one streaming
-pass over each weight matrix to a per-row one): trees of 1-2 nodes are padded with throwaway rows up to
-`min_rows` (see docs/explanation/metrics-and-costs.md). Nothing attends to the padding and its logits
-and cache rows are dropped, so results are unchanged.
+With torch's own linear kernel on a CPU (`SPECFRAME_CPU_LINEAR=torch`), a forward over 2 or 3 tokens
+costs more than over 4 (the BLAS switches from one streaming pass over each weight matrix to a per-row
+one): trees of 1-2 nodes are then padded with throwaway rows up to `min_rows` (see
+docs/explanation/metrics-and-costs.md). Nothing attends to the padding and its logits and cache rows are
+dropped, so results are unchanged. Models whose linear layers multiply by oneDNN-packed weights (the
+default on the CPU, `specframe.packed_linear`) cost more with every row, so they are not padded.
 """
 
 from __future__ import annotations
@@ -18,10 +20,11 @@ import torch
 import specframe
 from specframe import BackendCapabilities, StateBackend, TargetScores, TokenTree
 from specframe.errors import UnknownComponentError
+from specframe.packed_linear import linear_kernel
 
 # Layer types whose only state is the KV cache (attention) or that have no state at all (NemotronH blocks).
 CACHELESS_TYPES = {"full_attention", "sliding_attention", "mlp", "moe"}
-CPU_MIN_ROWS = 4  # a 4-row forward costs less than a 2- or 3-row one on the CPUs we measured
+CPU_MIN_ROWS = 4  # with torch's linear, a 4-row forward costs less than a 2- or 3-row one on our CPUs
 
 
 def _recurrent_reason(target, recurrent: list[str]) -> str:
@@ -49,8 +52,10 @@ class KVCacheBackend(StateBackend):
         super().__init__(target, want_hidden=want_hidden)
         self.model = target.model
         # Rows (root + nodes) a tree forward is padded to: see the module docstring. 1 turns padding off.
-        self.min_rows = min_rows if min_rows is not None else (CPU_MIN_ROWS if target.device.type == "cpu"
-                                                               else 1)
+        if min_rows is None:
+            unpacked_cpu = target.device.type == "cpu" and linear_kernel(self.model) == "torch"
+            min_rows = CPU_MIN_ROWS if unpacked_cpu else 1
+        self.min_rows = min_rows
         self.cache = None
         self._committed = 0
         self._pending: int | None = None
@@ -69,6 +74,9 @@ class KVCacheBackend(StateBackend):
         if any(not hasattr(layer, "keys") for layer in getattr(cache, "layers", [])):
             return "its cache layers do not hold plain keys/values"
         return None
+
+    def cost_options(self) -> dict:
+        return {"min_rows": self.min_rows}
 
     @property
     def committed_length(self) -> int:

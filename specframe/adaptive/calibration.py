@@ -21,12 +21,13 @@ from tqdm import tqdm
 from specframe.cost import MeasuredCost
 from specframe.devices import synchronizer
 from specframe.interfaces import StateBackend
+from specframe.packed_linear import linear_kernel
 from specframe.tree import TokenTree
 
 SIZES = (0, 1, 2, 3, 4, 6, 8, 10, 12, 16, 20, 24, 32)
 PROMPT_TOKENS = 256  # a typical prompt plus part of an answer: the cache the tree attends to
 ROUNDS = 3
-FORMAT = 2  # 2: kv pads small trees to 4 rows on CPU, so stored costs of 1-2 nodes are stale
+FORMAT = 3  # 2: kv pads small trees to 4 rows on CPU; 3: the key holds the linear kernel and backend options
 
 
 def calibrate(backend: StateBackend, sizes=SIZES, rounds: int = ROUNDS, progress: bool = True,
@@ -39,7 +40,7 @@ def calibrate(backend: StateBackend, sizes=SIZES, rounds: int = ROUNDS, progress
     room = max(1, min(PROMPT_TOKENS, target.max_context - max(sizes) - 2))
     ids = np.random.default_rng(seed).integers(0, target.vocab_size, room + 1)
     backend.prefill(ids.tolist())
-    shapes = {(n, shape): _tree(n, shape, ids) for n in sizes for shape in ("flat", "chain")}
+    shapes = {(n, shape): probe_tree(n, shape, ids) for n in sizes for shape in ("flat", "chain")}
     for tree in (shapes[(max(sizes), "flat")], shapes[(1, "chain")]):  # warm up kernels and caches
         backend.score(tree)
     times: dict[tuple[int, str], list[float]] = {key: [] for key in shapes}
@@ -60,7 +61,8 @@ def calibrate(backend: StateBackend, sizes=SIZES, rounds: int = ROUNDS, progress
                         tuple(median[(n, "chain")] for n in sizes))
 
 
-def _tree(n: int, shape: str, ids: np.ndarray) -> TokenTree:
+def probe_tree(n: int, shape: str, ids: np.ndarray) -> TokenTree:
+    """A chain or a flat tree (every node a child of the root) of `n` nodes, tokens from `ids`."""
     tokens = ids[-n:] if n else ids[:0]
     parents = np.arange(n) - 1 if shape == "chain" else np.full(n, -1)
     return TokenTree(tokens, parents)
@@ -73,8 +75,9 @@ def cost_key(backend: StateBackend, options: dict | None = None) -> dict:
     config = json.dumps(model.config.to_dict(), sort_keys=True, default=str)
     return {"format": FORMAT, "model": target.name, "parameters": params,
             "config": hashlib.sha256(config.encode()).hexdigest()[:16],
-            "backend": backend.name, "options": sorted((options or {}).items()),
+            "backend": backend.name, "options": sorted({**backend.cost_options(), **(options or {})}.items()),
             "device": str(target.device), "dtype": str(next(model.parameters()).dtype),
+            "linear": linear_kernel(model),
             "threads": torch.get_num_threads(), "torch": torch.__version__,
             "machine": f"{platform.machine()} {platform.processor()}".strip()}
 

@@ -1,0 +1,98 @@
+"""What one verification step costs with torch's linear kernel and with oneDNN-packed weights.
+
+Loads the target twice, once per CPU linear kernel (`SPECFRAME_CPU_LINEAR=torch` and `onednn`, see
+`specframe/packed_linear.py`), prefills each `kv` backend with the same 256 random tokens, and times
+`backend.score` on chains and flat trees of every size, rounds interleaved over kernels and sizes so a
+drift of the machine spreads over all of them. `kv` runs with `min_rows=1` (no padding of small trees),
+so the table shows the kernels' own costs. Reports the median per size in ms and as a multiple of the
+same kernel's plain step (0 nodes), on the process CPU clock (`--clock cpu`, for a shared machine) or
+wall time.
+
+    OMP_NUM_THREADS=1 python benchmarks/cpu_linear.py --threads 1 --clock cpu --out docs/results/cpu-linear
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+import specframe
+from specframe.adaptive.calibration import probe_tree
+from specframe.packed_linear import linear_kernel
+from specframe.pipeline import assemble
+
+SIZES = (0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32)
+KERNELS = ("torch", "onednn")
+
+
+def backend_for(model: str, kernel: str):
+    os.environ["SPECFRAME_CPU_LINEAR"] = kernel
+    target = specframe.load_target(model, device="cpu")
+    assert linear_kernel(target.model) == kernel, "this torch build lacks oneDNN's packed linear"
+    return assemble(target, backend="kv(min_rows=1)").backend
+
+
+def measure(args) -> dict:
+    torch.set_num_threads(args.threads)
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
+    backends = {kernel: backend_for(args.model, kernel) for kernel in KERNELS}
+    ids = np.random.default_rng(0).integers(0, 49152, args.prompt + 1)
+    trees = {(n, shape): probe_tree(n, shape, ids) for n in SIZES for shape in ("chain", "flat")}
+    for backend in backends.values():
+        backend.prefill(ids.tolist())
+        for tree in trees.values():  # warm up every shape once
+            backend.score(tree)
+    times = {(kernel, *key): [] for kernel in KERNELS for key in trees}
+    with tqdm(total=args.rounds * len(times), desc="timing steps", unit="forward") as bar:
+        for _ in range(args.rounds):
+            for key, tree in trees.items():
+                for kernel, backend in backends.items():
+                    start = clock()
+                    backend.score(tree)
+                    times[(kernel, *key)].append(clock() - start)
+                    bar.update()
+    return {f"{kernel} {n} {shape}": float(np.median(t)) for (kernel, n, shape), t in times.items()}
+
+
+def table(medians: dict) -> str:
+    lines = ["| kernel | tree | " + " | ".join(str(n) for n in SIZES) + " |",
+             "|---|---|" + "---|" * len(SIZES)]
+    for kernel in KERNELS:
+        plain = medians[f"{kernel} 0 chain"]
+        for shape in ("chain", "flat"):
+            ms = [medians[f"{kernel} {n} {shape}"] * 1e3 for n in SIZES]
+            lines.append(f"| {kernel} | {shape} ms | " + " | ".join(f"{t:.1f}" for t in ms) + " |")
+            lines.append(f"| {kernel} | {shape} / plain | "
+                         + " | ".join(f"{t / (plain * 1e3):.2f}" for t in ms) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--prompt", type=int, default=256, help="tokens in the cache the tree attends to")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    medians = measure(args)
+    text = (f"{args.model}, kv(min_rows=1), {args.threads} thread(s), {args.clock} clock, median of "
+            f"{args.rounds}, {args.prompt} cached tokens, tree sizes in nodes (0 = a plain step)\n\n"
+            + table(medians))
+    print(text)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "results.md").write_text(text + "\n")
+        (args.out / "medians.json").write_text(json.dumps(medians, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,108 @@
+"""Linear layers that multiply by weights pre-packed for oneDNN: fast trees on the CPU, in float32.
+
+Speculative decoding pays when a forward over the N rows of a tree costs about one plain step. On the
+CPUs we measured, `torch.nn.functional.linear` breaks that: one row runs as a matrix-vector product,
+2-16 rows as a matrix product that re-packs the whole weight matrix on every call, so SmolLM2's
+matrices cost 2-3x more for 4 rows than for one (its 49152-row output layer: 11 ms for 1 row, 23-35 ms
+for 2-3). oneDNN with a weight packed once into its blocked layout costs about the same for 1 to 8 rows
+and less than the plain kernel for one row. `docs/explanation/metrics-and-costs.md` has the measured
+step costs with and without packing.
+
+`pack_linear_layers(model)` replaces every `torch.nn.Linear` of a model by a `PackedLinear` that holds
+the same parameters (state dicts, tied weights and `.weight` readers are unchanged) and keeps a packed
+copy beside them, made on first use and made again whenever the weight changes in place. It uses the
+packed copy only where that gives the same function: CPU, float32, no gradient to record. Anything else
+(training, half precision, another device) runs `torch.nn.functional.linear` as before. The result is
+the same product summed in another order: logits move by about 1e-5.
+
+`load_target` packs CPU float32 models by default; `SPECFRAME_CPU_LINEAR=torch` turns it off.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+
+from specframe.errors import ConfigurationError
+
+ENV = "SPECFRAME_CPU_LINEAR"
+KERNELS = ("onednn", "torch")  # the values of `ENV`: oneDNN with packed weights, or torch's own linear
+
+
+def onednn_available() -> bool:
+    """Whether this torch build has oneDNN's packed linear (x86 and most ARM builds do)."""
+    ops = torch.ops.mkldnn
+    return (torch.backends.mkldnn.is_available() and hasattr(ops, "_linear_pointwise")
+            and hasattr(ops, "_reorder_linear_weight"))
+
+
+def chosen_kernel() -> str:
+    """The CPU linear kernel `SPECFRAME_CPU_LINEAR` asks for: onednn (the default) or torch."""
+    value = os.environ.get(ENV, "onednn").strip().lower() or "onednn"
+    if value not in KERNELS:
+        raise ConfigurationError(f"{ENV}={value!r} is not a CPU linear kernel: "
+                                 f"use one of {', '.join(KERNELS)}")
+    return value
+
+
+class PackedLinear(torch.nn.Linear):
+    """`torch.nn.Linear` over the same parameters, multiplying by a oneDNN-packed copy of the weight
+    where that computes the same function (see the module docstring)."""
+
+    def __init__(self, linear: torch.nn.Linear):
+        torch.nn.Module.__init__(self)
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight, self.bias = linear.weight, linear.bias  # the same Parameter objects
+        self._packed: torch.Tensor | None = None
+        self._packed_from: tuple | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self._packable(x):
+            return F.linear(x, self.weight, self.bias)
+        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self._packed_weight(), self.bias,
+                                                  "none", [], "")
+
+    def __getstate__(self):
+        """Copies and pickles leave the packed copy out (oneDNN's opaque tensors cannot be copied)."""
+        state = dict(self.__dict__)
+        state["_packed"], state["_packed_from"] = None, None
+        return state
+
+    def _packable(self, x: torch.Tensor) -> bool:
+        weight = self.weight
+        if x.device.type != "cpu" or weight.device.type != "cpu":
+            return False
+        if x.dtype != torch.float32 or weight.dtype != torch.float32:
+            return False
+        if self.bias is not None and self.bias.dtype != torch.float32:
+            return False
+        return not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
+
+    def _packed_weight(self) -> torch.Tensor:
+        """The packed copy, made again when the weight was replaced or changed in place."""
+        source = self.weight
+        stamp = (source.data_ptr(), source._version, tuple(source.shape))
+        if self._packed is None or stamp != self._packed_from:
+            with torch.inference_mode(False), torch.no_grad():  # a plain tensor, usable in any mode
+                self._packed = torch.ops.mkldnn._reorder_linear_weight(source.detach(), None)
+            self._packed_from = stamp
+        return self._packed
+
+
+def pack_linear_layers(model: torch.nn.Module) -> int:
+    """Replace each `torch.nn.Linear` (exactly that class: subclasses may change `forward`) of `model`
+    by a `PackedLinear` over the same parameters; the number replaced. A no-op without oneDNN."""
+    if not onednn_available():
+        return 0
+    swaps = [(parent, name, child) for parent in model.modules()
+             for name, child in parent.named_children() if type(child) is torch.nn.Linear]
+    for parent, name, child in swaps:
+        setattr(parent, name, PackedLinear(child))
+    return len(swaps)
+
+
+def linear_kernel(model: torch.nn.Module) -> str:
+    """"onednn" when `model`'s linear layers are packed, else "torch": a key of measured step costs."""
+    return "onednn" if any(isinstance(m, PackedLinear) for m in model.modules()) else "torch"
