@@ -1,0 +1,66 @@
+"""Replay a `specframe bench` run's recorded outputs through other drafters or options, without the target.
+
+    python benchmarks/replay_drafts.py results/i14c/humaneval \\
+        --methods 'pld@auto,suffix@auto,suffix(factor=1.0,offset=0.0)+trie@auto'
+
+Exact for greedy runs and for `sample-match` runs with a seed (see `specframe.bench.replay`): tau and the
+tree sizes are what a real run would give; the speedup is modelled from the stored step calibration
+(`specframe calibrate` at the run's thread count) plus real drafting time, with verify and commit left
+out. Methods the run measured show their measured tau beside the replayed one, as a check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from specframe.bench.methods import resolve_methods, split_parts
+from specframe.bench.replay import recorded_turns, replay
+from specframe.bench.suites import load_suite
+from specframe.models import load_target
+from specframe.registry import get_registry
+
+
+def measured_tau(records: Path) -> dict[str, float]:
+    tokens, steps = defaultdict(int), defaultdict(int)
+    for line in records.read_text().splitlines():
+        row = json.loads(line)
+        tokens[row["method"]] += row["metrics"]["new_tokens"]
+        steps[row["method"]] += row["metrics"]["steps"]
+    return {m: tokens[m] / steps[m] for m in tokens if steps[m]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run", type=Path, help="a `specframe bench --out` directory")
+    parser.add_argument("--methods", required=True, help="as `specframe bench --methods`")
+    parser.add_argument("--baseline", default="baseline", help="the method whose outputs are replayed")
+    args = parser.parse_args()
+    settings = json.loads((args.run / "settings.json").read_text())
+    torch.set_num_threads(settings["threads"])
+    target = load_target(settings["model"], dtype=settings.get("dtype", "auto"))
+    turns = recorded_turns(args.run / "records.jsonl", load_suite(settings["suite"]), target.tokenizer,
+                           args.baseline)
+    methods = resolve_methods(split_parts(args.methods, ","), get_registry())
+    measured = measured_tau(args.run / "records.jsonl")
+    print(f"{args.run}: {len(turns)} turns of '{args.baseline}', {settings['model']}, "
+          f"temperature {settings['temperature']}, {settings['threads']} thread(s)\n")
+    print("| method | tau replayed | tau measured | mean tree | modelled speedup | turns < 0.9x | draft ms/step |")
+    print("|---|---|---|---|---|---|---|")
+    for method in tqdm(methods, desc="replay", leave=False):
+        stats = replay(target, method, turns)
+        slow = float(np.mean(np.array(stats.by_turn) < 0.9))
+        tau = measured.get(method.label)
+        print(f"| {method.label} | {stats.tau:.3f} | {'-' if tau is None else f'{tau:.3f}'} | "
+              f"{stats.nodes / stats.steps:.2f} | {stats.speedup:.3f} | {slow:.0%} | "
+              f"{stats.draft_s / stats.steps * 1e3:.2f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,159 @@
+"""Replay recorded outputs through a drafter: tau and modelled speed in seconds, without the target.
+
+When the verifier emits the target's own tokens whatever the tree (greedy, and `sample-match` with a
+seeded sampler: one uniform per emitted token), a step accepts exactly the longest tree path that
+matches the recorded continuation. So a run of `specframe bench` (its `records.jsonl`) holds all a
+model-free drafter needs to be measured again, under other options, in seconds instead of an hour: the
+drafter proposes from the recorded context, the real tree builder and planner (`auto` with the stored
+calibration, or a fixed budget) choose the tree, and the recorded tokens say what was accepted.
+
+What is modelled rather than run: the forward pass (its time is the calibrated step cost of the tree
+size and depth) and the rest of a step (verify, commit, the loop: not counted, as the planner's overhead
+estimate then stays 0). Drafting runs for real and its time is counted. Drafters that need the target's
+hidden states cannot be replayed, and drafters see no sampler (they draft as for a greedy
+request). Turns replay in the order of the suite, repeats after one another,
+later turns with the recorded baseline's earlier answers, without the bench's warm-up generation.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from specframe.adaptive.calibration import stored_cost
+from specframe.adaptive.planner import AdaptivePlanner, FixedPlanner, parse_budget
+from specframe.bench.methods import MethodSpec
+from specframe.bench.suites import BenchPrompt, encode_turn
+from specframe.cost import CostModel
+from specframe.errors import ConfigurationError
+from specframe.interfaces import BuildContext
+from specframe.models import Target
+from specframe.pipeline import assemble
+from specframe.records import DraftContext, DraftProposal, StepOutcome, VerifyResult
+from specframe.tree import TokenTree
+
+
+@dataclass
+class Turn:
+    """One recorded generation: the prompt's ids and the tokens the target emitted after it."""
+
+    qid: str
+    turn: int
+    repeat: int
+    prompt_ids: list[int]
+    tokens: list[int]
+
+
+@dataclass
+class ReplayStats:
+    """Totals over a replay; `modelled_s` is calibrated forward time plus real drafting time."""
+
+    tokens: int = 0
+    steps: int = 0
+    nodes: int = 0
+    modelled_s: float = 0.0
+    draft_s: float = 0.0
+    plain_step_s: float = 0.0  # the calibrated cost of a plain step (an empty tree)
+    by_turn: list[float] = field(default_factory=list)  # modelled speedup of each turn
+
+    @property
+    def tau(self) -> float:
+        return self.tokens / max(self.steps, 1)
+
+    @property
+    def speedup(self) -> float:
+        """Tokens per modelled second over plain decoding's (one token per plain step)."""
+        return self.tokens * self.plain_step_s / max(self.modelled_s, 1e-12)
+
+
+def recorded_turns(records: Path, prompts: list[BenchPrompt], tokenizer,
+                   method: str = "baseline") -> list[Turn]:
+    """The turns `method` generated in `records` (a `records.jsonl`), in suite order, each with the prompt
+    ids the bench built for it (later turns from that method's own recorded answers)."""
+    rows = {}
+    for line in records.read_text().splitlines():
+        row = json.loads(line)
+        if row["method"] == method:
+            rows[row["qid"], row["turn"], row["repeat"]] = row["tokens"]
+    if not rows:
+        raise ConfigurationError(f"{records} holds no turns of method '{method}'")
+    turns = []
+    for prompt in prompts:
+        repeats = sorted({rep for qid, _, rep in rows if qid == prompt.qid})
+        for rep in repeats:
+            answers: list[str] = []
+            for t in range(len(prompt.turns)):
+                tokens = rows.get((prompt.qid, t, rep))
+                if tokens is None:
+                    break
+                turns.append(Turn(prompt.qid, t, rep, encode_turn(tokenizer, prompt, t, answers), tokens))
+                answers.append(tokenizer.decode(tokens, skip_special_tokens=True))
+    return turns
+
+
+def accepted_path(tree: TokenTree, future: list[int]) -> list[int]:
+    """The longest root path of `tree` whose tokens are a prefix of `future` (node indices)."""
+    path, node = [], -1
+    children = defaultdict(dict)
+    for i, (token, parent) in enumerate(zip(tree.tokens.tolist(), tree.parents.tolist())):
+        children[parent][token] = i
+    while len(path) < len(future) and future[len(path)] in children[node]:
+        node = children[node][future[len(path)]]
+        path.append(node)
+    return path
+
+
+def replay(target: Target, method: MethodSpec, turns: list[Turn], cost: CostModel | None = None) -> ReplayStats:
+    """Replay `turns` through `method`'s drafter, tree builder and planner (see the module docstring),
+    with the step cost `cost` (default: the stored calibration of the method's backend)."""
+    pipeline = assemble(target, method.drafter, method.tree, method.verifier, method.backend)
+    drafter, builder = pipeline.drafter, pipeline.tree_builder
+    if type(drafter).capabilities.needs_hidden_states:
+        raise ConfigurationError(f"{method.label}: drafter '{method.drafter.name}' needs the target's hidden "
+                                 "states, which recorded outputs do not hold; it cannot be replayed")
+    cost = cost or stored_cost(pipeline.backend)
+    if cost is None:
+        raise ConfigurationError(f"no stored step cost for {target.name} on this machine: run "
+                                 f"`specframe calibrate --model {target.name}` first (same --threads)")
+    cap, adaptive = parse_budget(method.budget)
+    planner = AdaptivePlanner(cost, cap) if adaptive else FixedPlanner(cap, cost)
+    stats = ReplayStats(plain_step_s=cost.step_seconds(0, 0))
+    for turn in turns:
+        drafter.reset()
+        tokens, emitted_so_far, turn_s = np.array(turn.prompt_ids, np.int64), 0, 0.0
+        while emitted_so_far < len(turn.tokens):
+            room = len(turn.tokens) - emitted_so_far - 1
+            budget = planner.build_budget(room)
+            start = time.perf_counter()
+            drafting = budget > 0 and planner.should_draft()
+            proposal = (drafter.propose(DraftContext(tokens, len(turn.prompt_ids), budget)) if drafting
+                        else DraftProposal.empty())
+            draft_s = time.perf_counter() - start
+            tree = builder.build(proposal, BuildContext(budget, cost)) if len(proposal) else TokenTree.empty()
+            tree, _ = planner.choose(proposal, tree)
+            future = turn.tokens[emitted_so_far:]
+            path = accepted_path(tree, future)
+            result = VerifyResult(path, future[len(path)])
+            forward_s = cost.step_seconds(len(tree), int(tree.depth.max()) if len(tree) else 0)
+            drafter.observe(StepOutcome(proposal, len(tree), future[:len(path)], result.bonus))
+            planner.observe(tree, result, {"draft": draft_s, "forward": forward_s})
+            emitted = min(len(path) + 1, len(turn.tokens) - emitted_so_far)
+            tokens = np.concatenate([tokens, np.asarray(future[:emitted], np.int64)])
+            emitted_so_far += emitted
+            stats.tokens += emitted
+            stats.steps += 1
+            stats.nodes += len(tree)
+            stats.modelled_s += forward_s + draft_s
+            stats.draft_s += draft_s
+            turn_s += forward_s + draft_s
+        stats.by_turn.append(len(turn.tokens) * stats.plain_step_s / max(turn_s, 1e-12))
+        finish = getattr(drafter, "finish", None)  # drafters that remember requests (suffix) close them
+        if finish is not None:
+            finish(turn.tokens)
+    return stats
+
