@@ -131,7 +131,8 @@ class SuffixDrafter(Drafter):
     """Options: `cache` (a file path, or a name stored as `$SPECFRAME_HOME/suffix-caches/NAME.json`;
     default: earlier responses are kept in memory only), `max_depth` (suffix tree depth), `max_cached`
     (earlier responses kept, oldest evicted first; 0 = the request alone), `factor` and `offset` (a
-    match of n tokens proposes at most factor * n + offset), `min_prob` (lowest estimated probability
+    match of n tokens proposes at most factor * n + offset; 2 and 1 by default, longer than the library's
+    1 and 0 because the adaptive planner keeps only what pays), `min_prob` (lowest estimated probability
     proposed), `tree` (propose trees; False: one path per source) and `corpus` (a REST datastore name or
     directory drafted from as a third source)."""
 
@@ -139,7 +140,7 @@ class SuffixDrafter(Drafter):
     capabilities = DrafterCapabilities(proposes_trees=True, score_kind=ScoreKind.FREQUENCY)
 
     def __init__(self, target, *, cache: str | None = None, max_depth: int = 64, max_cached: int = 256,
-                 factor: float = 1.0, offset: float = 0.0, min_prob: float = 0.1, tree: bool = True,
+                 factor: float = 2.0, offset: float = 1.0, min_prob: float = 0.1, tree: bool = True,
                  corpus: str | None = None):
         super().__init__(target)
         check_options(cache, max_depth, max_cached, factor, offset, min_prob, tree, corpus)
