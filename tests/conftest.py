@@ -10,6 +10,29 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import specframe  # noqa: E402
+from specframe.models import specframe_home  # noqa: E402
+
+# What tests may share with the user's SPECFRAME_HOME: converted models and built datastores, which take
+# minutes to make and are the same for everyone. Step costs, acceptance counts and suffix caches that
+# tests write for their temporary models stay in a per-session home.
+SHARED_HOME_DIRS = ("models", "datastores")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_home(tmp_path_factory):
+    """A fresh SPECFRAME_HOME for the session (and the notebooks it runs), linked to the user's model and
+    datastore caches, so tests leave no calibrations of throwaway models behind."""
+    user_home, previous = specframe_home(), os.environ.get("SPECFRAME_HOME")
+    home = tmp_path_factory.mktemp("specframe-home")
+    for name in SHARED_HOME_DIRS:
+        (user_home / name).mkdir(parents=True, exist_ok=True)
+        (home / name).symlink_to(user_home / name, target_is_directory=True)
+    os.environ["SPECFRAME_HOME"] = str(home)
+    yield home
+    if previous is None:
+        os.environ.pop("SPECFRAME_HOME", None)
+    else:
+        os.environ["SPECFRAME_HOME"] = previous
 
 
 def tiny_llama(seed: int = 0, vocab: int = 96, kv_heads: int = 2, layers: int = 2) -> specframe.Target:
