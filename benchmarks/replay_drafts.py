@@ -7,6 +7,8 @@ Exact for greedy runs and for `sample-match` runs with a seed (see `specframe.be
 tree sizes are what a real run would give; the speedup is modelled from the stored step calibration
 (`specframe calibrate` at the run's thread count) plus real drafting time, with verify and commit left
 out. Methods the run measured show their measured tau beside the replayed one, as a check.
+`--copy-bound 1 2` adds what an oracle copying one path from earlier text could reach (see
+`specframe.bench.replay.copy_bound`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import torch
 from tqdm import tqdm
 
 from specframe.bench.methods import resolve_methods, split_parts
-from specframe.bench.replay import recorded_turns, replay
+from specframe.bench.replay import copy_bound, recorded_turns, replay
 from specframe.bench.suites import load_suite
 from specframe.models import load_target
 from specframe.registry import get_registry
@@ -41,6 +43,8 @@ def main() -> None:
     parser.add_argument("run", type=Path, help="a `specframe bench --out` directory")
     parser.add_argument("--methods", required=True, help="as `specframe bench --methods`")
     parser.add_argument("--baseline", default="baseline", help="the method whose outputs are replayed")
+    parser.add_argument("--copy-bound", type=int, nargs="*", default=[], metavar="K",
+                        help="also print the single-path copy bound with K tokens of context")
     args = parser.parse_args()
     settings = json.loads((args.run / "settings.json").read_text())
     torch.set_num_threads(settings["threads"])
@@ -51,7 +55,8 @@ def main() -> None:
     measured = measured_tau(args.run / "records.jsonl")
     print(f"{args.run}: {len(turns)} turns of '{args.baseline}', {settings['model']}, "
           f"temperature {settings['temperature']}, {settings['threads']} thread(s)\n")
-    print("| method | tau replayed | tau measured | mean tree | modelled speedup | turns < 0.9x | draft ms/step |")
+    print("| method | tau replayed | tau measured | mean tree | modelled speedup | turns < 0.9x "
+          "| draft ms/step |")
     print("|---|---|---|---|---|---|---|")
     for method in tqdm(methods, desc="replay", leave=False):
         stats = replay(target, method, turns)
@@ -60,6 +65,8 @@ def main() -> None:
         print(f"| {method.label} | {stats.tau:.3f} | {'-' if tau is None else f'{tau:.3f}'} | "
               f"{stats.nodes / stats.steps:.2f} | {stats.speedup:.3f} | {slow:.0%} | "
               f"{stats.draft_s / stats.steps * 1e3:.2f} |", flush=True)
+    for k in args.copy_bound:
+        print(f"\nsingle-path copy bound, {k} token(s) of context: tau {copy_bound(turns, k):.3f}")
 
 
 if __name__ == "__main__":

@@ -60,3 +60,17 @@ def test_replay_needs_a_calibration(tiny, tmp_path, monkeypatch):
     method = parse_method("pld@auto", get_registry())
     with pytest.raises(ConfigurationError, match="specframe calibrate"):
         replay(tiny, method, [Turn("q", 0, 0, [1, 2, 3], [4, 5])])
+
+
+def test_copy_bound_counts_the_longest_earlier_run_after_the_context():
+    from specframe.bench.replay import copy_bound
+
+    turn = Turn("q", 0, 0, [1, 2, 3, 4], [1, 2, 3, 4])  # the output repeats the prompt
+    assert copy_bound([turn], context=0) == pytest.approx(4 / 1)  # the whole output, copied in one step
+    # After the context's last token 4 nothing has followed yet: one token; then 2, 3, 4 follow 1 as in
+    # the prompt, copied in a second step.
+    assert copy_bound([turn], context=1) == pytest.approx(4 / 2)
+    fresh = Turn("q", 0, 0, [7, 8], [5, 6])
+    assert copy_bound([fresh], context=0) == pytest.approx(1.0)  # nothing to copy: one token a step
+    later = Turn("q", 0, 1, [7, 8], [5, 6])
+    assert copy_bound([fresh, later], context=1) == pytest.approx((2 + 2) / (2 + 1))  # copies the 1st output

@@ -108,7 +108,8 @@ def accepted_path(tree: TokenTree, future: list[int]) -> list[int]:
     return path
 
 
-def replay(target: Target, method: MethodSpec, turns: list[Turn], cost: CostModel | None = None) -> ReplayStats:
+def replay(target: Target, method: MethodSpec, turns: list[Turn],
+           cost: CostModel | None = None) -> ReplayStats:
     """Replay `turns` through `method`'s drafter, tree builder and planner (see the module docstring),
     with the step cost `cost` (default: the stored calibration of the method's backend)."""
     pipeline = assemble(target, method.drafter, method.tree, method.verifier, method.backend)
@@ -157,3 +158,30 @@ def replay(target: Target, method: MethodSpec, turns: list[Turn], cost: CostMode
             finish(turn.tokens)
     return stats
 
+
+
+def copy_bound(turns: list[Turn], context: int, cap: int = 16) -> float:
+    """Tau of an oracle that copies one path per step from earlier text: at each step, the longest run
+    (up to `cap`) of the recorded continuation that occurs somewhere in the text seen so far (earlier
+    turns' prompts and outputs, in replay order, and this turn's prompt and output) right after the same
+    `context` tokens as the current context ends with. It bounds single-path copying drafters (prompt
+    lookup, a suffix drafter without trees) that need `context` tokens of match; trees can exceed it."""
+    def encode(tokens) -> str:
+        return "".join(f"<{t}>" for t in tokens)
+
+    seen, emitted, steps = "", 0, 0
+    for turn in turns:
+        history = seen + "|" + encode(turn.prompt_ids)
+        position = 0
+        while position < len(turn.tokens):
+            text = turn.prompt_ids + turn.tokens[:position]
+            anchor = text[len(text) - context:] if context else []
+            run = 0
+            while (position + run < len(turn.tokens) and run < cap
+                   and encode([*anchor, *turn.tokens[position:position + run + 1]]) in history):
+                run += 1
+            step = min(run + 1, len(turn.tokens) - position)
+            history += encode(turn.tokens[position:position + step])
+            position, emitted, steps = position + step, emitted + step, steps + 1
+        seen = history + "|"
+    return emitted / max(steps, 1)
