@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from specframe.attention import chosen_attention, use_grouped_sdpa
 from specframe.atomic_dirs import exclusive, follow_umask, remove_stale, temp_name_pattern
 from specframe.devices import native_dtype, resolve_device, resolve_dtype
 from specframe.errors import ConfigurationError, ModelLoadError
@@ -248,9 +249,12 @@ def load_target(name: str = DEFAULT_MODEL, *, device: str | torch.device = "auto
     (an empty directory used to be blamed on the tokenizer and sentencepiece).
 
     On the CPU in float32 the linear layers multiply by oneDNN-packed weights (`specframe.packed_linear`:
-    a tree of a few nodes then costs about one plain step); `SPECFRAME_CPU_LINEAR=torch` turns that off."""
+    a tree of a few nodes then costs about one plain step); `SPECFRAME_CPU_LINEAR=torch` turns that off.
+    On the CPU, attention with grouped key/value heads reads the shared heads in place instead of copying
+    them for each tree forward (`specframe.attention`); `SPECFRAME_CPU_ATTENTION=sdpa` turns that off."""
     where = resolve_device(device)  # before any slow work: a bad --device fails at once
     kernel = chosen_kernel()  # and so does a bad SPECFRAME_CPU_LINEAR
+    chosen_attention()  # and a bad SPECFRAME_CPU_ATTENTION
     if not isinstance(dtype, torch.dtype):
         resolve_dtype(dtype, where)  # the same for a bad --dtype
     directory = resolve_model_dir(name)
@@ -268,6 +272,8 @@ def load_target(name: str = DEFAULT_MODEL, *, device: str | torch.device = "auto
     model.eval()
     if where.type == "cpu" and precision == torch.float32 and kernel == "onednn":
         pack_linear_layers(model)
+    if where.type == "cpu":
+        use_grouped_sdpa(model)
     return Target(model=model, tokenizer=tokenizer, name=name)
 
 

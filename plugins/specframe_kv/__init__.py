@@ -4,12 +4,14 @@ Tree scoring passes an explicit 4D ancestor mask and explicit position ids (no p
 grouped-query attention is handled by the model itself. Commit compacts the accepted branch with one
 gather per layer over the scored tail and crops the rest.
 
-With torch's own linear kernel on a CPU (`SPECFRAME_CPU_LINEAR=torch`), a forward over 2 or 3 tokens
-costs more than over 4 (the BLAS switches from one streaming pass over each weight matrix to a per-row
-one): trees of 1-2 nodes are then padded with throwaway rows up to `min_rows` (see
-docs/explanation/metrics-and-costs.md). Nothing attends to the padding and its logits and cache rows are
-dropped, so results are unchanged. Models whose linear layers multiply by oneDNN-packed weights (the
-default on the CPU, `specframe.packed_linear`) cost more with every row, so they are not padded.
+On a CPU, a forward over 2 tokens costs more than over 4: with torch's own linear kernel
+(`SPECFRAME_CPU_LINEAR=torch`) the BLAS switches from one streaming pass over each weight matrix to a
+per-row one; with the default oneDNN-packed weights (`specframe.packed_linear`) its 2-row kernel streams
+the weights more slowly than its 4-row one (SmolLM2 at one thread: 72 ms for a 1-node tree, 57 ms padded
+to 4 rows, 55 ms for a 3-node tree, 61 ms for a plain step). Trees of 1-2 nodes are therefore padded with
+throwaway rows up to `min_rows` (see docs/explanation/metrics-and-costs.md). Nothing attends to the
+padding and its logits and cache rows are dropped, so results are unchanged. A plain step (the root
+alone) is never padded: one row has a kernel of its own.
 """
 
 from __future__ import annotations
@@ -20,11 +22,10 @@ import torch
 import specframe
 from specframe import BackendCapabilities, StateBackend, TargetScores, TokenTree
 from specframe.errors import UnknownComponentError
-from specframe.packed_linear import linear_kernel
 
 # Layer types whose only state is the KV cache (attention) or that have no state at all (NemotronH blocks).
 CACHELESS_TYPES = {"full_attention", "sliding_attention", "mlp", "moe"}
-CPU_MIN_ROWS = 4  # with torch's linear, a 4-row forward costs less than a 2- or 3-row one on our CPUs
+CPU_MIN_ROWS = 4  # a 4-row forward costs less than a 2-row one on our CPUs, with either linear kernel
 
 
 def _recurrent_reason(target, recurrent: list[str]) -> str:
@@ -53,8 +54,7 @@ class KVCacheBackend(StateBackend):
         self.model = target.model
         # Rows (root + nodes) a tree forward is padded to: see the module docstring. 1 turns padding off.
         if min_rows is None:
-            unpacked_cpu = target.device.type == "cpu" and linear_kernel(self.model) == "torch"
-            min_rows = CPU_MIN_ROWS if unpacked_cpu else 1
+            min_rows = CPU_MIN_ROWS if target.device.type == "cpu" else 1
         self.min_rows = min_rows
         self.cache = None
         self._committed = 0

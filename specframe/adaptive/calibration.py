@@ -27,7 +27,8 @@ from specframe.tree import TokenTree
 SIZES = (0, 1, 2, 3, 4, 6, 8, 10, 12, 16, 20, 24, 32)
 PROMPT_TOKENS = 256  # a typical prompt plus part of an answer: the cache the tree attends to
 ROUNDS = 3
-FORMAT = 3  # 2: kv pads small trees to 4 rows on CPU; 3: the key holds the linear kernel and backend options
+FORMAT = 4  # 2: kv pads small trees to 4 rows on CPU; 3: the key holds the linear kernel and backend options;
+# 4: and the attention implementation
 
 
 def calibrate(backend: StateBackend, sizes=SIZES, rounds: int = ROUNDS, progress: bool = True,
@@ -77,7 +78,7 @@ def cost_key(backend: StateBackend, options: dict | None = None) -> dict:
             "config": hashlib.sha256(config.encode()).hexdigest()[:16],
             "backend": backend.name, "options": sorted({**backend.cost_options(), **(options or {})}.items()),
             "device": str(target.device), "dtype": str(next(model.parameters()).dtype),
-            "linear": linear_kernel(model),
+            "linear": linear_kernel(model), "attention": getattr(model.config, "_attn_implementation", None),
             "threads": torch.get_num_threads(), "torch": torch.__version__,
             "machine": f"{platform.machine()} {platform.processor()}".strip()}
 
