@@ -80,5 +80,9 @@ def use_grouped_sdpa(model: torch.nn.Module) -> bool:
     if chosen_attention() != NAME or getattr(config, "_attn_implementation", None) != "sdpa":
         return False
     register()
-    model.set_attn_implementation(NAME)
+    try:
+        model.set_attn_implementation(NAME)
+    except (ValueError, ImportError):  # a model class that refuses custom attention: keep its sdpa
+        model.set_attn_implementation("sdpa")
+        return False
     return getattr(model.config, "_attn_implementation", None) == NAME
