@@ -17,11 +17,9 @@ unchanged. `load_target` does this for CPU targets; `SPECFRAME_CPU_ATTENTION=sdp
 
 from __future__ import annotations
 
-import os
-
 import torch
 
-from specframe.errors import ConfigurationError
+from specframe.options import env_choice
 
 NAME = "specframe_sdpa"
 ENV = "SPECFRAME_CPU_ATTENTION"
@@ -30,10 +28,7 @@ CHOICES = (NAME, "sdpa")  # the values of `ENV`: grouped heads in torch's kernel
 
 def chosen_attention() -> str:
     """The CPU attention `SPECFRAME_CPU_ATTENTION` asks for: specframe_sdpa (the default) or sdpa."""
-    value = os.environ.get(ENV, NAME).strip().lower() or NAME
-    if value not in CHOICES:
-        raise ConfigurationError(f"{ENV}={value!r} is not a CPU attention: use one of {', '.join(CHOICES)}")
-    return value
+    return env_choice(ENV, CHOICES, "CPU attention")
 
 
 def grouped_sdpa_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,

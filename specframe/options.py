@@ -15,6 +15,17 @@ from specframe.errors import ConfigurationError
 INJECTED = {"self", "target", "want_hidden"}  # passed by the pipeline, not by the user
 
 
+def env_choice(env: str, choices: tuple[str, ...], what: str) -> str:
+    """The value of environment variable `env`, one of `choices` (the first when unset or empty);
+    any other value is a `ConfigurationError` naming `what` the variable chooses and the choices."""
+    import os
+
+    value = os.environ.get(env, "").strip().lower() or choices[0]
+    if value not in choices:
+        raise ConfigurationError(f"{env}={value!r} is not a {what}: use one of {', '.join(choices)}")
+    return value
+
+
 def accepted_options(cls: type) -> dict[str, Any]:
     """Option name -> type hint (or `inspect.Parameter.empty`) of a component class's constructor."""
     params = inspect.signature(cls.__init__).parameters

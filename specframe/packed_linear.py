@@ -20,12 +20,10 @@ the same product summed in another order: logits move by about 1e-5.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 
-from specframe.errors import ConfigurationError
+from specframe.options import env_choice
 
 ENV = "SPECFRAME_CPU_LINEAR"
 KERNELS = ("onednn", "torch")  # the values of `ENV`: oneDNN with packed weights, or torch's own linear
@@ -40,11 +38,7 @@ def onednn_available() -> bool:
 
 def chosen_kernel() -> str:
     """The CPU linear kernel `SPECFRAME_CPU_LINEAR` asks for: onednn (the default) or torch."""
-    value = os.environ.get(ENV, "onednn").strip().lower() or "onednn"
-    if value not in KERNELS:
-        raise ConfigurationError(f"{ENV}={value!r} is not a CPU linear kernel: "
-                                 f"use one of {', '.join(KERNELS)}")
-    return value
+    return env_choice(ENV, KERNELS, "CPU linear kernel")
 
 
 class PackedLinear(torch.nn.Linear):

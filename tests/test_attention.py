@@ -33,7 +33,7 @@ def test_tree_logits_and_state_match_transformers_sdpa(name):
             backend.commit(scored, path, bonus=step + 3)
 
 
-def test_calls_it_cannot_serve_go_to_transformers(monkeypatch):
+def test_calls_it_cannot_serve_go_to_transformers():
     """Without grouped heads (or a mask) the call is transformers' own: same numbers, nothing switched off."""
     target = tiny_llama(seed=5, kv_heads=4)
     ids = torch.arange(3, 20)[None]
