@@ -32,7 +32,8 @@ TREES = {
 ATOL = 1e-5
 # Deeper stacks round a little more (two gated DeltaNet layers with beta up to 2 in OLMo-hybrid, Zamba2's
 # shared blocks, the triangular solve of the tree delta rule): a few 1e-5 of logits up to ~4. Hypothesis
-# found 6.1e-5 on a Qwen3-Next star of 7 nodes; a wrong mask or decay moves logits by 1e-2 and more.
+# found 6.1e-5 on a Qwen3-Next star of 7 nodes, and 2.1e-5 on a Jamba star of 7 nodes under one root
+# after a one-token prompt; a wrong mask or decay moves logits by 1e-2 and more.
 LOOSE_ATOL = 1e-4
 DELTA_FAMILIES = ("qwen3_next", "olmo_hybrid", "kimi_linear")
 SHORT_CONV_FAMILIES = ("lfm2",)
@@ -55,7 +56,7 @@ def packed_path(path: list[int]) -> list[int]:
 
 
 def tolerance(target: Target) -> float:
-    loose = (*DELTA_FAMILIES, "zamba2", "granite_hybrid")
+    loose = (*DELTA_FAMILIES, "zamba2", "granite_hybrid", "jamba")
     return LOOSE_ATOL if target.name.removeprefix("tiny-") in loose else ATOL
 
 
