@@ -194,3 +194,45 @@ def test_cli_build_info_and_model_answers(smollm2, tmp_path, monkeypatch):
     assert result.exit_code == 0, result.output
     info = json.loads(runner.invoke(app, ["datastore", "info", "./ds", "--json"]).output)
     assert info["sources"][0]["generated"] == 0 and info["n_documents"] == 2
+
+
+@pytest.mark.slow
+def test_model_self_writes_its_own_prompts_and_resumes(smollm2, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from specframe.cli import build_app
+    from specframe_rest import self_prompts
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(self_prompts, "SAMPLE_BATCH", 4)
+    runner, app = CliRunner(), build_app()
+    build = ["datastore", "build", "--source", "model:self", "--self-prompts", "3", "--out", "./chat",
+             "--answer-tokens", "5", "--batch-size", "3"]
+    result = runner.invoke(app, build)
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(line) for line in (tmp_path / "chat.prompts.jsonl").read_text().splitlines()]
+    prompts = [line["prompt"] for line in lines if "prompt" in line]
+    assert lines[0]["settings"]["model"] == "smollm2-135m" and len(prompts) == len(set(prompts)) == 3
+    assert all(p.strip() and "<|im" not in p for p in prompts)  # user turns, without template tokens
+    info = json.loads(runner.invoke(app, ["datastore", "info", "./chat", "--json"]).output)
+    assert info["n_documents"] == 3 and info["sources"][0]["kind"] == "model-self"
+    # an interrupted write leaves a cut line: the rebuild keeps the finished batches and samples nothing
+    with open(tmp_path / "chat.prompts.jsonl", "a") as f:
+        f.write('{"prompt": "cut')
+    result = runner.invoke(app, build + ["--overwrite"])
+    assert result.exit_code == 0, result.output
+    again = [json.loads(line) for line in (tmp_path / "chat.prompts.jsonl").read_text().splitlines()]
+    assert [line["prompt"] for line in again if "prompt" in line] == prompts
+    info = json.loads(runner.invoke(app, ["datastore", "info", "./chat", "--json"]).output)
+    assert info["sources"][0]["generated"] == 0 and info["n_documents"] == 3
+
+
+def test_model_self_needs_a_chat_template():
+    from specframe_rest.datastore import DatastoreError
+    from specframe_rest.self_prompts import pre_query
+
+    class Plain:
+        chat_template = None
+
+    with pytest.raises(DatastoreError, match="needs a chat model"):
+        pre_query(Plain())

@@ -268,7 +268,7 @@ def test_a_rest_corpus_is_a_third_labelled_source(tiny, prompts, tmp_path):
                     progress=False)
     drafter = SuffixDrafter(tiny, corpus=str(store), max_cached=0)
     tokens = np.array(prompt + expected[:12])
-    found = drafter.corpus.draft(tokens, 8, 1.0, 0.0, 0.1)  # the whole text matches: 8 tokens, probability 1
+    found = drafter.corpora[0].draft(tokens, 8, 1.0, 0.0, 0.1)  # the whole text matches: 8 tokens, p = 1
     assert list(found.tokens) == expected[12:20] and found.probs == [1.0] * 8 and found.group == 7
     proposal = drafter.propose(DraftContext(tokens, len(prompt), budget=8))
     node = -1
@@ -278,6 +278,31 @@ def test_a_rest_corpus_is_a_third_labelled_source(tiny, prompts, tmp_path):
     run = decoder(tiny, f"suffix(corpus={str(store)!r})")
     result = run.generate(prompt, max_new_tokens=NEW)
     assert result.tokens == expected and result.metrics.accepted_draft_tokens > 20
+
+
+def test_several_corpora_are_each_drafted_from(tiny, prompts, tmp_path):
+    from specframe_rest.build import build_datastore
+    from specframe_rest.sources import TokenDocuments
+
+    (first, first_out), (second, second_out) = prompts[0], prompts[1]
+    for name, ids in (("a", first + first_out), ("b", second + second_out)):
+        build_datastore(tmp_path / name, [TokenDocuments(name, "ids", documents=[ids])], tiny, progress=False)
+    drafter = SuffixDrafter(tiny, corpus=(str(tmp_path / "a"), str(tmp_path / "b")), max_cached=0)
+    assert len(drafter.corpora) == 2
+    for prompt, expected in ((first, first_out), (second, second_out)):  # each store drafts its own text
+        tokens = np.array(prompt + expected[:12])
+        proposal = drafter.propose(DraftContext(tokens, len(prompt), budget=8))
+        node = -1
+        for token in expected[12:20]:
+            node = proposal.child(node, token)
+            assert node is not None
+        drafter.reset()
+
+
+@pytest.mark.parametrize("corpus", [(), 3, ("a", 3)])
+def test_a_bad_corpus_option_is_refused(tiny, corpus):
+    with pytest.raises(ConfigurationError, match="corpus must be a datastore name or path"):
+        SuffixDrafter(tiny, corpus=corpus)
 
 
 # --- the command line ----------------------------------------------------------------------------------

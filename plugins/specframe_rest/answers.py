@@ -2,8 +2,9 @@
 
 The REST paper leaves this as future work: where no large permissive corpus exists (chat), the target's
 own greedy answers to representative prompts are the text it is most likely to repeat. Answers are
-generated in batches (left-padded, greedy), appended to a cache file after every batch, and a rerun
-skips the prompts already answered, so a long generation can be interrupted and resumed.
+generated in batches (left-padded, greedy), appended to a cache file after every batch under a digest
+of their prompt, and a rerun skips the prompts already answered, so a long generation can be interrupted
+and resumed, and a prompt file can grow without answering again what it held.
 """
 
 from __future__ import annotations
@@ -63,13 +64,7 @@ class ModelAnswers(Source):
         ).batches()
 
     def _settings(self) -> dict:
-        digest = hashlib.sha256(self.path.read_bytes()).hexdigest()[:16]
-        return {
-            "prompts": str(self.path),
-            "prompts_sha256": digest,
-            "model": self.target.name,
-            "max_new_tokens": self.max_new_tokens,
-        }
+        return {"model": self.target.name, "max_new_tokens": self.max_new_tokens}
 
     def _generate_missing(self) -> dict[int, list[int]]:
         settings = self._settings()
@@ -89,7 +84,7 @@ class ModelAnswers(Source):
                 batch = todo[start : start + self.batch_size]
                 for i, ids in zip(batch, self._answer([self.prompts[i] for i in batch])):
                     answers[i] = ids
-                    f.write(json.dumps({"index": i, "ids": ids}) + "\n")
+                    f.write(json.dumps({"prompt": prompt_key(self.prompts[i]), "ids": ids}) + "\n")
                 f.flush()
                 bar.update(len(batch))
         self.meta["generated"] = len(todo)
@@ -110,7 +105,9 @@ class ModelAnswers(Source):
                     records.append(json.loads(line))
                 except json.JSONDecodeError:
                     break
-        return {int(r["index"]): [int(t) for t in r["ids"]] for r in records}
+        by_key = {r.get("prompt"): r["ids"] for r in records}
+        keys = map(prompt_key, self.prompts)
+        return {i: [int(t) for t in by_key[k]] for i, k in enumerate(keys) if k in by_key}
 
     @torch.inference_mode()
     def _answer(self, prompts: list[str]) -> list[list[int]]:
@@ -137,6 +134,12 @@ class ModelAnswers(Source):
             cut = next((j for j, t in enumerate(row) if t in eos), len(row))
             result.append(row[:cut])
         return result
+
+
+def prompt_key(prompt: str) -> str:
+    """What an answer is cached under: its prompt's digest, so editing or extending the prompt file
+    keeps the answers of the prompts it still holds."""
+    return hashlib.sha256(prompt.encode("utf-8")).hexdigest()[:24]
 
 
 def prompt_ids(tokenizer, prompt: str) -> list[int]:

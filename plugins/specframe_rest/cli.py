@@ -17,8 +17,8 @@ app = typer.Typer(help="Build and inspect REST retrieval datastores.", no_args_i
 def build(
     source: list[str] = typer.Option(
         ...,
-        help="A directory, a JSONL or text file, python-stdlib, python-site, "
-        "or model:PROMPTS.jsonl (repeatable).",
+        help="A directory, a JSONL or text file, python-stdlib, python-site, model:PROMPTS.jsonl (the "
+        "target's answers to your prompts) or model:self (to prompts it writes itself) (repeatable).",
     ),
     out: str = typer.Option(
         ..., help="Datastore directory to create (a bare name goes under $SPECFRAME_HOME/datastores)."
@@ -35,6 +35,7 @@ def build(
     overwrite: bool = typer.Option(False, help="Replace an existing datastore."),
     answer_tokens: int = typer.Option(256, help="model: sources: new tokens per answer."),
     batch_size: int = typer.Option(8, help="model: sources: prompts per generation batch."),
+    self_prompts: int = typer.Option(2000, help="model:self: how many prompts the target writes."),
     shards: Optional[int] = typer.Option(
         None, help="Split the corpus into N shards of whole documents, each an ordinary datastore, under "
         "one manifest; the drafter searches them as one store."
@@ -53,7 +54,9 @@ def build(
     from specframe_rest.sources import parse_source
 
     sources = [
-        parse_source(s, glob, field, max_new_tokens=answer_tokens, batch_size=batch_size) for s in source
+        parse_source(s, glob, field, max_new_tokens=answer_tokens, batch_size=batch_size,
+                     self_prompts=self_prompts)
+        for s in source
     ]
     destination = out if ("/" in out or out.startswith(".")) else str(datastore_home() / out)
     sharded = shards is not None or (append and is_sharded(destination))

@@ -1,8 +1,9 @@
 """Corpus sources for a datastore: where documents come from, as batches of text or of token ids.
 
 `parse_source` reads the `--source` argument: a directory (with a glob), a JSONL file (a text field or
-chat turns), a single text file, `python-stdlib`, `python-site`, or `model:PROMPTS.jsonl` (the target's
-own answers to a prompt file, see `answers.py`). Every source yields documents in a fixed order, so a
+chat turns), a single text file, `python-stdlib`, `python-site`, `model:PROMPTS.jsonl` (the target's
+own answers to a prompt file, see `answers.py`) or `model:self` (the target's answers to prompts it wrote
+itself, see `self_prompts.py`). Every source yields documents in a fixed order, so a
 build is reproducible.
 """
 
@@ -156,7 +157,7 @@ def python_files(root: Path, exclude_site: bool) -> list[Path]:
 
 def parse_source(spec: str, glob: str = "**/*", field_name: str | None = None, **answer_options) -> Source:
     """The `Source` named by a `--source` argument (see the module docstring). `answer_options`
-    (`max_new_tokens`, `batch_size`) apply to `model:` sources."""
+    (`max_new_tokens`, `batch_size`) apply to `model:` sources, `self_prompts` (how many) to `model:self`."""
     if spec == "python-stdlib":
         root = Path(sysconfig.get_paths()["stdlib"])
         files = python_files(root, exclude_site=True)
@@ -167,6 +168,11 @@ def parse_source(spec: str, glob: str = "**/*", field_name: str | None = None, *
         return TextFiles(
             spec, "python-site", len(files), {"roots": [str(r) for r in roots], "files": len(files)}, files
         )
+    self_prompts = answer_options.pop("self_prompts", 2000)
+    if spec == "model:self":
+        from specframe_rest.self_prompts import SelfPrompts
+
+        return SelfPrompts.from_spec(spec, self_prompts, **answer_options)
     if spec.startswith("model:"):
         from specframe_rest.answers import ModelAnswers
 
@@ -183,5 +189,5 @@ def parse_source(spec: str, glob: str = "**/*", field_name: str | None = None, *
         return TextFiles(spec, "file", 1, {}, [path])
     raise DatastoreError(
         f"datastore source '{spec}' is neither a directory, a file, python-stdlib, "
-        "python-site nor model:PROMPTS.jsonl"
+        "python-site, model:self nor model:PROMPTS.jsonl"
     )

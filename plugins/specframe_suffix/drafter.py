@@ -134,7 +134,7 @@ class SuffixDrafter(Drafter):
     match of n tokens proposes at most factor * n + offset; 2 and 1 by default, longer than the library's
     1 and 0 because the adaptive planner keeps only what pays), `min_prob` (lowest estimated probability
     proposed), `tree` (propose trees; False: one path per source) and `corpus` (a REST datastore name or
-    directory drafted from as a third source)."""
+    directory drafted from as a third source, or a tuple of them, each drafted from and merged)."""
 
     name = "suffix"
     capabilities = DrafterCapabilities(proposes_trees=True, score_kind=ScoreKind.FREQUENCY)
@@ -163,11 +163,12 @@ class SuffixDrafter(Drafter):
         self._pending: list[int] = []  # tokens emitted since the latest `propose` (see `observe`)
         for response in stored[max(0, len(stored) - self.max_cached):]:
             self._replay(response)
-        self.corpus = None
+        self.corpora = []
         if corpus is not None:
             from specframe_suffix.corpus import CorpusSource
 
-            self.corpus = CorpusSource(corpus, target, self.max_depth)
+            names = [corpus] if isinstance(corpus, (str, os.PathLike)) else list(corpus)
+            self.corpora = [CorpusSource(name, target, self.max_depth) for name in names]
 
     # --- drafting ----------------------------------------------------------------------------------
 
@@ -181,8 +182,8 @@ class SuffixDrafter(Drafter):
         drafts = [self._speculate(REQUEST, self.library._local_trees[self._request], window, budget)]
         if self.max_cached:
             drafts.append(self._speculate(RESPONSES, self.library._global_tree, window, budget))
-        if self.corpus is not None:
-            drafts.append(self.corpus.draft(tokens, budget, self.factor, self.offset, self.min_prob))
+        for corpus in self.corpora:
+            drafts.append(corpus.draft(tokens, budget, self.factor, self.offset, self.min_prob))
         return merge([d for d in drafts if d is not None])
 
     def _speculate(self, source: int, tree, window: np.ndarray, budget: int) -> SourceDraft | None:
@@ -298,9 +299,12 @@ def check_options(cache, max_depth, max_cached, factor, offset, min_prob, tree, 
         problems.append(f"min_prob must be a number in [0, 1], got {min_prob!r}")
     if not isinstance(tree, bool):
         problems.append(f"tree must be True or False, got {tree!r}")
-    for name, value in (("cache", cache), ("corpus", corpus)):
-        if value is not None and not isinstance(value, (str, os.PathLike)):
-            problems.append(f"{name} must be a name or a path, got {value!r}")
+    if cache is not None and not isinstance(cache, (str, os.PathLike)):
+        problems.append(f"cache must be a name or a path, got {cache!r}")
+    names = [corpus] if isinstance(corpus, (str, os.PathLike)) else corpus
+    if corpus is not None and (not isinstance(names, (list, tuple)) or not names
+                               or not all(isinstance(n, (str, os.PathLike)) for n in names)):
+        problems.append(f"corpus must be a datastore name or path, or a tuple of them, got {corpus!r}")
     if cache is not None and integer(max_cached) and max_cached == 0:
         problems.append("cache= keeps earlier responses, so it needs max_cached >= 1")
     if problems:

@@ -1,0 +1,156 @@
+"""`model:self`: a datastore from prompts the target writes itself, and its own greedy answers to them.
+
+`model:PROMPTS.jsonl` needs representative prompts. A chat model can supply them: given only its chat
+template up to the start of a user turn, it samples a plausible user request (the Magpie recipe, Xu et
+al. 2024, "Magpie: Alignment Data Synthesis from Scratch by Prompting Aligned LLMs with Nothing"). The
+prompts are written to `<out>.prompts.jsonl` beside the datastore (resumable: a rerun samples only the
+missing ones, with the same seeds), then answered greedily as `model:` sources are (see `answers.py`).
+No text comes from a benchmark or a hub: the corpus is the target's own voice on its own questions.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from specframe_rest.answers import ModelAnswers
+from specframe_rest.datastore import DatastoreError
+from specframe_rest.sources import Source
+
+MARK = "\u2063specframe-user-turn\u2063"  # a placeholder no chat template rewrites
+SAMPLE_BATCH = 32  # prompts sampled per generate call (one shared prefix, no padding)
+
+
+@dataclass
+class SelfPrompts(Source):
+    """`count` prompts sampled from the target's pre-query template, then the target's answers to them."""
+
+    count: int = 2000
+    max_prompt_tokens: int = 96
+    seed: int = 0
+    max_new_tokens: int = 256
+    batch_size: int = 8
+    answers: ModelAnswers | None = None
+
+    @classmethod
+    def from_spec(cls, spec: str, count: int = 2000, max_new_tokens: int = 256,
+                  batch_size: int = 8) -> SelfPrompts:
+        if count < 1:
+            raise DatastoreError(f"datastore source '{spec}': --self-prompts must be at least 1, not {count}")
+        meta = {"prompts": count, "max_new_tokens": max_new_tokens, "seed": 0}
+        return cls(spec, "model-self", count, meta, count, max_new_tokens=max_new_tokens,
+                   batch_size=batch_size)
+
+    def prepare(self, target, out: Path) -> None:
+        """Sample (or reuse) the prompt file beside `out`, then bind the answers source to it."""
+        path = out.parent / f"{out.name}.prompts.jsonl"
+        prompts = write_self_prompts(target, path, self.count, self.max_prompt_tokens, self.seed)
+        self.answers = ModelAnswers(self.spec, self.kind, len(prompts), {}, path, self.max_new_tokens,
+                                    self.batch_size, prompts=prompts)
+        self.answers.prepare(target, out)
+        self.meta["prompt_file"] = str(path)
+
+    def batches(self) -> Iterator[tuple[list, int]]:
+        yield from self.answers.batches()
+
+    def describe(self) -> dict:
+        generated = {} if self.answers is None else {"generated": self.answers.meta.get("generated", 0)}
+        return {**super().describe(), **generated}
+
+
+def pre_query(tokenizer) -> str:
+    """The chat template's text up to where a user's message would begin (system turn included)."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise DatastoreError("model:self needs a chat model: this tokenizer has no chat template")
+    text = tokenizer.apply_chat_template([{"role": "user", "content": MARK}], tokenize=False,
+                                         add_generation_prompt=True)
+    if MARK not in text:
+        raise DatastoreError("model:self: the chat template drops the user's message; cannot find its start")
+    return text[: text.index(MARK)]
+
+
+def write_self_prompts(target, path: Path, count: int, max_tokens: int = 96, seed: int = 0) -> list[str]:
+    """Sample `count` distinct user prompts from `target` into `path` (JSONL, {"prompt": ...}).
+
+    Batch b is sampled with seed `seed + b`, so an interrupted run resumes where it stopped and a
+    finished file is reproduced exactly. Prompts that do not end within `max_tokens` (cut mid-sentence),
+    that are empty, or that repeat an earlier one are dropped and more batches are drawn.
+    """
+    settings = {"model": target.name, "seed": seed, "max_prompt_tokens": max_tokens}
+    prompts, batch = _read(path, settings)
+    if len(prompts) >= count:
+        return prompts[:count]
+    tokenizer = target.tokenizer
+    prefix = tokenizer(pre_query(tokenizer), add_special_tokens=False, return_tensors="pt")["input_ids"]
+    eos = sorted(target.eos_token_ids)
+    seen = set(prompts)
+    with open(path, "a", encoding="utf-8") as f, \
+            tqdm(total=count, initial=len(prompts), desc="writing prompts", unit="prompt") as bar:
+        if batch == 0:
+            f.write(json.dumps({"settings": settings}) + "\n")
+        while len(prompts) < count:
+            if batch > 50 + 4 * count // SAMPLE_BATCH:
+                raise DatastoreError(
+                    f"model:self: only {len(prompts)} distinct prompts after {batch} batches")
+            for text in _sample(target, prefix, eos, max_tokens, seed + batch):
+                if text is not None and text not in seen and len(prompts) < count:
+                    seen.add(text)
+                    prompts.append(text)
+                    bar.update(1)
+                    f.write(json.dumps({"prompt": text, "batch": batch}) + "\n")
+            batch += 1
+            f.write(json.dumps({"batch_done": batch}) + "\n")
+            f.flush()
+    return prompts
+
+
+@torch.inference_mode()
+def _sample(target, prefix: torch.Tensor, eos: list[int], max_tokens: int, seed: int) -> list[str | None]:
+    """One batch of sampled user turns (temperature 1); None for a turn that did not end."""
+    torch.manual_seed(seed)
+    ids = prefix.expand(SAMPLE_BATCH, -1).to(target.device)
+    out = target.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0,
+                                top_p=1.0, top_k=0, max_new_tokens=max_tokens, eos_token_id=eos,
+                                pad_token_id=eos[0])
+    texts = []
+    for row in out[:, ids.shape[1]:].tolist():
+        end = next((j for j, t in enumerate(row) if t in eos), None)
+        text = target.tokenizer.decode(row[:end]).strip() if end is not None else ""
+        texts.append(text or None)
+    return texts
+
+
+def _read(path: Path, settings: dict) -> tuple[list[str], int]:
+    """The prompts of finished batches in `path` and how many batches it holds; ([], 0) if none or stale."""
+    if not path.is_file():
+        return [], 0
+    prompts, pending, batches = [], [], 0
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines()):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            break  # a line cut by an interruption: what came before it stands
+        if number == 0 and record.get("settings") != settings:
+            break
+        if "prompt" in record:
+            pending.append(record["prompt"])
+        elif "batch_done" in record:
+            prompts, pending, batches = prompts + pending, [], record["batch_done"]
+    if batches == 0:
+        path.unlink()
+        return [], 0
+    _truncate_to_done(path, batches)
+    return prompts, batches
+
+
+def _truncate_to_done(path: Path, batches: int) -> None:
+    """Drop lines after the last finished batch, so the resumed run appends cleanly."""
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    keep = max(i for i, line in enumerate(lines) if f'"batch_done": {batches}' in line) + 1
+    if keep < len(lines):
+        path.write_text("".join(lines[:keep]), encoding="utf-8")
