@@ -45,12 +45,15 @@ def main() -> None:
     parser.add_argument("--baseline", default="baseline", help="the method whose outputs are replayed")
     parser.add_argument("--copy-bound", type=int, nargs="*", default=[], metavar="K",
                         help="also print the single-path copy bound with K tokens of context")
+    parser.add_argument("--by-category", action="store_true", help="also print tau per suite category")
     args = parser.parse_args()
     settings = json.loads((args.run / "settings.json").read_text())
     torch.set_num_threads(settings["threads"])
     target = load_target(settings["model"], dtype=settings.get("dtype", "auto"))
-    turns = recorded_turns(args.run / "records.jsonl", load_suite(settings["suite"]), target.tokenizer,
-                           args.baseline)
+    suite = load_suite(settings["suite"])
+    turns = recorded_turns(args.run / "records.jsonl", suite, target.tokenizer, args.baseline)
+    category = {p.qid: p.category for p in suite}
+    by_category = {}
     methods = resolve_methods(split_parts(args.methods, ","), get_registry())
     measured = measured_tau(args.run / "records.jsonl")
     print(f"{args.run}: {len(turns)} turns of '{args.baseline}', {settings['model']}, "
@@ -65,6 +68,16 @@ def main() -> None:
         print(f"| {method.label} | {stats.tau:.3f} | {'-' if tau is None else f'{tau:.3f}'} | "
               f"{stats.nodes / stats.steps:.2f} | {stats.speedup:.3f} | {slow:.0%} | "
               f"{stats.draft_s / stats.steps * 1e3:.2f} |", flush=True)
+        tallies = defaultdict(lambda: [0, 0])
+        for turn, steps in zip(turns, stats.turn_steps):
+            tallies[category[turn.qid]][0] += len(turn.tokens)
+            tallies[category[turn.qid]][1] += steps
+        by_category[method.label] = {c: t / s for c, (t, s) in tallies.items()}
+    if args.by_category:
+        names = sorted({c for taus in by_category.values() for c in taus})
+        print("\n| tau by category | " + " | ".join(names) + " |\n|---|" + "---|" * len(names))
+        for label, taus in by_category.items():
+            print(f"| {label} | " + " | ".join(f"{taus.get(c, 0):.2f}" for c in names) + " |")
     for k in args.copy_bound:
         print(f"\nsingle-path copy bound, {k} token(s) of context: tau {copy_bound(turns, k):.3f}")
 

@@ -299,6 +299,23 @@ def test_several_corpora_are_each_drafted_from(tiny, prompts, tmp_path):
         drafter.reset()
 
 
+def test_the_suffix_self_preset_says_which_datastore_is_missing_and_how_to_build_it(tiny, prompts, home):
+    from specframe_rest.build import build_datastore
+    from specframe_rest.drafter import datastore_home
+    from specframe_rest.sources import TokenDocuments
+
+    preset = get_registry().presets.get("suffix-self")
+    assert "no datastore 'python-site'" in preset.unusable(tiny)
+    prompt, expected = prompts[0]
+    build_datastore(datastore_home() / "python-site", [TokenDocuments("a", "ids", documents=[prompt])], tiny,
+                    progress=False)
+    reason = preset.unusable(tiny)
+    assert "no datastore 'self-chat'" in reason and "--source model:self" in reason
+    build_datastore(datastore_home() / "self-chat", [TokenDocuments("b", "ids", documents=[expected])], tiny,
+                    progress=False)
+    assert preset.unusable(tiny) is None
+
+
 @pytest.mark.parametrize("corpus", [(), 3, ("a", 3)])
 def test_a_bad_corpus_option_is_refused(tiny, corpus):
     with pytest.raises(ConfigurationError, match="corpus must be a datastore name or path"):

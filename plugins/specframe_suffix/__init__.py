@@ -1,8 +1,9 @@
 """specframe-suffix: SuffixDecoding (arctic-inference) as the drafter `suffix`, with a persisted cache.
 
-Registers the drafter `suffix`, the bench presets `suffix` and `suffix-rest`, the `specframe cache
-info|clear` commands, and an `on_decode_end` hook that finishes the drafter's request after every
-`generate` (its response joins the cache of earlier responses, written to disk with `cache=`). Use::
+Registers the drafter `suffix`, the bench presets `suffix`, `suffix-rest` and `suffix-self`, the
+`specframe cache info|clear` commands, and an `on_decode_end` hook that finishes the drafter's request
+after every `generate` (its response joins the cache of earlier responses, written to disk with
+`cache=`). Use::
 
     specframe generate "def fib(n):" --drafter "suffix(cache='chat')" --tree trie
     specframe cache info
@@ -17,8 +18,15 @@ from __future__ import annotations
 import specframe
 from specframe.tokenizer_identity import TokenizerIdentity
 
-__all__ = ["no_corpus", "on_decode_end", "register_commands", "register_drafters", "register_presets"]
+__all__ = ["missing_corpus", "no_corpus", "on_decode_end", "register_commands", "register_drafters",
+           "register_presets"]
 
+# The datastores of the `suffix-rest` and `suffix-self` presets, and the commands that build them.
+CORPORA = {
+    "python-site": "specframe datastore build --model MODEL --source python-site --out python-site",
+    "self-chat": "specframe datastore build --model MODEL --source model:self --self-prompts 1200 "
+                 "--answer-tokens 160 --batch-size 32 --out self-chat",
+}
 CORPUS = "python-site"  # the datastore of the `suffix-rest` preset
 
 
@@ -35,25 +43,35 @@ def register_presets(register):
                               help="SuffixDecoding over the request and earlier responses"))
     register(specframe.Preset("suffix-rest", f"suffix(corpus='{CORPUS}')+trie+greedy", unusable=no_corpus,
                               help=f"suffix with the REST datastore '{CORPUS}' as a third, static source"))
+    register(specframe.Preset(
+        "suffix-self", "suffix(corpus=('python-site', 'self-chat'))+trie+greedy",
+        unusable=lambda target: missing_corpus(target, "python-site") or missing_corpus(target, "self-chat"),
+        help="suffix-rest plus 'self-chat', the target's own answers to prompts it wrote (model:self)"))
 
 
 def no_corpus(target) -> str | None:
     """Why the `suffix-rest` preset cannot run on `target`: no `python-site` datastore for its tokenizer."""
-    build = f"build it with `specframe datastore build --model MODEL --source python-site --out {CORPUS}`"
+    return missing_corpus(target, CORPUS)
+
+
+def missing_corpus(target, name: str) -> str | None:
+    """Why the datastore `name` of `CORPORA` cannot serve `target`: absent, unreadable, or built for
+    another tokenizer; None when it can."""
+    build = f"build it with `{CORPORA[name]}`"
     try:
         from specframe_rest.datastore import HEADER, DatastoreError, read_header
         from specframe_rest.drafter import datastore_home, target_identity
     except ImportError:
         return "needs the rest plugin (specframe_rest) for its datastore"
-    path = datastore_home() / CORPUS
+    path = datastore_home() / name
     if not (path / HEADER).is_file():
-        return f"no datastore '{CORPUS}' in {datastore_home()}: {build}"
+        return f"no datastore '{name}' in {datastore_home()}: {build}"
     try:
         built_for = TokenizerIdentity(**read_header(path)["tokenizer"])
     except DatastoreError as err:
         return str(err)
     if not built_for.matches(target_identity(target)):
-        return f"the datastore '{CORPUS}' was built for another tokenizer ({built_for.name}): {build}"
+        return f"the datastore '{name}' was built for another tokenizer ({built_for.name}): {build}"
     return None
 
 

@@ -141,7 +141,7 @@ class SuffixDrafter(Drafter):
 
     def __init__(self, target, *, cache: str | None = None, max_depth: int = 64, max_cached: int = 256,
                  factor: float = 2.0, offset: float = 1.0, min_prob: float = 0.1, tree: bool = True,
-                 corpus: str | None = None):
+                 corpus: str | tuple[str, ...] | None = None):
         super().__init__(target)
         check_options(cache, max_depth, max_cached, factor, offset, min_prob, tree, corpus)
         cache_class, tree_class = import_library()

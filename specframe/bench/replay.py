@@ -60,6 +60,7 @@ class ReplayStats:
     draft_s: float = 0.0
     plain_step_s: float = 0.0  # the calibrated cost of a plain step (an empty tree)
     by_turn: list[float] = field(default_factory=list)  # modelled speedup of each turn
+    turn_steps: list[int] = field(default_factory=list)  # steps each turn took
 
     @property
     def tau(self) -> float:
@@ -153,6 +154,7 @@ def replay(target: Target, method: MethodSpec, turns: list[Turn],
             stats.draft_s += draft_s
             turn_s += forward_s + draft_s
         stats.by_turn.append(len(turn.tokens) * stats.plain_step_s / max(turn_s, 1e-12))
+        stats.turn_steps.append(stats.steps - sum(stats.turn_steps))
         finish = getattr(drafter, "finish", None)  # drafters that remember requests (suffix) close them
         if finish is not None:
             finish(turn.tokens)
