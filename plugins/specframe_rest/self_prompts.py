@@ -126,11 +126,13 @@ def _sample(target, prefix: torch.Tensor, eos: list[int], max_tokens: int, seed:
 
 
 def _read(path: Path, settings: dict) -> tuple[list[str], int]:
-    """The prompts of finished batches in `path` and how many batches it holds; ([], 0) if none or stale."""
+    """The prompts of finished batches in `path` and how many batches it holds; ([], 0) if none or stale.
+    Lines after the last finished batch (an interrupted one) are cut off, so a resumed run appends cleanly."""
     if not path.is_file():
         return [], 0
-    prompts, pending, batches = [], [], 0
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines()):
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    prompts, pending, batches, keep = [], [], 0, 0
+    for number, line in enumerate(lines):
         try:
             record = json.loads(line)
         except json.JSONDecodeError:
@@ -140,17 +142,10 @@ def _read(path: Path, settings: dict) -> tuple[list[str], int]:
         if "prompt" in record:
             pending.append(record["prompt"])
         elif "batch_done" in record:
-            prompts, pending, batches = prompts + pending, [], record["batch_done"]
+            prompts, pending, batches, keep = prompts + pending, [], record["batch_done"], number + 1
     if batches == 0:
         path.unlink()
         return [], 0
-    _truncate_to_done(path, batches)
-    return prompts, batches
-
-
-def _truncate_to_done(path: Path, batches: int) -> None:
-    """Drop lines after the last finished batch, so the resumed run appends cleanly."""
-    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
-    keep = max(i for i, line in enumerate(lines) if f'"batch_done": {batches}' in line) + 1
     if keep < len(lines):
         path.write_text("".join(lines[:keep]), encoding="utf-8")
+    return prompts, batches
