@@ -236,3 +236,12 @@ def test_model_self_needs_a_chat_template():
 
     with pytest.raises(DatastoreError, match="needs a chat model"):
         pre_query(Plain())
+
+
+def test_model_self_refuses_a_count_below_one():
+    from specframe_rest.datastore import DatastoreError
+    from specframe_rest.sources import parse_source
+
+    assert parse_source("model:self", self_prompts=3).count == 3
+    with pytest.raises(DatastoreError, match="--self-prompts must be at least 1, not 0"):
+        parse_source("model:self", self_prompts=0)
