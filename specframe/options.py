@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections.abc
 import inspect
+import os
 import sys
 import types
 import typing
@@ -18,8 +19,6 @@ INJECTED = {"self", "target", "want_hidden"}  # passed by the pipeline, not by t
 def env_choice(env: str, choices: tuple[str, ...], what: str) -> str:
     """The value of environment variable `env`, one of `choices` (the first when unset or empty);
     any other value is a `ConfigurationError` naming `what` the variable chooses and the choices."""
-    import os
-
     value = os.environ.get(env, "").strip().lower() or choices[0]
     if value not in choices:
         raise ConfigurationError(f"{env}={value!r} is not a {what}: use one of {', '.join(choices)}")

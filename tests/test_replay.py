@@ -41,6 +41,7 @@ def test_replay_takes_the_steps_the_real_run_took(tiny, spec, sampling):
     stats = replay(tiny, method, turns, cost=FLAT)
     assert stats.tokens == sum(len(t.tokens) for t in turns)
     assert stats.steps == steps
+    assert sum(stats.turn_steps) == steps and len(stats.turn_steps) == len(stats.by_turn)
     assert stats.tau > 1.0  # the prompts repeat themselves: drafts were accepted
     assert stats.speedup == pytest.approx(stats.tau, rel=0.05)  # flat cost: speed is tau, bar drafting
 

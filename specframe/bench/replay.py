@@ -128,6 +128,7 @@ def replay(target: Target, method: MethodSpec, turns: list[Turn],
     for turn in turns:
         drafter.reset()
         tokens, emitted_so_far, turn_s = np.array(turn.prompt_ids, np.int64), 0, 0.0
+        steps_before = stats.steps
         while emitted_so_far < len(turn.tokens):
             room = len(turn.tokens) - emitted_so_far - 1
             budget = planner.build_budget(room)
@@ -154,7 +155,7 @@ def replay(target: Target, method: MethodSpec, turns: list[Turn],
             stats.draft_s += draft_s
             turn_s += forward_s + draft_s
         stats.by_turn.append(len(turn.tokens) * stats.plain_step_s / max(turn_s, 1e-12))
-        stats.turn_steps.append(stats.steps - sum(stats.turn_steps))
+        stats.turn_steps.append(stats.steps - steps_before)
         finish = getattr(drafter, "finish", None)  # drafters that remember requests (suffix) close them
         if finish is not None:
             finish(turn.tokens)
