@@ -75,3 +75,47 @@ def test_copy_bound_counts_the_longest_earlier_run_after_the_context():
     assert copy_bound([fresh], context=0) == pytest.approx(1.0)  # nothing to copy: one token a step
     later = Turn("q", 0, 1, [7, 8], [5, 6])
     assert copy_bound([fresh, later], context=1) == pytest.approx((2 + 2) / (2 + 1))  # copies the 1st output
+
+
+def test_replayed_features_are_the_ones_decoding_passes(tiny):
+    """A drafter that needs hidden states gets, in a replay, the feature a real decode passes it."""
+    import numpy as np
+    import torch
+
+    from specframe import Drafter, DrafterCapabilities, DraftProposal
+    from specframe.bench.replay import teacher_forced_features
+    from specframe.testing import reference_greedy
+
+    prompt = repetitive_prompt(64, 32, seed=4)
+    expected = reference_greedy(tiny, prompt, 24)
+    seen = []
+
+    class Oracle(Drafter):  # drafts the next 3 tokens of the known output: every step accepts several
+        name = "oracle"
+        capabilities = DrafterCapabilities(needs_hidden_states=True)
+
+        def propose(self, context):
+            seen.append((len(context.tokens), context.hidden))
+            done = len(context.tokens) - len(prompt)
+            ahead = expected[done:done + min(3, context.budget)]
+            chain = np.arange(len(ahead))
+            return DraftProposal(np.array(ahead), chain - 1, -chain.astype(float))
+
+    decoder = SpeculativeDecoder.from_names(tiny, Oracle, "chain", "greedy", budget=3)
+    assert decoder.generate(prompt, max_new_tokens=24).tokens == expected
+    features = teacher_forced_features(tiny, Turn("q", 0, 0, prompt, expected))
+    assert seen[0][1] is None and len(seen) > 2  # the first step has no feature yet
+    for length, hidden in seen[1:]:
+        torch.testing.assert_close(hidden, features[length - 2], atol=1e-4, rtol=1e-4)
+
+
+def test_a_drafter_with_heads_replays_the_steps_the_real_run_took(tiny, tmp_path):
+    from specframe_s4c.drafter import S4CDrafter
+
+    heads = S4CDrafter.example_options(tiny, str(tmp_path))["heads"]
+    method = parse_method(f"s4c(heads={heads!r}, topk=3)+trie+greedy@6", get_registry())
+    decoder = SpeculativeDecoder.from_names(tiny, method.drafter, "trie", "greedy", budget=6)
+    prompt = repetitive_prompt(64, 64, seed=5)
+    result = decoder.generate(prompt, max_new_tokens=40)
+    stats = replay(tiny, method, [Turn("q", 0, 0, prompt, list(result.tokens))], cost=FLAT)
+    assert stats.steps == result.metrics.steps and stats.nodes == sum(result.metrics.tree_sizes)

@@ -10,8 +10,10 @@ calibration, or a fixed budget) choose the tree, and the recorded tokens say wha
 What is modelled rather than run: the forward pass (its time is the calibrated step cost of the tree
 size and depth) and the rest of a step (verify, commit, the loop: not counted, as the planner's overhead
 estimate then stays 0). Drafting runs for real and its time is counted. Drafters that need the target's
-hidden states cannot be replayed, and drafters see no sampler (they draft as for a greedy
-request). Turns replay in the order of the suite, repeats after one another,
+hidden states (`s4c`) get them from one teacher-forced forward over each recorded turn: the feature at
+the token before the root, as the decoder passes it, equal to the decoding run's up to float rounding
+(so a near tie between two draft tokens may, rarely, go the other way). Drafters see no sampler (they
+draft as for a greedy request). Turns replay in the order of the suite, repeats after one another,
 later turns with the recorded baseline's earlier answers, without the bench's warm-up generation.
 """
 
@@ -24,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from specframe.adaptive.calibration import stored_cost
 from specframe.adaptive.planner import AdaptivePlanner, FixedPlanner, parse_budget
@@ -115,9 +118,7 @@ def replay(target: Target, method: MethodSpec, turns: list[Turn],
     with the step cost `cost` (default: the stored calibration of the method's backend)."""
     pipeline = assemble(target, method.drafter, method.tree, method.verifier, method.backend)
     drafter, builder = pipeline.drafter, pipeline.tree_builder
-    if type(drafter).capabilities.needs_hidden_states:
-        raise ConfigurationError(f"{method.label}: drafter '{method.drafter.name}' needs the target's hidden "
-                                 "states, which recorded outputs do not hold; it cannot be replayed")
+    needs_hidden = type(drafter).capabilities.needs_hidden_states
     cost = cost or stored_cost(pipeline.backend)
     if cost is None:
         raise ConfigurationError(f"no stored step cost for {target.name} on this machine: run "
@@ -128,14 +129,16 @@ def replay(target: Target, method: MethodSpec, turns: list[Turn],
     for turn in turns:
         drafter.reset()
         tokens, emitted_so_far, turn_s = np.array(turn.prompt_ids, np.int64), 0, 0.0
+        features = teacher_forced_features(target, turn) if needs_hidden else None  # (L, H)
         steps_before = stats.steps
         while emitted_so_far < len(turn.tokens):
             room = len(turn.tokens) - emitted_so_far - 1
             budget = planner.build_budget(room)
             start = time.perf_counter()
             drafting = budget > 0 and planner.should_draft()
-            proposal = (drafter.propose(DraftContext(tokens, len(turn.prompt_ids), budget)) if drafting
-                        else DraftProposal.empty())
+            hidden = features[len(tokens) - 2] if features is not None and emitted_so_far else None
+            proposal = (drafter.propose(DraftContext(tokens, len(turn.prompt_ids), budget, hidden))
+                        if drafting else DraftProposal.empty())
             draft_s = time.perf_counter() - start
             tree = builder.build(proposal, BuildContext(budget, cost)) if len(proposal) else TokenTree.empty()
             tree, _ = planner.choose(proposal, tree)
@@ -161,6 +164,15 @@ def replay(target: Target, method: MethodSpec, turns: list[Turn],
             finish(turn.tokens)
     return stats
 
+
+
+@torch.inference_mode()
+def teacher_forced_features(target: Target, turn: Turn) -> torch.Tensor:
+    """(L, H) the target's last hidden state at every position of the turn's prompt and recorded output,
+    from one forward: row i is the feature that predicted token i + 1 (`DraftContext.hidden`)."""
+    ids = torch.tensor([turn.prompt_ids + turn.tokens], device=target.device)
+    out = target.model(input_ids=ids, output_hidden_states=True, logits_to_keep=1)
+    return out.hidden_states[-1][0]
 
 
 def copy_bound(turns: list[Turn], context: int, cap: int = 16) -> float:
