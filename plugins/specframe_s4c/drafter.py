@@ -29,6 +29,7 @@ import torch
 
 from specframe import DraftContext, DraftProposal, Drafter, DrafterCapabilities, DrawMethod, ScoreKind
 from specframe.errors import ConfigurationError, ModelLoadError
+from specframe.packed_linear import PackedLinear, linear_kernel, pack_linear_layers
 from specframe.sampling import Sampler, check_draw, samples_drafts
 from specframe_s4c.heads import S4CHeads, target_parts
 
@@ -66,6 +67,11 @@ class S4CDrafter(Drafter):
         self.embed, _, lm_head, _ = target_parts(target)
         self.vocab_ids = self.heads.vocab_ids  # (Vd,)
         self.lm_weight = lm_head.weight[self.vocab_ids].detach().clone()  # (Vd, H) the draft vocabulary's rows
+        self.draft_lm = torch.nn.Linear(*self.lm_weight.shape[::-1], bias=False, device="meta")
+        self.draft_lm.weight = torch.nn.Parameter(self.lm_weight, requires_grad=False)  # shared, not copied
+        if linear_kernel(target.model) == "onednn":  # the target runs on packed weights: so do the heads
+            pack_linear_layers(self.heads)  # (on the CPU a 1-2 row product is 1.5-3x faster packed)
+            self.draft_lm = PackedLinear(self.draft_lm)
 
     @property
     def extra_parameters(self) -> int:
@@ -101,7 +107,7 @@ class S4CDrafter(Drafter):
         row_base = 0
         for k in range(len(self.heads)):
             feats = self.heads(k, self.embed(frontier_tokens), frontier_feats)  # (n, H)
-            logits = feats @ self.lm_weight.T  # (n, Vd)
+            logits = self.draft_lm(feats)  # (n, Vd)
             q = context.sampler.probs(logits) if sampled else torch.softmax(logits.float(), -1)  # (n, Vd)
             picks = self._pick(q, context.sampler if sampled else None)  # per row: draft-vocab indices
             dists.append(q)
