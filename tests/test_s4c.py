@@ -168,3 +168,31 @@ def test_train_command_is_registered():
 
     result = CliRunner().invoke(build_app(), ["train", "s4c", "--help"])
     assert result.exit_code == 0 and "--draft-vocab" in result.output and "--max-minutes" in result.output
+
+
+def test_answers_data_are_the_targets_own_chats(tmp_path, monkeypatch):
+    """`--data answers:NAME`: each answered prompt of a `model:self` build, as prompt ids + answer ids."""
+    import json
+
+    from specframe_rest.answers import prompt_key
+    from specframe_s4c.data import token_blocks
+
+    class Letters:  # a tokenizer without a chat template: prompts are tokenized as they are
+        chat_template = None
+
+        def __call__(self, text, add_special_tokens=False):
+            return {"input_ids": [ord(c) - 96 for c in text]}
+
+    monkeypatch.setenv("SPECFRAME_HOME", str(tmp_path))
+    with pytest.raises(specframe.ConfigurationError, match="--source model:self --out chat"):
+        token_blocks(Letters(), ["answers:chat"], block=2)
+    home = tmp_path / "datastores"
+    home.mkdir()
+    lines = [{"settings": {}}, {"prompt": "ab", "batch": 0}, {"prompt": "cd", "batch": 0},
+             {"prompt": "e", "batch": 0}, {"batch_done": 1}]
+    (home / "chat.prompts.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    answers = [{"settings": {}}, {"prompt": prompt_key("ab"), "ids": [30, 31, 32]},
+               {"prompt": prompt_key("e"), "ids": [40]}]  # "cd" was never answered: left out
+    (home / "chat.answers.jsonl").write_text("".join(json.dumps(line) + "\n" for line in answers))
+    blocks = token_blocks(Letters(), ["answers:chat"], block=4, eos=0)
+    assert blocks.reshape(-1).tolist() == [1, 2, 30, 31, 32, 0, 5, 40]  # one EOS after each chat

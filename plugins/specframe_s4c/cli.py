@@ -18,7 +18,8 @@ def train_s4c(
     model: str = model_option(),
     device: str = device_option(),
     dtype: str = dtype_option(),
-    data: list[str] = typer.Option(["python-stdlib"], help="corpus: python-stdlib[:N], a dir, .jsonl or text"),
+    data: list[str] = typer.Option(["python-stdlib"], help="corpus: python-stdlib[:N], a dir, .jsonl, text, "
+                                   "or answers:NAME (the chats of a `model:self` datastore build)"),
     out: Path = typer.Option(Path("s4c-run"), help="run directory: state.pt (resumable) and heads.safetensors"),
     steps: int = typer.Option(1000, help="optimizer steps (length of the cosine schedule)"),
     max_minutes: float = typer.Option(None, help="stop after this many minutes (state is saved; rerun to resume)"),

@@ -4,7 +4,11 @@ A `--data` source is one of:
 - `python-stdlib` (alias `python-site`): the `.py` files of the running interpreter's standard library;
 - a directory: every `.py`, `.txt` and `.md` file under it (sorted, so runs are reproducible);
 - a `.jsonl` file: the `text` field of each line (or, failing that, every string value joined);
-- any other file: its text.
+- any other file: its text;
+- `answers:NAME`: the target's own chats from a `model:self` datastore build named NAME (its
+  `NAME.prompts.jsonl` and cached greedy answers `NAME.answers.jsonl` in the datastore directory), each
+  as token ids: the prompt in the chat template, then the answer. Heads trained on these learn what
+  the target itself says, which is what they must predict when drafting for it.
 `source[:N]` keeps the first N documents (e.g. `python-stdlib:400`).
 """
 
@@ -23,19 +27,43 @@ from specframe.errors import ConfigurationError
 TEXT_SUFFIXES = (".py", ".txt", ".md")
 
 
-def iter_documents(source: str) -> Iterator[str]:
-    """The documents of one `--data` source, in a fixed order."""
+def iter_documents(source: str, tokenizer=None) -> Iterator[str | list[int]]:
+    """The documents of one `--data` source, in a fixed order: texts, or token ids (`answers:`, which
+    needs the target's `tokenizer`)."""
     limit = None
     name = source
     if ":" in source and source.rsplit(":", 1)[1].isdigit():
         name, count = source.rsplit(":", 1)
         limit = int(count)
-    docs = _documents(name)
+    answers = name.startswith("answers:")
+    docs = _answers(name.removeprefix("answers:"), tokenizer) if answers else _documents(name)
     for i, doc in enumerate(docs):
         if limit is not None and i >= limit:
             return
-        if doc.strip():
+        if doc if isinstance(doc, list) else doc.strip():
             yield doc
+
+
+def _answers(name: str, tokenizer) -> Iterator[list[int]]:
+    """Prompt (in the chat template) + greedy answer ids of each answered prompt of the build `name`."""
+    from specframe_rest.answers import prompt_ids, prompt_key
+    from specframe_rest.drafter import datastore_home
+
+    prompts, answers = (datastore_home() / f"{name}.{part}.jsonl" for part in ("prompts", "answers"))
+    if not (prompts.is_file() and answers.is_file()):
+        raise ConfigurationError(
+            f"s4c training: no prompts and answers of a datastore build '{name}' in {datastore_home()}; "
+            f"make them with `specframe datastore build --source model:self --out {name}`")
+    cached = {}
+    for line in answers.read_text(encoding="utf-8").splitlines():
+        record = json.loads(line)
+        if "ids" in record:
+            cached[record["prompt"]] = record["ids"]
+    for line in prompts.read_text(encoding="utf-8").splitlines():
+        record = json.loads(line)
+        answer = cached.get(prompt_key(record["prompt"])) if "prompt" in record else None
+        if answer:
+            yield prompt_ids(tokenizer, record["prompt"]) + list(answer)
 
 
 def _documents(name: str) -> Iterator[str]:
@@ -82,8 +110,9 @@ def token_blocks(tokenizer, sources: list[str], block: int, max_tokens: int | No
     """Tokenize the documents of `sources`, join them with EOS, cut into (num_blocks, block) int64 rows."""
     ids: list[int] = []
     for source in sources:
-        for doc in iter_documents(source):
-            ids.extend(tokenizer(doc, add_special_tokens=False)["input_ids"])
+        for doc in iter_documents(source, tokenizer):
+            text = not isinstance(doc, list)
+            ids.extend(tokenizer(doc, add_special_tokens=False)["input_ids"] if text else doc)
             if eos is not None:
                 ids.append(eos)
             if max_tokens is not None and len(ids) >= max_tokens:
