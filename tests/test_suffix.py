@@ -16,8 +16,9 @@ pytest.importorskip("arctic_inference.suffix_decoding")
 
 from conftest import tiny_llama  # noqa: E402
 from specframe_suffix.drafter import (  # noqa: E402
-    CORPUS, REQUEST, RESPONSES, SourceDraft, SuffixDrafter, check_internals, group_of, merge,
+    CORPUS, HEADS, REQUEST, RESPONSES, SourceDraft, SuffixDrafter, check_internals, group_of, merge,
 )
+from specframe_suffix.heads import SuffixHeadsDrafter  # noqa: E402
 from specframe_suffix.store import SuffixCacheError  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
@@ -133,9 +134,55 @@ def test_merge_is_a_union_scored_by_the_best_source():
     assert merge([]).tokens.size == 0
 
 
-def test_groups_fit_the_eight_labels_adaptive_speculation_learns():
-    labels = {group_of(s, n) for s in (REQUEST, RESPONSES, CORPUS) for n in range(1, 100)}
-    assert labels == set(range(8))
+def test_groups_fit_the_labels_adaptive_speculation_learns():
+    from specframe.adaptive.acceptance import GROUPS
+
+    labels = {group_of(s, n) for s in (REQUEST, RESPONSES, CORPUS, HEADS) for n in range(0, 100)}
+    assert labels == set(range(9)) and max(labels) < GROUPS
+
+
+# --- suffix-heads ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def heads_file(tiny, tmp_path_factory):
+    return SuffixHeadsDrafter.example_options(tiny, str(tmp_path_factory.mktemp("heads")))["heads"]
+
+
+def test_heads_draft_where_nothing_was_written_before(tiny, prompts, heads_file):
+    import torch
+
+    from specframe_s4c.drafter import S4CDrafter
+
+    prompt, expected = prompts[0]
+    drafter = SuffixHeadsDrafter(tiny, heads=heads_file, topk=2)
+    fresh = np.array([prompt[0], *range(60, 70)])  # no repeats: no suffix source matches
+    hidden = torch.randn(tiny.model.config.hidden_size)
+    context = DraftContext(fresh, len(fresh) - 1, budget=8, hidden=hidden)
+    proposal = drafter.propose(context)
+    alone = S4CDrafter(tiny, heads=heads_file, topk=2, widths=1, draw="top-k").propose(context)
+    assert len(proposal) == len(alone) > 0 and set(proposal.group.tolist()) == {group_of(HEADS, 0)}
+    assert proposal.tokens.tolist() == alone.tokens.tolist()
+    np.testing.assert_allclose(proposal.scores, np.exp(alone.scores), rtol=1e-6)  # P(reached) under q
+    parents = proposal.parents
+    assert np.all(proposal.scores[parents >= 0] <= proposal.scores[parents[parents >= 0]])
+    assert not len(drafter.propose(DraftContext(fresh, len(fresh) - 1, budget=8)))  # no feature yet
+
+    drafter.reset()
+    drafter.finish(expected)  # an earlier response: now the suffix sources draft as well
+    context = DraftContext(np.array(prompt + expected[:10]), len(prompt), budget=8, hidden=hidden)
+    labels = set(drafter.propose(context).group.tolist())
+    assert group_of(HEADS, 0) in labels and labels & {3, 4, 5}
+
+
+@pytest.mark.parametrize("budget", [8, "auto:8"])
+def test_suffix_heads_output_equals_plain_greedy(tiny, prompts, heads_file, budget):
+    run = decoder(tiny, f"suffix-heads(heads={heads_file!r})", "trie", budget)
+    assert run.pipeline.backend.want_hidden
+    for prompt, expected in prompts * 2:
+        assert run.generate(prompt, max_new_tokens=NEW).tokens == expected
+    assert run.pipeline.drafter._request is None  # the hook finished each request, as for `suffix`
+    assert len(run.pipeline.drafter.finished) == 4
 
 
 # --- sampling ------------------------------------------------------------------------------------------
@@ -304,16 +351,17 @@ def test_the_suffix_self_preset_says_which_datastore_is_missing_and_how_to_build
     from specframe_rest.drafter import datastore_home
     from specframe_rest.sources import TokenDocuments
 
-    preset = get_registry().presets.get("suffix-self")
-    assert "no datastore 'python-site'" in preset.unusable(tiny)
+    presets = [get_registry().presets.get(name) for name in ("suffix-self", "suffix-self-heads")]
+    assert all("no datastore 'python-site'" in preset.unusable(tiny) for preset in presets)
     prompt, expected = prompts[0]
     build_datastore(datastore_home() / "python-site", [TokenDocuments("a", "ids", documents=[prompt])], tiny,
                     progress=False)
-    reason = preset.unusable(tiny)
-    assert "no datastore 'self-chat'" in reason and "--source model:self" in reason
+    for preset in presets:
+        reason = preset.unusable(tiny)
+        assert "no datastore 'self-chat'" in reason and "--source model:self" in reason
     build_datastore(datastore_home() / "self-chat", [TokenDocuments("b", "ids", documents=[expected])], tiny,
                     progress=False)
-    assert preset.unusable(tiny) is None
+    assert all(preset.unusable(tiny) is None for preset in presets)
 
 
 @pytest.mark.parametrize("corpus", [(), 3, ("a", 3)])

@@ -1,9 +1,9 @@
 """specframe-suffix: SuffixDecoding (arctic-inference) as the drafter `suffix`, with a persisted cache.
 
-Registers the drafter `suffix`, the bench presets `suffix`, `suffix-rest` and `suffix-self`, the
-`specframe cache info|clear` commands, and an `on_decode_end` hook that finishes the drafter's request
-after every `generate` (its response joins the cache of earlier responses, written to disk with
-`cache=`). Use::
+Registers the drafters `suffix` and `suffix-heads` (plus S4C draft heads), the bench presets `suffix`,
+`suffix-rest`, `suffix-self` and `suffix-self-heads`, the `specframe cache info|clear` commands, and an
+`on_decode_end` hook that finishes the drafter's request after every `generate` (its response joins the
+cache of earlier responses, written to disk with `cache=`). Use::
 
     specframe generate "def fib(n):" --drafter "suffix(cache='chat')" --tree trie
     specframe cache info
@@ -18,8 +18,8 @@ from __future__ import annotations
 import specframe
 from specframe.tokenizer_identity import TokenizerIdentity
 
-__all__ = ["missing_corpus", "no_corpus", "on_decode_end", "register_commands", "register_drafters",
-           "register_presets"]
+__all__ = ["missing_corpus", "no_corpus", "no_self_corpora", "on_decode_end", "register_commands",
+           "register_drafters", "register_presets"]
 
 # The datastores of the `suffix-rest` and `suffix-self` presets, and the commands that build them.
 CORPORA = {
@@ -33,8 +33,10 @@ CORPUS = "python-site"  # the datastore of the `suffix-rest` preset
 @specframe.hookimpl
 def register_drafters(register):
     from specframe_suffix.drafter import SuffixDrafter
+    from specframe_suffix.heads import SuffixHeadsDrafter
 
     register(SuffixDrafter)
+    register(SuffixHeadsDrafter)
 
 
 @specframe.hookimpl
@@ -44,14 +46,21 @@ def register_presets(register):
     register(specframe.Preset("suffix-rest", f"suffix(corpus='{CORPUS}')+trie+greedy", unusable=no_corpus,
                               help=f"suffix with the REST datastore '{CORPUS}' as a third, static source"))
     register(specframe.Preset(
-        "suffix-self", "suffix(corpus=('python-site', 'self-chat'))+trie+greedy",
-        unusable=lambda target: missing_corpus(target, "python-site") or missing_corpus(target, "self-chat"),
+        "suffix-self", "suffix(corpus=('python-site', 'self-chat'))+trie+greedy", unusable=no_self_corpora,
         help="suffix-rest plus 'self-chat', the target's own answers to prompts it wrote (model:self)"))
+    register(specframe.Preset(
+        "suffix-self-heads", "suffix-heads(corpus=('python-site', 'self-chat'))+trie+greedy",
+        unusable=no_self_corpora, help="suffix-self plus the s4c draft heads, for text no source holds"))
 
 
 def no_corpus(target) -> str | None:
     """Why the `suffix-rest` preset cannot run on `target`: no `python-site` datastore for its tokenizer."""
     return missing_corpus(target, CORPUS)
+
+
+def no_self_corpora(target) -> str | None:
+    """Why the `suffix-self` presets cannot run on `target`: a datastore they draft from is missing."""
+    return missing_corpus(target, "python-site") or missing_corpus(target, "self-chat")
 
 
 def missing_corpus(target, name: str) -> str | None:
@@ -85,10 +94,8 @@ def register_commands(cli):
 @specframe.hookimpl
 def on_decode_end(decoder, result):
     """Finish the `suffix` drafter's request with the request's exact tokens, and persist its cache."""
-    drafter = decoder.pipeline.drafter
-    if getattr(type(drafter), "name", None) != "suffix":
-        return
-    from specframe_suffix.drafter import SuffixDrafter
+    from specframe_suffix.drafter import SuffixDrafter  # loaded already: `register_drafters` imports it
 
-    if isinstance(drafter, SuffixDrafter):
+    drafter = decoder.pipeline.drafter
+    if isinstance(drafter, SuffixDrafter):  # `suffix` and `suffix-heads`
         drafter.finish(result.tokens)

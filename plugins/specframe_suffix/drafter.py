@@ -40,12 +40,12 @@ INSTALL = (f'`make setup`, or: pip install "nanobind==2.9.2" cmake ninja setupto
            f"grpcio-tools && CMAKE_ARGS=-DPython_EXECUTABLE=$(which python) pip install "
            f"--no-build-isolation arctic-inference=={SUPPORTED}")
 
-REQUEST, RESPONSES, CORPUS = 0, 1, 2  # draft sources
-SOURCES = ("request", "responses", "corpus")
-# `DraftProposal.group` labels, source x match-length class (adaptive speculation learns 8 labels):
-# request 0-2 and earlier responses 3-5 (matches of 1-2, 3-8, 9+ tokens), corpus 6-7 (1-4, 5+ tokens).
-GROUP_BASE = (0, 3, 6)
-MATCH_BOUNDS = ((2, 8), (2, 8), (4,))
+REQUEST, RESPONSES, CORPUS, HEADS = 0, 1, 2, 3  # draft sources (HEADS: `suffix-heads` only)
+SOURCES = ("request", "responses", "corpus", "heads")
+# `DraftProposal.group` labels, source x match-length class: request 0-2 and earlier responses 3-5
+# (matches of 1-2, 3-8, 9+ tokens), corpus 6-7 (1-4, 5+ tokens), draft heads 8 (no match involved).
+GROUP_BASE = (0, 3, 6, 8)
+MATCH_BOUNDS = ((2, 8), (2, 8), (4,), ())
 
 
 def group_of(source: int, match_len: int) -> int:
@@ -173,18 +173,21 @@ class SuffixDrafter(Drafter):
     # --- drafting ----------------------------------------------------------------------------------
 
     def propose(self, context: DraftContext) -> DraftProposal:
-        tokens = context.tokens
-        self._sync(tokens, context.prompt_len)
-        budget = context.budget
-        if budget < 1:
+        self._sync(context.tokens, context.prompt_len)
+        if context.budget < 1:
             return DraftProposal.empty()
+        return merge(self._drafts(context))
+
+    def _drafts(self, context: DraftContext) -> list[SourceDraft]:
+        """Each source's draft after the context (sources without a match give none)."""
+        tokens, budget = context.tokens, context.budget
         window = np.ascontiguousarray(tokens[-self.max_depth:], dtype=np.int32)  # as the library's speculate
         drafts = [self._speculate(REQUEST, self.library._local_trees[self._request], window, budget)]
         if self.max_cached:
             drafts.append(self._speculate(RESPONSES, self.library._global_tree, window, budget))
         for corpus in self.corpora:
             drafts.append(corpus.draft(tokens, budget, self.factor, self.offset, self.min_prob))
-        return merge([d for d in drafts if d is not None])
+        return [d for d in drafts if d is not None]
 
     def _speculate(self, source: int, tree, window: np.ndarray, budget: int) -> SourceDraft | None:
         draft = tree.speculate_ndarray(window, budget, self.factor, self.offset, self.min_prob, self.use_tree)

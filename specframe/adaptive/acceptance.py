@@ -26,8 +26,8 @@ from specframe.records import DraftProposal, ScoreKind
 
 SCORE_BUCKETS = 10  # c in [0, 1] cut into tenths; rank scores use the sibling rank (0..9) instead
 DEPTHS = 8  # depth 8 and deeper share a bucket
-GROUPS = 8  # drafter-defined groups (`DraftProposal.group`), clipped to 0..7
-FORMAT = 1
+GROUPS = 16  # drafter-defined groups (`DraftProposal.group`), clipped to 0..15
+FORMAT = 2  # 2: 16 groups (1: 8)
 
 
 @dataclass

@@ -1,0 +1,64 @@
+"""`suffix-heads`: SuffixDecoding's sources plus S4C draft heads for what no text has said before.
+
+Copying drafts only where the continuation was written before: in the prompt, an earlier response or a
+corpus. Open-ended answers are mostly new text, so a copying drafter proposes little or nothing there and
+a step emits one token. SAM-Decoding answers this with an auxiliary model drafter next to its suffix
+automaton; here the auxiliary source is the `s4c` drafter's heads (specframe_s4c), which predict the
+next tokens from the target's own last feature. Their forest joins the suffix drafter's sources in the
+same merge: each node's score is its probability of being reached (the product of the heads' q along
+its path, as the suffix trees' counts give), labelled `HEADS`, so adaptive speculation learns how far
+the heads can be trusted and keeps their nodes only where they pay.
+
+The heads always draft their top-k tokens (never samples), so the merged forest is deterministic and
+is verified like any copied draft (greedy, or sample-and-match when the request samples).
+`docs/explanation/suffix-decoding.md` has the measurements.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from specframe import ConfigurationError, DraftContext, DrafterCapabilities, ScoreKind
+from specframe_suffix.drafter import HEADS, SourceDraft, SuffixDrafter
+
+
+class SuffixHeadsDrafter(SuffixDrafter):
+    """`suffix` with one more source: S4C heads (`heads`: a heads file, default the ones that ship for
+    the target), each expanding `topk` children of the node it reads, `widths` as in `s4c`. Every other
+    option is `suffix`'s."""
+
+    name = "suffix-heads"
+    capabilities = DrafterCapabilities(needs_hidden_states=True, proposes_trees=True,
+                                       score_kind=ScoreKind.FREQUENCY)
+
+    def __init__(self, target, *, heads: str | None = None, topk: int = 2, widths: int | tuple = 1,
+                 **options):
+        super().__init__(target, **options)
+        try:
+            from specframe_s4c.drafter import S4CDrafter
+        except ImportError as err:
+            raise ConfigurationError(
+                f"drafter 'suffix-heads' drafts with the s4c plugin's heads ({err}); install specframe "
+                "with its plugins, or use 'suffix'") from None
+        self.heads = S4CDrafter(target, heads=heads, topk=topk, widths=widths, draw="top-k")
+
+    @classmethod
+    def example_options(cls, target, workdir: str) -> dict:
+        """Untrained heads for any target (see `s4c`): poor drafts, but every step still verifies."""
+        from specframe_s4c.drafter import S4CDrafter
+
+        return S4CDrafter.example_options(target, workdir)
+
+    @property
+    def extra_parameters(self) -> int:
+        """Parameters the heads add to the target."""
+        return self.heads.extra_parameters
+
+    def _drafts(self, context: DraftContext) -> list[SourceDraft]:
+        drafts = super()._drafts(context)
+        guess = self.heads.propose(context)  # empty on the first step: no target feature yet
+        if len(guess):
+            reach = np.exp(np.minimum(guess.scores, 0.0))  # cumulative log q -> P(reaching the node) under q
+            drafts.append(SourceDraft(HEADS, guess.tokens.tolist(), guess.parents.tolist(), reach.tolist(),
+                                      match_len=0))
+        return drafts
