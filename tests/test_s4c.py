@@ -140,6 +140,19 @@ def test_proposals_form_a_scored_forest():
     assert drafter.propose(specframe.DraftContext(np.arange(10), 5, 20, None)).tokens.size == 0
 
 
+def test_depth_drafts_with_the_first_heads_only():
+    target = tiny_target(seed=0)
+    context = specframe.DraftContext(np.arange(10), 5, 20, torch.randn(target.config.hidden_size))
+    full = S4CDrafter(target, heads=str(tiny_heads_file(0)), topk=2, widths=(1, 2, 2)).propose(context)
+    for depth in (1, 2):
+        drafter = S4CDrafter(target, heads=str(tiny_heads_file(0)), topk=2, widths=(1, 2, 2), depth=depth)
+        proposal = drafter.propose(context)
+        assert proposal.depth.max() == depth
+        assert proposal.tokens.tolist() == full.tokens[full.depth <= depth].tolist()  # the same top levels
+    with pytest.raises(specframe.ConfigurationError, match="depth"):
+        S4CDrafter(target, heads=str(tiny_heads_file(0)), depth=0)
+
+
 @pytest.mark.parametrize("tree", ["chain", "static", "static(preset=cartesian, widths=(2, 2, 2))",
                                   "static(preset=A)", "beam(config=D)", "dynamic(topk=3)"])
 def test_greedy_lossless_with_every_tree_builder(tree):

@@ -160,7 +160,7 @@ def test_heads_draft_where_nothing_was_written_before(tiny, prompts, heads_file)
     hidden = torch.randn(tiny.model.config.hidden_size)
     context = DraftContext(fresh, len(fresh) - 1, budget=8, hidden=hidden)
     proposal = drafter.propose(context)
-    alone = S4CDrafter(tiny, heads=heads_file, topk=2, widths=1, draw="top-k").propose(context)
+    alone = S4CDrafter(tiny, heads=heads_file, topk=2, widths=1, draw="top-k", depth=1).propose(context)
     assert len(proposal) == len(alone) > 0 and set(proposal.group.tolist()) == {group_of(HEADS, 0)}
     assert proposal.tokens.tolist() == alone.tokens.tolist()
     np.testing.assert_allclose(proposal.scores, np.exp(alone.scores), rtol=1e-6)  # P(reached) under q
@@ -173,6 +173,23 @@ def test_heads_draft_where_nothing_was_written_before(tiny, prompts, heads_file)
     context = DraftContext(np.array(prompt + expected[:10]), len(prompt), budget=8, hidden=hidden)
     labels = set(drafter.propose(context).group.tolist())
     assert group_of(HEADS, 0) in labels and labels & {3, 4, 5}
+    assert drafter.head_steps == 2
+
+
+def test_heads_skip_steps_a_likely_copy_covers(tiny, prompts, heads_file):
+    import torch
+
+    prompt, expected = prompts[0]
+    drafter = SuffixHeadsDrafter(tiny, heads=heads_file, heads_below=0.4, depth=2)
+    drafter.finish(expected)
+    hidden = torch.randn(tiny.model.config.hidden_size)
+    proposal = drafter.propose(DraftContext(np.array(prompt + expected[:10]), len(prompt), 8, hidden))
+    assert proposal.scores[proposal.parents == -1].max() > 0.4  # the earlier response is copied...
+    assert group_of(HEADS, 0) not in set(proposal.group.tolist()) and drafter.head_steps == 0  # ...alone
+    with pytest.raises(ConfigurationError, match="heads_below must be a number in"):
+        SuffixHeadsDrafter(tiny, heads=heads_file, heads_below=2)
+    with pytest.raises(ConfigurationError, match="depth"):
+        SuffixHeadsDrafter(tiny, heads=heads_file, depth=9)
 
 
 @pytest.mark.parametrize("budget", [8, "auto:8"])

@@ -24,23 +24,31 @@ from specframe_suffix.drafter import HEADS, SourceDraft, SuffixDrafter
 
 class SuffixHeadsDrafter(SuffixDrafter):
     """`suffix` with one more source: S4C heads (`heads`: a heads file, default the ones that ship for
-    the target), each expanding `topk` children of the node it reads, `widths` as in `s4c`. Every other
-    option is `suffix`'s."""
+    the target; `depth` of them used, each expanding `topk` children of the node it reads, `widths` as
+    in `s4c`). The heads cost more than the copying sources, so they skip steps where a copied child of
+    the root is more than `heads_below` likely (1.0, the default: they never skip). Every other option
+    is `suffix`'s."""
 
     name = "suffix-heads"
     capabilities = DrafterCapabilities(needs_hidden_states=True, proposes_trees=True,
                                        score_kind=ScoreKind.FREQUENCY)
 
     def __init__(self, target, *, heads: str | None = None, topk: int = 2, widths: int | tuple = 1,
-                 **options):
+                 depth: int | None = 1, heads_below: float = 1.0, **options):
         super().__init__(target, **options)
+        if (isinstance(heads_below, bool) or not isinstance(heads_below, (int, float))
+                or not 0 <= heads_below <= 1):
+            raise ConfigurationError(
+                f"drafter 'suffix-heads': heads_below must be a number in [0, 1], got {heads_below!r}")
+        self.heads_below = float(heads_below)
         try:
             from specframe_s4c.drafter import S4CDrafter
         except ImportError as err:
             raise ConfigurationError(
                 f"drafter 'suffix-heads' drafts with the s4c plugin's heads ({err}); install specframe "
                 "with its plugins, or use 'suffix'") from None
-        self.heads = S4CDrafter(target, heads=heads, topk=topk, widths=widths, draw="top-k")
+        self.heads = S4CDrafter(target, heads=heads, topk=topk, widths=widths, draw="top-k", depth=depth)
+        self.head_steps = 0  # steps on which the heads drafted
 
     @classmethod
     def example_options(cls, target, workdir: str) -> dict:
@@ -56,7 +64,11 @@ class SuffixHeadsDrafter(SuffixDrafter):
 
     def _drafts(self, context: DraftContext) -> list[SourceDraft]:
         drafts = super()._drafts(context)
-        guess = self.heads.propose(context)  # empty on the first step: no target feature yet
+        copied = max((p for d in drafts for p, parent in zip(d.probs, d.parents) if parent < 0), default=0.0)
+        if copied > self.heads_below or context.hidden is None:  # no feature yet on a request's first step
+            return drafts
+        self.head_steps += 1
+        guess = self.heads.propose(context)
         if len(guess):
             reach = np.exp(np.minimum(guess.scores, 0.0))  # cumulative log q -> P(reaching the node) under q
             drafts.append(SourceDraft(HEADS, guess.tokens.tolist(), guess.parents.tolist(), reach.tolist(),
