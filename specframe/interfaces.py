@@ -26,6 +26,10 @@ class DrafterCapabilities:
     proposes_trees: bool = False  # may propose several children per node (chain-only backends need a chain)
     score_kind: ScoreKind = ScoreKind.RANK  # what its `DraftProposal.scores` mean
     samples_drafts: bool = False  # may propose `DrawMethod.SAMPLED` drafts (when the request samples)
+    # Drafting time grows with the budget (a draft model runs once per draft token), so adaptive
+    # speculation sizes the budget before drafting when drafting is dear. Drafters whose cost does not
+    # depend on the budget (retrieval, heads that run once) draft to the cap; the planner then prunes.
+    drafting_grows_with_budget: bool = False
 
 
 @dataclass(frozen=True)

@@ -188,14 +188,15 @@ def test_expensive_drafting_that_does_not_pay_is_skipped_but_probed():
     assert gaps.max() == PROBE_LAST and PROBE_FIRST in gaps  # probes back off from 8 to 64 steps
 
 
-def run_expensive_drafter(accepted_per_step: int, steps: int = 200):
+def run_expensive_drafter(accepted_per_step: int, steps: int = 200, per_token: bool = True):
     """A planner fed steps of a drafter that costs 0.3 s a node and whose first `accepted_per_step`
-    nodes are always accepted; every forward costs 1 s. Returns (planner, drafted flags, budgets)."""
+    nodes are always accepted; every forward costs 1 s. Returns (planner, drafted flags, budgets).
+    `per_token=False`: drafting costs 0.5 s whatever it proposes, and the planner is told so."""
     from specframe.adaptive.planner import AdaptivePlanner
     from specframe.records import VerifyResult
     from specframe.tree import TokenTree
 
-    planner = AdaptivePlanner(PolynomialCost((0.0, 1.0)), cap=8)
+    planner = AdaptivePlanner(PolynomialCost((0.0, 1.0)), cap=8, drafting_grows_with_budget=per_token)
     drafted, budgets = [], []
     for _ in range(steps):
         budgets.append(planner.build_budget(room=100))
@@ -205,7 +206,7 @@ def run_expensive_drafter(accepted_per_step: int, steps: int = 200):
         planner.choose(DraftProposal.empty(), tree)
         planner._proposed = n  # as if the drafter had proposed the chain
         result = VerifyResult(list(range(min(n, accepted_per_step))), 0)
-        planner.observe(tree, result, {"draft": 0.3 * n, "forward": 1.0})
+        planner.observe(tree, result, {"draft": 0.3 * n if per_token else 0.5 * (n > 0), "forward": 1.0})
     return planner, np.array(drafted), np.array(budgets)
 
 
@@ -220,6 +221,24 @@ def test_an_expensive_drafter_is_sized_by_realised_acceptance_and_kept_while_it_
 def test_an_expensive_drafter_that_never_lands_is_skipped():
     planner, drafted, _ = run_expensive_drafter(accepted_per_step=0)
     assert drafted[-100:].sum() <= 3 and planner.gain < 1.0
+
+
+def test_a_drafter_whose_cost_does_not_grow_with_the_budget_drafts_to_the_cap():
+    """Sizing before drafting is for draft models; a fixed-cost drafter (suffix with heads) gets the cap
+    and its tree is pruned after drafting, but is still skipped when drafting does not pay."""
+    _, drafted, budgets = run_expensive_drafter(accepted_per_step=2, per_token=False)
+    assert drafted[-50:].all() and (budgets == 8).all()
+    planner, drafted, _ = run_expensive_drafter(accepted_per_step=0, per_token=False)
+    assert drafted[-100:].sum() <= 3 and planner.gain < 1.0
+
+
+def test_only_draft_models_say_their_drafting_grows_with_the_budget():
+    from specframe.registry import get_registry
+
+    registry = get_registry()
+    growing = {name for name in registry.names("drafter")
+               if registry.get("drafter", name).capabilities.drafting_grows_with_budget}
+    assert growing == {"draft-model"}
 
 
 def test_acceptance_counts_persist_across_decoders(tiny, tmp_path):

@@ -40,8 +40,9 @@ def truncated_model(target: specframe.Target, layers: int) -> nn.Module:
 
 class DraftModelDrafter(Drafter):
     name = "draft-model"
-    capabilities = DrafterCapabilities(provides_draft_probs=True, proposes_trees=True, samples_drafts=True,
-                                       score_kind=ScoreKind.LOG_PROB)
+    capabilities = DrafterCapabilities(provides_draft_probs=True, proposes_trees=True,
+                                       samples_drafts=True, score_kind=ScoreKind.LOG_PROB,
+                                       drafting_grows_with_budget=True)
 
     def __init__(self, target, *, model: str | None = None, layers: int | None = None, num_tokens: int = 4,
                  topk: int = 1, draw: str = "auto"):

@@ -3,8 +3,10 @@
 `FixedPlanner` is the classic behaviour: fill the budget. `AdaptivePlanner` (`budget="auto"`, the
 budget then a cap) keeps, every step, the subtree with the most expected tokens per second
 (`selection.choose_subtree`) under a calibrated acceptance model and a measured cost model. When
-drafting itself is expensive (a draft model), it sizes the draft before drafting from the acceptance
-realised by position, and skips drafting while drafted steps emit more slowly than plain steps. Both
+drafting itself is expensive, it skips drafting while drafted steps emit more slowly than plain steps;
+when, besides, drafting time grows with the budget (a draft model:
+`DrafterCapabilities.drafting_grows_with_budget`), it sizes the draft before drafting from the
+acceptance realised by position. Both
 planners record what they predicted, so the metrics can show predicted against realised tokens and
 step time.
 
@@ -58,10 +60,11 @@ class AdaptivePlanner:
     """Speculate only what pays: see the module docstring. `cap` bounds the tree size."""
 
     def __init__(self, cost: CostModel, cap: int, acceptance: AcceptanceModel | None = None,
-                 draw_order_only: bool = False):
+                 draw_order_only: bool = False, drafting_grows_with_budget: bool = True):
         self.cost, self.cap = cost, cap
         self.acceptance = acceptance or AcceptanceModel()
         self.draw_order_only = draw_order_only  # sampled trees verified with q: choose sizes blind
+        self.per_token_drafting = drafting_grows_with_budget  # dear drafting: size the budget first
         self.position_hits = np.zeros((2, cap))  # [accepted, tried] by index position in the scored tree
         self.overhead_s = 0.0  # realised step time beyond the calibrated forward, running mean
         self.draft_s = 0.0  # drafting time, running mean
@@ -78,11 +81,11 @@ class AdaptivePlanner:
 
     def build_budget(self, room: int) -> int:
         """Nodes the drafter and tree builder may use: the cap, unless the size must be chosen before
-        drafting, in blind mode or when drafting itself is expensive (a draft model pays per token).
+        drafting, in blind mode or when drafting is expensive and pays per token (a draft model).
         Then the size with the most tokens per second by earlier steps, from the acceptance by index
         position, the calibrated forward, the step overhead and the drafting time per node. Whether to
         draft at all is `should_draft`'s call, so the size is at least 1 and probes keep learning."""
-        if not (self.draw_order_only or self._expensive()):
+        if not (self.draw_order_only or (self.per_token_drafting and self._expensive())):
             return min(self.cap, room)
         a, t = self.position_hits
         rates = np.minimum.accumulate((a + 1.0) / (t + 2.0))  # P(over i accepted), Laplace prior
@@ -183,4 +186,5 @@ def make_adaptive_planner(pipeline, cap: int, sampling, cost: CostModel | None =
     blind = (not sampling.greedy and d.samples_drafts and v.uses_draft_probs and t.keeps_draw_order)
     cost = cost or cached_cost(pipeline.backend, progress=progress)
     acceptance = AcceptanceModel.load(acceptance_file) if acceptance_file is not None else None
-    return AdaptivePlanner(cost, cap, acceptance, draw_order_only=blind)
+    return AdaptivePlanner(cost, cap, acceptance, draw_order_only=blind,
+                           drafting_grows_with_budget=d.drafting_grows_with_budget)

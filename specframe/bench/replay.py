@@ -124,7 +124,9 @@ def replay(target: Target, method: MethodSpec, turns: list[Turn],
         raise ConfigurationError(f"no stored step cost for {target.name} on this machine: run "
                                  f"`specframe calibrate --model {target.name}` first (same --threads)")
     cap, adaptive = parse_budget(method.budget)
-    planner = AdaptivePlanner(cost, cap) if adaptive else FixedPlanner(cap, cost)
+    grows = type(drafter).capabilities.drafting_grows_with_budget
+    planner = (AdaptivePlanner(cost, cap, drafting_grows_with_budget=grows) if adaptive
+               else FixedPlanner(cap, cost))
     stats = ReplayStats(plain_step_s=cost.step_seconds(0, 0))
     for turn in turns:
         drafter.reset()
