@@ -1,9 +1,9 @@
 """specframe-suffix: SuffixDecoding (arctic-inference) as the drafter `suffix`, with a persisted cache.
 
 Registers the drafters `suffix` and `suffix-heads` (plus S4C draft heads), the bench presets `suffix`,
-`suffix-rest`, `suffix-self` and `suffix-self-heads`, the `specframe cache info|clear` commands, and an
-`on_decode_end` hook that finishes the drafter's request after every `generate` (its response joins the
-cache of earlier responses, written to disk with `cache=`). Use::
+`suffix-rest` and `suffix-self`, the `specframe cache info|clear` commands, and an `on_decode_end` hook
+that finishes the drafter's request after every `generate` (its response joins the cache of earlier
+responses, written to disk with `cache=`). Use::
 
     specframe generate "def fib(n):" --drafter "suffix(cache='chat')" --tree trie
     specframe cache info
@@ -48,9 +48,6 @@ def register_presets(register):
     register(specframe.Preset(
         "suffix-self", "suffix(corpus=('python-site', 'self-chat'))+trie+greedy", unusable=no_self_corpora,
         help="suffix-rest plus 'self-chat', the target's own answers to prompts it wrote (model:self)"))
-    register(specframe.Preset(
-        "suffix-self-heads", "suffix-heads(corpus=('python-site', 'self-chat'))+trie+greedy",
-        unusable=no_self_corpora, help="suffix-self plus the s4c draft heads, for text no source holds"))
 
 
 def no_corpus(target) -> str | None:

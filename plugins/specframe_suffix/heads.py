@@ -1,8 +1,8 @@
 """`suffix-heads`: SuffixDecoding's sources plus S4C draft heads for what no text has said before.
 
-Copying drafts only where the continuation was written before: in the prompt, an earlier response or a
-corpus. Open-ended answers are mostly new text, so a copying drafter proposes little or nothing there and
-a step emits one token. SAM-Decoding answers this with an auxiliary model drafter next to its suffix
+A copying drafter can only propose what was written before: in the prompt, an earlier response or a
+corpus. Open-ended answers are mostly new text, so there it proposes little or nothing and a step emits
+one token. SAM-Decoding answers this with an auxiliary model drafter next to its suffix
 automaton; here the auxiliary source is the `s4c` drafter's heads (specframe_s4c), which predict the
 next tokens from the target's own last feature. Their forest joins the suffix drafter's sources in the
 same merge: each node's score is its probability of being reached (the product of the heads' q along
@@ -10,8 +10,9 @@ its path, as the suffix trees' counts give), labelled `HEADS`, so adaptive specu
 the heads can be trusted and keeps their nodes only where they pay.
 
 The heads always draft their top-k tokens (never samples), so the merged forest is deterministic and
-is verified like any copied draft (greedy, or sample-and-match when the request samples).
-`docs/explanation/suffix-decoding.md` has the measurements.
+is verified like any copied draft (greedy, or sample-and-match when the request samples). On
+SmolLM2-135M on a CPU one head costs 6-7 % of a plain step and returns about 3 % more tokens per step,
+so no preset uses it (`docs/explanation/suffix-decoding.md`, `docs/results/suffix.md`).
 """
 
 from __future__ import annotations
