@@ -153,6 +153,33 @@ def test_calibration_is_measured_once_then_read_back(tiny, tmp_path, monkeypatch
     assert calibration.cached_cost(backend, progress=False).sizes == cost.sizes
 
 
+def test_calibration_keeps_the_fastest_round_so_stalls_do_not_move_it(tiny, monkeypatch):
+    """Each size costs its true time in some round; in others a stall (another process) adds time. The
+    calibration must report the true times, whichever rounds stalled; a median would not."""
+    from types import SimpleNamespace
+
+    from specframe import assemble
+    from specframe.adaptive import calibration
+
+    backend = assemble(tiny).backend
+    true_s = {}  # tree size -> the time its forward takes without a stall
+    calls = iter(range(10**6))
+    clock = [0.0]
+
+    def timed_score(tree):
+        call = next(calls)
+        size = len(tree)
+        true_s.setdefault(size, 0.01 * (1 + size))
+        stall = 0.05 if call % 5 else 0.0  # four calls in five stall; a round is 6 calls, so each shape
+        clock[0] += true_s[size] + stall  # has one round without a stall, a different round for each
+
+    monkeypatch.setattr(backend, "score", timed_score)
+    monkeypatch.setattr(calibration, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    cost = calibration.calibrate(backend, sizes=(0, 1, 4), progress=False)
+    np.testing.assert_allclose(cost.flat_s, [true_s[n] for n in (0, 1, 4)], atol=1e-9)
+    np.testing.assert_allclose(cost.chain_s, [true_s[n] for n in (0, 1, 4)], atol=1e-9)
+
+
 @pytest.mark.parametrize("drafter,tree", [("pld", "chain"), ("pld(matches=4)", "trie"),
                                           ("pld(matches=4)", "static")])
 def test_auto_is_lossless_and_follows_the_cost(tiny, drafter, tree):

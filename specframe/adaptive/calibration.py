@@ -2,8 +2,12 @@
 
 `calibrate` prefills a synthetic prompt and times `backend.score` on flat trees and chains of a grid of
 sizes, round-robin over the sizes so that a drift of the machine spreads over all of them, keeping the
-median of each. `cached_cost` returns a stored calibration for the same keys, measuring one (about 10 s
-on the development CPU, with progress) when there is none; `specframe calibrate` refreshes it.
+fastest of five rounds of each: on a shared machine timing noise only ever adds time (another process,
+an interrupt), so the minimum is the stablest estimate of what a size costs, and the decoder adds the
+average excess of real steps on its own (the step overhead it learns; see "Why the fastest of five" in
+docs/explanation/adaptive-speculation.md). `cached_cost` returns a stored calibration for the same keys,
+measuring one (about 15 s on the development CPU, with progress) when there is none; `specframe
+calibrate` refreshes it.
 """
 
 from __future__ import annotations
@@ -26,14 +30,14 @@ from specframe.tree import TokenTree
 
 SIZES = (0, 1, 2, 3, 4, 6, 8, 10, 12, 16, 20, 24, 32)
 PROMPT_TOKENS = 256  # a typical prompt plus part of an answer: the cache the tree attends to
-ROUNDS = 3
-FORMAT = 4  # 2: kv pads small trees to 4 rows on CPU; 3: the key holds the linear kernel and backend options;
-# 4: and the attention implementation
+ROUNDS = 5
+FORMAT = 5  # 2: kv pads small trees to 4 rows on CPU; 3: the key holds the linear kernel and backend options;
+# 4: and the attention implementation; 5: the fastest of 5 rounds (was the median of 3)
 
 
 def calibrate(backend: StateBackend, sizes=SIZES, rounds: int = ROUNDS, progress: bool = True,
               seed: int = 0) -> MeasuredCost:
-    """Time `backend.score` on flat trees and chains of every size in `sizes`; the median of `rounds`.
+    """Time `backend.score` on flat trees and chains of every size in `sizes`; the fastest of `rounds`.
 
     Leaves the backend prefilled with a synthetic prompt: prefill again before decoding.
     """
@@ -57,9 +61,9 @@ def calibrate(backend: StateBackend, sizes=SIZES, rounds: int = ROUNDS, progress
             times[key].append(time.perf_counter() - start)
             steps.update()
     steps.close()
-    median = {key: float(np.median(t)) for key, t in times.items()}
-    return MeasuredCost(tuple(sizes), tuple(median[(n, "flat")] for n in sizes),
-                        tuple(median[(n, "chain")] for n in sizes))
+    fastest = {key: float(np.min(t)) for key, t in times.items()}
+    return MeasuredCost(tuple(sizes), tuple(fastest[(n, "flat")] for n in sizes),
+                        tuple(fastest[(n, "chain")] for n in sizes))
 
 
 def probe_tree(n: int, shape: str, ids: np.ndarray) -> TokenTree:
