@@ -215,6 +215,21 @@ def test_expensive_drafting_that_does_not_pay_is_skipped_but_probed():
     assert gaps.max() == PROBE_LAST and PROBE_FIRST in gaps  # probes back off from 8 to 64 steps
 
 
+def test_cheap_drafting_goes_on_even_where_it_does_not_pay():
+    """A drafter under `CHEAP_DRAFT` of a plain step (a suffix tree: 1-2 ms against 60) is never
+    switched off: that would save little and miss the next long match."""
+    from specframe.adaptive.planner import CHEAP_DRAFT, AdaptivePlanner
+    from specframe.records import VerifyResult
+    from specframe.tree import TokenTree
+
+    planner = AdaptivePlanner(PolynomialCost((0.0, 1.0)), cap=8)  # every step takes 1 s
+    for _ in range(200):
+        assert planner.should_draft()
+        planner.choose(DraftProposal.empty(), TokenTree.empty())  # nothing worth verifying, every time
+        planner.observe(TokenTree.empty(), VerifyResult([], 0), {"draft": 0.9 * CHEAP_DRAFT, "forward": 1.0})
+    assert planner.gain < 1.0  # drafted steps were slower than plain ones, and drafting still went on
+
+
 def run_expensive_drafter(accepted_per_step: int, steps: int = 200, per_token: bool = True):
     """A planner fed steps of a drafter that costs 0.3 s a node and whose first `accepted_per_step`
     nodes are always accepted; every forward costs 1 s. Returns (planner, drafted flags, budgets).

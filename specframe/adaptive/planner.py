@@ -29,7 +29,9 @@ from specframe.errors import ConfigurationError
 from specframe.records import DraftProposal, Prediction, VerifyResult
 from specframe.tree import TokenTree
 
-CHEAP_DRAFT = 0.02  # drafting under 2 % of a plain step always goes on (prompt lookup, retrieval)
+# Drafting under 5 % of a plain step always goes on (prompt lookup, retrieval, suffix trees): stopping it
+# would save at most that share, while a copying drafter that is off misses the next long match.
+CHEAP_DRAFT = 0.05
 # While drafting does not pay, still draft now and then to keep learning: after 8 steps, then after twice
 # as many each time a probe confirms it, up to 64 (a wasted probe then costs under 2 % of the steps).
 PROBE_FIRST, PROBE_LAST = 8, 64
