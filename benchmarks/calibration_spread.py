@@ -1,0 +1,63 @@
+"""How much step-cost calibrations move between runs: the median of 3 rounds against the fastest of 5.
+
+    OMP_NUM_THREADS=1 python benchmarks/calibration_spread.py --threads 1 --calibrations 4
+
+Runs `--calibrations` calibrations of the `kv` backend in a row, each timing flat trees of every size of
+the calibration grid for 5 rounds (round-robin, as `specframe.adaptive.calibration.calibrate`), and
+summarises each calibration two ways: the median of its first 3 rounds (the rule before) and the fastest
+of its 5 (the rule now). What the planner weighs is t(N) - t(0), so the table shows, for each N, the
+standard deviation of t(N) - t(0) across the calibrations under each rule.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from specframe.adaptive.calibration import PROMPT_TOKENS, SIZES, probe_tree
+from specframe.models import load_target
+from specframe.pipeline import assemble
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--calibrations", type=int, default=4)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    target = load_target(args.model)
+    backend = assemble(target).backend
+    ids = np.random.default_rng(0).integers(0, target.vocab_size, PROMPT_TOKENS + 1)
+    backend.prefill(ids.tolist())
+    trees = [probe_tree(n, "flat", ids) for n in SIZES]
+    for tree in trees:
+        backend.score(tree)
+    rules = {"median of 3": [], "fastest of 5": []}
+    with tqdm(total=args.calibrations * 5 * len(SIZES), desc="forwards", leave=False) as bar:
+        for _ in range(args.calibrations):
+            times = np.zeros((5, len(SIZES)))
+            for r in range(5):
+                for i, tree in enumerate(trees):
+                    start = time.perf_counter()
+                    backend.score(tree)
+                    times[r, i] = time.perf_counter() - start
+                    bar.update()
+            rules["median of 3"].append(np.median(times[:3], axis=0))
+            rules["fastest of 5"].append(times.min(axis=0))
+    print(f"{args.model}, {args.threads} thread(s), {args.calibrations} calibrations: "
+          "sd across calibrations of t(N) - t(0), ms\n")
+    print("| rule | " + " | ".join(f"N={n}" for n in SIZES[1:]) + " | mean |")
+    print("|---|" + "---|" * len(SIZES))
+    for rule, curves in rules.items():
+        curves = np.array(curves) * 1e3
+        sd = (curves[:, 1:] - curves[:, :1]).std(axis=0)
+        print(f"| {rule} | " + " | ".join(f"{s:.1f}" for s in sd) + f" | {sd.mean():.1f} |")
+
+
+if __name__ == "__main__":
+    main()
