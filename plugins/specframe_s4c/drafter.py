@@ -102,6 +102,21 @@ class S4CDrafter(Drafter):
         if context.hidden is None or context.budget < 1:
             return DraftProposal.empty()  # first step after prefill: no target feature yet
         sampled = samples_drafts(self.draw, context.sampler)
+        tokens, parents, scores, rows, dists = self.expand(context, sampled)
+        device = self.lm_weight.device
+        q_all = torch.cat(dists)  # (rows, Vd)
+        full = torch.zeros(q_all.shape[0], self.target.vocab_size, dtype=torch.float32, device=device)
+        full[:, self.vocab_ids] = q_all.float()  # (rows, V): q is zero outside the draft vocabulary
+        probs = full[torch.tensor(rows, device=device)]  # (N, V) siblings share their row
+        draw = DrawMethod.SAMPLED if sampled else DrawMethod.TOPK
+        return DraftProposal(np.array(tokens), np.array(parents), np.array(scores), probs, draw,
+                             ScoreKind.LOG_PROB)
+
+    def expand(self, context: DraftContext, sampled: bool = False):
+        """The draft forest without its q rows: (tokens, parents, cumulative log q scores, node -> row of
+        the q blocks, the (n_k, Vd) q block of each head). `propose` adds the (N, V) q matrix that the
+        `rejection` verifier needs; a caller that only ranks the nodes (`suffix-heads`) skips it. Needs
+        `context.hidden` and a budget >= 1."""
         limit = context.budget if sampled else None  # sampled: stop at the budget, so no builder prunes
         device = self.lm_weight.device
         tokens: list[int] = []
@@ -139,13 +154,7 @@ class S4CDrafter(Drafter):
             frontier_tokens = torch.tensor([tokens[i] for i in frontier], device=device)
             slots = [rows[i] - batch_start for i in frontier]  # where each node's parent sits in this batch
             frontier_feats = feats[slots]  # (n', H) the feature head k predicted for each chosen node
-        q_all = torch.cat(dists)  # (rows, Vd)
-        full = torch.zeros(q_all.shape[0], self.target.vocab_size, dtype=torch.float32, device=device)
-        full[:, self.vocab_ids] = q_all.float()  # (rows, V): q is zero outside the draft vocabulary
-        probs = full[torch.tensor(rows, device=device)]  # (N, V) siblings share their row
-        draw = DrawMethod.SAMPLED if sampled else DrawMethod.TOPK
-        return DraftProposal(np.array(tokens), np.array(parents), np.array(scores), probs, draw,
-                             ScoreKind.LOG_PROB)
+        return tokens, parents, scores, rows, dists
 
     def _pick(self, q: torch.Tensor, sampler: Sampler | None) -> list[list[int]]:
         """Children of each row of (n, Vd) q as draft-vocabulary indices: the `topk` most likely, or (with

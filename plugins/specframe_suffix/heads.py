@@ -69,9 +69,8 @@ class SuffixHeadsDrafter(SuffixDrafter):
         if copied > self.heads_below or context.hidden is None:  # no feature yet on a request's first step
             return drafts
         self.head_steps += 1
-        guess = self.heads.propose(context)
-        if len(guess):
-            reach = np.exp(np.minimum(guess.scores, 0.0))  # cumulative log q -> P(reaching the node) under q
-            drafts.append(SourceDraft(HEADS, guess.tokens.tolist(), guess.parents.tolist(), reach.tolist(),
-                                      match_len=0))
+        tokens, parents, scores, _, _ = self.heads.expand(context)  # top-k drafts; their q is not needed
+        if tokens:
+            reach = np.exp(np.minimum(scores, 0.0))  # cumulative log q -> P(reaching the node) under q
+            drafts.append(SourceDraft(HEADS, tokens, parents, reach.tolist(), match_len=0))
         return drafts
