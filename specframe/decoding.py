@@ -22,7 +22,7 @@ from specframe.sampling import Sampler, SamplingParams
 from specframe.tree import TokenTree
 
 # Tree nodes per step: "auto" keeps, every step, the subtree expected to emit the most tokens per second,
-# up to 16 nodes (docs/explanation/adaptive-speculation.md); a number fills that many every step.
+# up to 24 nodes (docs/explanation/adaptive-speculation.md); a number fills that many every step.
 DEFAULT_BUDGET = "auto"
 
 
