@@ -3,7 +3,7 @@
     OMP_NUM_THREADS=1 python benchmarks/calibration_spread.py --threads 1 --calibrations 4
 
 Runs `--calibrations` calibrations of the `kv` backend in a row, each timing flat trees of every size of
-the calibration grid for 5 rounds (round-robin, as `specframe.adaptive.calibration.calibrate`), and
+the calibration grid for 5 rounds (`specframe.adaptive.calibration.round_times`, as `calibrate` does), and
 summarises each calibration two ways: the median of its first 3 rounds (the rule before) and the fastest
 of its 5 (the rule now). What the planner weighs is t(N) - t(0), so the table shows, for each N, the
 standard deviation of t(N) - t(0) across the calibrations under each rule.
@@ -12,13 +12,12 @@ standard deviation of t(N) - t(0) across the calibrations under each rule.
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
-from specframe.adaptive.calibration import PROMPT_TOKENS, SIZES, probe_tree
+from specframe.adaptive.calibration import SIZES, round_times
 from specframe.models import load_target
 from specframe.pipeline import assemble
 
@@ -30,25 +29,13 @@ def main() -> None:
     parser.add_argument("--calibrations", type=int, default=4)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    target = load_target(args.model)
-    backend = assemble(target).backend
-    ids = np.random.default_rng(0).integers(0, target.vocab_size, PROMPT_TOKENS + 1)
-    backend.prefill(ids.tolist())
-    trees = [probe_tree(n, "flat", ids) for n in SIZES]
-    for tree in trees:
-        backend.score(tree)
+    backend = assemble(load_target(args.model)).backend
     rules = {"median of 3": [], "fastest of 5": []}
-    with tqdm(total=args.calibrations * 5 * len(SIZES), desc="forwards", leave=False) as bar:
-        for _ in range(args.calibrations):
-            times = np.zeros((5, len(SIZES)))
-            for r in range(5):
-                for i, tree in enumerate(trees):
-                    start = time.perf_counter()
-                    backend.score(tree)
-                    times[r, i] = time.perf_counter() - start
-                    bar.update()
-            rules["median of 3"].append(np.median(times[:3], axis=0))
-            rules["fastest of 5"].append(times.min(axis=0))
+    for _ in tqdm(range(args.calibrations), desc="calibrations"):
+        times = round_times(backend, SIZES, rounds=5, shapes=("flat",), progress=False)
+        rounds = np.array([times[(n, "flat")] for n in SIZES]).T  # (5, sizes)
+        rules["median of 3"].append(np.median(rounds[:3], axis=0))
+        rules["fastest of 5"].append(rounds.min(axis=0))
     print(f"{args.model}, {args.threads} thread(s), {args.calibrations} calibrations: "
           "sd across calibrations of t(N) - t(0), ms\n")
     print("| rule | " + " | ".join(f"N={n}" for n in SIZES[1:]) + " | mean |")

@@ -41,19 +41,29 @@ def calibrate(backend: StateBackend, sizes=SIZES, rounds: int = ROUNDS, progress
 
     Leaves the backend prefilled with a synthetic prompt: prefill again before decoding.
     """
+    times = round_times(backend, sizes, rounds, progress=progress, seed=seed)
+    fastest = {key: float(np.min(t)) for key, t in times.items()}
+    return MeasuredCost(tuple(sizes), tuple(fastest[(n, "flat")] for n in sizes),
+                        tuple(fastest[(n, "chain")] for n in sizes))
+
+
+def round_times(backend: StateBackend, sizes=SIZES, rounds: int = ROUNDS, shapes=("flat", "chain"),
+                progress: bool = True, seed: int = 0) -> dict[tuple[int, str], list[float]]:
+    """Seconds of `backend.score` per round for each (size, shape), timed round-robin over the sizes so
+    that a drift of the machine spreads over all of them (`calibrate` keeps the fastest)."""
     target = backend.target
     room = max(1, min(PROMPT_TOKENS, target.max_context - max(sizes) - 2))
     ids = np.random.default_rng(seed).integers(0, target.vocab_size, room + 1)
     backend.prefill(ids.tolist())
-    shapes = {(n, shape): probe_tree(n, shape, ids) for n in sizes for shape in ("flat", "chain")}
-    for tree in (shapes[(max(sizes), "flat")], shapes[(1, "chain")]):  # warm up kernels and caches
+    trees = {(n, shape): probe_tree(n, shape, ids) for n in sizes for shape in shapes}
+    for tree in (trees[(max(sizes), shapes[0])], trees[(1, shapes[-1])]):  # warm up kernels and caches
         backend.score(tree)
-    times: dict[tuple[int, str], list[float]] = {key: [] for key in shapes}
+    times: dict[tuple[int, str], list[float]] = {key: [] for key in trees}
     sync = synchronizer(target.device) or (lambda: None)  # CUDA and MPS queue work: wait for it
-    steps = tqdm(total=rounds * len(shapes), desc="calibrating step cost", disable=not progress,
+    steps = tqdm(total=rounds * len(trees), desc="calibrating step cost", disable=not progress,
                  unit="forward", leave=False)
     for _ in range(rounds):
-        for key, tree in shapes.items():
+        for key, tree in trees.items():
             sync()
             start = time.perf_counter()
             backend.score(tree)
@@ -61,9 +71,7 @@ def calibrate(backend: StateBackend, sizes=SIZES, rounds: int = ROUNDS, progress
             times[key].append(time.perf_counter() - start)
             steps.update()
     steps.close()
-    fastest = {key: float(np.min(t)) for key, t in times.items()}
-    return MeasuredCost(tuple(sizes), tuple(fastest[(n, "flat")] for n in sizes),
-                        tuple(fastest[(n, "chain")] for n in sizes))
+    return times
 
 
 def probe_tree(n: int, shape: str, ids: np.ndarray) -> TokenTree:
