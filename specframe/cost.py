@@ -71,6 +71,21 @@ class MeasuredCost(CostModel):
         return np.maximum(flat + weight * (chain - flat), 0.0)
 
 
+@dataclass(frozen=True)
+class ScaledCost(CostModel):
+    """`base` times `factor`: a calibrated cost brought to the speed the machine shows now (the adaptive
+    planner's running ratio of realised to calibrated forward time)."""
+
+    base: CostModel
+    factor: float
+
+    def step_seconds(self, nodes: int, depth: int = 0) -> float:
+        return self.factor * self.base.step_seconds(nodes, depth)
+
+    def many(self, nodes: np.ndarray, depths: np.ndarray) -> np.ndarray:
+        return self.factor * self.base.many(nodes, depths)
+
+
 def _interpolate(xs, ys, x: np.ndarray) -> np.ndarray:
     """Piecewise-linear through (xs, ys), extended linearly past the last point."""
     xs, ys = np.asarray(xs, float), np.asarray(ys, float)

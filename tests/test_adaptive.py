@@ -215,6 +215,49 @@ def test_expensive_drafting_that_does_not_pay_is_skipped_but_probed():
     assert gaps.max() == PROBE_LAST and PROBE_FIRST in gaps  # probes back off from 8 to 64 steps
 
 
+def test_probes_of_a_very_expensive_drafter_stay_near_one_percent_of_the_time():
+    """A probe whose drafting costs two plain steps (a draft model catching up) comes at most every
+    200 steps, not every 64: wasted probes would otherwise cost 3 % of the time."""
+    from specframe.adaptive.planner import PROBE_SHARE, AdaptivePlanner
+    from specframe.records import VerifyResult
+    from specframe.tree import TokenTree
+
+    planner = AdaptivePlanner(PolynomialCost((0.0, 1.0)), cap=8)  # every step takes 1 s
+    drafted = []
+    for _ in range(1500):
+        drafted.append(planner.should_draft())
+        planner.choose(DraftProposal.empty(), TokenTree.empty())
+        planner.observe(TokenTree.empty(), VerifyResult([], 0), {"draft": 2.0 if drafted[-1] else 0.0,
+                                                                   "forward": 1.0})
+    gaps = np.diff(np.flatnonzero(drafted))
+    assert 64 in gaps and 150 < gaps[-1] <= gaps.max() <= round(2.0 / PROBE_SHARE)  # 64, then up to 200
+    wasted = 2.0 * sum(drafted[-1000:])  # seconds of probe drafting over the last 1000 steps of 1 s
+    assert wasted / (1000 + wasted) < 1.5 * PROBE_SHARE
+
+
+def test_a_machine_faster_than_its_calibration_does_not_flatter_expensive_drafting():
+    """The calibration says a forward takes 1 s; today it takes 0.5 s. A drafter costing 0.2 s whose
+    steps emit 1.2 tokens makes 1.2 tokens per 0.7 s against a plain step's 1 per 0.5 s: a loss. Judged
+    against the calibrated plain step instead, it looked like a 1.7x gain and drafting went on."""
+    from specframe.adaptive.planner import AdaptivePlanner
+    from specframe.records import VerifyResult
+    from specframe.tree import TokenTree
+
+    planner = AdaptivePlanner(PolynomialCost((0.0, 1.0)), cap=8, drafting_grows_with_budget=False)
+    rng = np.random.default_rng(0)
+    drafted = []
+    for _ in range(300):
+        drafted.append(planner.should_draft())
+        tree = TokenTree(np.arange(2), np.array([-1, 0])) if drafted[-1] else TokenTree.empty()
+        planner.choose(DraftProposal.empty(), tree)
+        accepted = int(drafted[-1] and rng.random() < 0.2)  # 1.2 tokens per drafted step
+        planner.observe(tree, VerifyResult(list(range(accepted)), 0),
+                        {"draft": 0.2 if drafted[-1] else 0.0, "forward": 0.5})
+    assert planner.speed == pytest.approx(0.5)
+    assert planner.gain < 1.0 and sum(drafted[-150:]) <= 3
+    assert planner._seconds(0, 0) == pytest.approx(0.5)  # predictions in today's seconds
+
+
 def test_cheap_drafting_goes_on_even_where_it_does_not_pay():
     """A drafter costing 4 % of a plain step (a suffix tree with corpora: 1-2 ms against 50-60) is never
     switched off: that would save little and miss the next long match."""

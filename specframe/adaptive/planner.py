@@ -24,7 +24,7 @@ import numpy as np
 
 from specframe.adaptive.acceptance import AcceptanceModel, NodeFeatures
 from specframe.adaptive.selection import choose_subtree
-from specframe.cost import CostModel
+from specframe.cost import CostModel, ScaledCost
 from specframe.errors import ConfigurationError
 from specframe.records import DraftProposal, Prediction, VerifyResult
 from specframe.tree import TokenTree
@@ -33,8 +33,12 @@ from specframe.tree import TokenTree
 # would save at most that share, while a copying drafter that is off misses the next long match.
 CHEAP_DRAFT = 0.05
 # While drafting does not pay, still draft now and then to keep learning: after 8 steps, then after twice
-# as many each time a probe confirms it, up to 64 (a wasted probe then costs under 2 % of the steps).
+# as many each time a probe confirms it, up to 64 (a wasted probe then costs under 2 % of the steps) ...
 PROBE_FIRST, PROBE_LAST = 8, 64
+# ... or further apart when one probe's drafting costs more than 1 % of 64 plain steps (a draft model:
+# four forwards of its own plus catching up on the tokens since its last run), so that wasted probes
+# stay near 1 % of the time.
+PROBE_SHARE = 0.01
 EMA = 0.1  # weight of the newest step in the running means
 GAIN_EMA = 0.2  # ... and in the realised gain of drafted steps (few when skipping: probes must count)
 
@@ -68,7 +72,8 @@ class AdaptivePlanner:
         self.draw_order_only = draw_order_only  # sampled trees verified with q: choose sizes blind
         self.per_token_drafting = drafting_grows_with_budget  # dear drafting: size the budget first
         self.position_hits = np.zeros((2, cap))  # [accepted, tried] by index position in the scored tree
-        self.overhead_s = 0.0  # realised step time beyond the calibrated forward, running mean
+        self.speed = 1.0  # realised forward time over the calibrated one, running mean (the machine today)
+        self.overhead_s = 0.0  # realised step time besides drafting and the forward, running mean
         self.draft_s = 0.0  # drafting time, running mean
         self.draft_node_s = 0.0  # drafting time per proposed node, running mean
         self.gain = 2.0  # realised speed of drafted steps over a plain step, running mean (optimistic start)
@@ -93,7 +98,7 @@ class AdaptivePlanner:
         rates = np.minimum.accumulate((a + 1.0) / (t + 2.0))  # P(over i accepted), Laplace prior
         tokens = 1.0 + np.concatenate([[0.0], np.cumsum(rates)])  # (cap + 1,)
         sizes = np.arange(self.cap + 1)
-        seconds = self.cost.many(sizes, sizes) + self.overhead_s + sizes * self.draft_node_s
+        seconds = self._cost().many(sizes, sizes) + self.overhead_s + sizes * self.draft_node_s
         best = 1 + int(np.argmax((tokens / seconds)[1:]))
         self._prediction = Prediction(float(tokens[best]), float(seconds[best]))
         return min(best, room)
@@ -104,7 +109,7 @@ class AdaptivePlanner:
         if not self._expensive() or self.gain > 1.0:
             self._since_draft, self._probe_every = 0, PROBE_FIRST
         elif self._since_draft + 1 >= self._probe_every:  # probe now; wait longer before the next one
-            self._since_draft, self._probe_every = 0, min(2 * self._probe_every, PROBE_LAST)
+            self._since_draft, self._probe_every = 0, min(2 * self._probe_every, self._longest_probe_gap())
         else:
             self._since_draft += 1
         self._drafted = self._since_draft == 0
@@ -118,7 +123,7 @@ class AdaptivePlanner:
             return tree, self._prediction if self.draw_order_only else None
         self._features = NodeFeatures.of(proposal, tree.origin, tree.depth)
         p = self.acceptance.predict(self._features)
-        choice = choose_subtree(tree.parents, tree.depth, p, self.cost, overhead_s=self.overhead_s)
+        choice = choose_subtree(tree.parents, tree.depth, p, self._cost(), overhead_s=self.overhead_s)
         if len(choice.keep) < len(tree):
             self._features, tree = self._features.take(choice.keep), tree.subtree(choice.keep)
         self._prediction = Prediction(choice.expected_tokens, choice.expected_seconds)
@@ -127,13 +132,17 @@ class AdaptivePlanner:
     # --- after the step ------------------------------------------------------------------------------
 
     def observe(self, tree: TokenTree, result: VerifyResult, times: dict[str, float]) -> None:
-        """Learn acceptance, the step overhead, the drafting cost and whether drafting paid."""
+        """Learn acceptance, the machine's speed, the step overhead, the drafting cost and whether
+        drafting paid. `times` holds the step's seconds by phase ("draft", "forward", the rest)."""
         if self._features is not None and len(tree):
             self.acceptance.update(self._features, tree.parents, result.path)
         if len(tree):
             self.position_hits[1, :len(tree)] += 1
             self.position_hits[0, :result.accepted] += 1
-        forward = self.cost.step_seconds(len(tree), int(tree.depth.max()) if len(tree) else 0)
+        calibrated = self.cost.step_seconds(len(tree), int(tree.depth.max()) if len(tree) else 0)
+        forward = times.get("forward", calibrated)
+        if calibrated > 0:
+            self.speed += EMA * (forward / calibrated - self.speed)
         step = sum(s for phase, s in times.items() if phase != "draft")
         self.overhead_s += EMA * (max(step - forward, 0.0) - self.overhead_s)
         if self._drafted:  # what did drafting cost, and did the step emit faster than a plain one?
@@ -148,8 +157,18 @@ class AdaptivePlanner:
     def _expensive(self) -> bool:
         return self.draft_s > CHEAP_DRAFT * self._seconds(0, 0)
 
+    def _longest_probe_gap(self) -> int:
+        """`PROBE_LAST` steps, or enough more that one probe's drafting is `PROBE_SHARE` of the gap."""
+        return max(PROBE_LAST, int(np.ceil(self.draft_s / (PROBE_SHARE * self._seconds(0, 0)))))
+
+    def _cost(self) -> CostModel:
+        """The calibrated forward cost at the speed realised steps show (a calibration taken on a busier
+        or quieter machine than today's is off by a factor, for every size alike)."""
+        return ScaledCost(self.cost, self.speed)
+
     def _seconds(self, nodes: int, depth: int) -> float:
-        return self.cost.step_seconds(nodes, depth) + self.overhead_s
+        """Predicted seconds of a step on `nodes` nodes, drafting aside."""
+        return self.speed * self.cost.step_seconds(nodes, depth) + self.overhead_s
 
 
 # Default cap of `budget="auto"`. The planner rarely keeps more than 16 nodes on a CPU, but long copies
