@@ -3,8 +3,8 @@
 `calibrate` prefills a synthetic prompt and times `backend.score` on flat trees and chains of a grid of
 sizes, round-robin over the sizes so that a drift of the machine spreads over all of them, keeping the
 fastest of five rounds of each: on a shared machine timing noise only ever adds time (another process,
-an interrupt), so the minimum is the stablest estimate of what a size costs, and the decoder adds the
-average excess of real steps on its own (the step overhead it learns; see "Why the fastest of five" in
+an interrupt), so the minimum is the stablest estimate of what a size costs, and the decoder scales it
+to what its real steps take (the speed the adaptive planner learns; see "Why the fastest of five" in
 docs/explanation/adaptive-speculation.md). `cached_cost` returns a stored calibration for the same keys,
 measuring one (about 15 s on the development CPU, with progress) when there is none; `specframe
 calibrate` refreshes it.
