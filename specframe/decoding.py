@@ -45,7 +45,9 @@ class SpeculativeDecoder:
         self.target, self.pipeline = target, pipeline
         self.sampling = sampling or SamplingParams()
         self.registry = registry or get_registry()
-        self.cost = cost  # for budget="auto"; None: the backend's, measured once and cached
+        # For budget="auto": None measures the backend's cost once, caches it and scales it to the speed
+        # real steps show; a cost model passed here is used as given.
+        self.cost = cost
         # For budget="auto": where the acceptance counts persist across decoders (read at the first
         # request, written after each); None keeps them for this decoder only.
         self.acceptance_file = None if acceptance_file is None else Path(acceptance_file)

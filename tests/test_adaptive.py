@@ -258,6 +258,17 @@ def test_a_machine_faster_than_its_calibration_does_not_flatter_expensive_drafti
     assert planner._seconds(0, 0) == pytest.approx(0.5)  # predictions in today's seconds
 
 
+def test_a_cost_model_passed_in_is_taken_as_given(tiny):
+    """Only the stored calibration is rescaled to the realised speed: a cost model a caller passes
+    (tests, simulations) states its own units, and the planner keeps to them."""
+    from specframe import SpeculativeDecoder
+
+    run = SpeculativeDecoder.from_names(tiny, "pld", budget="auto:4")
+    run.cost = PolynomialCost((0.0, 1.0))  # a forward "takes" 1 s; the tiny target's take milliseconds
+    run.generate([1, 2, 3, 1, 2, 3, 1, 2], max_new_tokens=8)
+    assert not run.planner.learn_speed and run.planner.speed == 1.0
+
+
 def test_cheap_drafting_goes_on_even_where_it_does_not_pay():
     """A drafter costing 4 % of a plain step (a suffix tree with corpora: 1-2 ms against 50-60) is never
     switched off: that would save little and miss the next long match."""

@@ -66,8 +66,10 @@ class AdaptivePlanner:
     """Speculate only what pays: see the module docstring. `cap` bounds the tree size."""
 
     def __init__(self, cost: CostModel, cap: int, acceptance: AcceptanceModel | None = None,
-                 draw_order_only: bool = False, drafting_grows_with_budget: bool = True):
+                 draw_order_only: bool = False, drafting_grows_with_budget: bool = True,
+                 learn_speed: bool = True):
         self.cost, self.cap = cost, cap
+        self.learn_speed = learn_speed  # scale `cost` to the realised forward (False: take it as given)
         self.acceptance = acceptance or AcceptanceModel()
         self.draw_order_only = draw_order_only  # sampled trees verified with q: choose sizes blind
         self.per_token_drafting = drafting_grows_with_budget  # dear drafting: size the budget first
@@ -141,7 +143,7 @@ class AdaptivePlanner:
             self.position_hits[0, :result.accepted] += 1
         calibrated = self.cost.step_seconds(len(tree), int(tree.depth.max()) if len(tree) else 0)
         forward = times.get("forward", calibrated)
-        if calibrated > 0:
+        if self.learn_speed and calibrated > 0:
             self.speed += EMA * (forward / calibrated - self.speed)
         step = sum(s for phase, s in times.items() if phase != "draft")
         self.overhead_s += EMA * (max(step - forward, 0.0) - self.overhead_s)
@@ -198,6 +200,8 @@ def make_adaptive_planner(pipeline, cap: int, sampling, cost: CostModel | None =
     """An `AdaptivePlanner` for `pipeline` with `cost`, by default the backend's measured cost
     (calibrated on first use and cached: `specframe.adaptive.calibration.cached_cost`), and the
     acceptance counts stored in `acceptance_file` when given (a missing or damaged file starts afresh).
+    The stored calibration is scaled to the speed that real steps show; a `cost` passed in is taken as
+    given (tests and simulations state costs in their own units).
 
     Blind mode (sizes chosen before the build, nothing pruned) when the request samples, the drafter
     samples its drafts and the verifier uses their q through a builder that keeps draw order: pruning
@@ -208,7 +212,8 @@ def make_adaptive_planner(pipeline, cap: int, sampling, cost: CostModel | None =
 
     d, t, v = (c.capabilities for c in (pipeline.drafter, pipeline.tree_builder, pipeline.verifier))
     blind = (not sampling.greedy and d.samples_drafts and v.uses_draft_probs and t.keeps_draw_order)
+    measured = cost is None
     cost = cost or cached_cost(pipeline.backend, progress=progress)
     acceptance = AcceptanceModel.load(acceptance_file) if acceptance_file is not None else None
     return AdaptivePlanner(cost, cap, acceptance, draw_order_only=blind,
-                           drafting_grows_with_budget=d.drafting_grows_with_budget)
+                           drafting_grows_with_budget=d.drafting_grows_with_budget, learn_speed=measured)
