@@ -147,7 +147,7 @@ class SpeculativeDecoder:
         model, which prefills the backend with a synthetic prompt, so it runs before a request's prefill."""
         if self.planner is None and self.adaptive:
             self.planner = make_adaptive_planner(self.pipeline, self.budget, self.sampling, self.cost,
-                                                 self.acceptance_file, self.progress)
+                                                 self.acceptance_file, self.progress, self.phase_timing)
         elif self.planner is None:
             self.planner = FixedPlanner(self.budget, self.pipeline.backend.cost_model())
         return self.planner

@@ -269,6 +269,18 @@ def test_a_cost_model_passed_in_is_taken_as_given(tiny):
     assert not run.planner.learn_speed and run.planner.speed == 1.0
 
 
+@pytest.mark.parametrize("phase_timing", [True, False])
+def test_the_stored_calibration_is_scaled_only_when_phases_are_timed_apart(tiny, monkeypatch, phase_timing):
+    """Without per-phase synchronisation an accelerator's forward phase holds launch time only: a speed
+    learned from it would make every tree look nearly free."""
+    import specframe.adaptive.calibration as calibration
+    from specframe import SpeculativeDecoder
+
+    monkeypatch.setattr(calibration, "cached_cost", lambda backend, progress=True: PolynomialCost((0.0, 1.0)))
+    run = SpeculativeDecoder.from_names(tiny, "pld", budget="auto:4", phase_timing=phase_timing)
+    assert run._planner().learn_speed == phase_timing
+
+
 def test_cheap_drafting_goes_on_even_where_it_does_not_pay():
     """A drafter costing 4 % of a plain step (a suffix tree with corpora: 1-2 ms against 50-60) is never
     switched off: that would save little and miss the next long match."""

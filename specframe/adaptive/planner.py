@@ -142,7 +142,8 @@ class AdaptivePlanner:
             self.position_hits[1, :len(tree)] += 1
             self.position_hits[0, :result.accepted] += 1
         calibrated = self.cost.step_seconds(len(tree), int(tree.depth.max()) if len(tree) else 0)
-        forward = times.get("forward", calibrated)
+        # The forward as timed, or as calibrated where the speed is not learned (see make_adaptive_planner)
+        forward = times.get("forward", calibrated) if self.learn_speed else calibrated
         if self.learn_speed and calibrated > 0:
             self.speed += EMA * (forward / calibrated - self.speed)
         step = sum(s for phase, s in times.items() if phase != "draft")
@@ -196,12 +197,14 @@ def parse_budget(budget: int | str) -> tuple[int, bool]:
 
 
 def make_adaptive_planner(pipeline, cap: int, sampling, cost: CostModel | None = None,
-                          acceptance_file: Path | None = None, progress: bool = True) -> AdaptivePlanner:
+                          acceptance_file: Path | None = None, progress: bool = True,
+                          phase_timing: bool = True) -> AdaptivePlanner:
     """An `AdaptivePlanner` for `pipeline` with `cost`, by default the backend's measured cost
     (calibrated on first use and cached: `specframe.adaptive.calibration.cached_cost`), and the
     acceptance counts stored in `acceptance_file` when given (a missing or damaged file starts afresh).
-    The stored calibration is scaled to the speed that real steps show; a `cost` passed in is taken as
-    given (tests and simulations state costs in their own units).
+    The stored calibration is scaled to the speed that real steps show, when the decoder times its
+    phases apart (`phase_timing`: without it, an accelerator's forward phase holds only launch time); a
+    `cost` passed in is taken as given (tests and simulations state costs in their own units).
 
     Blind mode (sizes chosen before the build, nothing pruned) when the request samples, the drafter
     samples its drafts and the verifier uses their q through a builder that keeps draw order: pruning
@@ -212,7 +215,7 @@ def make_adaptive_planner(pipeline, cap: int, sampling, cost: CostModel | None =
 
     d, t, v = (c.capabilities for c in (pipeline.drafter, pipeline.tree_builder, pipeline.verifier))
     blind = (not sampling.greedy and d.samples_drafts and v.uses_draft_probs and t.keeps_draw_order)
-    measured = cost is None
+    measured = cost is None and phase_timing
     cost = cost or cached_cost(pipeline.backend, progress=progress)
     acceptance = AcceptanceModel.load(acceptance_file) if acceptance_file is not None else None
     return AdaptivePlanner(cost, cap, acceptance, draw_order_only=blind,
