@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -109,6 +111,36 @@ def test_speedup_is_the_mean_of_per_turn_ratios_over_repeats():
     assert stats["tau"] == pytest.approx(40 / 20) and stats["alpha"] == pytest.approx(20 / 32)
     assert stats["acceptance_histogram"] == [4, 8, 8]
     assert stats["time_per_step_ms"]["forward"] == pytest.approx(1000 * 0.04 / 20)
+
+
+def test_fastest_keeps_each_turns_fastest_repeat_of_every_method_baseline_included():
+    from specframe.bench.report import summarize
+    from specframe.bench.runner import BenchRun
+
+    def rec(method, qid, rep, tps):
+        return {**_record(qid, rep, tps, tps), "method": method}
+
+    base = [rec("plain", "a", 0, 10.0), rec("plain", "a", 1, 5.0),  # a stall in repeat 1
+            rec("plain", "b", 0, 18.0), rec("plain", "b", 1, 20.0)]
+    mine = [rec("m", "a", 0, 12.0), rec("m", "a", 1, 15.0), rec("m", "b", 0, 20.0), rec("m", "b", 1, 10.0)]
+    runners = [SimpleNamespace(label="plain", baseline=None), SimpleNamespace(label="m", baseline="plain")]
+    run = BenchRun(base + mine, runners, [BenchPrompt("a", "c", ("q",)), BenchPrompt("b", "c", ("q",))])
+    fastest = summarize(run, "fastest")["c"]["m"]
+    assert fastest["speedup"] == {"mean": pytest.approx((15 / 10 + 20 / 20) / 2), "std": 0.0}
+    assert fastest["repeats"] == 1 and fastest["turns"] == 2
+    everything = summarize(run, "all")["c"]["m"]  # repeat 0: (1.2 + 20/18) / 2, repeat 1: (3 + 0.5) / 2
+    assert everything["speedup"]["mean"] == pytest.approx(((1.2 + 20 / 18) / 2 + 3.5 / 2) / 2)
+
+
+def test_fastest_of_repeats_is_refused_where_repeats_differ():
+    from specframe.bench.report import check_keep
+    from specframe.sampling import SamplingParams
+
+    check_keep("fastest", SamplingParams())
+    with pytest.raises(ConfigurationError, match="greedy"):
+        check_keep("fastest", SamplingParams(temperature=0.7, seed=0))
+    with pytest.raises(ConfigurationError, match="--keep must be one of all, fastest"):
+        check_keep("min", SamplingParams())
 
 
 def test_shards_split_a_suite_into_disjoint_interleaved_parts():

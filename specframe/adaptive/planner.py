@@ -171,7 +171,7 @@ class AdaptivePlanner:
 
     def _seconds(self, nodes: int, depth: int) -> float:
         """Predicted seconds of a step on `nodes` nodes, drafting aside."""
-        return self.speed * self.cost.step_seconds(nodes, depth) + self.overhead_s
+        return self._cost().step_seconds(nodes, depth) + self.overhead_s
 
 
 # Default cap of `budget="auto"`. The planner rarely keeps more than 16 nodes on a CPU, but long copies

@@ -24,6 +24,10 @@ def bench_command(
                                         "e.g. 0/2 and 1/2 in two processes; merge their records.jsonl "
                                         "into one --out and rerun without --shard for the whole table."),
     repeats: int = typer.Option(3, help="Timed runs of every (method, question)."),
+    keep: str = typer.Option("all", help="Which repeats the tables aggregate: all (mean ± std over repeats) "
+                             "or fastest (each turn's fastest repeat of every method, baseline included; "
+                             "greedy only). Fastest-of drops stalls of a noisy machine; drafters that "
+                             "remember earlier requests (suffix) see the first repeat in later ones."),
     out: Path = typer.Option(Path("results/bench"), help="Directory for records, tables and plots."),
     model: str = model_option(),
     device: str = device_option(),
@@ -79,7 +83,7 @@ def bench_command(
     check_writable_dir(out, "--out", "pass a writable directory with --out")  # before loading the model
     options = dict(peers=peers, limit=limit, repeats=repeats, max_new_tokens=max_new_tokens, budget=budget,
                    synthetic_acceptance=synthetic_acceptance, max_turns=turns, shard=shard, sampling=sampling,
-                   plots=plots, fresh=fresh, phase_timing=phase_timing)
+                   plots=plots, fresh=fresh, phase_timing=phase_timing, keep=keep)
     if ray is not None:
         from functools import partial
 

@@ -32,6 +32,7 @@ from specframe.registry import PluginRegistry
 from specframe.sampling import SamplingParams
 
 from specframe.bench.harness import bench_settings, select_prompts, start_out, target_settings, write_results
+from specframe.bench.report import check_keep
 from specframe.bench.runner import BenchRun, Mismatch, RecordStore, compare
 from specframe.bench.suites import BenchPrompt
 
@@ -118,7 +119,7 @@ def run_benchmark_ray(target_factory: Callable[[], Target], suite: str | list[Be
                       registry: PluginRegistry | None = None, max_turns: int | None = None,
                       shard: str | None = None, plots: bool = True, progress: bool = True,
                       fresh: bool = False, warmup: bool = True, phase_timing: bool = True,
-                      command: str | None = None) -> tuple[BenchRun, dict]:
+                      keep: str = "all", command: str | None = None) -> tuple[BenchRun, dict]:
     """`run_benchmark` with the questions spread over `workers` Ray actors of `threads` torch threads,
     on a new local Ray instance (`address="local"`, unless Ray is already initialised) or the cluster at
     `address`. `target_factory` builds the target in each worker, e.g.
@@ -129,6 +130,7 @@ def run_benchmark_ray(target_factory: Callable[[], Target], suite: str | list[Be
     if workers < 1 or threads < 1:
         raise ConfigurationError(f"--ray-workers and --threads must be >= 1, got {workers} and {threads}")
     sampling = sampling or SamplingParams()
+    check_keep(keep, sampling)
     out = Path(out)
     prompts = select_prompts(suite, limit, shard, max_turns)
     grid = GridSpec(methods, peers, sampling, repeats, max_new_tokens, budget, synthetic_acceptance,
@@ -167,7 +169,7 @@ def run_benchmark_ray(target_factory: Callable[[], Target], suite: str | list[Be
     records = [store.records[k] for p in prompts for k in cell_keys(p, runners, repeats)]
     run = BenchRun(records, runners, prompts, mismatches, identity_checked=sampling.greedy)
     table = write_results(run, out, settings, limit=limit, repeats=repeats, max_turns=max_turns, plots=plots,
-                          command=command)
+                          keep=keep, command=command)
     return run, table
 
 

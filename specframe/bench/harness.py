@@ -17,7 +17,7 @@ from specframe.sampling import SamplingParams
 
 from specframe.bench.methods import resolve_methods
 from specframe.bench.peers import parse_peers
-from specframe.bench.report import write_reports
+from specframe.bench.report import check_keep, write_reports
 from specframe.bench.runner import BenchRun, build_runners, check_run_args, check_settings, run_bench
 from specframe.bench.suites import BenchPrompt, load_suite
 
@@ -27,19 +27,21 @@ def run_benchmark(target: Target, suite: str | list[BenchPrompt], methods: list[
                   budget: int | str = "auto", synthetic_acceptance: float | None = None,
                   sampling: SamplingParams | None = None, registry: PluginRegistry | None = None,
                   max_turns: int | None = None, shard: str | None = None, plots: bool = True,
-                  progress: bool = True,
-                  fresh: bool = False, warmup: bool = True, phase_timing: bool = True,
+                  progress: bool = True, fresh: bool = False, warmup: bool = True,
+                  phase_timing: bool = True, keep: str = "all",
                   command: str | None = None) -> tuple[BenchRun, dict]:
     """Benchmark `methods` (specs or presets) against plain decoding and the transformers `peers` on
     `suite` (a suite name, a JSONL path, or prompts); write records, results and plots under `out`.
 
-    Returns the run and its summary table ({category: {method: stats}}).
+    Returns the run and its summary table ({category: {method: stats}}); `keep` chooses which repeats
+    the tables aggregate (`specframe.bench.report.KEEP`).
     """
     registry = registry or get_registry()
     sampling = sampling or SamplingParams()
     out = Path(out)
     prompts = select_prompts(suite, limit, shard, max_turns)
     check_run_args(target, repeats, max_new_tokens)  # before settings.json is written
+    check_keep(keep, sampling)
     specs = resolve_methods(methods, registry, budget)
     runners = build_runners(target, specs, parse_peers(peers), sampling, registry, synthetic_acceptance,
                             budget, phase_timing)
@@ -48,7 +50,7 @@ def run_benchmark(target: Target, suite: str | list[BenchPrompt], methods: list[
     run = run_bench(target, prompts, runners, repeats=repeats, max_new_tokens=max_new_tokens, out=out,
                     check_identity=sampling.greedy, warmup=warmup, progress=progress)
     table = write_results(run, out, settings, limit=limit, repeats=repeats, max_turns=max_turns,
-                          plots=plots, command=command)
+                          plots=plots, keep=keep, command=command)
     return run, table
 
 
@@ -93,16 +95,17 @@ def start_out(out: Path, settings: dict, fresh: bool) -> None:
 
 
 def write_results(run: BenchRun, out: Path, settings: dict, *, limit: int | None, repeats: int,
-                  max_turns: int | None, plots: bool, command: str | None) -> dict:
+                  max_turns: int | None, plots: bool, command: str | None, keep: str = "all") -> dict:
     """Write `results.json`, `results.md` and the plots of a finished run; return its summary table."""
     command = command or "specframe " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    kept = f"the fastest of {repeats} repeat(s) per turn" if keep == "fastest" else f"{repeats} repeat(s)"
     header = (f"## {settings['suite']}: {settings['model']}, {settings['max_new_tokens']} new tokens, "
-              f"{repeats} repeat(s), greedy={settings['temperature'] == 0}, {settings['device']}, "
+              f"{kept}, greedy={settings['temperature'] == 0}, {settings['device']}, "
               f"{settings['dtype']}, {settings['threads']} torch thread(s), {settings['clock']} clock\n\n"
               f"Command: `{command}`\n")
     table = write_reports(run, out, {**settings, "limit": limit, "repeats": repeats, "turns": max_turns,
-                                     "command": command},
-                          header)
+                                     "keep": keep, "command": command},
+                          header, keep)
     if plots:
         from specframe.bench.plots import write_plots
 
