@@ -30,6 +30,9 @@ class DrafterCapabilities:
     # speculation sizes the budget before drafting when drafting is dear. Drafters whose cost does not
     # depend on the budget (retrieval, heads that run once) draft to the cap; the planner then prunes.
     drafting_grows_with_budget: bool = False
+    # Keeps what earlier requests emitted and drafts from it (a cache of responses): a benchmark's
+    # repeats of one prompt are then not alike, since later ones can copy the first one's answer.
+    remembers_requests: bool = False
 
 
 @dataclass(frozen=True)

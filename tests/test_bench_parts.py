@@ -133,14 +133,21 @@ def test_fastest_keeps_each_turns_fastest_repeat_of_every_method_baseline_includ
 
 
 def test_fastest_of_repeats_is_refused_where_repeats_differ():
-    from specframe.bench.report import check_keep
+    from specframe.bench.harness import check_keep
     from specframe.sampling import SamplingParams
 
-    check_keep("fastest", SamplingParams())
+    registry = specframe.get_registry()
+    specs = resolve_methods(["pld", "s4c@auto"], registry, "auto")
+    check_keep("fastest", SamplingParams(), specs, registry)
     with pytest.raises(ConfigurationError, match="greedy"):
-        check_keep("fastest", SamplingParams(temperature=0.7, seed=0))
+        check_keep("fastest", SamplingParams(temperature=0.7, seed=0), specs, registry)
     with pytest.raises(ConfigurationError, match="--keep must be one of all, fastest"):
-        check_keep("min", SamplingParams())
+        check_keep("min", SamplingParams(), specs, registry)
+    pytest.importorskip("arctic_inference")
+    remembers = resolve_methods(["pld", "suffix"], registry, "auto")
+    check_keep("all", SamplingParams(), remembers, registry)
+    with pytest.raises(ConfigurationError, match="'suffix' remembers earlier requests"):
+        check_keep("fastest", SamplingParams(), remembers, registry)
 
 
 def test_shards_split_a_suite_into_disjoint_interleaved_parts():

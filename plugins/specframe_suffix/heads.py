@@ -32,7 +32,8 @@ class SuffixHeadsDrafter(SuffixDrafter):
 
     name = "suffix-heads"
     capabilities = DrafterCapabilities(needs_hidden_states=True, proposes_trees=True,
-                                       score_kind=ScoreKind.FREQUENCY)
+                                       score_kind=ScoreKind.FREQUENCY,
+                                       remembers_requests=True)
 
     def __init__(self, target, *, heads: str | None = None, topk: int = 2, widths: int | tuple = 1,
                  depth: int | None = 1, heads_below: float = 1.0, **options):

@@ -28,11 +28,12 @@ from specframe.errors import ConfigurationError
 from specframe.metrics import clock_name
 from specframe.models import Target
 from specframe.ray_support import import_ray, ray_session
-from specframe.registry import PluginRegistry
+from specframe.registry import PluginRegistry, get_registry
 from specframe.sampling import SamplingParams
 
-from specframe.bench.harness import bench_settings, select_prompts, start_out, target_settings, write_results
-from specframe.bench.report import check_keep
+from specframe.bench.harness import (bench_settings, check_keep, select_prompts, start_out, target_settings,
+                                     write_results)
+from specframe.bench.methods import resolve_methods
 from specframe.bench.runner import BenchRun, Mismatch, RecordStore, compare
 from specframe.bench.suites import BenchPrompt
 
@@ -78,11 +79,9 @@ class BenchWorker:
         (Not in `__init__`: an error here reaches the driver as itself, e.g. a `ConfigurationError`.)"""
         import torch
 
-        from specframe.bench.methods import resolve_methods
         from specframe.bench.peers import parse_peers
         from specframe.bench.runner import build_runners, check_run_args
         from specframe.metrics import set_clock
-        from specframe.registry import get_registry
 
         torch.set_num_threads(threads)
         set_clock(clock)
@@ -130,7 +129,8 @@ def run_benchmark_ray(target_factory: Callable[[], Target], suite: str | list[Be
     if workers < 1 or threads < 1:
         raise ConfigurationError(f"--ray-workers and --threads must be >= 1, got {workers} and {threads}")
     sampling = sampling or SamplingParams()
-    check_keep(keep, sampling)
+    checked = registry or get_registry()
+    check_keep(keep, sampling, resolve_methods(methods, checked, budget), checked)
     out = Path(out)
     prompts = select_prompts(suite, limit, shard, max_turns)
     grid = GridSpec(methods, peers, sampling, repeats, max_new_tokens, budget, synthetic_acceptance,

@@ -10,14 +10,15 @@ from pathlib import Path
 import torch
 
 from specframe.errors import ConfigurationError
+from specframe.kinds import ComponentKind
 from specframe.models import Target
 from specframe.metrics import clock_name
 from specframe.registry import PluginRegistry, get_registry
 from specframe.sampling import SamplingParams
 
-from specframe.bench.methods import resolve_methods
+from specframe.bench.methods import MethodSpec, resolve_methods
 from specframe.bench.peers import parse_peers
-from specframe.bench.report import check_keep, write_reports
+from specframe.bench.report import KEEP, write_reports
 from specframe.bench.runner import BenchRun, build_runners, check_run_args, check_settings, run_bench
 from specframe.bench.suites import BenchPrompt, load_suite
 
@@ -41,8 +42,8 @@ def run_benchmark(target: Target, suite: str | list[BenchPrompt], methods: list[
     out = Path(out)
     prompts = select_prompts(suite, limit, shard, max_turns)
     check_run_args(target, repeats, max_new_tokens)  # before settings.json is written
-    check_keep(keep, sampling)
     specs = resolve_methods(methods, registry, budget)
+    check_keep(keep, sampling, specs, registry)
     runners = build_runners(target, specs, parse_peers(peers), sampling, registry, synthetic_acceptance,
                             budget, phase_timing)
     settings = bench_settings(target_settings(target), suite, max_new_tokens, budget, sampling)
@@ -52,6 +53,24 @@ def run_benchmark(target: Target, suite: str | list[BenchPrompt], methods: list[
     table = write_results(run, out, settings, limit=limit, repeats=repeats, max_turns=max_turns,
                           plots=plots, keep=keep, command=command)
     return run, table
+
+
+def check_keep(keep: str, sampling: SamplingParams, specs: list[MethodSpec], registry: PluginRegistry) -> None:
+    """Refuse a `keep` (`specframe.bench.report.KEEP`) the tables cannot honour: the fastest of several
+    repeats is a fair pick only when the repeats compute the same thing, with the same drafts."""
+    if keep not in KEEP:
+        raise ConfigurationError(f"--keep must be one of {', '.join(KEEP)}, got {keep!r}")
+    if keep != "fastest":
+        return
+    if not sampling.greedy:
+        raise ConfigurationError("--keep fastest needs greedy decoding (--temperature 0): sampled repeats "
+                                 "are different samples, and the fastest of them is a biased pick")
+    for spec in specs:
+        if registry.get(ComponentKind.DRAFTER, spec.drafter.name).capabilities.remembers_requests:
+            raise ConfigurationError(
+                f"--keep fastest would flatter '{spec.label}': its drafter '{spec.drafter.name}' remembers "
+                "earlier requests, so later repeats of a prompt can copy the first one's answer; run it "
+                "with --repeats 1 (or in another run)")
 
 
 def select_prompts(suite: str | list[BenchPrompt], limit: int | None, shard: str | None,

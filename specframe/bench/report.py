@@ -16,7 +16,6 @@ import statistics
 from pathlib import Path
 
 from specframe.bench.runner import BenchRun
-from specframe.errors import ConfigurationError
 
 OVERALL = "overall"
 KEEP = ("all", "fastest")  # which repeats the tables aggregate: see the module docstring
@@ -94,15 +93,6 @@ def predictions(metrics: list[dict]) -> dict:
     return {"predicted_steps": n, "drafting_skipped": sum(x.get("drafting_skipped") or 0 for x in metrics),
             **{k: mean(k) for k in ("predicted_tokens_per_step", "realised_tokens_per_step",
                                     "predicted_step_ms", "realised_step_ms")}}
-
-
-def check_keep(keep: str, sampling) -> None:
-    """Refuse a `keep` the tables cannot honour: fastest-of needs repeats that compute the same thing."""
-    if keep not in KEEP:
-        raise ConfigurationError(f"--keep must be one of {', '.join(KEEP)}, got {keep!r}")
-    if keep == "fastest" and not sampling.greedy:
-        raise ConfigurationError("--keep fastest needs greedy decoding (--temperature 0): sampled repeats "
-                                 "are different samples, and the fastest of them is a biased pick")
 
 
 def fastest_repeats(records: list[dict]) -> list[dict]:
