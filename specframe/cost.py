@@ -8,6 +8,7 @@ what pays use `step_seconds`. The measured CPU costs behind the defaults are in
 
 from __future__ import annotations
 
+import bisect
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
@@ -63,7 +64,11 @@ class MeasuredCost(CostModel):
     chain_s: tuple[float, ...]  # seconds of `score` on a chain of each size
 
     def step_seconds(self, nodes: int, depth: int = 0) -> float:
-        return float(self.many(np.array([nodes]), np.array([depth]))[0])
+        # In plain Python: the planner asks for single sizes several times a step, and numpy's
+        # per-call setup would cost tens of microseconds each time.
+        flat, chain = (_interpolate_one(self.sizes, ys, nodes) for ys in (self.flat_s, self.chain_s))
+        weight = min(max((depth - 1) / max(nodes - 1, 1), 0.0), 1.0)
+        return max(flat + weight * (chain - flat), 0.0)
 
     def many(self, nodes: np.ndarray, depths: np.ndarray) -> np.ndarray:
         flat, chain = (_interpolate(self.sizes, ys, nodes) for ys in (self.flat_s, self.chain_s))
@@ -84,6 +89,15 @@ class ScaledCost(CostModel):
 
     def many(self, nodes: np.ndarray, depths: np.ndarray) -> np.ndarray:
         return self.factor * self.base.many(nodes, depths)
+
+
+def _interpolate_one(xs: tuple[int, ...], ys: tuple[float, ...], x: float) -> float:
+    """`_interpolate` at one point."""
+    if len(xs) < 2 or x <= xs[0]:
+        return float(ys[0])
+    i = min(bisect.bisect_right(xs, x), len(xs) - 1)  # the segment [xs[i - 1], xs[i]], the last past it
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    return float(y0 + (y1 - y0) * (x - x0) / (x1 - x0))
 
 
 def _interpolate(xs, ys, x: np.ndarray) -> np.ndarray:

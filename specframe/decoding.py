@@ -111,10 +111,11 @@ class SpeculativeDecoder:
         tokens, new, hidden, reason = np.array(prompt_ids, dtype=np.int64), [], None, None
         while reason is None:
             timer, step_start = PhaseTimer(phase_sync), now()
-            budget = planner.build_budget(min(max_new_tokens - len(new) - 1, self._room(tokens)))
+            room = min(max_new_tokens - len(new) - 1, self._room(tokens))
             with timer("draft"):
-                drafting = budget > 0 and planner.should_draft()
-                context = DraftContext(tokens, len(prompt_ids), budget if drafting else 0, hidden, sampler)
+                drafting = room > 0 and planner.should_draft()
+                budget = planner.build_budget(room) if drafting else 0
+                context = DraftContext(tokens, len(prompt_ids), budget, hidden, sampler)
                 proposal = drafter.propose(context) if drafting else DraftProposal.empty()
             with timer("tree"):
                 tree = (tree_builder.build(proposal, BuildContext(budget, planner.cost)) if len(proposal)
@@ -135,7 +136,7 @@ class SpeculativeDecoder:
             tokens = np.concatenate([tokens, np.asarray(emitted, dtype=np.int64)])
             timer.times["other"] = now() - step_start - sum(timer.times.values())
             planner.observe(tree, result, timer.times)
-            skipped = budget > 0 and not drafting  # the planner judged drafting not worth it
+            skipped = room > 0 and not drafting  # the planner judged drafting not worth it
             metrics.record_step(len(tree), result.accepted, timer.times, result.fallback, predicted, skipped)
             self.registry.hook.on_step(decoder=self, event=StepEvent(
                 metrics.steps, len(tree), result.accepted, emitted, timer.times, predicted, not skipped))

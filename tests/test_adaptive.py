@@ -307,9 +307,9 @@ def run_expensive_drafter(accepted_per_step: int, steps: int = 200, per_token: b
     planner = AdaptivePlanner(PolynomialCost((0.0, 1.0)), cap=8, drafting_grows_with_budget=per_token)
     drafted, budgets = [], []
     for _ in range(steps):
-        budgets.append(planner.build_budget(room=100))
-        drafted.append(planner.should_draft())
-        n = budgets[-1] if drafted[-1] else 0
+        drafted.append(planner.should_draft())  # as the decode loop: whether to draft, then how much
+        budgets.append(planner.build_budget(room=100) if drafted[-1] else 0)
+        n = budgets[-1]
         tree = TokenTree(np.arange(n), np.arange(n) - 1) if n else TokenTree.empty()
         planner.choose(DraftProposal.empty(), tree)
         planner._proposed = n  # as if the drafter had proposed the chain

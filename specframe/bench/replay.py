@@ -135,9 +135,9 @@ def replay(target: Target, method: MethodSpec, turns: list[Turn],
         steps_before = stats.steps
         while emitted_so_far < len(turn.tokens):
             room = len(turn.tokens) - emitted_so_far - 1
-            budget = planner.build_budget(room)
             start = time.perf_counter()
-            drafting = budget > 0 and planner.should_draft()
+            drafting = room > 0 and planner.should_draft()  # as the decode loop: decide, then size
+            budget = planner.build_budget(room) if drafting else 0
             hidden = features[len(tokens) - 2] if features is not None and emitted_so_far else None
             proposal = (drafter.propose(DraftContext(tokens, len(turn.prompt_ids), budget, hidden))
                         if drafting else DraftProposal.empty())
