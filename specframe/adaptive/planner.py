@@ -35,9 +35,10 @@ CHEAP_DRAFT = 0.05
 # While drafting does not pay, still draft now and then to keep learning: after 8 steps, then after twice
 # as many each time a probe confirms it, up to 64 (a wasted probe then costs under 2 % of the steps) ...
 PROBE_FIRST, PROBE_LAST = 8, 64
-# ... or further apart when one probe's drafting costs more than 1 % of 64 plain steps (a draft model:
-# four forwards of its own plus catching up on the tokens since its last run), so that wasted probes
-# stay near 1 % of the time.
+# ... and only while the drafting spent on probes stays within 1 % of the time of the steps skipped. A
+# draft model's probe reads every token since its last run first: mid-request a few, at a new request
+# the whole prompt (0.1-0.3 s against 25 ms steps on long Spec-Bench prompts), so probe costs differ
+# tenfold and a running mean of them would let probes take 3-5 % of the time.
 PROBE_SHARE = 0.01
 EMA = 0.1  # weight of the newest step in the running means
 GAIN_EMA = 0.2  # ... and in the realised gain of drafted steps (few when skipping: probes must count)
@@ -79,9 +80,12 @@ class AdaptivePlanner:
         self.draft_s = 0.0  # drafting time, running mean
         self.draft_node_s = 0.0  # drafting time per proposed node, running mean
         self.gain = 2.0  # realised speed of drafted steps over a plain step, running mean (optimistic start)
+        self.probe_s = 0.0  # seconds probes cost over plain steps (drafted steps while drafting did not pay)
+        self.skipped_s = 0.0  # seconds of the steps that skipped drafting
         self._since_draft = 0
         self._probe_every = PROBE_FIRST
         self._drafted = False
+        self._probing = False
         self._proposed = 0
         self._features: NodeFeatures | None = None
         self._prediction: Prediction | None = None
@@ -107,11 +111,14 @@ class AdaptivePlanner:
 
     def should_draft(self) -> bool:
         """Draft unless drafting is expensive (over `CHEAP_DRAFT` of a plain step) and the drafted steps
-        so far emitted tokens more slowly than plain steps would; then probe at growing intervals."""
+        so far emitted tokens more slowly than plain steps would; then probe at growing intervals, within
+        `PROBE_SHARE` of the skipped steps' time."""
+        self._probing = False
         if not self._expensive() or self.gain > 1.0:
             self._since_draft, self._probe_every = 0, PROBE_FIRST
-        elif self._since_draft + 1 >= self._probe_every:  # probe now; wait longer before the next one
-            self._since_draft, self._probe_every = 0, min(2 * self._probe_every, self._longest_probe_gap())
+        elif self._since_draft + 1 >= self._probe_every and self.probe_s <= PROBE_SHARE * self.skipped_s:
+            self._since_draft, self._probe_every = 0, min(2 * self._probe_every, PROBE_LAST)
+            self._probing = True
         else:
             self._since_draft += 1
         self._drafted = self._since_draft == 0
@@ -155,14 +162,14 @@ class AdaptivePlanner:
                 self.draft_node_s += EMA * (drafting / self._proposed - self.draft_node_s)
             realised = (result.accepted + 1) * self._seconds(0, 0) / max(step + drafting, 1e-9)
             self.gain += GAIN_EMA * (realised - self.gain)
+            if self._probing:  # its drafting, and what its tree's forward cost over a plain one
+                self.probe_s += drafting + max(step - self._seconds(0, 0), 0.0)
+        else:
+            self.skipped_s += step
         self._features, self._prediction, self._drafted, self._proposed = None, None, False, 0
 
     def _expensive(self) -> bool:
         return self.draft_s > CHEAP_DRAFT * self._seconds(0, 0)
-
-    def _longest_probe_gap(self) -> int:
-        """`PROBE_LAST` steps, or enough more that one probe's drafting is `PROBE_SHARE` of the gap."""
-        return max(PROBE_LAST, int(np.ceil(self.draft_s / (PROBE_SHARE * self._seconds(0, 0)))))
 
     def _cost(self) -> CostModel:
         """The calibrated forward cost at the speed realised steps show (a calibration taken on a busier
