@@ -47,7 +47,7 @@ def generate(
     top_p: float = typer.Option(1.0, "--top-p"),
     top_k: int = typer.Option(0, "--top-k", help="0 = off."),
     seed: Optional[int] = typer.Option(None, help="Seed for a reproducible sampled run."),
-    compare: bool = typer.Option(False, help="Also run transformers' own generate and compare."),
+    compare: bool = typer.Option(False, help="Also run transformers' own generate and compare (both warmed up first, untimed)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     phase_timing: bool = phase_timing_option(),
 ) -> None:
@@ -65,6 +65,8 @@ def generate(
     decoder = SpeculativeDecoder.from_names(target, drafter, tree, verifier, backend, budget=budget,
                                             sampling=sampling, phase_timing=phase_timing)
     ids = encode_prompt(target, prompt, chat)
+    if compare:
+        warm_up(decoder, target, chat)  # both sides timed warm: a cold first forward costs about 0.7 s
     result = decoder.generate(ids, max_new_tokens=max_new_tokens, stop=stop or ())
     report = {"text": result.text, "new_tokens": len(result.tokens), "finish_reason": result.finish_reason,
               **{k: v for k, v in result.metrics.to_dict().items() if k != "new_tokens"},
@@ -160,6 +162,21 @@ def encode_prompt(target, prompt: str, chat: bool) -> list[int]:
                                             tokenize=True, return_dict=True)["input_ids"]
         return list(ids)
     return list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+
+
+def warm_up(decoder, target, chat: bool) -> None:
+    """Run the bench's warm-up prompt through `decoder` and through transformers' `generate`, untimed, so
+    that neither side of `--compare` pays the process's first forwards (kernel set-up, allocations)."""
+    import torch
+
+    from specframe.bench.runner import WARMUP_PROMPT, WARMUP_TOKENS
+
+    ids = encode_prompt(target, WARMUP_PROMPT, chat)
+    decoder.generate(ids, max_new_tokens=WARMUP_TOKENS)
+    input_ids = torch.tensor([ids], device=target.device)
+    with torch.inference_mode():
+        target.model.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=WARMUP_TOKENS,
+                              do_sample=False)
 
 
 def compare_with_transformers(target, ids: list[int], result, max_new_tokens: int, sampling) -> dict:

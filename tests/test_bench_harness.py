@@ -175,6 +175,25 @@ def test_the_bench_command_writes_tables_and_plots(target, tmp_path):
                                                "acceptance_histogram.png", "time_split.png", "settings.json"}
 
 
+def test_generate_compare_warms_both_sides_up_and_reports_the_same_tokens(target, tmp_path):
+    """`--compare` first runs an untimed warm-up through both sides; what it reports is still the prompt's
+    own continuation, identical to transformers' and to a run without `--compare`."""
+    from typer.testing import CliRunner
+
+    from specframe.cli import app
+
+    model_dir = tmp_path / "model"
+    target.model.save_pretrained(model_dir)
+    target.tokenizer.save_pretrained(model_dir)
+    args = ["generate", "one two three one two three", "--model", str(model_dir), "--max-new-tokens", "12",
+            "--json"]
+    plain, compared = (CliRunner().invoke(app, args + extra) for extra in ([], ["--compare"]))
+    assert plain.exit_code == 0 and compared.exit_code == 0, compared.output
+    plain, compared = json.loads(plain.stdout), json.loads(compared.stdout)
+    assert compared["identical"] is True and compared["text"] == plain["text"]
+    assert compared["new_tokens"] == plain["new_tokens"] == 12
+
+
 def test_sampled_repeats_are_different_samples_drawn_alike_by_every_method(target, tmp_path):
     """With --seed S, repeat r samples with seed S + r: n repeats are n samples of a prompt (best-of-n),
     and `sample-match`, which draws one token per emitted token, reproduces plain sampling's tokens."""
