@@ -47,7 +47,8 @@ def generate(
     top_p: float = typer.Option(1.0, "--top-p"),
     top_k: int = typer.Option(0, "--top-k", help="0 = off."),
     seed: Optional[int] = typer.Option(None, help="Seed for a reproducible sampled run."),
-    compare: bool = typer.Option(False, help="Also run transformers' own generate and compare (both warmed up first, untimed)."),
+    compare: bool = typer.Option(False, help="Also run transformers' own generate and compare (both "
+                                 "sides warmed up first, untimed)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     phase_timing: bool = phase_timing_option(),
 ) -> None:
