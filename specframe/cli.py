@@ -176,8 +176,8 @@ def warm_up(decoder, target, chat: bool) -> None:
     decoder.generate(ids, max_new_tokens=WARMUP_TOKENS)
     input_ids = torch.tensor([ids], device=target.device)
     with torch.inference_mode():
-        target.model.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=WARMUP_TOKENS,
-                              do_sample=False)
+        target.model.generate(input_ids, attention_mask=torch.ones_like(input_ids),
+                              max_new_tokens=WARMUP_TOKENS, do_sample=False)
 
 
 def compare_with_transformers(target, ids: list[int], result, max_new_tokens: int, sampling) -> dict:
