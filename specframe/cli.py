@@ -90,10 +90,11 @@ def calibrate(
                                           "torch's choice; the cost is stored per thread count)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
-    """Measure what one verification step costs by tree size (what budget=auto weighs) and store it."""
+    """Measure what one verification step costs by tree size and context length (what budget=auto
+    weighs) and store it."""
     import torch
 
-    from specframe.adaptive.calibration import cached_cost, cost_path, cost_key
+    from specframe.adaptive.calibration import cached_cost, cost_key, cost_path
     from specframe.models import load_target
     from specframe.pipeline import assemble
 
@@ -102,22 +103,25 @@ def calibrate(
     target = load_target(model, device=device, dtype=dtype)
     state = assemble(target, backend=backend).backend
     cost, path = cached_cost(state, refresh=True), cost_path(cost_key(state))
-    rows = [{"nodes": n, "flat_ms": 1000 * f, "chain_ms": 1000 * c, "flat_ratio": f / cost.flat_s[0]}
-            for n, f, c in zip(cost.sizes, cost.flat_s, cost.chain_s)]
+    slopes = cost.flat_slope or (0.0,) * len(cost.sizes)  # none where the model's context is too short
+    rows = [{"nodes": n, "flat_ms": 1000 * f, "chain_ms": 1000 * c, "flat_ratio": f / cost.flat_s[0],
+             "flat_us_per_context_token": 1e6 * k}
+            for n, f, c, k in zip(cost.sizes, cost.flat_s, cost.chain_s, slopes)]
     if as_json:
-        typer.echo(json.dumps({"path": str(path), "costs": rows}, indent=2))
+        typer.echo(json.dumps({"path": str(path), "context": cost.context, "costs": rows}, indent=2))
         return
     from rich.console import Console
     from rich.table import Table
 
     where = target.device if target.device.type != "cpu" else f"{torch.get_num_threads()} thread(s)"
     table = Table(title=f"step cost: {target.name} on '{backend}', {where}, "
-                  f"{str(next(target.model.parameters()).dtype).removeprefix('torch.')}")
-    for column in ("tree nodes", "flat tree ms", "chain ms", "flat / empty"):
+                  f"{str(next(target.model.parameters()).dtype).removeprefix('torch.')}, "
+                  f"{cost.context} tokens of context")
+    for column in ("tree nodes", "flat tree ms", "chain ms", "flat / empty", "flat: us per context token"):
         table.add_column(column, justify="right")
     for r in rows:
         table.add_row(str(r["nodes"]), f"{r['flat_ms']:.1f}", f"{r['chain_ms']:.1f}",
-                      f"{r['flat_ratio']:.2f}")
+                      f"{r['flat_ratio']:.2f}", f"{r['flat_us_per_context_token']:.1f}")
     Console().print(table)
     typer.echo(f"stored in {path}")
 

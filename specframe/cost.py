@@ -27,6 +27,11 @@ class CostModel(ABC):
         computed at once (tree selection calls it every step)."""
         return np.array([self.step_seconds(int(n), int(d)) for n, d in zip(nodes, depths)])
 
+    def at_context(self, context: int) -> CostModel:
+        """This model for a step whose tree attends to `context` tokens (the prompt and the output so
+        far). A model that does not depend on the context returns itself."""
+        return self
+
 
 @dataclass(frozen=True)
 class PolynomialCost(CostModel):
@@ -51,17 +56,35 @@ class PolynomialCost(CostModel):
 @dataclass(frozen=True)
 class MeasuredCost(CostModel):
     """Step times measured at a grid of tree sizes, for flat trees (every node a child of the root) and
-    chains, interpolated in size and, by depth, between the two shapes.
+    chains, interpolated in size and, by depth, between the two shapes; and, when measured at a second
+    context length too, linear in the context.
 
     Measured, not a formula: on a CPU a forward over 2 tokens can be slower than over 4 (a matrix-multiply
     kernel choice), and a chain can be cheaper than a flat tree of the same size (no tree mask). Sizes past
     the grid extrapolate the last segment. The rest of a step (verify, commit, the loop) is not in
     it: the adaptive planner learns that from realised steps.
+
+    Every node of a tree attends to every cached token, so a tree's extra cost over a plain step grows
+    with the context: for SmolLM2 on two CPU threads a 16-node tree costs 1.37 plain steps at 128 tokens
+    and 1.85 at 2,048 (docs/explanation/metrics-and-costs.md). Attention's work is linear in the context,
+    so `at_context` moves each size's time along its measured slope (seconds per context token).
     """
 
     sizes: tuple[int, ...]  # tree nodes, increasing, starting at 0
-    flat_s: tuple[float, ...]  # seconds of `score` on a flat tree of each size
-    chain_s: tuple[float, ...]  # seconds of `score` on a chain of each size
+    flat_s: tuple[float, ...]  # seconds of `score` on a flat tree of each size, at `context` tokens
+    chain_s: tuple[float, ...]  # seconds of `score` on a chain of each size, at `context` tokens
+    context: int = 0  # tokens the trees attended to (cached ones and the root); 0: not recorded
+    flat_slope: tuple[float, ...] = ()  # extra seconds per context token, by size (empty: no slope)
+    chain_slope: tuple[float, ...] = ()
+
+    def at_context(self, context: int) -> MeasuredCost:
+        """The curves at `context` tokens, along the measured slopes (itself without slopes)."""
+        if not self.flat_slope or context == self.context:
+            return self
+        shift = max(context, 0) - self.context  # below the measured context: at most halve (noisy slopes)
+        flat = tuple(max(t + shift * k, t / 2) for t, k in zip(self.flat_s, self.flat_slope))
+        chain = tuple(max(t + shift * k, t / 2) for t, k in zip(self.chain_s, self.chain_slope))
+        return MeasuredCost(self.sizes, flat, chain, context, self.flat_slope, self.chain_slope)
 
     def step_seconds(self, nodes: int, depth: int = 0) -> float:
         # In plain Python: the planner asks for single sizes several times a step, and numpy's
@@ -89,6 +112,9 @@ class ScaledCost(CostModel):
 
     def many(self, nodes: np.ndarray, depths: np.ndarray) -> np.ndarray:
         return self.factor * self.base.many(nodes, depths)
+
+    def at_context(self, context: int) -> CostModel:
+        return ScaledCost(self.base.at_context(context), self.factor)
 
 
 def _interpolate_one(xs: tuple[int, ...], ys: tuple[float, ...], x: float) -> float:

@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Sequence
+from pathlib import Path
 
 import numpy as np
 
+from specframe.adaptive.planner import AdaptivePlanner, FixedPlanner, make_adaptive_planner, parse_budget
 from specframe.cost import CostModel
 from specframe.devices import synchronizer
 from specframe.errors import ConfigurationError, PromptError
-from specframe.metrics import DecodeMetrics, PhaseTimer, now, peak_memory_bytes, reset_peak_memory
 from specframe.interfaces import BuildContext
+from specframe.metrics import DecodeMetrics, PhaseTimer, now, peak_memory_bytes, reset_peak_memory
 from specframe.models import Target
 from specframe.pipeline import Pipeline, assemble
-from specframe.adaptive.planner import AdaptivePlanner, FixedPlanner, make_adaptive_planner, parse_budget
 from specframe.records import DraftContext, DraftProposal, StepEvent, StepOutcome
 from specframe.registry import PluginRegistry, get_registry
 from specframe.sampling import Sampler, SamplingParams
@@ -112,6 +112,7 @@ class SpeculativeDecoder:
         while reason is None:
             timer, step_start = PhaseTimer(phase_sync), now()
             room = min(max_new_tokens - len(new) - 1, self._room(tokens))
+            planner.start_step(len(tokens))
             with timer("draft"):
                 drafting = room > 0 and planner.should_draft()
                 budget = planner.build_budget(room) if drafting else 0

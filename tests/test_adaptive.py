@@ -6,12 +6,15 @@ import itertools
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from specframe.adaptive.acceptance import AcceptanceModel, NodeFeatures, conditional_scores, sibling_ranks
 from specframe.adaptive.selection import choose_subtree, path_probabilities
-from specframe.cost import MeasuredCost, PolynomialCost
+from specframe.adaptive.planner import AdaptivePlanner
+from specframe.cost import MeasuredCost, PolynomialCost, ScaledCost
 from specframe.records import DraftProposal, ScoreKind
+from specframe.tree import TokenTree
 
 
 @st.composite
@@ -123,6 +126,38 @@ def test_measured_cost_interpolates_by_size_and_depth():
     np.testing.assert_allclose(cost.many(np.array([0, 4]), np.array([0, 1])), [1.0, 2.0])
 
 
+def test_measured_cost_moves_along_its_context_slopes():
+    cost = MeasuredCost((0, 4), (1.0, 2.0), (1.0, 1.5), context=100,
+                        flat_slope=(0.001, 0.01), chain_slope=(0.001, 0.005))
+    longer = cost.at_context(300)  # 200 tokens more
+    assert longer.flat_s == pytest.approx((1.2, 4.0)) and longer.chain_s == pytest.approx((1.2, 2.5))
+    assert longer.at_context(100) == cost  # back where it was measured
+    assert cost.at_context(0).flat_s == pytest.approx((0.9, 1.0))  # below: at most halved
+    assert ScaledCost(cost, 2.0).at_context(300).step_seconds(4, 1) == pytest.approx(8.0)
+    flat = MeasuredCost((0, 4), (1.0, 2.0), (1.0, 1.5))
+    assert flat.at_context(5000) is flat
+    assert PolynomialCost((0.1, 1.0)).at_context(5000).step_seconds(1) == pytest.approx(1.2)
+
+
+def test_a_long_context_makes_the_planner_keep_a_smaller_tree():
+    """Every node attends to the whole context, so a tree that pays after a short prompt may not after a
+    long one; the planner must take the step's context into account, not the calibration's."""
+    cost = MeasuredCost((0, 8), (1.0, 1.6), (1.0, 1.6), context=256, flat_slope=(0.0, 0.001),
+                        chain_slope=(0.0, 0.001))
+    proposal = DraftProposal(np.arange(8), np.arange(8) - 1, np.log(0.7 ** np.arange(1, 9)),
+                             score_kind=ScoreKind.LOG_PROB)
+    tree = TokenTree(proposal.tokens, proposal.parents, origin=np.arange(8))
+    kept = {}
+    for context in (256, 4096):  # 8 nodes cost 1.6 plain steps at 256 tokens, 5.4 at 4096
+        planner = AdaptivePlanner(cost, cap=8, learn_speed=False)
+        planner.start_step(context)
+        kept[context] = len(planner.choose(proposal, tree)[0])
+        p = planner.acceptance.predict(NodeFeatures.of(proposal, np.arange(8), np.arange(1, 9)))
+        best = choose_subtree(proposal.parents, np.arange(1, 9), p, cost.at_context(context))
+        assert kept[context] == len(best.keep)
+    assert kept == {256: 5, 4096: 1}
+
+
 # --- calibration and the decoder -------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -178,6 +213,29 @@ def test_calibration_keeps_the_fastest_round_so_stalls_do_not_move_it(tiny, monk
     cost = calibration.calibrate(backend, sizes=(0, 1, 4), progress=False)
     np.testing.assert_allclose(cost.flat_s, [true_s[n] for n in (0, 1, 4)], atol=1e-9)
     np.testing.assert_allclose(cost.chain_s, [true_s[n] for n in (0, 1, 4)], atol=1e-9)
+
+
+def test_calibration_measures_how_a_tree_costs_more_in_a_longer_context(tiny, monkeypatch):
+    """A second calibration after a longer prompt gives each size's cost per context token; a size whose
+    longer-context time came out lower (noise) gets slope 0, never a negative one."""
+    from types import SimpleNamespace
+
+    from specframe import assemble
+    from specframe.adaptive import calibration
+
+    backend = assemble(tiny).backend
+    clock = [0.0]
+
+    def timed_score(tree):
+        size, context = len(tree), backend.committed_length + 1
+        clock[0] += 0.01 * (1 + size) + 1e-5 * size * context - (0.5 if size == 4 and context > 300 else 0)
+
+    monkeypatch.setattr(backend, "score", timed_score)
+    monkeypatch.setattr(calibration, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    cost = calibration.calibrate(backend, sizes=(0, 1, 4, 8), progress=False)
+    assert cost.context == calibration.PROMPT_TOKENS + 1
+    np.testing.assert_allclose(cost.flat_slope, [0.0, 1e-5, 0.0, 8e-5], atol=1e-12)
+    np.testing.assert_allclose(cost.at_context(1000).flat_s[3], 0.09 + 8e-5 * 1000)
 
 
 @pytest.mark.parametrize("drafter,tree", [("pld", "chain"), ("pld(matches=4)", "trie"),

@@ -2,12 +2,13 @@
 
 `calibrate` prefills a synthetic prompt and times `backend.score` on flat trees and chains of a grid of
 sizes, round-robin over the sizes so that a drift of the machine spreads over all of them, keeping the
-fastest of five rounds of each: on a shared machine timing noise only ever adds time (another process,
-an interrupt), so the minimum is the stablest estimate of what a size costs, and the decoder scales it
-to what its real steps take (the speed the adaptive planner learns; see "Why the fastest of five" in
-docs/explanation/adaptive-speculation.md). `cached_cost` returns a stored calibration for the same keys,
-measuring one (about 15 s on the development CPU, with progress) when there is none; `specframe
-calibrate` refreshes it.
+fastest of five rounds of each; then again after a longer prompt, which gives each size's slope in the
+context length (a tree's nodes attend to every cached token). The fastest round, because on a shared
+machine timing noise only ever adds time (another process, an interrupt), so the minimum is the stablest
+estimate of what a size costs, and the decoder scales it to what its real steps take (the speed the
+adaptive planner learns; see "Why the fastest of five" in docs/explanation/adaptive-speculation.md).
+`cached_cost` returns a stored calibration for the same keys, measuring one (about 15 s on the
+development CPU, with progress) when there is none; `specframe calibrate` refreshes it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import hashlib
 import json
 import platform
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -30,38 +32,54 @@ from specframe.tree import TokenTree
 
 SIZES = (0, 1, 2, 3, 4, 6, 8, 10, 12, 16, 20, 24, 32)
 PROMPT_TOKENS = 256  # a typical prompt plus part of an answer: the cache the tree attends to
+LONG_PROMPT_TOKENS = 1024  # a long one (RAG, summaries): the second point of each size's context slope
 ROUNDS = 5
-FORMAT = 5  # 2: kv pads small trees to 4 rows on CPU; 3: the key holds the linear kernel and backend options;
-# 4: and the attention implementation; 5: the fastest of 5 rounds (was the median of 3)
+FORMAT = 6  # 2: kv pads small trees to 4 rows on CPU; 3: the key holds the linear kernel and backend options;
+# 4: and the attention implementation; 5: the fastest of 5 rounds (was the median of 3); 6: context slopes
 
 
 def calibrate(backend: StateBackend, sizes=SIZES, rounds: int = ROUNDS, progress: bool = True,
               seed: int = 0) -> MeasuredCost:
-    """Time `backend.score` on flat trees and chains of every size in `sizes`; the fastest of `rounds`.
+    """Time `backend.score` on flat trees and chains of every size in `sizes`, the fastest of `rounds`,
+    after a prompt of `PROMPT_TOKENS` and again after one of `LONG_PROMPT_TOKENS` (when the model's
+    context holds it) for the slopes in the context length. Slopes come out at least 0: attention's work
+    never shrinks as the context grows, so a negative difference is timing noise.
 
     Leaves the backend prefilled with a synthetic prompt: prefill again before decoding.
     """
-    times = round_times(backend, sizes, rounds, progress=progress, seed=seed)
-    fastest = {key: float(np.min(t)) for key, t in times.items()}
-    return MeasuredCost(tuple(sizes), tuple(fastest[(n, "flat")] for n in sizes),
-                        tuple(fastest[(n, "chain")] for n in sizes))
+    fit = max(1, backend.target.max_context - max(sizes) - 2)  # prompt tokens that leave room for a tree
+    prompts = sorted({min(PROMPT_TOKENS, fit), min(LONG_PROMPT_TOKENS, fit)})
+    curves = []
+    for prompt in prompts:
+        times = round_times(backend, sizes, rounds, progress=progress, seed=seed, prompt_tokens=prompt)
+        fastest = {key: float(np.min(t)) for key, t in times.items()}
+        curves.append(tuple(tuple(fastest[(n, shape)] for n in sizes) for shape in ("flat", "chain")))
+    (flat, chain), context = curves[0], prompts[0] + 1  # the cached prompt and the tree's root
+    if len(prompts) == 1:
+        return MeasuredCost(tuple(sizes), flat, chain, context)
+    span = prompts[1] - prompts[0]
+    flat_slope, chain_slope = (tuple(max((b - a) / span, 0.0) for a, b in zip(near, far))
+                               for near, far in zip(curves[0], curves[1]))
+    return MeasuredCost(tuple(sizes), flat, chain, context, flat_slope, chain_slope)
 
 
 def round_times(backend: StateBackend, sizes=SIZES, rounds: int = ROUNDS, shapes=("flat", "chain"),
-                progress: bool = True, seed: int = 0) -> dict[tuple[int, str], list[float]]:
-    """Seconds of `backend.score` per round for each (size, shape), timed round-robin over the sizes so
+                progress: bool = True, seed: int = 0,
+                prompt_tokens: int = PROMPT_TOKENS) -> dict[tuple[int, str], list[float]]:
+    """Seconds of `backend.score` per round for each (size, shape) after a synthetic prompt of
+    `prompt_tokens` (fewer where the model's context is shorter), timed round-robin over the sizes so
     that a drift of the machine spreads over all of them (`calibrate` keeps the fastest)."""
     target = backend.target
-    room = max(1, min(PROMPT_TOKENS, target.max_context - max(sizes) - 2))
+    room = max(1, min(prompt_tokens, target.max_context - max(sizes) - 2))
     ids = np.random.default_rng(seed).integers(0, target.vocab_size, room + 1)
     backend.prefill(ids.tolist())
     trees = {(n, shape): probe_tree(n, shape, ids) for n in sizes for shape in shapes}
-    for tree in (trees[(max(sizes), shapes[0])], trees[(1, shapes[-1])]):  # warm up kernels and caches
+    for tree in (trees[(max(sizes), shapes[0])], trees[(min(sizes), shapes[-1])]):  # warm up kernels, caches
         backend.score(tree)
     times: dict[tuple[int, str], list[float]] = {key: [] for key in trees}
     sync = synchronizer(target.device) or (lambda: None)  # CUDA and MPS queue work: wait for it
-    steps = tqdm(total=rounds * len(trees), desc="calibrating step cost", disable=not progress,
-                 unit="forward", leave=False)
+    steps = tqdm(total=rounds * len(trees), desc=f"calibrating step cost ({room} cached tokens)",
+                 disable=not progress, unit="forward", leave=False)
     for _ in range(rounds):
         for key, tree in trees.items():
             sync()
@@ -116,8 +134,7 @@ def cached_cost(backend: StateBackend, options: dict | None = None, refresh: boo
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{time.time_ns()}.tmp")
-        tmp.write_text(json.dumps({"key": key, "sizes": cost.sizes, "flat_s": cost.flat_s,
-                                   "chain_s": cost.chain_s}, indent=1, default=str))
+        tmp.write_text(json.dumps({"key": key, **asdict(cost)}, indent=1, default=str))
         tmp.replace(path)
     except OSError:
         pass
@@ -135,10 +152,14 @@ def _read(path: Path, key: dict) -> MeasuredCost | None:
         data = json.loads(path.read_text())
         if json.loads(json.dumps(key, default=str)) != data["key"]:
             return None
-        cost = MeasuredCost(tuple(int(n) for n in data["sizes"]), tuple(float(t) for t in data["flat_s"]),
-                            tuple(float(t) for t in data["chain_s"]))
+        floats = {name: tuple(float(t) for t in data[name])
+                  for name in ("flat_s", "chain_s", "flat_slope", "chain_slope")}
+        cost = MeasuredCost(tuple(int(n) for n in data["sizes"]), context=int(data["context"]), **floats)
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    if len(cost.sizes) < 2 or not (len(cost.sizes) == len(cost.flat_s) == len(cost.chain_s)):
+    n = len(cost.sizes)
+    if n < 2 or len(cost.flat_s) != n or len(cost.chain_s) != n:
+        return None
+    if len(cost.flat_slope) != len(cost.chain_slope) or len(cost.flat_slope) not in (0, n):
         return None
     return cost

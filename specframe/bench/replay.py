@@ -8,13 +8,14 @@ drafter proposes from the recorded context, the real tree builder and planner (`
 calibration, or a fixed budget) choose the tree, and the recorded tokens say what was accepted.
 
 What is modelled rather than run: the forward pass (its time is the calibrated step cost of the tree
-size and depth) and the rest of a step (verify, commit, the loop: not counted, as the planner's overhead
-estimate then stays 0). Drafting runs for real and its time is counted. Drafters that need the target's
-hidden states (`s4c`) get them from one teacher-forced forward over each recorded turn: the feature at
-the token before the root, as the decoder passes it, equal to the decoding run's up to float rounding
-(so a near tie between two draft tokens may, rarely, go the other way). Drafters see no sampler (they
-draft as for a greedy request). Turns replay in the order of the suite, repeats after one another,
-later turns with the recorded baseline's earlier answers, without the bench's warm-up generation.
+size and depth at the step's context, as is plain decoding's) and the rest of a step (verify, commit,
+the loop: not counted, as the planner's overhead estimate then stays 0). Drafting runs for real and its
+time is counted. Drafters that need the target's hidden states (`s4c`) get them from one teacher-forced
+forward over each recorded turn: the feature at the token before the root, as the decoder passes it,
+equal to the decoding run's up to float rounding (so a near tie between two draft tokens may, rarely, go
+the other way). Drafters see no sampler (they draft as for a greedy request). Turns replay in the order
+of the suite, repeats after one another, later turns with the recorded baseline's earlier answers,
+without the bench's warm-up generation.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ class ReplayStats:
     nodes: int = 0
     modelled_s: float = 0.0
     draft_s: float = 0.0
-    plain_step_s: float = 0.0  # the calibrated cost of a plain step (an empty tree)
+    plain_s: float = 0.0  # plain decoding's modelled time: a calibrated plain step per token, at its context
     by_turn: list[float] = field(default_factory=list)  # modelled speedup of each turn
     turn_steps: list[int] = field(default_factory=list)  # steps each turn took
 
@@ -72,7 +73,7 @@ class ReplayStats:
     @property
     def speedup(self) -> float:
         """Tokens per modelled second over plain decoding's (one token per plain step)."""
-        return self.tokens * self.plain_step_s / max(self.modelled_s, 1e-12)
+        return self.plain_s / max(self.modelled_s, 1e-12)
 
 
 def recorded_turns(records: Path, prompts: list[BenchPrompt], tokenizer,
@@ -112,10 +113,11 @@ def accepted_path(tree: TokenTree, future: list[int]) -> list[int]:
     return path
 
 
-def replay(target: Target, method: MethodSpec, turns: list[Turn],
-           cost: CostModel | None = None) -> ReplayStats:
+def replay(target: Target, method: MethodSpec, turns: list[Turn], cost: CostModel | None = None,
+           planner_cost: CostModel | None = None) -> ReplayStats:
     """Replay `turns` through `method`'s drafter, tree builder and planner (see the module docstring),
-    with the step cost `cost` (default: the stored calibration of the method's backend)."""
+    with the step cost `cost` (default: the stored calibration of the method's backend). The planner
+    weighs `planner_cost` (default: `cost`), so a replay can measure what a wrong cost model loses."""
     pipeline = assemble(target, method.drafter, method.tree, method.verifier, method.backend)
     drafter, builder = pipeline.drafter, pipeline.tree_builder
     needs_hidden = type(drafter).capabilities.needs_hidden_states
@@ -125,41 +127,47 @@ def replay(target: Target, method: MethodSpec, turns: list[Turn],
                                  f"`specframe calibrate --model {target.name}` first (same --threads)")
     cap, adaptive = parse_budget(method.budget)
     grows = type(drafter).capabilities.drafting_grows_with_budget
-    planner = (AdaptivePlanner(cost, cap, drafting_grows_with_budget=grows) if adaptive
-               else FixedPlanner(cap, cost))
-    stats = ReplayStats(plain_step_s=cost.step_seconds(0, 0))
+    believed = planner_cost or cost
+    planner = (AdaptivePlanner(believed, cap, drafting_grows_with_budget=grows) if adaptive
+               else FixedPlanner(cap, believed))
+    stats = ReplayStats()
     for turn in turns:
         drafter.reset()
-        tokens, emitted_so_far, turn_s = np.array(turn.prompt_ids, np.int64), 0, 0.0
+        tokens, emitted_so_far, turn_s, plain_s = np.array(turn.prompt_ids, np.int64), 0, 0.0, 0.0
         features = teacher_forced_features(target, turn) if needs_hidden else None  # (L, H)
         steps_before = stats.steps
         while emitted_so_far < len(turn.tokens):
             room = len(turn.tokens) - emitted_so_far - 1
             start = time.perf_counter()
+            planner.start_step(len(tokens))
             drafting = room > 0 and planner.should_draft()  # as the decode loop: decide, then size
             budget = planner.build_budget(room) if drafting else 0
             hidden = features[len(tokens) - 2] if features is not None and emitted_so_far else None
             proposal = (drafter.propose(DraftContext(tokens, len(turn.prompt_ids), budget, hidden))
                         if drafting else DraftProposal.empty())
             draft_s = time.perf_counter() - start
-            tree = builder.build(proposal, BuildContext(budget, cost)) if len(proposal) else TokenTree.empty()
+            tree = (builder.build(proposal, BuildContext(budget, planner.cost)) if len(proposal)
+                    else TokenTree.empty())
             tree, _ = planner.choose(proposal, tree)
             future = turn.tokens[emitted_so_far:]
             path = accepted_path(tree, future)
             result = VerifyResult(path, future[len(path)])
-            forward_s = cost.step_seconds(len(tree), int(tree.depth.max()) if len(tree) else 0)
+            here = cost.at_context(len(tokens))  # what a step costs at this context
+            forward_s = here.step_seconds(len(tree), int(tree.depth.max()) if len(tree) else 0)
             drafter.observe(StepOutcome(proposal, len(tree), future[:len(path)], result.bonus))
             planner.observe(tree, result, {"draft": draft_s, "forward": forward_s})
             emitted = min(len(path) + 1, len(turn.tokens) - emitted_so_far)
             tokens = np.concatenate([tokens, np.asarray(future[:emitted], np.int64)])
             emitted_so_far += emitted
+            plain_s += sum(cost.at_context(len(tokens) - i).step_seconds(0, 0) for i in range(1, emitted + 1))
             stats.tokens += emitted
             stats.steps += 1
             stats.nodes += len(tree)
             stats.modelled_s += forward_s + draft_s
             stats.draft_s += draft_s
             turn_s += forward_s + draft_s
-        stats.by_turn.append(len(turn.tokens) * stats.plain_step_s / max(turn_s, 1e-12))
+        stats.plain_s += plain_s
+        stats.by_turn.append(plain_s / max(turn_s, 1e-12))
         stats.turn_steps.append(stats.steps - steps_before)
         finish = getattr(drafter, "finish", None)  # drafters that remember requests (suffix) close them
         if finish is not None:
