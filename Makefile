@@ -27,6 +27,7 @@ demo: setup
 	$(VENV)/bin/specframe generate "def fibonacci(n):" --max-new-tokens 96 --compare
 
 test: setup
+	$(VENV)/bin/ruff check .
 	HF_HUB_OFFLINE=1 $(PY) -m pytest --nbmake --durations=25 tests notebooks
 
 bench: setup

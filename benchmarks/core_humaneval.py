@@ -79,7 +79,8 @@ def main() -> None:
             rows[name].append(run)
         summary = summarize(rows)  # written after every prompt, so an interrupted run still reports
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps({"args": vars(args), "summary": summary, "runs": rows}, indent=1))
+        report = {"args": vars(args), "summary": summary, "runs": rows}
+        Path(args.out).write_text(json.dumps(report, indent=1))
     print(f"{'method':28} {'tok/s':>7} {'speedup':>8} {'tau':>5} identical")
     for name, s in summary.items():
         print(f"{name:28} {s['tokens_per_s']:7.1f} {s['speedup_vs_transformers']:7.2f}x {s['tau']:5.2f} "
@@ -99,8 +100,8 @@ def summarize(rows: dict[str, list[dict]]) -> dict:
             "identical": sum(r["identical"] for r in runs), "prompts": len(runs),
         }
         if "time_per_step_ms" in runs[0]:
-            summary[name]["time_per_step_ms"] = {
-                k: statistics.mean(r["time_per_step_ms"][k] for r in runs) for k in runs[0]["time_per_step_ms"]}
+            summary[name]["time_per_step_ms"] = {k: statistics.mean(r["time_per_step_ms"][k] for r in runs)
+                                                 for k in runs[0]["time_per_step_ms"]}
     return summary
 
 if __name__ == "__main__":

@@ -20,11 +20,11 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-import test_lossless_e2e as e2e  # noqa: E402
-import test_lossless_power as power  # noqa: E402
+import test_lossless_e2e as e2e
+import test_lossless_power as power
 
-from specframe.testing.exact import LogitTable, decoder_counts, exact_law, law_test  # noqa: E402
-from specframe.testing.law import RUNS, builder_scenarios  # noqa: E402
+from specframe.testing.exact import LogitTable, decoder_counts, exact_law, law_test
+from specframe.testing.law import RUNS, builder_scenarios
 
 
 def row(*cells) -> str:

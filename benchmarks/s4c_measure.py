@@ -68,9 +68,11 @@ def complete_prompt_stats(path: Path, methods: list[str], turns: int = 1) -> dic
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--humaneval", type=int, default=20, help="first N HumanEval problems (0 = skip)")
-    parser.add_argument("--spec-bench", type=int, default=10, help="questions per Spec-Bench category (0 = skip)")
+    parser.add_argument("--spec-bench", type=int, default=10,
+                        help="questions per Spec-Bench category (0 = skip)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--methods", default=",".join(METHODS), help="';'-separated pipeline specs")
@@ -101,12 +103,13 @@ def main() -> None:
             speed, mb = stats["speedup"]["mean"], memory[method] / 2**20
             decode = stats["speedup_excl_prefill"]["mean"]
             r = speed / (memory[method] / 2**30) if memory[method] else None
-            summary[f"{suite}/{method}"] = {"tau": stats["tau"], "speedup": speed, "speedup_excl_prefill": decode,
+            summary[f"{suite}/{method}"] = {"tau": stats["tau"], "speedup": speed,
+                                            "speedup_excl_prefill": decode,
                                             "extra_bytes": memory[method], "r": r, "prompts": stats["turns"],
                                             "categories": stats["categories"],
                                             "time_per_step_ms": stats["time_per_step_ms"]}
-            rows.append(f"| {suite} | `{method}` | {stats['tau']:.2f} | {speed:.2f} | {decode:.2f} | {mb:.1f} | "
-                        f"{'-' if r is None else f'{r:.1f}'} |")
+            rows.append(f"| {suite} | `{method}` | {stats['tau']:.2f} | {speed:.2f} | {decode:.2f} "
+                        f"| {mb:.1f} | {'-' if r is None else f'{r:.1f}'} |")
     text = "\n".join(rows) + "\n"
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "summary.md").write_text(text)

@@ -37,6 +37,14 @@ def split_key(record: dict, by: str) -> str:
     return "all"
 
 
+def mean_ratio(mine: list[dict], other: str, key: dict) -> float | None:
+    """Mean over `mine`'s turns of their tokens/s over method `other`'s on the same turn and repeat."""
+    pairs = [(r, key.get((other, r["qid"], r["turn"], r["repeat"]))) for r in mine]
+    values = [r["metrics"]["tokens_per_s"] / b["metrics"]["tokens_per_s"] for r, b in pairs
+              if b is not None and b["metrics"]["tokens_per_s"]]
+    return statistics.fmean(values) if values else None
+
+
 def summarize(records: list[dict], by: str, reference: str) -> dict:
     """{split: {method: stats}}."""
     key = {(r["method"], r["qid"], r["turn"], r["repeat"]): r for r in records}
@@ -48,12 +56,6 @@ def summarize(records: list[dict], by: str, reference: str) -> dict:
         table[split] = {}
         ref_label = next((m for m in methods if m == reference or m.startswith(reference + "+")), None)
         for method, mine in methods.items():
-            def ratio(other: str) -> float | None:
-                pairs = [(r, key.get((other, r["qid"], r["turn"], r["repeat"]))) for r in mine]
-                values = [r["metrics"]["tokens_per_s"] / b["metrics"]["tokens_per_s"] for r, b in pairs
-                          if b is not None and b["metrics"]["tokens_per_s"]]
-                return statistics.fmean(values) if values else None
-
             m = [r["metrics"] for r in mine]
             steps = sum(x["steps"] for x in m)
             drafted = [x["draft_tokens"] for x in m]
@@ -61,8 +63,8 @@ def summarize(records: list[dict], by: str, reference: str) -> dict:
             stats = next((r["metrics"]["drafter_stats"] for r in reversed(mine)
                           if r["metrics"].get("drafter_stats")), None)
             table[split][method] = {
-                "turns": len(mine), "speedup": ratio("baseline"),
-                "vs_reference": ratio(ref_label) if ref_label else None,
+                "turns": len(mine), "speedup": mean_ratio(mine, "baseline", key),
+                "vs_reference": mean_ratio(mine, ref_label, key) if ref_label else None,
                 "tau": sum(x["new_tokens"] for x in m) / steps if steps else None,
                 "drafted_per_accepted": (sum(drafted) / accepted
                                          if None not in drafted and accepted else None),

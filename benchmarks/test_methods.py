@@ -84,5 +84,6 @@ def test_method(benchmark, target, prompts, reference, method):
 
     benchmark.pedantic(decode_all, rounds=3, warmup_rounds=1, iterations=1)
     benchmark.extra_info.update(method=method, new_tokens_per_round=sum(len(o) for o in outputs),
-                                tau=stats["tokens"] / stats["steps"], tokens_per_s=stats["tokens"] / stats["wall_s"])
+                                tau=stats["tokens"] / stats["steps"],
+                                tokens_per_s=stats["tokens"] / stats["wall_s"])
     assert outputs == reference, f"{method} is not lossless: its greedy output differs from plain decoding"

@@ -40,7 +40,8 @@ print(PLD.__doc__ or PLD.__module__)
 # The context ends with `fibonacci(n`, which occurred before; the drafter proposes what followed it.
 
 # %%
-text = ("def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n\n"
+text = ("def fibonacci(n):\n    if n < 2:\n        return n\n"
+        "    return fibonacci(n - 1) + fibonacci(n - 2)\n\n"
         "print(fibonacci(n")
 ids = np.array(tok(text)["input_ids"])
 for spec in ("pld", "pld(matches=3, num_tokens=6)"):
@@ -58,7 +59,8 @@ for spec in ("pld", "pld(matches=3, num_tokens=6)"):
 # second function much like the first, which prompt lookup can copy.
 
 # %%
-prompt = ("def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n\n\n"
+prompt = ("def fibonacci(n):\n    if n < 2:\n        return n\n"
+          "    return fibonacci(n - 1) + fibonacci(n - 2)\n\n\n"
           "def")
 results = {}
 for drafter, tree in (("none", "chain"), ("pld", "chain"), ("pld(matches=3)", "trie")):

@@ -82,7 +82,8 @@ for i in range(len(proposal)):
 plain = specframe.SpeculativeDecoder.from_names(target, drafter="none").generate(prompt, max_new_tokens=24)
 assert result.tokens == plain.tokens
 m = result.metrics
-print(f"tau = {m.tau:.2f}, alpha = {m.alpha:.2f}, acceptance by depth = {[round(a, 2) for a in m.acceptance_by_depth]}")
+by_depth = [round(a, 2) for a in m.acceptance_by_depth]
+print(f"tau = {m.tau:.2f}, alpha = {m.alpha:.2f}, acceptance by depth = {by_depth}")
 
 # %% [markdown]
 # ## Heads that ship with specframe

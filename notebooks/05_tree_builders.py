@@ -39,7 +39,8 @@ ids = np.array(tok(prompt)["input_ids"])
 
 drafter = registry.get("drafter", "draft-model")(target, layers=8, num_tokens=4, topk=3)
 proposal = drafter.propose(DraftContext(ids, prompt_len=len(ids), budget=16))
-print(f"{len(proposal)} candidates; draw = {proposal.draw.value}; draft_probs {tuple(proposal.draft_probs.shape)}")
+print(f"{len(proposal)} candidates; draw = {proposal.draw.value}; "
+      f"draft_probs {tuple(proposal.draft_probs.shape)}")
 for i in range(len(proposal)):
     print(f"node {i:2d} parent {proposal.parents[i]:2d} {tok.decode([proposal.tokens[i]])!r:12} "
           f"log q(path) = {proposal.scores[i]:.2f}")

@@ -112,7 +112,8 @@ ax.legend()
 plt.show()
 for name, (freq, mean_accepted) in results.items():
     tv = 0.5 * np.abs(freq - p_root).sum()
-    print(f"{name:22} total variation from p = {tv:.3f}   mean accepted drafts per step = {mean_accepted:.2f}")
+    print(f"{name:22} total variation from p = {tv:.3f}   "
+          f"mean accepted drafts per step = {mean_accepted:.2f}")
 
 # %% [markdown]
 # `rejection` uses the draft's q and accepts more drafts per step than `sample-match`, at the same exact

@@ -58,7 +58,8 @@ for i in range(-1, len(tree)):
     ref = reference_logits(target, prompt_ids + [tokens[j] for j in path])[-1]
     diff = (scores.logits[i + 1] - ref).abs().max().item()
     text = "".join(words[j] for j in path)
-    print(f"node {i:2d} {text!r:22} max |tree - plain| = {diff:.1e}  next: {tok.decode([int(ref.argmax())])!r}")
+    following = tok.decode([int(ref.argmax())])
+    print(f"node {i:2d} {text!r:22} max |tree - plain| = {diff:.1e}  next: {following!r}")
     assert diff < 1e-3
 
 # %% [markdown]
@@ -85,7 +86,8 @@ backend.commit(scores, [0, 2], bonus)  # the scores of the latest score(): they 
 print("committed length", before, "->", backend.committed_length)
 history = prompt_ids + [tokens[0], tokens[2], bonus]
 after = backend.score(TokenTree.empty()).logits[0]
-print("next-token logits vs plain forward:", (after - reference_logits(target, history)[-1]).abs().max().item())
+gap = (after - reference_logits(target, history)[-1]).abs().max().item()
+print("next-token logits vs plain forward:", gap)
 
 # %% [markdown]
 # ## What a bigger tree costs on this CPU

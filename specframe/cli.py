@@ -212,7 +212,8 @@ def print_report(report: dict) -> None:
 
     console = Console()
     console.print(report["text"], markup=False, highlight=False)
-    table = Table(title="specframe " + "+".join(str(v) for k, v in report["pipeline"].items() if k != "budget"))
+    parts = [str(v) for k, v in report["pipeline"].items() if k != "budget"]
+    table = Table(title="specframe " + "+".join(parts))
     table.add_column("metric")
     table.add_column("value", justify="right")
     rows = [("new tokens", report["new_tokens"]), ("steps", report["steps"]), ("tau", f"{report['tau']:.2f}"),

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from specframe.errors import ConfigurationError
@@ -116,8 +117,8 @@ class CliOption:
         return self.flag[2:].replace("-", "_")
 
 
-_option_defaults: ContextVar[dict[tuple[ComponentKind, str], dict[str, Any]]] = ContextVar(
-    "specframe_option_defaults", default={})
+_option_defaults: ContextVar[Mapping[tuple[ComponentKind, str], dict[str, Any]]] = ContextVar(
+    "specframe_option_defaults", default=MappingProxyType({}))
 
 
 def option_defaults(kind: ComponentKind | str, name: str) -> dict[str, Any]:

@@ -104,7 +104,8 @@ class BuildContext:
 
 
 class TreeBuilder(ABC):
-    """Turns a proposal into a `TokenTree` of at most `context.budget` nodes. Constructed as `cls(**options)`."""
+    """Turns a proposal into a `TokenTree` of at most `context.budget` nodes. Constructed as
+    `cls(**options)`."""
 
     name: ClassVar[str]
     capabilities: ClassVar[TreeBuilderCapabilities] = TreeBuilderCapabilities()

@@ -103,7 +103,7 @@ def _type_hints(function) -> dict[str, Any]:
     hints = {}
     for name, annotation in getattr(function, "__annotations__", {}).items():
         try:
-            hints[name] = eval(annotation, namespace) if isinstance(annotation, str) else annotation  # noqa: S307
+            hints[name] = eval(annotation, namespace) if isinstance(annotation, str) else annotation
         except Exception:
             continue
     return hints

@@ -155,7 +155,8 @@ class Sampler:
         Row r gives the distinct tokens in the order they were first drawn: the order the `rejection`
         verifier needs (see `DrawMethod`). Draws come from the drafting generator, not the verifier's.
         """
-        draws = torch.multinomial(probs.float(), n, replacement=True, generator=self.draft_generator)  # (R, n)
+        draws = torch.multinomial(probs.float(), n, replacement=True,
+                                  generator=self.draft_generator)  # (R, n)
         return [list(dict.fromkeys(row)) for row in draws.tolist()]
 
     def sample(self, logits: torch.Tensor) -> int:

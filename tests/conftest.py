@@ -6,11 +6,11 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach the network (set before hub imports)
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
-import specframe  # noqa: E402
-from specframe.models import specframe_home  # noqa: E402
+import specframe
+from specframe.models import specframe_home
 
 # What tests may share with the user's SPECFRAME_HOME: converted models and built datastores, which take
 # minutes to make and are the same for everyone. Step costs, acceptance counts and suffix caches that

@@ -80,7 +80,8 @@ def test_kv_backend_refuses_stateful_models():
 
 
 def test_unknown_model_alias():
-    with pytest.raises(ModelLoadError, match="is not a local Hugging Face model directory, a .gguf file, a known alias"):
+    with pytest.raises(ModelLoadError,
+                       match="is not a local Hugging Face model directory, a .gguf file, a known alias"):
         specframe.load_target("no-such-model")
 
 

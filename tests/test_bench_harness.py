@@ -21,7 +21,8 @@ from specframe.testing import tiny_target
 PROMPTS = [
     BenchPrompt("q1", "writing", ("Write a short poem about the sea. The sea, the sea, the sea.",
                                   "Now make it rhyme.")),
-    BenchPrompt("code-1", "coding", ("def add(a, b):\n    return a + b\n\ndef add3(a, b, c):\n",), chat=False),
+    BenchPrompt("code-1", "coding", ("def add(a, b):\n    return a + b\n\ndef add3(a, b, c):\n",),
+                chat=False),
 ]
 NEW_TOKENS = 10
 
@@ -42,7 +43,8 @@ def target():
 
 
 def test_every_method_runs_and_reports(target, tmp_path):
-    methods = ["pld", "pld-trie", "rest-live", "pld+chain+sample-match@4", "draft-model(layers=1)+chain+greedy"]
+    methods = ["pld", "pld-trie", "rest-live", "pld+chain+sample-match@4",
+               "draft-model(layers=1)+chain+greedy"]
     run, table = run_benchmark(target, PROMPTS, methods, tmp_path, repeats=2, max_new_tokens=NEW_TOKENS,
                                synthetic_acceptance=0.7, progress=False)
     labels = [r.label for r in run.runners]
@@ -140,7 +142,8 @@ def test_an_interrupted_run_resumes_where_it_stopped(target, tmp_path, monkeypat
     assert len(run.records) == expected
     before = [json.loads(line) for line in lines]
     assert all(r in run.records for r in before)  # the finished runs were kept, not redone
-    assert len((tmp_path / "records.jsonl").read_text().splitlines()) == 3 + 1 + expected - 3  # the cut line stays, skipped
+    # the cut line stays, skipped
+    assert len((tmp_path / "records.jsonl").read_text().splitlines()) == 3 + 1 + expected - 3
 
     with pytest.raises(ConfigurationError, match="other settings"):
         run_benchmark(target, PROMPTS, ["pld"], tmp_path, **{**kwargs, "max_new_tokens": NEW_TOKENS + 1})
@@ -164,11 +167,13 @@ def test_the_bench_command_writes_tables_and_plots(target, tmp_path):
     target.model.save_pretrained(model_dir)
     target.tokenizer.save_pretrained(model_dir)
     questions = tmp_path / "questions.jsonl"
-    questions.write_text(json.dumps({"question_id": 7, "category": "qa", "turns": ["Name three colors."]}) + "\n")
+    question = {"question_id": 7, "category": "qa", "turns": ["Name three colors."]}
+    questions.write_text(json.dumps(question) + "\n")
     out = tmp_path / "out"
     result = CliRunner().invoke(app, [
-        "bench", "--model", str(model_dir), "--suite", str(questions), "--methods", "pld,pld(max_ngram=2)+chain",
-        "--peers", "hf-generate", "--repeats", "1", "--max-new-tokens", "6", "--out", str(out)])
+        "bench", "--model", str(model_dir), "--suite", str(questions),
+        "--methods", "pld,pld(max_ngram=2)+chain", "--peers", "hf-generate", "--repeats", "1",
+        "--max-new-tokens", "6", "--out", str(out)])
     assert result.exit_code == 0, result.output
     assert "| pld(max_ngram=2)+chain |" in result.output and "### qa" in result.output
     assert {p.name for p in out.iterdir()} >= {"records.jsonl", "results.json", "results.md", "speedup.png",

@@ -19,7 +19,8 @@ from specframe.testing import tiny_target
 
 def test_split_parts_ignores_separators_inside_parentheses():
     assert split_parts("rest(w=a+b)+trie+greedy") == ["rest(w=a+b)", "trie", "greedy"]
-    assert split_parts("pld,hf-assisted(layers=2,num_tokens=3)", ",") == ["pld", "hf-assisted(layers=2,num_tokens=3)"]
+    assert split_parts("pld,hf-assisted(layers=2,num_tokens=3)", ",") == [
+        "pld", "hf-assisted(layers=2,num_tokens=3)"]
 
 
 def test_pipeline_specs_and_presets_resolve_through_the_registry():

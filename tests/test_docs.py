@@ -68,7 +68,8 @@ def test_every_public_name_is_in_the_reference():
 
 def test_every_first_party_plugin_is_in_the_component_reference():
     text = (DOCS / "reference" / "components.md").read_text()
-    committed = subprocess.run(["git", "ls-files", "plugins"], cwd=ROOT, capture_output=True, text=True).stdout
+    committed = subprocess.run(["git", "ls-files", "plugins"], cwd=ROOT, capture_output=True,
+                               text=True).stdout
     packages = sorted({line.split("/")[1] for line in committed.splitlines() if line.count("/") >= 2})
     if not packages:
         pytest.skip("not a git checkout")
@@ -88,7 +89,8 @@ def test_nav_lists_every_page_and_every_page_exists():
 def test_the_tutorial_drafter_is_lossless(tiny_target):
     """The code of 'Write your first drafter plugin' runs as printed and decodes losslessly."""
     text = (DOCS / "tutorials" / "first-drafter-plugin.md").read_text()
-    block = next(b for b in re.findall(r"```python\n(.*?)```", text, flags=re.S) if "class BigramDrafter" in b)
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    block = next(b for b in blocks if "class BigramDrafter" in b)
     namespace: dict = {}
     exec(compile(block, "first-drafter-plugin.md", "exec"), namespace)
     from specframe.testing import check_lossless, make_decoder, repetitive_prompt
@@ -102,7 +104,8 @@ def test_the_tutorial_drafter_is_lossless(tiny_target):
 def test_the_tutorial_backend_passes_the_conformance_checks(tiny_target):
     """The code of 'Write a state backend' runs as printed, is the example plugin's, and conforms."""
     text = (DOCS / "tutorials" / "write-a-state-backend.md").read_text()
-    block = next(b for b in re.findall(r"```python\n(.*?)```", text, flags=re.S) if "class RecomputeBackend" in b)
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    block = next(b for b in blocks if "class RecomputeBackend" in b)
     example = ROOT / "examples" / "specframe-example-plugin" / "src" / "specframe_example" / "backend.py"
     source = example.read_text()
     assert block[block.index("class RecomputeBackend"):] == source[source.index("class RecomputeBackend"):], \
@@ -146,7 +149,8 @@ def test_the_tree_builder_tutorial_quotes_the_example_builder_and_it_conforms():
 def test_mkdocs_build_strict(tmp_path):
     if importlib.util.find_spec("mkdocs") is None:
         if os.environ.get("CI"):
-            raise RuntimeError("mkdocs is not installed; CI must install the docs extra: pip install -e '.[docs]'")
+            raise RuntimeError(
+                "mkdocs is not installed; CI must install the docs extra: pip install -e '.[docs]'")
         pytest.skip("mkdocs is not installed (pip install -e '.[docs]')")
     site = tmp_path / "site"
     out = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],

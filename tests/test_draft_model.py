@@ -27,7 +27,8 @@ def test_truncated_model_shares_the_targets_weights_and_leaves_it_whole():
     assert len(draft.model.layers) == 2 and len(target.model.model.layers) == 3
     assert target.config.num_hidden_layers == 3 and draft.config.num_hidden_layers == 2
     assert draft.lm_head.weight.data_ptr() == target.model.lm_head.weight.data_ptr()
-    assert draft.model.layers[1].mlp.up_proj.weight.data_ptr() == target.model.model.layers[1].mlp.up_proj.weight.data_ptr()
+    shared = target.model.model.layers[1].mlp.up_proj.weight
+    assert draft.model.layers[1].mlp.up_proj.weight.data_ptr() == shared.data_ptr()
     ids = torch.tensor([repetitive_prompt(96, 12)])
     with torch.no_grad():
         hidden = target.model(input_ids=ids, output_hidden_states=True).hidden_states[2]  # after 2 layers

@@ -52,7 +52,8 @@ def test_a_fresh_registry_finds_every_component_with_the_version():
 def test_specframe_plugins_command_lists_it():
     """A new process, so nothing of this test session (imports, sys.path) can help it."""
     script = Path(sys.executable).with_name("specframe")
-    command = [str(script)] if script.exists() else [sys.executable, "-c", "from specframe.cli import main; main()"]
+    command = ([str(script)] if script.exists()
+               else [sys.executable, "-c", "from specframe.cli import main; main()"])
     out = subprocess.run([*command, "plugins"], capture_output=True, text=True, timeout=300, check=True,
                          cwd="/", env={**os.environ, "PYTHONPATH": ""})
     plugins = {p["name"]: p for p in json.loads(out.stdout)["plugins"]}
@@ -83,7 +84,8 @@ def test_its_backend_by_name_decodes_like_plain_greedy(tiny_target):
 @pytest.mark.slow
 def test_decodes_losslessly_on_smollm2_by_name(smollm2):
     """Assembled by name through the process-wide registry, exactly as a user would."""
-    prompt = "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n\n"
+    prompt = ("def fibonacci(n):\n    if n < 2:\n        return n\n"
+              "    return fibonacci(n - 1) + fibonacci(n - 2)\n\n")
     plain = specframe.generate(prompt, target=smollm2, drafter="none", max_new_tokens=40)
     spec = specframe.generate(prompt, target=smollm2, drafter="bigram(width=2)", tree="breadth-first",
                               max_new_tokens=40)

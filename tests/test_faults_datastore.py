@@ -328,9 +328,8 @@ def test_safetensors_damage_finds_truncation_and_garbage(tmp_path):
     size = file.stat().st_size
     with open(file, "r+b") as f:
         f.truncate(size - 4)
-    assert (
-        model_files.safetensors_damage(file) == f"model.safetensors has {size - 4} bytes, its header says {size}"
-    )
+    expected = f"model.safetensors has {size - 4} bytes, its header says {size}"
+    assert model_files.safetensors_damage(file) == expected
     with open(file, "r+b") as f:
         f.truncate(20)
     assert "truncated inside its header" in model_files.safetensors_damage(file)
@@ -368,7 +367,8 @@ def test_a_damaged_conversion_cache_is_converted_again(fake_conversion, capsys):
         f"cached conversion {cached} is damaged (model.safetensors has" in err
         and "converting it again" in err
     )
-    assert model_files.conversion_damage(cached) is None and (cached / model_files.CONVERSION_MARKER).is_file()
+    assert model_files.conversion_damage(cached) is None
+    assert (cached / model_files.CONVERSION_MARKER).is_file()
     models.resolve_model_dir("smollm2-135m")
     assert fake_conversion == ["smollm2-135m"]  # complete now: not converted again
     tokenizer = cached / "tokenizer.json"
@@ -487,7 +487,8 @@ def test_random_kills_of_a_conversion_never_expose_a_half_written_cache(tmp_path
         if cached.exists():
             shutil.rmtree(cached)  # so the next round converts (and can be killed) again
     monkeypatch.setattr(models, "_dequantize", lambda alias, tmp, out: _stand_in(tmp))
-    assert models.resolve_model_dir("smollm2-135m") == cached and model_files.conversion_damage(cached) is None
+    assert models.resolve_model_dir("smollm2-135m") == cached
+    assert model_files.conversion_damage(cached) is None
     assert sorted(p.name for p in cached.parent.iterdir()) == ["smollm2-135m"]  # nothing left behind
 
 

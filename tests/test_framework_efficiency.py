@@ -19,7 +19,8 @@ def test_the_efficiency_benchmark_runs_on_tiny_dimensions(tmp_path):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     measured = module.main(["--dims", "tiny", "--device", "cpu", "--dtype", "float32", "--new-tokens", "12",
-                            "--repeats", "1", "--budgets", "4", "--acceptance", "0.8", "--out", str(tmp_path)])
+                            "--repeats", "1", "--budgets", "4", "--acceptance", "0.8",
+                            "--out", str(tmp_path)])
     (row,) = measured["rows"]
     assert row["budget"] == 4 and 1.0 <= row["tau"] <= 5.0 and row["ideal"] > 0 and row["realised"] > 0
     assert set(row["step_ms"]) >= {"draft", "forward", "verify", "commit"}

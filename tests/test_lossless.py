@@ -46,7 +46,8 @@ def test_tree_scores_equal_per_path_scores(config, tree, prompt_len, path_pick):
     after = backend.score(TokenTree.empty())
     with torch.inference_mode():
         sequence = torch.tensor([prompt + tree.tokens[path].tolist() + [11]])
-        torch.testing.assert_close(after.logits[0], target.model(sequence).logits[0, -1], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(after.logits[0], target.model(sequence).logits[0, -1],
+                                   atol=1e-5, rtol=1e-5)
     assert backend.committed_length == prompt_len + len(path)
 
 

@@ -33,7 +33,8 @@ def test_stored_without_outputs(path):
 def test_py_twin_is_paired_and_in_sync(path):
     jupytext = pytest.importorskip("jupytext")
     text = path.read_text()
-    assert "formats: ipynb,py:percent" in text, f"{path.name} is not paired (jupytext --set-formats ipynb,py:percent)"
+    assert "formats: ipynb,py:percent" in text, (
+        f"{path.name} is not paired (jupytext --set-formats ipynb,py:percent)")
     from_py = [(c.cell_type, c.source) for c in jupytext.read(path).cells]
     from_ipynb = [(c.cell_type, c.source) for c in jupytext.read(path.with_suffix(".ipynb")).cells]
     assert from_py == from_ipynb, f"{path.name} and its .ipynb differ: run `jupytext --sync {path}`"

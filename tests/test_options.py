@@ -120,6 +120,7 @@ def test_score_kinds_and_chain_only_backends_are_checked_at_assembly(target):
         capabilities = BackendCapabilities(supports_trees=False)
 
     pld = registry.get("drafter", "pld")
-    with pytest.raises(CapabilityError, match=r"'chain-only' scores chains only.*a tree builder that makes chains, such as 'chain'"):
+    with pytest.raises(CapabilityError, match=r"'chain-only' scores chains only.*"
+                                              r"a tree builder that makes chains, such as 'chain'"):
         check_compatible(target, pld, trie, greedy, ChainOnly, SamplingParams())
     check_compatible(target, pld, chain, greedy, ChainOnly, SamplingParams())

@@ -130,8 +130,10 @@ def test_draft_draws_merge_in_first_drawn_order_and_leave_the_verifier_stream_al
     assert all(len(set(row)) == len(row) for row in rows) and rows[1] == [3]
     assert 3 not in rows[0]  # no mass, never drawn
     assert [plain.uniform() for _ in range(5)] == [drafting.uniform() for _ in range(5)]
-    firsts = Counter(Sampler(SamplingParams(1.0, seed=s)).draw_drafts(probs[:1], 3)[0][0] for s in range(3000))
-    assert law_test(Counter((t,) for t in firsts.elements()), {(0,): 0.5, (1,): 0.3, (2,): 0.2}).pvalue >= 1e-4
+    firsts = Counter(Sampler(SamplingParams(1.0, seed=s)).draw_drafts(probs[:1], 3)[0][0]
+                     for s in range(3000))
+    law = {(0,): 0.5, (1,): 0.3, (2,): 0.2}
+    assert law_test(Counter((t,) for t in firsts.elements()), law).pvalue >= 1e-4
 
 
 def test_draft_draw_option_is_checked_and_auto_follows_the_request():
@@ -180,8 +182,8 @@ def test_a_seeded_run_is_reproducible_and_sample_match_replays_plain_sampling(ta
 
 
 
-@pytest.mark.parametrize("flags,match", [(["--temperature", "-1"], "temperature"), (["--top-p", "0"], "top_p"),
-                                         (["--top-k", "-2"], "top_k")])
+@pytest.mark.parametrize("flags,match", [(["--temperature", "-1"], "temperature"),
+                                         (["--top-p", "0"], "top_p"), (["--top-k", "-2"], "top_k")])
 def test_cli_refuses_bad_sampling_flags_before_loading_a_model(monkeypatch, capsys, flags, match):
     from specframe.cli import main
 

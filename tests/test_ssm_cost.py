@@ -66,8 +66,8 @@ def test_tree_builders_receive_the_backends_cost_model():
 
     registry = specframe.get_registry()
     backend = SSMTreeBackend(target)
-    pipeline = Pipeline(registry.get("drafter", "pld")(target), Recording(), registry.get("verifier", "greedy")(),
-                        backend)
+    pipeline = Pipeline(registry.get("drafter", "pld")(target), Recording(),
+                        registry.get("verifier", "greedy")(), backend)
     SpeculativeDecoder(target, pipeline, budget=4).generate(PROMPT, max_new_tokens=12)
     assert seen and all(cost == backend.cost_model() for cost in seen)
 

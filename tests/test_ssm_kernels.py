@@ -17,13 +17,13 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from hypothesis import given, settings, strategies as st  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
 
 pytest.importorskip("triton")
+from specframe import TokenTree  # noqa: E402
 from specframe_kernels import tree_scan, tree_scan_ref  # noqa: E402
 from specframe_kernels.random_inputs import random_scan_inputs  # noqa: E402
-
-from specframe import TokenTree  # noqa: E402
 
 if INTERPRETABLE:
     from specframe_kernels.tree_scan_triton import tree_scan_triton

@@ -14,19 +14,19 @@ import pytest
 
 pytest.importorskip("arctic_inference.suffix_decoding")
 
-from conftest import tiny_llama  # noqa: E402
-from specframe_suffix.drafter import (  # noqa: E402
+from conftest import tiny_llama
+from specframe_suffix.drafter import (
     CORPUS, HEADS, REQUEST, RESPONSES, SourceDraft, SuffixDrafter, check_internals, group_of, merge,
 )
-from specframe_suffix.heads import SuffixHeadsDrafter  # noqa: E402
-from specframe_suffix.store import SuffixCacheError  # noqa: E402
-from typer.testing import CliRunner  # noqa: E402
+from specframe_suffix.heads import SuffixHeadsDrafter
+from specframe_suffix.store import SuffixCacheError
+from typer.testing import CliRunner
 
-from specframe import ConfigurationError, DraftContext, Pipeline, SamplingParams, SpeculativeDecoder  # noqa: E402
-from specframe.registry import get_registry  # noqa: E402
-from specframe.testing import DrafterConformance, reference_greedy, repetitive_prompt  # noqa: E402
-from specframe.testing.exact import P_PASS, LogitTable, TableBackend, decoder_counts, exact_law, law_test  # noqa: E402
-from specframe.testing.targets import tiny_target  # noqa: E402
+from specframe import ConfigurationError, DraftContext, Pipeline, SamplingParams, SpeculativeDecoder
+from specframe.registry import get_registry
+from specframe.testing import DrafterConformance, reference_greedy, repetitive_prompt
+from specframe.testing.exact import P_PASS, LogitTable, TableBackend, decoder_counts, exact_law, law_test
+from specframe.testing.targets import tiny_target
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # fixture in conftest.py
 NEW = 40

@@ -10,8 +10,8 @@ import specframe
 from specframe import DrawMethod, TargetScores, TokenTree, Verifier, VerifierCapabilities, VerifyResult
 from specframe.testing import check_tree_builder_law, check_verifier_law
 from specframe.testing import (
-    BackendConformance, DrafterConformance, MarkovProblem, TreeBuilderConformance, VerifierConformance, checks,
-    random_proposal, reference_greedy,
+    BackendConformance, DrafterConformance, MarkovProblem, TreeBuilderConformance, VerifierConformance,
+    checks, random_proposal, reference_greedy,
 )
 
 

@@ -85,7 +85,8 @@ def rank_paths(tree: specframe.TokenTree, proposal: DraftProposal) -> set[tuple[
 
 
 def test_presets_are_exactly_as_specified():
-    assert continuous_paths(3, 3) == [(0,), (1,), (2,), (0, 0), (0, 1), (0, 2), (0, 0, 0), (0, 0, 1), (0, 0, 2)]
+    assert continuous_paths(3, 3) == [(0,), (1,), (2,), (0, 0), (0, 1), (0, 2),
+                                      (0, 0, 0), (0, 0, 1), (0, 0, 2)]
     widths = (3, 2, 2)
     expected = {p for d in (1, 2, 3) for p in itertools.product(*(range(w) for w in widths[:d]))}
     assert set(cartesian_paths(widths)) == expected and len(cartesian_paths(widths)) == 3 + 6 + 12

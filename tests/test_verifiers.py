@@ -121,10 +121,12 @@ def test_capability_errors_name_the_fix(target):
         SpeculativeDecoder.from_names(target, "pld", "chain", "greedy", sampling=HOT)
     drafter = "draft-model(layers=1, topk=2)"
     for tree in ("beam", "dynamic"):
-        with pytest.raises(CapabilityError, match=f"tree builder '{tree}' chooses among the drafts.*draw-order "
-                                                  "prefix, such as 'chain'.*'trie'.*'sample-match'"):
+        with pytest.raises(CapabilityError,
+                           match=f"tree builder '{tree}' chooses among the drafts.*draw-order "
+                                 "prefix, such as 'chain'.*'trie'.*'sample-match'"):
             SpeculativeDecoder.from_names(target, drafter, tree, "rejection", sampling=HOT)
-        SpeculativeDecoder.from_names(target, drafter, tree, "sample-match", sampling=HOT)  # lossless: allowed
+        # lossless: allowed
+        SpeculativeDecoder.from_names(target, drafter, tree, "sample-match", sampling=HOT)
         SpeculativeDecoder.from_names(target, drafter, tree, "rejection")  # greedy: drafts are top-k, allowed
 
 

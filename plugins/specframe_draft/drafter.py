@@ -53,7 +53,8 @@ class DraftModelDrafter(Drafter):
             raise ConfigurationError("draft-model: give exactly one of model=DIR_OR_ALIAS or layers=N "
                                      "(e.g. draft-model(layers=8))")
         if num_tokens < 1 or topk < 1:
-            raise ConfigurationError(f"draft-model: num_tokens and topk must be >= 1, got {num_tokens}, {topk}")
+            raise ConfigurationError(
+                f"draft-model: num_tokens and topk must be >= 1, got {num_tokens}, {topk}")
         self.num_tokens, self.topk, self.draw = int(num_tokens), int(topk), check_draw("draft-model", draw)
         self.shares_target = layers is not None
         if layers is not None:

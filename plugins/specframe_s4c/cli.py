@@ -20,14 +20,17 @@ def train_s4c(
     dtype: str = dtype_option(),
     data: list[str] = typer.Option(["python-stdlib"], help="corpus: python-stdlib[:N], a dir, .jsonl, text, "
                                    "or answers:NAME (the chats of a `model:self` datastore build)"),
-    out: Path = typer.Option(Path("s4c-run"), help="run directory: state.pt (resumable) and heads.safetensors"),
+    out: Path = typer.Option(Path("s4c-run"),
+                             help="run directory: state.pt (resumable) and heads.safetensors"),
     steps: int = typer.Option(1000, help="optimizer steps (length of the cosine schedule)"),
-    max_minutes: float = typer.Option(None, help="stop after this many minutes (state is saved; rerun to resume)"),
+    max_minutes: float = typer.Option(
+        None, help="stop after this many minutes (state is saved; rerun to resume)"),
     heads: int = typer.Option(3, help="number of draft heads"),
     block: int = typer.Option(256, help="tokens per training sequence"),
     batch: int = typer.Option(4, help="sequences per step"),
     lr: float = typer.Option(3e-4),
-    draft_vocab: int = typer.Option(16384, help="draft vocabulary size (most frequent corpus tokens); 0 = all"),
+    draft_vocab: int = typer.Option(16384,
+                                    help="draft vocabulary size (most frequent corpus tokens); 0 = all"),
     max_tokens: int = typer.Option(None, help="use at most this many corpus tokens"),
     threads: int = typer.Option(None, help="torch CPU threads"),
     fresh: bool = typer.Option(False, help="ignore an existing state.pt in --out"),
@@ -49,7 +52,8 @@ def train_s4c(
     eos = min(target.eos_token_ids) if target.eos_token_ids else None
     blocks = token_blocks(target.tokenizer, data, block, max_tokens=max_tokens, eos=eos)
     print(f"s4c: {blocks.size} tokens in {len(blocks)} blocks of {block} from {data}", flush=True)
-    config = TrainConfig(num_heads=heads, block=block, batch=batch, lr=lr, steps=steps, draft_vocab=draft_vocab)
+    config = TrainConfig(num_heads=heads, block=block, batch=batch, lr=lr, steps=steps,
+                         draft_vocab=draft_vocab)
     log = lambda line: print(line, flush=True)  # noqa: E731
     cache = FeatureCache(out / "features", blocks, hidden=target.model.config.hidden_size)
     cache.fill(target, batch=batch, log=log)  # the target's features, once (resumable)

@@ -88,7 +88,8 @@ def _documents(name: str) -> Iterator[str]:
         yield _read(path)
     else:
         raise ConfigurationError(
-            f"s4c training: data source '{name}' is not 'python-stdlib', a directory, a .jsonl or a text file")
+            f"s4c training: data source '{name}' is not 'python-stdlib', a directory, a .jsonl or a "
+            "text file")
 
 
 def _read(path: Path) -> str:
@@ -121,5 +122,6 @@ def token_blocks(tokenizer, sources: list[str], block: int, max_tokens: int | No
         ids = ids[:max_tokens]
     rows = len(ids) // block
     if rows == 0:
-        raise ConfigurationError(f"s4c training: the data holds {len(ids)} tokens, fewer than one block ({block})")
+        raise ConfigurationError(
+            f"s4c training: the data holds {len(ids)} tokens, fewer than one block ({block})")
     return np.asarray(ids[: rows * block], dtype=np.int64).reshape(rows, block)  # (B, T)

@@ -45,8 +45,9 @@ def packaged_heads(model_name: str) -> Path:
 
 class S4CDrafter(Drafter):
     name = "s4c"
-    capabilities = DrafterCapabilities(needs_hidden_states=True, provides_draft_probs=True, proposes_trees=True,
-                                       samples_drafts=True, score_kind=ScoreKind.LOG_PROB)
+    capabilities = DrafterCapabilities(needs_hidden_states=True, provides_draft_probs=True,
+                                       proposes_trees=True, samples_drafts=True,
+                                       score_kind=ScoreKind.LOG_PROB)
 
     def __init__(self, target, *, heads: str | None = None, topk: int = 4,
                  widths: int | tuple[int, ...] | list[int] = DEFAULT_WIDTHS, draw: str = "auto",
@@ -76,7 +77,8 @@ class S4CDrafter(Drafter):
         self.widths, self.topk, self.draw = widths, int(topk), check_draw("s4c", draw)
         self.embed, _, lm_head, _ = target_parts(target)
         self.vocab_ids = self.heads.vocab_ids  # (Vd,)
-        self.lm_weight = lm_head.weight[self.vocab_ids].detach().clone()  # (Vd, H) the draft vocabulary's rows
+        # (Vd, H) the draft vocabulary's rows
+        self.lm_weight = lm_head.weight[self.vocab_ids].detach().clone()
         self.draft_lm = torch.nn.Linear(*self.lm_weight.shape[::-1], bias=False, device="meta")
         self.draft_lm.weight = torch.nn.Parameter(self.lm_weight, requires_grad=False)  # shared, not copied
         if linear_kernel(target.model) == "onednn":  # the target runs on packed weights: so do the heads

@@ -46,7 +46,8 @@ class FeatureCache:
     def _write_progress(self) -> None:
         (self.dir / "progress.json").write_text(json.dumps({"done": self.done, "hidden": self.hidden}))
 
-    def fill(self, target: specframe.Target, batch: int = 4, log=print, deadline: float | None = None) -> None:
+    def fill(self, target: specframe.Target, batch: int = 4, log=print,
+             deadline: float | None = None) -> None:
         """Compute features for the blocks not done yet, `batch` blocks per forward pass."""
         t0, start = time.time(), self.done
         while self.done < len(self.ids) and (deadline is None or time.time() < deadline):

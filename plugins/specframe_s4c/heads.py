@@ -37,7 +37,8 @@ def target_parts(target: specframe.Target) -> tuple[nn.Module, nn.Module, nn.Mod
 def fingerprint(target: specframe.Target) -> dict[str, str]:
     """What identifies the target a set of heads belongs to: sizes, architecture and an embedding checksum."""
     embed = target.model.get_input_embeddings().weight
-    checksum = float(embed[:256].detach().double().abs().sum())  # stable across float32 reloads of the same weights
+    # stable across float32 reloads of the same weights
+    checksum = float(embed[:256].detach().double().abs().sum())
     return {"architecture": type(target.model).__name__, "hidden_size": str(embed.shape[1]),
             "vocab_size": str(embed.shape[0]), "embed_checksum": f"{checksum:.4f}"}
 

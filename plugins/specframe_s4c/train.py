@@ -96,7 +96,8 @@ class Trainer:
 
     def __init__(self, target: specframe.Target, cache: FeatureCache, out_dir: Path, config: TrainConfig,
                  log=print):
-        self.target, self.cache, self.out_dir, self.config, self.log = target, cache, Path(out_dir), config, log
+        self.target, self.cache, self.out_dir = target, cache, Path(out_dir)
+        self.config, self.log = config, log
         blocks = cache.ids
         target.model.requires_grad_(False)
         torch.manual_seed(config.seed)
@@ -178,6 +179,6 @@ class Trainer:
                    "command": command, "data": sources, "config": asdict(self.config),
                    "final_top1_per_head": [float(np.mean([r["heads"][k]["top1"] for r in recent]))
                                            for k in range(len(self.heads))] if recent else []}
-        self.heads.save(path, extra={"command": command, "data": json.dumps(sources),
-                                     "steps": str(self.step), "train_config": json.dumps(asdict(self.config))})
+        self.heads.save(path, extra={"command": command, "data": json.dumps(sources), "steps": str(self.step),
+                                     "train_config": json.dumps(asdict(self.config))})
         path.with_suffix(".json").write_text(json.dumps(summary, indent=2) + "\n")

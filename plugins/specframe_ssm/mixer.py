@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from typing import Callable
+from collections.abc import Callable
 
 from specframe_kernels import tree_scan
 from specframe_ssm.gated_deltanet import commit_delta, tree_delta_forward

@@ -137,7 +137,8 @@ class SuffixDrafter(Drafter):
     directory drafted from as a third source, or a tuple of them, each drafted from and merged)."""
 
     name = "suffix"
-    capabilities = DrafterCapabilities(proposes_trees=True, score_kind=ScoreKind.FREQUENCY, remembers_requests=True)
+    capabilities = DrafterCapabilities(proposes_trees=True, score_kind=ScoreKind.FREQUENCY,
+                                       remembers_requests=True)
 
     def __init__(self, target, *, cache: str | None = None, max_depth: int = 64, max_cached: int = 256,
                  factor: float = 2.0, offset: float = 1.0, min_prob: float = 0.1, tree: bool = True,

@@ -33,7 +33,8 @@ class BeamTreeBuilder(TreeBuilder):
                                          f"use one of {', '.join(STREE_CONFIGS)}")
             width, depth = STREE_CONFIGS[str(config).upper()]
         if width < 1 or depth < 1:
-            raise ConfigurationError(f"tree builder 'beam': width and depth must be >= 1, got {width}, {depth}")
+            raise ConfigurationError(
+                f"tree builder 'beam': width and depth must be >= 1, got {width}, {depth}")
         self.width, self.depth = int(width), int(depth)
 
     def build(self, proposal: DraftProposal, context: BuildContext) -> TokenTree:

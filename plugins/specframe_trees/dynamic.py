@@ -29,7 +29,8 @@ class DynamicTreeBuilder(TreeBuilder):
     def __init__(self, *, topk: int = 4, depth: int = 6):
         super().__init__()
         if topk < 1 or depth < 1:
-            raise ConfigurationError(f"tree builder 'dynamic': topk and depth must be >= 1, got {topk}, {depth}")
+            raise ConfigurationError(
+                f"tree builder 'dynamic': topk and depth must be >= 1, got {topk}, {depth}")
         self.topk, self.depth = int(topk), int(depth)
 
     def build(self, proposal: DraftProposal, context: BuildContext) -> TokenTree:

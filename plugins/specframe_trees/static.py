@@ -56,7 +56,8 @@ def chains_paths(width: int, depth: int) -> list[Path]:
                   key=lambda p: (len(p), sum(p), p))
 
 
-def preset_paths(preset: str, depth: int = 3, width: int = 3, widths: Sequence[int] = (3, 2, 2)) -> list[Path]:
+def preset_paths(preset: str, depth: int = 3, width: int = 3,
+                 widths: Sequence[int] = (3, 2, 2)) -> list[Path]:
     if preset == "continuous":
         return continuous_paths(depth, width)
     if preset == "cartesian":

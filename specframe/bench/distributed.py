@@ -20,7 +20,7 @@ from dataclasses import dataclass, make_dataclass
 from pathlib import Path
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Callable
+from collections.abc import Callable
 
 from tqdm import tqdm
 

@@ -55,7 +55,8 @@ def run_benchmark(target: Target, suite: str | list[BenchPrompt], methods: list[
     return run, table
 
 
-def check_keep(keep: str, sampling: SamplingParams, specs: list[MethodSpec], registry: PluginRegistry) -> None:
+def check_keep(keep: str, sampling: SamplingParams, specs: list[MethodSpec],
+               registry: PluginRegistry) -> None:
     """Refuse a `keep` (`specframe.bench.report.KEEP`) the tables cannot honour: the fastest of several
     repeats is a fair pick only when the repeats compute the same thing, with the same drafts."""
     if keep not in KEEP:

@@ -114,7 +114,8 @@ def usable_presets(registry: PluginRegistry) -> dict[str, Preset]:
     return usable
 
 
-def resolve_methods(texts: list[str], registry: PluginRegistry, default_budget: int | str = "auto") -> list[MethodSpec]:
+def resolve_methods(texts: list[str], registry: PluginRegistry,
+                    default_budget: int | str = "auto") -> list[MethodSpec]:
     """Parse `--methods`; `all` expands to every usable preset (those that then fail to build for the
     target, e.g. `rest` without a datastore, are skipped with a warning). Duplicated labels are refused."""
     methods: list[MethodSpec] = []

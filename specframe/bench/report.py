@@ -151,7 +151,7 @@ def markdown(table: dict, run: BenchRun, header: str = "") -> str:
                   "|---|---|---|---|---|---|---|---|"]
         for label, s in rows.items():
             ident = ("n/a" if not lossless[label] else "not checked (sampled)" if not run.identity_checked
-                     else "MISMATCH x%d" % s["mismatches"] if s["mismatches"] else "yes")
+                     else f"MISMATCH x{s['mismatches']}" if s["mismatches"] else "yes")
             alpha = "-" if s["alpha"] is None else f"{s['alpha']:.2f}"
             tau = "-" if s["tau"] is None else f"{s['tau']:.2f}"
             lines.append(f"| {label} | {_fmt(s['speedup'])} | {_fmt(s['speedup_excl_prefill'])} | {tau} | "

@@ -40,7 +40,7 @@ __all__ = [
     "BackendConformance", "DrafterConformance", "FirstNodesTreeBuilder", "LawTest", "LogitTable",
     "MarkovProblem", "NoisyTargetDrafter", "TableBackend", "TreeBuilderConformance", "VerifierConformance",
     "check_backend_scores", "check_class", "check_decoder_law", "check_lossless", "check_proposal",
-    "check_tree", "check_tree_builder", "check_tree_builder_law", "check_verifier_greedy", "check_verifier_law", "exact_law",
-    "law_test", "make_decoder", "random_proposal", "random_tree", "reference_greedy", "reference_hidden",
-    "reference_logits", "repetitive_prompt", "tiny_target",
+    "check_tree", "check_tree_builder", "check_tree_builder_law", "check_verifier_greedy",
+    "check_verifier_law", "exact_law", "law_test", "make_decoder", "random_proposal", "random_tree",
+    "reference_greedy", "reference_hidden", "reference_logits", "repetitive_prompt", "tiny_target",
 ]

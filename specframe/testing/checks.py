@@ -183,14 +183,16 @@ def check_lossless(decoder: SpeculativeDecoder, prompts: Sequence[Sequence[int]]
         for attempt in ("first", "repeated"):
             got = decoder.generate(list(prompt), max_new_tokens=max_new_tokens).tokens
             if got != expected:
-                k = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), min(len(got), len(expected)))
+                k = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b),
+                         min(len(got), len(expected)))
                 _fail(f"{label} is not lossless ({attempt} run): greedy output differs from plain decoding "
                       f"at new token {k}: got {got[k:k + 8]}..., expected {expected[k:k + 8]}...")
 
 
 def check_verifier_greedy(verifier: Verifier, rng: np.random.Generator, vocab_size: int = 16,
                           trials: int = 200, need_probs: bool = False) -> None:
-    """On random trees and logits at temperature 0: a valid path, the argmax walk's tokens, inputs untouched."""
+    """On random trees and logits at temperature 0: a valid path, the argmax walk's tokens, inputs
+    untouched."""
     name = type(verifier).name
     sampler = Sampler(SamplingParams())
     for _ in range(trials):
@@ -259,7 +261,8 @@ def check_backend_scores(backend_cls: type, target: Target, prompt: Sequence[int
         scores = _score_checked(backend, tree, vocab)
         again = _score_checked(backend, tree, vocab)
         if not torch.allclose(scores.logits, again.logits, atol=atol):
-            _fail(f"backend '{name}': scoring the same tree twice gave different logits (score changed state)")
+            _fail(f"backend '{name}': scoring the same tree twice gave different logits "
+                  "(score changed state)")
         for i in range(-1, len(tree)):
             path = [] if i < 0 else tree.path_to(i)
             ids = history + [int(t) for t in tree.tokens[path]]
@@ -277,13 +280,15 @@ def check_backend_scores(backend_cls: type, target: Target, prompt: Sequence[int
         bonus = int(rng.integers(vocab))
         before = backend.committed_length
         _refuse_commit(backend, decoy, "of an earlier score() (two newer score() calls came after it)")
-        _refuse_commit(backend, scores, "of an earlier score() (a newer score() of the same tree came after it)")
+        _refuse_commit(backend, scores,
+                       "of an earlier score() (a newer score() of the same tree came after it)")
         backend.commit(again, path, bonus)
         _refuse_commit(backend, again, "that were committed already")
         history += [int(t) for t in tree.tokens[path]] + [bonus]
         if backend.committed_length != before + 1 + len(path):
-            _fail(f"backend '{name}': committed_length went from {before} to {backend.committed_length} after "
-                  f"committing a path of {len(path)} nodes; expected {before + 1 + len(path)} (root + path)")
+            _fail(f"backend '{name}': committed_length went from {before} to {backend.committed_length} "
+                  f"after committing a path of {len(path)} nodes; expected {before + 1 + len(path)} "
+                  "(root + path)")
     final = backend.score(TokenTree.empty()).logits[0].float().cpu()
     ref = reference_logits(target, history)[-1].cpu()
     if not torch.allclose(final, ref, atol=atol, rtol=1e-3):

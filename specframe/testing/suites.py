@@ -63,7 +63,8 @@ class _Conformance:
         slots = {**{slot[kind]: name for kind, name in DEFAULT_COMPONENTS.items()}, **components}
         slots[slot[self.kind]] = self.cls
         return checks.make_decoder(target, slots["drafter"], slots["tree"], slots["verifier"],
-                                   slots["backend"], budget=self.budget, options={self.kind: self.all_options})
+                                   slots["backend"], budget=self.budget,
+                                   options={self.kind: self.all_options})
 
     def test_class_is_registrable(self):
         checks.check_class(self.cls, self.base)

@@ -195,7 +195,8 @@ class NoisyTargetDrafter(Drafter):
         firsts = q_root.topk(self.width).indices  # (W,)
         tokens, parents, probs, scores = [], [], [], []
         for tok in firsts.tolist():
-            tokens.append(tok), parents.append(-1), probs.append(q_root), scores.append(float(q_root[tok].log()))
+            tokens.append(tok), parents.append(-1), probs.append(q_root)
+            scores.append(float(q_root[tok].log()))
         chains = torch.cat([base.expand(self.width, -1), firsts[:, None]], dim=1)  # (W, L + 1)
         last = list(range(self.width))
         for _ in range(self.depth - 1):

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from specframe import (
-    BuildContext, CapabilityError, DraftContext, DraftProposal, SamplingParams, TokenTree, TreeBuilderCapabilities,
+    BuildContext, CapabilityError, DraftContext, DraftProposal, SamplingParams, TokenTree,
+    TreeBuilderCapabilities,
 )
 from specframe.testing import (
     BackendConformance, DrafterConformance, TreeBuilderConformance, check_lossless, check_tree_builder_law,
@@ -52,9 +53,11 @@ def test_breadth_first_fills_shallow_levels_first():
     #        0 (0.2)   1 (0.9)
     #        |            |
     #        2 (0.8)      3 (0.1)
-    proposal = DraftProposal(np.array([10, 11, 12, 13]), np.array([-1, -1, 0, 1]), np.array([0.2, 0.9, 0.8, 0.1]))
+    proposal = DraftProposal(np.array([10, 11, 12, 13]), np.array([-1, -1, 0, 1]),
+                             np.array([0.2, 0.9, 0.8, 0.1]))
     tree = BreadthFirstTreeBuilder().build(proposal, BuildContext(budget=3))
-    assert sorted(tree.tokens.tolist()) == [10, 11, 12]  # both children of the root, then the better grandchild
+    # both children of the root, then the better grandchild
+    assert sorted(tree.tokens.tolist()) == [10, 11, 12]
     assert BreadthFirstTreeBuilder().build(proposal, BuildContext(budget=1)).tokens.tolist() == [11]
 
 
@@ -88,7 +91,8 @@ class TestRecomputeConformance(BackendConformance):
 
 def test_recompute_decodes_like_plain_greedy_with_trees(tiny_target):
     prompts = [repetitive_prompt(tiny_target.vocab_size, 40, seed=s) for s in range(3)]
-    decoder = make_decoder(tiny_target, "bigram(width=3, depth=4)", "breadth-first", "greedy", RecomputeBackend)
+    decoder = make_decoder(tiny_target, "bigram(width=3, depth=4)", "breadth-first", "greedy",
+                           RecomputeBackend)
     check_lossless(decoder, prompts, max_new_tokens=40, label="bigram + breadth-first + recompute")
     assert decoder.generate(prompts[0], max_new_tokens=40).metrics.accepted_draft_tokens > 0
 

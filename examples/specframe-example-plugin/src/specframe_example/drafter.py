@@ -12,7 +12,7 @@ from collections import Counter, defaultdict
 
 import numpy as np
 
-from specframe import DraftContext, DraftProposal, Drafter, DrafterCapabilities, DrawMethod
+from specframe import DraftContext, Drafter, DrafterCapabilities, DraftProposal, DrawMethod
 from specframe.errors import ConfigurationError
 
 
@@ -33,7 +33,8 @@ class BigramDrafter(Drafter):
 
     def _count(self, tokens: np.ndarray) -> None:
         """Add the bigrams ending in tokens[counted:] to the counts."""
-        for prev, nxt in zip(tokens[max(self.counted - 1, 0):-1].tolist(), tokens[max(self.counted, 1):].tolist()):
+        previous, following = tokens[max(self.counted - 1, 0):-1], tokens[max(self.counted, 1):]
+        for prev, nxt in zip(previous.tolist(), following.tolist()):
             self.successors[prev][nxt] += 1
         self.counted = len(tokens)
 
