@@ -114,6 +114,7 @@ class S4CDrafter(Drafter):
         return DraftProposal(np.array(tokens), np.array(parents), np.array(scores), probs, draw,
                              ScoreKind.LOG_PROB)
 
+    @torch.inference_mode()  # also when called directly (`suffix-heads` ranks the nodes without `propose`)
     def expand(self, context: DraftContext, sampled: bool = False):
         """The draft forest without its q rows: (tokens, parents, cumulative log q scores, node -> row of
         the q blocks, the (n_k, Vd) q block of each head). `propose` adds the (N, V) q matrix that the
