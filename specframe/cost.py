@@ -65,8 +65,8 @@ class MeasuredCost(CostModel):
     it: the adaptive planner learns that from realised steps.
 
     Every node of a tree attends to every cached token, so a tree's extra cost over a plain step grows
-    with the context: for SmolLM2 on two CPU threads a 16-node tree costs 1.37 plain steps at 128 tokens
-    and 1.85 at 2,048 (docs/explanation/metrics-and-costs.md). Attention's work is linear in the context,
+    with the context: for SmolLM2 on two CPU threads a 16-node tree costs 1.37 plain steps at 129 tokens
+    and about 1.8 at 2,049 (docs/explanation/metrics-and-costs.md). Attention's work is linear in the context,
     so `at_context` moves each size's time along its measured slope (seconds per context token).
     """
 

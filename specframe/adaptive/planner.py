@@ -47,16 +47,28 @@ EMA = 0.1  # weight of the newest step in the running means
 GAIN_EMA = 0.2  # ... and in the realised gain of drafted steps (few when skipping: probes must count)
 
 
-class FixedPlanner:
+class CostAtContext:
+    """The cost of a step at the step's context: `calibrated` holds the model over all contexts, `cost`
+    the model at the current step's (`CostModel.at_context`), moved every `CONTEXT_STEP` tokens."""
+
+    def __init__(self, cost: CostModel | None):
+        self.calibrated = self.cost = cost
+        self._context: int | None = None  # the context `cost` is at
+
+    def start_step(self, context: int) -> None:
+        """A step begins whose tree attends to `context` tokens (prompt and output so far): a tree costs
+        more next to a plain step the longer the context."""
+        if self.calibrated is not None and (self._context is None
+                                            or abs(context - self._context) >= CONTEXT_STEP):
+            self._context, self.cost = context, self.calibrated.at_context(context)
+
+
+class FixedPlanner(CostAtContext):
     """Fill the budget every step; predict nothing. `cost` (the backend's, if any) goes to builders."""
 
     def __init__(self, budget: int, cost: CostModel | None = None):
-        self.budget, self.calibrated, self.cost = budget, cost, cost
-
-    def start_step(self, context: int) -> None:
-        """A step begins whose tree attends to `context` tokens: builders get the cost at that context."""
-        if self.calibrated is not None:
-            self.cost = self.calibrated.at_context(context)
+        super().__init__(cost)
+        self.budget = budget
 
     def should_draft(self) -> bool:
         return True
@@ -71,15 +83,14 @@ class FixedPlanner:
         pass
 
 
-class AdaptivePlanner:
+class AdaptivePlanner(CostAtContext):
     """Speculate only what pays: see the module docstring. `cap` bounds the tree size."""
 
     def __init__(self, cost: CostModel, cap: int, acceptance: AcceptanceModel | None = None,
                  draw_order_only: bool = False, drafting_grows_with_budget: bool = True,
                  learn_speed: bool = True):
-        self.calibrated, self.cap = cost, cap  # `cost` is this step's context's (`start_step`)
-        self.cost = cost
-        self._context = None  # the context `cost` is at: moved when the step's context is CONTEXT_STEP away
+        super().__init__(cost)  # `self.cost`: the cost at this step's context (`start_step`)
+        self.cap = cap
         self.learn_speed = learn_speed  # scale `cost` to the realised forward (False: take it as given)
         self.acceptance = acceptance or AcceptanceModel()
         self.draw_order_only = draw_order_only  # sampled trees verified with q: choose sizes blind
@@ -101,12 +112,6 @@ class AdaptivePlanner:
         self._prediction: Prediction | None = None
 
     # --- before the step -----------------------------------------------------------------------------
-
-    def start_step(self, context: int) -> None:
-        """A step begins whose tree attends to `context` tokens (prompt and output so far): a tree costs
-        more next to a plain step the longer the context (`CostModel.at_context`)."""
-        if self._context is None or abs(context - self._context) >= CONTEXT_STEP:
-            self._context, self.cost = context, self.calibrated.at_context(context)
 
     def build_budget(self, room: int) -> int:
         """Nodes the drafter and tree builder may use: the cap, unless the size must be chosen before
