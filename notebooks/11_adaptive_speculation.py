@@ -39,21 +39,28 @@ tok = target.tokenizer
 #
 # Measured once per target, backend, device, dtype and thread count, then cached under `SPECFRAME_HOME`
 # (`specframe calibrate` measures again). Flat trees hang every node under the root; chains are one path.
+# The calibration times both after a short and after a long prompt: every node attends to every cached
+# token, so a tree costs more next to a plain step the longer the context, and the planner uses the
+# curve at each step's context (`cost.at_context`).
 
 # %%
 backend = specframe.assemble(target).backend
 cost = cached_cost(backend)
 sizes = np.array(cost.sizes)
+long = cost.at_context(2048)
 fig, ax = plt.subplots(figsize=(6, 3.5))
-ax.plot(sizes, 1000 * np.array(cost.flat_s), "o-", label="flat tree")
-ax.plot(sizes, 1000 * np.array(cost.chain_s), "s-", label="chain")
+ax.plot(sizes, 1000 * np.array(cost.flat_s), "o-", label=f"flat tree, {cost.context} tokens")
+ax.plot(sizes, 1000 * np.array(cost.chain_s), "s-", label=f"chain, {cost.context} tokens")
+ax.plot(sizes, 1000 * np.array(long.flat_s), "o--", label="flat tree, 2048 tokens")
 ax.set_xlabel("tree nodes")
 ax.set_ylabel("ms per forward")
 ax.set_ylim(bottom=0)
 ax.legend()
 ax.set_title(f"{target.name} on 'kv', {torch.get_num_threads()} thread")
 plt.show()
-print("ratio to the empty tree:", np.round(np.array(cost.flat_s) / cost.flat_s[0], 2))
+for curve in (cost, long):
+    print(f"ratio to the empty tree at {curve.context} tokens:",
+          np.round(np.array(curve.flat_s) / curve.flat_s[0], 2))
 
 # %% [markdown]
 # ## Decoding with `auto`, step by step
