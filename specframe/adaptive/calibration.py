@@ -7,8 +7,9 @@ context length (a tree's nodes attend to every cached token). The fastest round,
 machine timing noise only ever adds time (another process, an interrupt), so the minimum is the stablest
 estimate of what a size costs, and the decoder scales it to what its real steps take (the speed the
 adaptive planner learns; see "Why the fastest of five" in docs/explanation/adaptive-speculation.md).
-`cached_cost` returns a stored calibration for the same keys, measuring one (about 15 s on the
-development CPU, with progress) when there is none; `specframe calibrate` refreshes it.
+`cached_cost` returns a stored calibration for the same keys, measuring one (with progress; about 14 s
+at two threads on the development CPU, 18 s at one) when there is none; `specframe calibrate` refreshes
+it.
 """
 
 from __future__ import annotations
@@ -47,8 +48,7 @@ def calibrate(backend: StateBackend, sizes=SIZES, rounds: int = ROUNDS, progress
 
     Leaves the backend prefilled with a synthetic prompt: prefill again before decoding.
     """
-    fit = max(1, backend.target.max_context - max(sizes) - 2)  # prompt tokens that leave room for a tree
-    prompts = sorted({min(PROMPT_TOKENS, fit), min(LONG_PROMPT_TOKENS, fit)})
+    prompts = sorted({prompt_room(backend.target, sizes, n) for n in (PROMPT_TOKENS, LONG_PROMPT_TOKENS)})
     curves = []
     for prompt in prompts:
         times = round_times(backend, sizes, rounds, progress=progress, seed=seed, prompt_tokens=prompt)
@@ -70,7 +70,7 @@ def round_times(backend: StateBackend, sizes=SIZES, rounds: int = ROUNDS, shapes
     `prompt_tokens` (fewer where the model's context is shorter), timed round-robin over the sizes so
     that a drift of the machine spreads over all of them (`calibrate` keeps the fastest)."""
     target = backend.target
-    room = max(1, min(prompt_tokens, target.max_context - max(sizes) - 2))
+    room = prompt_room(target, sizes, prompt_tokens)
     ids = np.random.default_rng(seed).integers(0, target.vocab_size, room + 1)
     backend.prefill(ids.tolist())
     trees = {(n, shape): probe_tree(n, shape, ids) for n in sizes for shape in shapes}
@@ -90,6 +90,11 @@ def round_times(backend: StateBackend, sizes=SIZES, rounds: int = ROUNDS, shapes
             steps.update()
     steps.close()
     return times
+
+
+def prompt_room(target, sizes, prompt_tokens: int) -> int:
+    """`prompt_tokens`, or fewer where the model's context must still hold the largest tree after them."""
+    return max(1, min(prompt_tokens, target.max_context - max(sizes) - 2))
 
 
 def probe_tree(n: int, shape: str, ids: np.ndarray) -> TokenTree:
