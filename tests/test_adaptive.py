@@ -217,7 +217,8 @@ def test_calibration_keeps_the_fastest_round_so_stalls_do_not_move_it(tiny, monk
 
 def test_calibration_measures_how_a_tree_costs_more_in_a_longer_context(tiny, monkeypatch):
     """A second calibration after a longer prompt gives each size's cost per context token; a size whose
-    longer-context time came out lower (noise) gets slope 0, never a negative one."""
+    longer-context time came out lower (noise) gets slope 0, never a negative one, and no size a slope
+    below a smaller size's."""
     from types import SimpleNamespace
 
     from specframe import assemble
@@ -234,8 +235,16 @@ def test_calibration_measures_how_a_tree_costs_more_in_a_longer_context(tiny, mo
     monkeypatch.setattr(calibration, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
     cost = calibration.calibrate(backend, sizes=(0, 1, 4, 8), progress=False)
     assert cost.context == calibration.PROMPT_TOKENS + 1
-    np.testing.assert_allclose(cost.flat_slope, [0.0, 1e-5, 0.0, 8e-5], atol=1e-12)
+    # size 4's lower time at the longer context: slope 0, not negative, then pooled with size 1's
+    np.testing.assert_allclose(cost.flat_slope, [0.0, 5e-6, 5e-6, 8e-5], atol=1e-12)
     np.testing.assert_allclose(cost.at_context(1000).flat_s[3], 0.09 + 8e-5 * 1000)
+
+
+def test_context_slopes_never_fall_with_tree_size():
+    from specframe.adaptive.calibration import non_decreasing
+
+    assert non_decreasing([3.0, 1.0, 2.0, 5.0]) == pytest.approx((2.0, 2.0, 2.0, 5.0))
+    assert non_decreasing([0.0, 1.0, 1.0]) == (0.0, 1.0, 1.0)
 
 
 @pytest.mark.parametrize("drafter,tree", [("pld", "chain"), ("pld(matches=4)", "trie"),

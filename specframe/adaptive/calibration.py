@@ -43,8 +43,8 @@ def calibrate(backend: StateBackend, sizes=SIZES, rounds: int = ROUNDS, progress
               seed: int = 0) -> MeasuredCost:
     """Time `backend.score` on flat trees and chains of every size in `sizes`, the fastest of `rounds`,
     after a prompt of `PROMPT_TOKENS` and again after one of `LONG_PROMPT_TOKENS` (when the model's
-    context holds it) for the slopes in the context length. Slopes come out at least 0: attention's work
-    never shrinks as the context grows, so a negative difference is timing noise.
+    context holds it) for the slopes in the context length. Slopes come out at least 0 and non-decreasing
+    in size: attention's work never shrinks as the context or the tree grows, so anything else is noise.
 
     Leaves the backend prefilled with a synthetic prompt: prefill again before decoding.
     """
@@ -58,9 +58,22 @@ def calibrate(backend: StateBackend, sizes=SIZES, rounds: int = ROUNDS, progress
     if len(prompts) == 1:
         return MeasuredCost(tuple(sizes), flat, chain, context)
     span = prompts[1] - prompts[0]
-    flat_slope, chain_slope = (tuple(max((b - a) / span, 0.0) for a, b in zip(near, far))
+    flat_slope, chain_slope = (non_decreasing([max((b - a) / span, 0.0) for a, b in zip(near, far)])
                                for near, far in zip(curves[0], curves[1]))
     return MeasuredCost(tuple(sizes), flat, chain, context, flat_slope, chain_slope)
+
+
+def non_decreasing(values: list[float]) -> tuple[float, ...]:
+    """The least-squares non-decreasing fit (pool adjacent violators). A larger tree never does less
+    attention per context token than a smaller one, so a slope below a smaller tree's is timing noise,
+    and left alone it could make a plain step look dearer next to a tree as the context grows."""
+    blocks: list[list[float]] = []  # [mean, count], means increasing
+    for v in values:
+        blocks.append([v, 1.0])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m2, n2), (m1, n1) = blocks.pop(), blocks.pop()
+            blocks.append([(m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2])
+    return tuple(m for m, n in blocks for _ in range(int(n)))
 
 
 def round_times(backend: StateBackend, sizes=SIZES, rounds: int = ROUNDS, shapes=("flat", "chain"),
