@@ -17,23 +17,12 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 H, P, N, G = 80, 64, 128, 1
 
 
-def binary_tree_parents(depth: int) -> list[int]:
-    """Parents of a full binary tree of `depth` levels under the root, breadth first."""
-    parents, level = [], [-1]
-    for _ in range(depth):
-        nxt = []
-        for p in level:
-            for _ in range(2):
-                parents.append(p)
-                nxt.append(len(parents) - 1)
-        level = nxt
-    return parents
-
-
 def inputs(depth: int) -> dict:
     from specframe_kernels.random_inputs import random_scan_inputs
+    from specframe_ssm.cost import full_binary_tree
 
-    return random_scan_inputs(binary_tree_parents(depth), H, P=P, G=G, N=N, seed=depth, device="cuda")
+    # `depth` levels under the root: the STree paper's depth counts the root too
+    return random_scan_inputs(full_binary_tree(depth + 1), H, P=P, G=G, N=N, seed=depth, device="cuda")
 
 
 @pytest.mark.parametrize("depth", [2, 3, 4, 5, 6])

@@ -19,7 +19,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -50,13 +50,10 @@ from specframe_rest.shards import (
     write_manifest,
 )
 from specframe_rest.sources import (
-    BATCH_BYTES,
     JsonlTexts,
     Source,
     TextFiles,
     TokenDocuments,
-    parse_line,
-    texts_of,
 )
 
 SHARD_FIELDS = ("name", "n_tokens", "n_documents", "header_sha256")  # a manifest's entry for each shard
@@ -374,25 +371,14 @@ def line_offsets(path: Path, chunk: int = 1 << 24) -> np.ndarray:
 
 @dataclass
 class JsonlLines(JsonlTexts):
-    """`lines` lines of a JSONL file from byte `offset`, the first being line `first + 1` of the file
+    """`total` lines of a JSONL file from byte `offset`, the first being line `first + 1` of the file
     (error messages give line numbers of the whole file)."""
 
     offset: int = 0
     first: int = 0
 
-    def batches(self):
-        docs, size = [], 0
+    def numbered_lines(self) -> Iterator[tuple[int, str]]:
         with open(self.path, "rb") as f:
             f.seek(self.offset)
             for done in range(1, self.total + 1):
-                line, number = f.readline().decode("utf-8"), self.first + done
-                if not line.strip():
-                    continue
-                for text in texts_of(parse_line(line, self.path, number), self.field_name, self.path, number):
-                    docs.append(text)
-                    size += len(text)
-                if size >= BATCH_BYTES:
-                    yield docs, done
-                    docs, size = [], 0
-        if docs:
-            yield docs, self.total
+                yield self.first + done, f.readline().decode("utf-8")

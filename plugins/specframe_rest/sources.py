@@ -80,20 +80,24 @@ class JsonlTexts(Source):
     path: Path = Path()
     field_name: str | None = None
 
-    def batches(self) -> Iterator[tuple[list, int]]:
-        docs, size = [], 0
+    def numbered_lines(self) -> Iterator[tuple[int, str]]:
+        """(line number in the file, line) of every line this source reads: here, all of them."""
         with open(self.path, encoding="utf-8") as f:
-            for number, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                for text in texts_of(parse_line(line, self.path, number), self.field_name, self.path, number):
-                    docs.append(text)
-                    size += len(text)
-                if size >= BATCH_BYTES:
-                    yield docs, number
-                    docs, size = [], 0
-            if docs:
-                yield docs, number
+            yield from enumerate(f, 1)
+
+    def batches(self) -> Iterator[tuple[list, int]]:
+        docs, size, done = [], 0, 0
+        for done, (number, line) in enumerate(self.numbered_lines(), 1):
+            if not line.strip():
+                continue
+            for text in texts_of(parse_line(line, self.path, number), self.field_name, self.path, number):
+                docs.append(text)
+                size += len(text)
+            if size >= BATCH_BYTES:
+                yield docs, done
+                docs, size = [], 0
+        if docs:
+            yield docs, done
 
 
 @dataclass
