@@ -21,6 +21,9 @@ from tqdm.auto import tqdm
 from specframe_rest.datastore import DatastoreError
 from specframe_rest.sources import Source, TokenDocuments, parse_line
 
+# Prompts answered per generate call. SmolLM2-135M at two CPU threads answered 128 prompts (160 tokens)
+# in 86 s at 8, 50 s at 32 and 52 s at 64 (peak memory 1.7, 2.1 and 2.8 GiB), the answers identical.
+ANSWER_BATCH = 32
 PROMPT_FIELDS = ("prompt", "question", "instruction", "input", "text", "turns", "messages")
 
 
@@ -28,13 +31,13 @@ PROMPT_FIELDS = ("prompt", "question", "instruction", "input", "text", "turns", 
 class ModelAnswers(Source):
     path: Path = Path()
     max_new_tokens: int = 256
-    batch_size: int = 8
+    batch_size: int = ANSWER_BATCH
     target: object = None
     cache: Path | None = None
     prompts: list[str] = field(default_factory=list)
 
     @classmethod
-    def from_spec(cls, spec: str, max_new_tokens: int = 256, batch_size: int = 8) -> ModelAnswers:
+    def from_spec(cls, spec: str, max_new_tokens: int = 256, batch_size: int = ANSWER_BATCH) -> ModelAnswers:
         path = Path(spec.removeprefix("model:")).expanduser()
         if not path.is_file():
             raise DatastoreError(f"datastore source '{spec}': prompt file '{path}' does not exist")

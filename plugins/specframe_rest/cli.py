@@ -9,6 +9,7 @@ from typing import Optional
 import typer
 
 from specframe.cli_common import device_option, dtype_option, model_option
+from specframe_rest.answers import ANSWER_BATCH
 
 app = typer.Typer(help="Build and inspect REST retrieval datastores.", no_args_is_help=True)
 
@@ -34,7 +35,7 @@ def build(
     ),
     overwrite: bool = typer.Option(False, help="Replace an existing datastore."),
     answer_tokens: int = typer.Option(256, help="model: sources: new tokens per answer."),
-    batch_size: int = typer.Option(8, help="model: sources: prompts per generation batch."),
+    batch_size: int = typer.Option(ANSWER_BATCH, help="model: sources: prompts per generation batch."),
     self_prompts: int = typer.Option(2000, help="model:self: how many prompts the target writes."),
     shards: Optional[int] = typer.Option(
         None, help="Split the corpus into N shards of whole documents, each an ordinary datastore, under "

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from specframe_rest.answers import ModelAnswers
+from specframe_rest.answers import ANSWER_BATCH, ModelAnswers
 from specframe_rest.datastore import DatastoreError
 from specframe_rest.sources import Source
 
@@ -34,12 +34,12 @@ class SelfPrompts(Source):
     max_prompt_tokens: int = 96
     seed: int = 0
     max_new_tokens: int = 256
-    batch_size: int = 8
+    batch_size: int = ANSWER_BATCH
     answers: ModelAnswers | None = None
 
     @classmethod
     def from_spec(cls, spec: str, count: int = 2000, max_new_tokens: int = 256,
-                  batch_size: int = 8) -> SelfPrompts:
+                  batch_size: int = ANSWER_BATCH) -> SelfPrompts:
         if count < 1:
             raise DatastoreError(f"datastore source '{spec}': --self-prompts must be at least 1, not {count}")
         meta = {"prompts": count, "max_new_tokens": max_new_tokens, "seed": 0}
