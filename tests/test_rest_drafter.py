@@ -245,3 +245,17 @@ def test_model_self_refuses_a_count_below_one():
     assert parse_source("model:self", self_prompts=3).count == 3
     with pytest.raises(DatastoreError, match="--self-prompts must be at least 1, not 0"):
         parse_source("model:self", self_prompts=0)
+
+
+@pytest.mark.parametrize("spec", ["model:self", "model:PROMPTS"])
+@pytest.mark.parametrize(("option", "values"), [("--batch-size", {"batch_size": 0}),
+                                                 ("--answer-tokens", {"max_new_tokens": -1})])
+def test_model_sources_refuse_generation_options_below_one(spec, option, values, tmp_path):
+    from specframe_rest.datastore import DatastoreError
+    from specframe_rest.sources import parse_source
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"prompt": "Say hi."}) + "\n")
+    spec = spec.replace("PROMPTS", str(prompts))
+    with pytest.raises(DatastoreError, match=f"{option} must be at least 1"):
+        parse_source(spec, **values)

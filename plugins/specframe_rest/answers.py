@@ -27,6 +27,13 @@ ANSWER_BATCH = 32
 PROMPT_FIELDS = ("prompt", "question", "instruction", "input", "text", "turns", "messages")
 
 
+def check_generation(spec: str, max_new_tokens: int, batch_size: int) -> None:
+    """Refuse answer lengths and batch sizes below 1, naming the command-line option."""
+    for option, value in (("--answer-tokens", max_new_tokens), ("--batch-size", batch_size)):
+        if value < 1:
+            raise DatastoreError(f"datastore source '{spec}': {option} must be at least 1, not {value}")
+
+
 @dataclass
 class ModelAnswers(Source):
     path: Path = Path()
@@ -38,6 +45,7 @@ class ModelAnswers(Source):
 
     @classmethod
     def from_spec(cls, spec: str, max_new_tokens: int = 256, batch_size: int = ANSWER_BATCH) -> ModelAnswers:
+        check_generation(spec, max_new_tokens, batch_size)
         path = Path(spec.removeprefix("model:")).expanduser()
         if not path.is_file():
             raise DatastoreError(f"datastore source '{spec}': prompt file '{path}' does not exist")

@@ -34,9 +34,9 @@ def build(
         "shards (--shards of them, default 1)."
     ),
     overwrite: bool = typer.Option(False, help="Replace an existing datastore."),
-    answer_tokens: int = typer.Option(256, help="model: sources: new tokens per answer."),
-    batch_size: int = typer.Option(ANSWER_BATCH, help="model: sources: prompts per generation batch."),
-    self_prompts: int = typer.Option(2000, help="model:self: how many prompts the target writes."),
+    answer_tokens: int = typer.Option(256, min=1, help="model: sources: new tokens per answer."),
+    batch_size: int = typer.Option(ANSWER_BATCH, min=1, help="model: sources: prompts per generation batch."),
+    self_prompts: int = typer.Option(2000, min=1, help="model:self: how many prompts the target writes."),
     shards: Optional[int] = typer.Option(
         None, help="Split the corpus into N shards of whole documents, each an ordinary datastore, under "
         "one manifest; the drafter searches them as one store."

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from specframe_rest.answers import ANSWER_BATCH, ModelAnswers
+from specframe_rest.answers import ANSWER_BATCH, ModelAnswers, check_generation
 from specframe_rest.datastore import DatastoreError
 from specframe_rest.sources import Source
 
@@ -42,6 +42,7 @@ class SelfPrompts(Source):
                   batch_size: int = ANSWER_BATCH) -> SelfPrompts:
         if count < 1:
             raise DatastoreError(f"datastore source '{spec}': --self-prompts must be at least 1, not {count}")
+        check_generation(spec, max_new_tokens, batch_size)
         meta = {"prompts": count, "max_new_tokens": max_new_tokens, "seed": 0}
         return cls(spec, "model-self", count, meta, count, max_new_tokens=max_new_tokens,
                    batch_size=batch_size)
