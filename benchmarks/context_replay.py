@@ -16,19 +16,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from specframe.adaptive.calibration import stored_cost
 from specframe.bench.methods import resolve_methods, split_parts
-from specframe.bench.replay import recorded_turns, replay
-from specframe.bench.suites import load_suite
+from specframe.bench.replay import open_run, replay
 from specframe.cost import CostModel, MeasuredCost
-from specframe.models import load_target
 from specframe.pipeline import assemble
 from specframe.registry import get_registry
 
@@ -54,12 +50,9 @@ def main() -> None:
     parser.add_argument("--shift", type=int, nargs="+", default=[0], help="extra context tokens")
     parser.add_argument("--repeat", type=int, default=None, help="replay only this repeat of each turn")
     args = parser.parse_args()
-    settings = json.loads((args.run / "settings.json").read_text())
-    torch.set_num_threads(settings["threads"])
-    target = load_target(settings["model"], dtype=settings.get("dtype", "auto"))
-    suite = load_suite(settings["suite"])
-    turns = [t for t in recorded_turns(args.run / "records.jsonl", suite, target.tokenizer)
-             if args.repeat is None or t.repeat == args.repeat]
+    run = open_run(args.run)
+    settings, target, suite = run.settings, run.target, run.suite
+    turns = [t for t in run.turns if args.repeat is None or t.repeat == args.repeat]
     category = {p.qid: p.category for p in suite}
     cost = stored_cost(assemble(target).backend)
     if cost is None or not cost.flat_slope:

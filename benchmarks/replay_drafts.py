@@ -19,13 +19,10 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
-import torch
 from tqdm import tqdm
 
 from specframe.bench.methods import resolve_methods, split_parts
-from specframe.bench.replay import copy_bound, recorded_turns, replay
-from specframe.bench.suites import load_suite
-from specframe.models import load_target
+from specframe.bench.replay import copy_bound, open_run, replay
 from specframe.registry import get_registry
 
 
@@ -47,11 +44,8 @@ def main() -> None:
                         help="also print the single-path copy bound with K tokens of context")
     parser.add_argument("--by-category", action="store_true", help="also print tau per suite category")
     args = parser.parse_args()
-    settings = json.loads((args.run / "settings.json").read_text())
-    torch.set_num_threads(settings["threads"])
-    target = load_target(settings["model"], dtype=settings.get("dtype", "auto"))
-    suite = load_suite(settings["suite"])
-    turns = recorded_turns(args.run / "records.jsonl", suite, target.tokenizer, args.baseline)
+    run = open_run(args.run, args.baseline)
+    settings, target, suite, turns = run.settings, run.target, run.suite, run.turns
     category = {p.qid: p.category for p in suite}
     by_category = {}
     methods = resolve_methods(split_parts(args.methods, ","), get_registry())

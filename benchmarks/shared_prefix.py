@@ -12,14 +12,12 @@ output positions whose whole prefix an earlier sample had already been through.
 from __future__ import annotations
 
 import argparse
-import json
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
-from specframe.bench.replay import recorded_turns
-from specframe.bench.suites import load_suite
-from specframe.models import load_target
+
+from specframe.bench.replay import open_run
 
 
 def shared_prefix(tokens: list[int], earlier: list[list[int]]) -> int:
@@ -38,9 +36,8 @@ def main() -> None:
     parser.add_argument("run", type=Path, help="a `specframe bench --out` directory with --repeats > 1")
     parser.add_argument("--method", default="baseline", help="the method whose samples are read")
     args = parser.parse_args()
-    settings = json.loads((args.run / "settings.json").read_text())
-    tokenizer = load_target(settings["model"]).tokenizer
-    turns = recorded_turns(args.run / "records.jsonl", load_suite(settings["suite"]), tokenizer, args.method)
+    run = open_run(args.run, args.method)
+    settings, turns = run.settings, run.turns
     earlier: dict[str, list[list[int]]] = defaultdict(list)
     shared, covered, total = [], 0, 0
     for turn in turns:

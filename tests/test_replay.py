@@ -119,3 +119,10 @@ def test_a_drafter_with_heads_replays_the_steps_the_real_run_took(tiny, tmp_path
     result = decoder.generate(prompt, max_new_tokens=40)
     stats = replay(tiny, method, [Turn("q", 0, 0, prompt, list(result.tokens))], cost=FLAT)
     assert stats.steps == result.metrics.steps and stats.nodes == sum(result.metrics.tree_sizes)
+
+
+def test_open_run_names_a_directory_that_is_not_a_bench_run(tmp_path):
+    from specframe.bench.replay import open_run
+
+    with pytest.raises(ConfigurationError, match="not a `specframe bench --out` directory"):
+        open_run(tmp_path)

@@ -32,11 +32,11 @@ import torch
 from specframe.adaptive.calibration import stored_cost
 from specframe.adaptive.planner import AdaptivePlanner, FixedPlanner, parse_budget
 from specframe.bench.methods import MethodSpec
-from specframe.bench.suites import BenchPrompt, encode_turn
+from specframe.bench.suites import BenchPrompt, encode_turn, load_suite
 from specframe.cost import CostModel
 from specframe.errors import ConfigurationError
 from specframe.interfaces import BuildContext
-from specframe.models import Target
+from specframe.models import Target, load_target
 from specframe.pipeline import assemble
 from specframe.records import DraftContext, DraftProposal, StepOutcome, VerifyResult
 from specframe.tree import TokenTree
@@ -74,6 +74,31 @@ class ReplayStats:
     def speedup(self) -> float:
         """Tokens per modelled second over plain decoding's (one token per plain step)."""
         return self.plain_s / max(self.modelled_s, 1e-12)
+
+
+@dataclass
+class RecordedRun:
+    """A `specframe bench --out` directory opened for replay: its settings, the target and suite it ran,
+    and the turns one method generated."""
+
+    settings: dict
+    target: Target
+    suite: list[BenchPrompt]
+    turns: list[Turn]
+
+
+def open_run(run: Path, method: str = "baseline") -> RecordedRun:
+    """Open `run` as it was measured: its target and dtype, its suite, torch at its thread count (the
+    stored calibration a replay models with is per thread count), and the turns of `method`."""
+    settings_path = run / "settings.json"
+    if not settings_path.is_file():
+        raise ConfigurationError(f"{run} is not a `specframe bench --out` directory: it has no settings.json")
+    settings = json.loads(settings_path.read_text())
+    torch.set_num_threads(settings["threads"])
+    target = load_target(settings["model"], dtype=settings.get("dtype", "auto"))
+    suite = load_suite(settings["suite"])
+    return RecordedRun(settings, target, suite, recorded_turns(run / "records.jsonl", suite, target.tokenizer,
+                                                               method))
 
 
 def recorded_turns(records: Path, prompts: list[BenchPrompt], tokenizer,
