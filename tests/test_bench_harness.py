@@ -14,7 +14,7 @@ import pytest
 import specframe
 from specframe.bench import BenchPrompt, run_benchmark
 from specframe.bench import runner as bench_runner
-from specframe.errors import ConfigurationError, SpecframeWarning
+from specframe.errors import ConfigurationError, SpecframeError, SpecframeWarning
 from specframe.metrics import DecodeMetrics
 from specframe.testing import tiny_target
 
@@ -180,6 +180,33 @@ def test_the_bench_command_writes_tables_and_plots(target, tmp_path):
     assert "| pld(max_ngram=2)+chain |" in result.output and "### qa" in result.output
     assert {p.name for p in out.iterdir()} >= {"records.jsonl", "results.json", "results.md", "speedup.png",
                                                "acceptance_histogram.png", "time_split.png", "settings.json"}
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--suite", "no-such-suite"], "unknown suite"),
+    (["--limit", "0"], "--limit must be >= 1"),
+    (["--methods", "no-such-drafter"], "unknown drafter"),
+    (["--peers", "no-such-peer"], "unknown peer"),
+    (["--repeats", "0"], "--repeats must be >= 1"),
+    (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
+    (["--keep", "fastest", "--temperature", "0.7"], "needs greedy decoding"),
+    (["--shard", "3/2"], "--shard must be I/N"),
+])
+def test_the_bench_command_refuses_bad_options_before_loading_the_model(monkeypatch, tmp_path, args, message):
+    """Bad input costs no model load: the options that need no model are judged first."""
+    from typer.testing import CliRunner
+
+    import specframe.models
+    from specframe.cli import app
+
+    def no_loading(*_, **__):
+        raise AssertionError("the model was loaded before the options were checked")
+
+    monkeypatch.setattr(specframe.models, "load_target", no_loading)
+    result = CliRunner().invoke(app, ["bench", "--out", str(tmp_path / "out"), *args])
+    assert isinstance(result.exception, SpecframeError), result.output
+    assert message in str(result.exception)
+    assert not any((tmp_path / "out").iterdir())  # nothing written
 
 
 def test_generate_compare_warms_both_sides_up_and_reports_the_same_tokens(target, tmp_path):

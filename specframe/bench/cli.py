@@ -56,7 +56,7 @@ def bench_command(
     list_methods: bool = typer.Option(False, "--list-methods", help="Print the presets and exit."),
 ) -> None:
     """Benchmark speculative methods against plain decoding and transformers, Spec-Bench style."""
-    from specframe.bench.harness import run_benchmark
+    from specframe.bench.harness import check_options, run_benchmark
     from specframe.bench.methods import usable_presets
     from specframe.models import check_writable_dir, load_target
     from specframe.registry import get_registry
@@ -81,6 +81,8 @@ def bench_command(
     check_clock(clock, threads, device)
     sampling = SamplingParams(temperature=temperature, seed=seed)
     check_writable_dir(out, "--out", "pass a writable directory with --out")  # before loading the model
+    check_options(suite, _split(methods), peers=peers, limit=limit, shard=shard, max_turns=turns,
+                  repeats=repeats, max_new_tokens=max_new_tokens, budget=budget, keep=keep, sampling=sampling)
     options = dict(peers=peers, limit=limit, repeats=repeats, max_new_tokens=max_new_tokens, budget=budget,
                    synthetic_acceptance=synthetic_acceptance, max_turns=turns, shard=shard, sampling=sampling,
                    plots=plots, fresh=fresh, phase_timing=phase_timing, keep=keep)

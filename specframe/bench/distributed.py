@@ -31,8 +31,7 @@ from specframe.ray_support import import_ray, ray_session
 from specframe.registry import PluginRegistry, get_registry
 from specframe.sampling import SamplingParams
 
-from specframe.bench.harness import (bench_settings, check_keep, select_prompts, start_out, target_settings,
-                                     write_results)
+from specframe.bench.harness import bench_settings, check_options, start_out, target_settings, write_results
 from specframe.bench.methods import resolve_methods
 from specframe.bench.runner import BenchRun, Mismatch, RecordStore, compare
 from specframe.bench.suites import BenchPrompt
@@ -129,10 +128,10 @@ def run_benchmark_ray(target_factory: Callable[[], Target], suite: str | list[Be
     if workers < 1 or threads < 1:
         raise ConfigurationError(f"--ray-workers and --threads must be >= 1, got {workers} and {threads}")
     sampling = sampling or SamplingParams()
-    checked = registry or get_registry()
-    check_keep(keep, sampling, resolve_methods(methods, checked, budget), checked)
+    prompts, _, _ = check_options(suite, methods, peers=peers, limit=limit, shard=shard, max_turns=max_turns,
+                                  repeats=repeats, max_new_tokens=max_new_tokens, budget=budget, keep=keep,
+                                  sampling=sampling, registry=registry)
     out = Path(out)
-    prompts = select_prompts(suite, limit, shard, max_turns)
     grid = GridSpec(methods, peers, sampling, repeats, max_new_tokens, budget, synthetic_acceptance,
                     phase_timing, warmup, registry)
     with ray_session(ray, address, workers * threads, log_to_driver=False), \

@@ -17,9 +17,10 @@ from specframe.registry import PluginRegistry, get_registry
 from specframe.sampling import SamplingParams
 
 from specframe.bench.methods import MethodSpec, resolve_methods
-from specframe.bench.peers import parse_peers
+from specframe.bench.peers import PeerSpec, parse_peers
 from specframe.bench.report import KEEP, write_reports
-from specframe.bench.runner import BenchRun, build_runners, check_run_args, check_settings, run_bench
+from specframe.bench.runner import (BenchRun, build_runners, check_counts, check_run_args, check_settings,
+                                    run_bench)
 from specframe.bench.suites import BenchPrompt, load_suite
 
 
@@ -40,12 +41,13 @@ def run_benchmark(target: Target, suite: str | list[BenchPrompt], methods: list[
     registry = registry or get_registry()
     sampling = sampling or SamplingParams()
     out = Path(out)
-    prompts = select_prompts(suite, limit, shard, max_turns)
+    prompts, specs, peer_specs = check_options(suite, methods, peers=peers, limit=limit, shard=shard,
+                                               max_turns=max_turns, repeats=repeats,
+                                               max_new_tokens=max_new_tokens, budget=budget, keep=keep,
+                                               sampling=sampling, registry=registry)
     check_run_args(target, repeats, max_new_tokens)  # before settings.json is written
-    specs = resolve_methods(methods, registry, budget)
-    check_keep(keep, sampling, specs, registry)
-    runners = build_runners(target, specs, parse_peers(peers), sampling, registry, synthetic_acceptance,
-                            budget, phase_timing)
+    runners = build_runners(target, specs, peer_specs, sampling, registry, synthetic_acceptance, budget,
+                            phase_timing)
     settings = bench_settings(target_settings(target), suite, max_new_tokens, budget, sampling)
     start_out(out, settings, fresh)
     run = run_bench(target, prompts, runners, repeats=repeats, max_new_tokens=max_new_tokens, out=out,
@@ -53,6 +55,24 @@ def run_benchmark(target: Target, suite: str | list[BenchPrompt], methods: list[
     table = write_results(run, out, settings, limit=limit, repeats=repeats, max_turns=max_turns,
                           plots=plots, keep=keep, command=command)
     return run, table
+
+
+def check_options(suite: str | list[BenchPrompt], methods: list[str], *, peers: str = "all",
+                  limit: int | None = None, shard: str | None = None, max_turns: int | None = None,
+                  repeats: int = 3, max_new_tokens: int = 128, budget: int | str = "auto",
+                  keep: str = "all", sampling: SamplingParams | None = None,
+                  registry: PluginRegistry | None = None
+                  ) -> tuple[list[BenchPrompt], list[MethodSpec], list[PeerSpec]]:
+    """Refuse every option of a run that can be judged without the model, so that `specframe bench`
+    answers bad input before it spends seconds (or minutes, for a large model) loading one.
+
+    Returns the prompts, the methods and the peers the options name."""
+    registry = registry or get_registry()
+    prompts = select_prompts(suite, limit, shard, max_turns)
+    check_counts(repeats, max_new_tokens)
+    specs = resolve_methods(methods, registry, budget)
+    check_keep(keep, sampling or SamplingParams(), specs, registry)
+    return prompts, specs, parse_peers(peers)
 
 
 def check_keep(keep: str, sampling: SamplingParams, specs: list[MethodSpec],

@@ -257,6 +257,11 @@ def check_run_args(target: Target, repeats: int, max_new_tokens: int) -> None:
     """Refuse settings that would fail only once the run started, before anything is written to --out."""
     if target.tokenizer is None:
         raise ConfigurationError(f"benchmarking model '{target.name}' needs its tokenizer")
+    check_counts(repeats, max_new_tokens)
+
+
+def check_counts(repeats: int, max_new_tokens: int) -> None:
+    """Refuse a run of no repeats or no tokens."""
     if repeats < 1:
         raise ConfigurationError(f"--repeats must be >= 1, got {repeats}")
     if max_new_tokens < 1:
