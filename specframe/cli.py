@@ -40,12 +40,12 @@ def generate(
     backend: str = typer.Option(DEFAULT_COMPONENTS[ComponentKind.BACKEND], help="State backend spec."),
     budget: str = typer.Option(DEFAULT_BUDGET, help="Draft tree nodes per step: N (fill N every step), or "
                                "'auto' / 'auto:CAP' (keep the subtree expected to pay, up to CAP nodes)."),
-    max_new_tokens: int = typer.Option(128, "--max-new-tokens", help="Tokens to generate at most."),
+    max_new_tokens: int = typer.Option(128, "--max-new-tokens", min=1, help="Tokens to generate at most."),
     chat: bool = typer.Option(False, help="Wrap the prompt in the model's chat template."),
     stop: Optional[list[str]] = typer.Option(None, help="Stop string (repeatable)."),
     temperature: float = typer.Option(0.0, help="0 = greedy."),
     top_p: float = typer.Option(1.0, "--top-p"),
-    top_k: int = typer.Option(0, "--top-k", help="0 = off."),
+    top_k: int = typer.Option(0, "--top-k", min=0, help="0 = off."),
     seed: Optional[int] = typer.Option(None, help="Seed for a reproducible sampled run."),
     compare: bool = typer.Option(False, help="Also run transformers' own generate and compare (both "
                                  "sides warmed up first, untimed)."),
@@ -56,12 +56,14 @@ def generate(
     from specframe.adaptive.planner import parse_budget
     from specframe.decoding import SpeculativeDecoder
     from specframe.models import load_target
+    from specframe.pipeline import check_specs
     from specframe.sampling import SamplingParams
 
     sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
     check_text(prompt, "the prompt")
     check_stop_strings(stop or [])
     parse_budget(budget)  # before the model loads
+    check_specs(drafter, tree, verifier, backend)
     target = load_target(model, device=device, dtype=dtype)
     decoder = SpeculativeDecoder.from_names(target, drafter, tree, verifier, backend, budget=budget,
                                             sampling=sampling, phase_timing=phase_timing)
@@ -86,8 +88,8 @@ def calibrate(
     device: str = device_option(),
     dtype: str = dtype_option(),
     backend: str = typer.Option(DEFAULT_COMPONENTS[ComponentKind.BACKEND], help="State backend spec."),
-    threads: Optional[int] = typer.Option(None, help="torch intra-op threads to calibrate for (default: "
-                                          "torch's choice; the cost is stored per thread count)."),
+    threads: Optional[int] = typer.Option(None, min=1, help="torch intra-op threads to calibrate for "
+                                          "(default: torch's choice; the cost is stored per thread count)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Measure what one verification step costs by tree size and context length (what budget=auto
@@ -96,8 +98,9 @@ def calibrate(
 
     from specframe.adaptive.calibration import cached_cost, cost_key, cost_path
     from specframe.models import load_target
-    from specframe.pipeline import assemble
+    from specframe.pipeline import assemble, check_specs
 
+    check_specs(backend=backend)  # before the model loads
     if threads is not None:
         torch.set_num_threads(threads)
     target = load_target(model, device=device, dtype=dtype)

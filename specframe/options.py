@@ -25,6 +25,21 @@ def env_choice(env: str, choices: tuple[str, ...], what: str) -> str:
     return value
 
 
+def check_bounds(what: str, settings: object, at_least: dict[str, float] | None = None,
+                 positive: tuple[str, ...] = ()) -> None:
+    """Refuse a settings object (a training config, say) whose fields fall below their bounds: each field
+    named in `at_least` must be >= its bound, each in `positive` > 0. The error names `what` and the field,
+    so a run with zero steps or a zero learning rate fails at once instead of after loading a model."""
+    for name, low in (at_least or {}).items():
+        value = getattr(settings, name)
+        if value < low:
+            raise ConfigurationError(f"{what}: {name} must be >= {low}, got {value}")
+    for name in positive:
+        value = getattr(settings, name)
+        if not value > 0:
+            raise ConfigurationError(f"{what}: {name} must be > 0, got {value}")
+
+
 def accepted_options(cls: type) -> dict[str, Any]:
     """Option name -> type hint (or `inspect.Parameter.empty`) of a component class's constructor."""
     params = inspect.signature(cls.__init__).parameters

@@ -128,6 +128,20 @@ def assemble(target: Target, drafter: Component = DEFAULT_COMPONENTS[ComponentKi
     )
 
 
+def check_specs(drafter: Component = DEFAULT_COMPONENTS[ComponentKind.DRAFTER],
+                tree: Component = DEFAULT_COMPONENTS[ComponentKind.TREE_BUILDER],
+                verifier: Component = DEFAULT_COMPONENTS[ComponentKind.VERIFIER],
+                backend: Component = DEFAULT_COMPONENTS[ComponentKind.BACKEND],
+                registry: PluginRegistry | None = None) -> None:
+    """Refuse unknown component names and options without a model: what `assemble` checks first, for a
+    command line to run before it spends seconds loading one. What needs the model (whether a backend
+    can serve it, a datastore's tokenizer) is still checked by `assemble`."""
+    registry = registry or get_registry()
+    for kind, component in zip(ComponentKind, (drafter, tree, verifier, backend)):
+        cls, options = _lookup(registry, kind, component)
+        check_options(kind, cls, options)
+
+
 def _lookup(registry: PluginRegistry, kind: ComponentKind, component: Component) -> tuple[type, dict]:
     """A component's class and the options its spec carries."""
     if isinstance(component, type):

@@ -298,6 +298,7 @@ def test_a_file_as_specframe_home_exits_2(tmp_path):
     (["hi", "--stop", b"\xff"], "a --stop string is not valid UTF-8"),
     (["hi", "--seed", "99999999999999999999999"], "seed must fit in 64 bits"),
     (["hi", "--stop", ""], '--stop ""'),
+    (["hi", "--drafter", "pld(depth=2)"], "drafter 'pld' has no option 'depth'"),
 ])
 def test_bad_generate_options_exit_2_before_loading_the_model(tmp_path, args, needle):
     # The model directory does not exist: these options must be refused before it is looked at.
@@ -322,3 +323,51 @@ def test_text_checks():
         check_text("x\udcff\udcfe", "the prompt")
     with pytest.raises(ConfigurationError, match="non-empty stop string"):
         check_stop_strings(["END", ""])
+
+
+@pytest.mark.parametrize("kind, spec, needle", [
+    ("drafter", "no-such-drafter", "unknown drafter 'no-such-drafter'"),
+    ("tree", "trie(width=2)", "tree builder 'trie' has no option 'width'"),
+    ("verifier", "no-such-verifier", "unknown verifier"),
+    ("backend", "kv(window='x')", "backend 'kv' has no option 'window'"),
+    ("drafter", "pld(max_ngram='four')", "option max_ngram='four' must be int"),
+])
+def test_component_specs_are_checked_without_a_model(kind, spec, needle):
+    from specframe.errors import SpecframeError
+    from specframe.pipeline import check_specs
+
+    check_specs("pld(max_ngram=4)", "trie", "greedy", "kv")
+    with pytest.raises(SpecframeError, match=needle.replace("(", r"\(").replace(")", r"\)")):
+        check_specs(**{kind: spec})
+
+
+def test_calibrate_refuses_an_unknown_backend_before_loading_the_model(monkeypatch):
+    from typer.testing import CliRunner
+
+    import specframe.models
+    from specframe.cli import app
+    from specframe.errors import UnknownComponentError
+
+    monkeypatch.setattr(specframe.models, "load_target", lambda *a, **k: pytest.fail("the model was loaded"))
+    result = CliRunner().invoke(app, ["calibrate", "--backend", "no-such-backend"])
+    assert isinstance(result.exception, UnknownComponentError)
+    usage = CliRunner().invoke(app, ["calibrate", "--threads", "0"])
+    assert usage.exit_code == 2 and "--threads" in usage.output  # a usage error, not torch's RuntimeError
+
+
+def test_training_settings_out_of_range_are_refused():
+    from specframe_hybrid.distill import LayerTraining
+    from specframe_hybrid.end_to_end import EndToEndTraining
+    from specframe_hybrid.recipe import Recipe
+    from specframe_s4c.train import TrainConfig
+
+    TrainConfig(), LayerTraining(), EndToEndTraining(steps=0), Recipe(chat_prompts=0)  # edges that are fine
+    for make, needle in [(lambda: TrainConfig(steps=0), "s4c training: steps must be >= 1, got 0"),
+                         (lambda: TrainConfig(lr=0.0), "s4c training: lr must be > 0"),
+                         (lambda: TrainConfig(lr=float("nan")), "lr must be > 0"),
+                         (lambda: TrainConfig(num_heads=0), "num_heads must be >= 1"),
+                         (lambda: LayerTraining(batch=0), "hybrid layer training: batch must be >= 1"),
+                         (lambda: EndToEndTraining(steps=-1), "steps must be >= 0"),
+                         (lambda: Recipe(code_tokens=0, chat_prompts=0), "no training data")]:
+        with pytest.raises(ConfigurationError, match=needle):
+            make()

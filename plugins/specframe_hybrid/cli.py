@@ -21,15 +21,16 @@ def build(
                                      "as 3,7,11; repeat for several hybrids (their mixers are shared)"),
     run_dir: Path = typer.Option(Path("hybrid-run"), "--run", help="work directory (resumable)"),
     out: Optional[Path] = typer.Option(None, help="save each hybrid as OUT/1in4, OUT/1in2, ..."),
-    steps: int = typer.Option(250, help="training steps per mixer"),
-    batch: int = typer.Option(4, help="blocks per step"),
+    steps: int = typer.Option(250, min=1, help="training steps per mixer"),
+    batch: int = typer.Option(4, min=1, help="blocks per step"),
     lr: float = typer.Option(1e-3),
-    end_to_end_steps: int = typer.Option(60, "--end-to-end-steps", help="then train all mixers of each "
-                                         "hybrid on the teacher's distributions for this many steps "
-                                         "(0: skip)"),
-    code_tokens: int = typer.Option(96 * 1024, help="standard library tokens of training data"),
-    chat_prompts: int = typer.Option(128, help="chat prompts answered by the teacher for training data"),
-    threads: Optional[int] = typer.Option(None, help="torch CPU threads"),
+    end_to_end_steps: int = typer.Option(60, "--end-to-end-steps", min=0,
+                                         help="then train all mixers of each hybrid on the teacher's "
+                                         "distributions for this many steps (0: skip)"),
+    code_tokens: int = typer.Option(96 * 1024, min=0, help="standard library tokens of training data"),
+    chat_prompts: int = typer.Option(128, min=0,
+                                     help="chat prompts answered by the teacher for training data"),
+    threads: Optional[int] = typer.Option(None, min=1, help="torch CPU threads"),
 ) -> None:
     """Distil MODEL into hybrids, layer by layer then end to end; rerun the same command to resume."""
     import torch
@@ -56,8 +57,8 @@ def build(
 def quality(
     hybrid: list[str] = typer.Argument(..., help="hybrid models (directories or aliases) to measure"),
     teacher: str = typer.Option("smollm2-135m", help="the model they were distilled from"),
-    humaneval: int = typer.Option(20, help="HumanEval prompts"),
-    per_category: int = typer.Option(5, help="Spec-Bench questions per category"),
+    humaneval: int = typer.Option(20, min=0, help="HumanEval prompts"),
+    per_category: int = typer.Option(5, min=0, help="Spec-Bench questions per category"),
     json_out: Optional[Path] = typer.Option(None, "--json", help="also write the table as JSON"),
 ) -> None:
     """Greedy next-token agreement with the teacher and perplexity, on held-out benchmark prompts."""

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from specframe.errors import ConfigurationError
 from specframe_hybrid.prompts import distillation_prompts
 
 
@@ -34,6 +35,9 @@ def training_blocks(target, run_dir: Path, *, block: int, code_tokens: int, chat
     for document in code_documents(target.tokenizer, code_tokens):
         stream += document + [eos]
     usable = len(stream) // block * block
+    if not usable:
+        raise ConfigurationError(f"hybrid: {len(stream)} training tokens do not fill one block of {block}: "
+                                 "raise --code-tokens or --chat-prompts")
     blocks = torch.tensor(stream[:usable], dtype=torch.long).view(-1, block)  # (N, block)
     log(f"hybrid: {blocks.numel()} training tokens in {len(blocks)} blocks of {block} "
         f"({chat} from {chat_prompts} chat answers, the rest standard library code)")

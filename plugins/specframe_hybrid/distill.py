@@ -25,6 +25,7 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from specframe.errors import ConfigurationError
+from specframe.options import check_bounds
 from specframe_hybrid.convert import convert, hybrid_config
 
 CHUNK_BLOCKS = 8  # training blocks per activation file
@@ -39,6 +40,9 @@ class LayerTraining:
     lr: float = 1e-3
     warmup: int = 20
     seed: int = 0
+
+    def __post_init__(self):
+        check_bounds("hybrid layer training", self, {"steps": 1, "batch": 1, "warmup": 0}, positive=("lr",))
 
 
 def save_atomic(tensors: dict[str, torch.Tensor], path: Path, metadata: dict | None = None) -> None:

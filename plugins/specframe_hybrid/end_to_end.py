@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from tqdm.auto import tqdm
 
+from specframe.options import check_bounds
 from specframe_hybrid.distill import save_atomic
 
 CHECKPOINT_EVERY = 10
@@ -26,10 +27,13 @@ CHECKPOINT_EVERY = 10
 
 @dataclass
 class EndToEndTraining:
-    steps: int = 60
+    steps: int = 60  # 0: skip
     batch: int = 2
     lr: float = 2e-4
     seed: int = 0
+
+    def __post_init__(self):
+        check_bounds("hybrid end-to-end training", self, {"steps": 0, "batch": 1}, positive=("lr",))
 
 
 def mixer_parameters(hybrid: torch.nn.Module, layers: list[int]) -> dict[str, torch.nn.Parameter]:

@@ -9,6 +9,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from specframe.errors import ConfigurationError
+from specframe.options import check_bounds
 from specframe_hybrid.convert import replaced_layers
 from specframe_hybrid.data import training_blocks
 from specframe_hybrid.distill import LayerTraining, TeacherActivations, assemble, distil_layers
@@ -28,6 +30,13 @@ class Recipe:
     chat_new_tokens: int = 256
     training: LayerTraining = field(default_factory=LayerTraining)
     end_to_end: EndToEndTraining = field(default_factory=lambda: EndToEndTraining(steps=60))  # 0: skip
+
+    def __post_init__(self):
+        check_bounds("hybrid recipe", self, {"block": 2, "code_tokens": 0, "chat_prompts": 0,
+                                             "chat_new_tokens": 1})
+        if not self.code_tokens and not self.chat_prompts:
+            raise ConfigurationError("hybrid recipe: no training data: give --code-tokens or --chat-prompts "
+                                     "above 0")
 
 
 def ratio_name(ratio: str) -> str:

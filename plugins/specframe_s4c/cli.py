@@ -22,17 +22,17 @@ def train_s4c(
                                    "or answers:NAME (the chats of a `model:self` datastore build)"),
     out: Path = typer.Option(Path("s4c-run"),
                              help="run directory: state.pt (resumable) and heads.safetensors"),
-    steps: int = typer.Option(1000, help="optimizer steps (length of the cosine schedule)"),
+    steps: int = typer.Option(1000, min=1, help="optimizer steps (length of the cosine schedule)"),
     max_minutes: float = typer.Option(
-        None, help="stop after this many minutes (state is saved; rerun to resume)"),
-    heads: int = typer.Option(3, help="number of draft heads"),
-    block: int = typer.Option(256, help="tokens per training sequence"),
-    batch: int = typer.Option(4, help="sequences per step"),
+        None, min=0, help="stop after this many minutes (state is saved; rerun to resume)"),
+    heads: int = typer.Option(3, min=1, help="number of draft heads"),
+    block: int = typer.Option(256, min=2, help="tokens per training sequence"),
+    batch: int = typer.Option(4, min=1, help="sequences per step"),
     lr: float = typer.Option(3e-4),
-    draft_vocab: int = typer.Option(16384,
+    draft_vocab: int = typer.Option(16384, min=0,
                                     help="draft vocabulary size (most frequent corpus tokens); 0 = all"),
-    max_tokens: int = typer.Option(None, help="use at most this many corpus tokens"),
-    threads: int = typer.Option(None, help="torch CPU threads"),
+    max_tokens: int = typer.Option(None, min=1, help="use at most this many corpus tokens"),
+    threads: int = typer.Option(None, min=1, help="torch CPU threads"),
     fresh: bool = typer.Option(False, help="ignore an existing state.pt in --out"),
 ) -> None:
     """Train S4C draft heads; progress goes to stdout, state to OUT/state.pt every few steps."""
@@ -46,14 +46,14 @@ def train_s4c(
     from specframe_s4c.train import Trainer, TrainConfig
 
     start = time.time()
+    config = TrainConfig(num_heads=heads, block=block, batch=batch, lr=lr, steps=steps,
+                         draft_vocab=draft_vocab)  # refuses bad settings before the model loads
     if threads:
         torch.set_num_threads(threads)
     target = specframe.load_target(model, device=device, dtype=dtype)
     eos = min(target.eos_token_ids) if target.eos_token_ids else None
     blocks = token_blocks(target.tokenizer, data, block, max_tokens=max_tokens, eos=eos)
     print(f"s4c: {blocks.size} tokens in {len(blocks)} blocks of {block} from {data}", flush=True)
-    config = TrainConfig(num_heads=heads, block=block, batch=batch, lr=lr, steps=steps,
-                         draft_vocab=draft_vocab)
     log = lambda line: print(line, flush=True)  # noqa: E731
     cache = FeatureCache(out / "features", blocks, hidden=target.model.config.hidden_size)
     cache.fill(target, batch=batch, log=log)  # the target's features, once (resumable)

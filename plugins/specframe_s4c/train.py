@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 import specframe
+from specframe.options import check_bounds
 from specframe_s4c.features import FeatureCache
 from specframe_s4c.heads import S4CHeads, target_parts
 
@@ -40,6 +41,10 @@ class TrainConfig:
     draft_vocab: int = 16384  # most frequent corpus tokens the heads may propose; 0 = whole vocabulary
     save_every: int = 20
     seed: int = 0
+
+    def __post_init__(self):
+        check_bounds("s4c training", self, {"num_heads": 1, "block": 2, "batch": 1, "warmup": 0, "steps": 1,
+                                            "draft_vocab": 0, "save_every": 1}, positive=("lr",))
 
 
 def frequent_tokens(blocks: np.ndarray, vocab_size: int, size: int, always: set[int] = frozenset()

@@ -42,8 +42,8 @@ def bench_command(
     temperature: float = typer.Option(0.0, help="0 = greedy (outputs then checked against the baseline)."),
     seed: Optional[int] = typer.Option(None, help="Seed for sampled runs: repeat r samples with seed + r "
                                        "(the repeats are n samples of each question) in every method."),
-    threads: Optional[int] = typer.Option(None, help="torch intra-op threads (default: torch's choice). "
-                                          "On a busy machine 1 thread times far more steadily."),
+    threads: Optional[int] = typer.Option(None, min=1, help="torch intra-op threads (default: torch's "
+                                          "choice). On a busy machine 1 thread times far more steadily."),
     clock: str = typer.Option("wall", help="wall, or cpu: this process's CPU time, which other processes on "
                               "a shared CPU do not inflate (needs --threads 1 and --device cpu)."),
     plots: bool = typer.Option(True, help="Write PNG plots (needs matplotlib)."),
