@@ -215,6 +215,18 @@ def test_in_process_build_is_refused_while_the_lock_is_held(tmp_path):
     assert documents(out) == 1 and not lock_file(out).exists()
 
 
+def test_a_build_where_nothing_can_be_written_says_so_not_that_it_is_busy(tmp_path):
+    """A lock that cannot be created is not a lock held by another build (filelock reports both alike)."""
+    from specframe.errors import ConfigurationError
+
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(ConfigurationError, match="cannot be a directory.*writable directory"):
+        ids_build(tmp_path / "a-file" / "ds")
+    if Path("/proc/self").is_dir():  # a directory no one can create files in, root included
+        with pytest.raises(ConfigurationError, match="/proc is not writable"):
+            ids_build(Path("/proc/ds"))
+
+
 # --- killed builds -------------------------------------------------------------------------------------
 
 

@@ -27,14 +27,16 @@ def measure(teacher_name: str, hybrids: list[str], *, humaneval: int = 20,
     import specframe
 
     teacher = specframe.load_target(teacher_name, device="cpu", dtype="float32")
+    models = {}  # every model loaded and checked before any is measured: a wrong name fails in seconds
+    for name in hybrids:
+        models[name] = specframe.load_target(name, device="cpu", dtype="float32")
+        if models[name].tokenizer.get_vocab() != teacher.tokenizer.get_vocab():
+            raise specframe.ConfigurationError(f"model '{name}' has another tokenizer than '{teacher_name}'")
     texts = held_out_texts(teacher.tokenizer, humaneval=humaneval, per_category=per_category)
     reference = {suite: [_next_token_stats(teacher.model, ids) for ids in tqdm(seqs, desc=f"teacher {suite}")]
                  for suite, seqs in texts.items()}
     rows = [_row(teacher_name, suite, ref, ref) for suite, ref in reference.items()]
-    for name in hybrids:
-        model = specframe.load_target(name, device="cpu", dtype="float32")
-        if model.tokenizer.get_vocab() != teacher.tokenizer.get_vocab():
-            raise specframe.ConfigurationError(f"model '{name}' has another tokenizer than '{teacher_name}'")
+    for name, model in models.items():
         for suite, seqs in texts.items():
             stats = [_next_token_stats(model.model, ids) for ids in tqdm(seqs, desc=f"{name} {suite}")]
             rows.append(_row(name, suite, stats, reference[suite]))

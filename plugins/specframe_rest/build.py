@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 
 import specframe
 from specframe.atomic_dirs import exclusive, follow_umask, remove_stale, temp_name_pattern
+from specframe.models import check_writable_dir
 from specframe.metrics import peak_memory_bytes
 from specframe_rest.datastore import (
     BUCKETS,
@@ -63,7 +64,8 @@ def build_datastore(
     start = time.perf_counter()
     identity = TokenizerIdentity.of(target)
     out = Path(out).expanduser().absolute()
-    out.parent.mkdir(parents=True, exist_ok=True)
+    check_writable_dir(out.parent, "directory", "build the datastore in a writable directory (its lock and "
+                       "its files are written there)")
     with exclusive(lock_file(out), lambda: _busy(out)):
         recover(out)
         old = _existing(out, identity, append, overwrite)

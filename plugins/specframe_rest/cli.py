@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -48,7 +49,7 @@ def build(
     ray_cpus: Optional[int] = typer.Option(None, help="--ray local: CPUs Ray may use (default: all)."),
 ) -> None:
     """Tokenize SOURCEs with MODEL's tokenizer and index them into a datastore at OUT."""
-    from specframe.models import load_target
+    from specframe.models import check_writable_dir, load_target
     from specframe_rest.build import build_datastore
     from specframe_rest.drafter import datastore_home
     from specframe_rest.shards import is_sharded
@@ -63,6 +64,7 @@ def build(
     sharded = shards is not None or (append and is_sharded(destination))
     if ray is not None and not sharded:
         raise typer.BadParameter("--ray builds shards: add --shards N", param_hint="--ray")
+    check_writable_dir(Path(destination).parent, "the directory of --out", "pass an --out in a writable one")
     target = load_target(model, device=device, dtype=dtype)  # model: sources generate with it
     if sharded:
         from specframe_rest.distributed import build_sharded_datastore

@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 
 import specframe
 from specframe.atomic_dirs import exclusive, follow_umask, remove_stale, temp_name_pattern
+from specframe.models import check_writable_dir
 from specframe.ray_support import import_ray, ray_session
 from specframe_rest.build import build_datastore, lock_file, publish, recover
 from specframe_rest.datastore import (
@@ -83,7 +84,8 @@ def build_sharded_datastore(
     identity = TokenizerIdentity.of(target)
     out = Path(out).expanduser().absolute()
     parts = split_sources(sources, shards)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    check_writable_dir(out.parent, "directory", "build the datastore in a writable directory (its lock and "
+                       "its files are written there)")
     with exclusive(lock_file(out), lambda: busy(out)):
         restore_previous(out)
         recover(out)
