@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -66,13 +67,15 @@ class SpeculativeDecoder:
                    phase_timing=phase_timing)
 
     def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 128,
-                 stop: Sequence[str] = (), *, seed: int | None = None) -> GenerationResult:
-        """Decode up to `max_new_tokens` after `prompt` (text or token ids), stopping at EOS or `stop`.
+                 stop: str | Sequence[str] = (), *, seed: int | None = None) -> GenerationResult:
+        """Decode up to `max_new_tokens` after `prompt` (text, or token ids: a list, a 1-D array or
+        tensor), stopping at EOS or at a `stop` string (one string, or several).
 
         `seed` replaces the sampling seed for this request only (e.g. one seed per sample of best-of-n);
         None keeps `sampling.seed`."""
         prompt_ids = self._encode(prompt)
-        self._check_request(prompt_ids, max_new_tokens)
+        stop = (stop,) if isinstance(stop, str) else tuple(stop)
+        self._check_request(prompt_ids, max_new_tokens, stop)
         sampling = self.sampling if seed is None else replace(self.sampling, seed=seed)
         planner = self._planner()  # the first request may calibrate the cost: not part of its time
         hook = self.registry.hook
@@ -180,13 +183,16 @@ class SpeculativeDecoder:
             if self.target.tokenizer is None:
                 raise PromptError(f"model '{self.target.name}' has no tokenizer: pass token ids")
             return list(self.target.tokenizer(prompt, add_special_tokens=False)["input_ids"])
-        return [int(t) for t in prompt]
+        return token_ids(prompt)
 
-    def _check_request(self, prompt_ids: list[int], max_new_tokens: int) -> None:
+    def _check_request(self, prompt_ids: list[int], max_new_tokens: int, stop: tuple[str, ...]) -> None:
         if not prompt_ids:
             raise PromptError("the prompt is empty: it must hold at least one token")
         if max_new_tokens <= 0:
             raise ConfigurationError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if not all(isinstance(s, str) and s for s in stop):
+            raise ConfigurationError(f"stop strings must be non-empty text, got {stop!r}: the empty string "
+                                     "would stop after the first token, since every text contains it")
         vocab = self.target.vocab_size
         if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
             raise PromptError(f"prompt token ids must be in [0, {vocab}) for model '{self.target.name}'")
@@ -209,3 +215,17 @@ def generate(prompt: str | Sequence[int], *, target: Target | None = None, model
     decoder = SpeculativeDecoder.from_names(target, drafter, tree, verifier, backend, budget=budget,
                                             sampling=sampling)
     return decoder.generate(prompt, max_new_tokens=max_new_tokens, stop=stop)
+
+
+def token_ids(prompt) -> list[int]:
+    """A prompt given as token ids, as a list of ints: a sequence of integers, or a 1-D numpy array or
+    torch tensor of them. Anything else (a batch, floats, text pieces) is refused, never truncated."""
+    if getattr(prompt, "ndim", 1) != 1:
+        raise PromptError(f"prompt token ids must be one flat sequence, got shape {tuple(prompt.shape)}: "
+                          "pass one prompt's ids (e.g. ids[0] of a batch)")
+    ids = prompt.tolist() if hasattr(prompt, "tolist") else list(prompt)
+    bad = next((t for t in ids if isinstance(t, bool) or not isinstance(t, numbers.Integral)), None)
+    if bad is not None:
+        raise PromptError(f"prompt token ids must be integers, got {bad!r} ({type(bad).__name__}): "
+                          "pass text as a str, or the ids of its tokens")
+    return [int(t) for t in ids]

@@ -113,8 +113,26 @@ def test_acceptance_persists(tmp_path):
     model.save(tmp_path / "a.json")
     np.testing.assert_allclose(AcceptanceModel.load(tmp_path / "a.json").predict(features),
                                model.predict(features))
-    (tmp_path / "b.json").write_text("{not json")
-    assert AcceptanceModel.load(tmp_path / "b.json").observations == 0
+    assert AcceptanceModel.load(tmp_path / "none-yet.json").observations == 0
+
+
+def test_an_acceptance_file_specframe_did_not_write_is_refused_and_kept(tmp_path):
+    """Saving over a file that is not an acceptance file would destroy it; an older format is replaced."""
+    from specframe.errors import ConfigurationError, SpecframeWarning
+
+    (tmp_path / "notes.json").write_text("{not json")
+    with pytest.raises(ConfigurationError, match="is not one specframe wrote.*delete it"):
+        AcceptanceModel.load(tmp_path / "notes.json")
+    assert (tmp_path / "notes.json").read_text() == "{not json"
+    (tmp_path / "other.json").write_text('{"results": [1, 2]}')
+    with pytest.raises(ConfigurationError, match="KeyError"):
+        AcceptanceModel.load(tmp_path / "other.json")
+    old = AcceptanceModel()
+    old.save(tmp_path / "old.json")
+    older = (tmp_path / "old.json").read_text().replace('"format": 2', '"format": 1')
+    (tmp_path / "old.json").write_text(older)
+    with pytest.warns(SpecframeWarning, match="another format"):
+        assert AcceptanceModel.load(tmp_path / "old.json").observations == 0
 
 
 def test_measured_cost_interpolates_by_size_and_depth():

@@ -16,7 +16,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 
 import specframe
 from specframe.bench import BenchPrompt, run_benchmark
@@ -371,3 +373,34 @@ def test_training_settings_out_of_range_are_refused():
                          (lambda: Recipe(code_tokens=0, chat_prompts=0), "no training data")]:
         with pytest.raises(ConfigurationError, match=needle):
             make()
+
+
+# --- D. the Python API's request checks ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("ids, needle", [
+    ([1, "a"], "must be integers, got 'a'"),
+    ([1, 2.7], "must be integers, got 2.7"),  # never truncated to 2
+    ([1, True], "must be integers, got True"),
+    (np.array([[1, 2]]), r"one flat sequence, got shape \(1, 2\)"),
+    (torch.tensor([[1, 2]]), r"one flat sequence, got shape \(1, 2\)"),
+])
+def test_prompt_ids_that_are_not_flat_integers_are_refused(target, ids, needle):
+    decoder = specframe.SpeculativeDecoder.from_names(target, "pld", budget=4)
+    with pytest.raises(PromptError, match=needle):
+        decoder.generate(ids, max_new_tokens=2)
+
+
+def test_prompt_ids_as_arrays_and_a_single_stop_string(target):
+    """1-D arrays and tensors are prompts as lists are; `stop="abc"` is one stop string, not three."""
+    decoder = specframe.SpeculativeDecoder.from_names(target, "pld", budget=4)
+    plain = decoder.generate([5, 6, 7], max_new_tokens=12)
+    assert decoder.generate(np.array([5, 6, 7]), max_new_tokens=12).tokens == plain.tokens
+    assert decoder.generate(torch.tensor([5, 6, 7]), max_new_tokens=12).tokens == plain.tokens
+    text = target.tokenizer.decode(plain.tokens[:8])
+    stop = text[-4:]  # ends inside the 8th token at the latest; its characters may occur earlier alone
+    one = decoder.generate([5, 6, 7], max_new_tokens=12, stop=stop)
+    assert one.finish_reason == "stop" and stop in target.tokenizer.decode(one.tokens)
+    assert one.tokens == decoder.generate([5, 6, 7], max_new_tokens=12, stop=[stop]).tokens
+    with pytest.raises(ConfigurationError, match="stop strings must be non-empty"):
+        decoder.generate([5, 6, 7], max_new_tokens=2, stop=["END", ""])

@@ -17,11 +17,13 @@ output for the step being chosen, so selecting trees with it keeps every verifie
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from specframe.errors import ConfigurationError, SpecframeWarning
 from specframe.records import DraftProposal, ScoreKind
 
 SCORE_BUCKETS = 10  # c in [0, 1] cut into tenths; rank scores use the sibling rank (0..9) instead
@@ -131,15 +133,26 @@ class AcceptanceModel:
 
     @classmethod
     def load(cls, path: Path) -> AcceptanceModel:
-        """Counts saved by `save`; a missing, damaged or older file gives a fresh model."""
+        """Counts saved by `save`. A missing file gives a fresh model; so does one of another format or
+        shape (written by another specframe version), with a warning, since the next save replaces it.
+        A file `save` did not write (not JSON, no counts) is refused: saving over it would destroy it."""
         model = cls()
+        if not path.exists():
+            return model
         try:
             data = json.loads(path.read_text())
             fine, coarse = np.asarray(data["fine"], float), np.asarray(data["coarse"], float)
-            shapes = (fine.shape, coarse.shape) == (model.fine.shape, model.coarse.shape)
-            if data.get("format") != FORMAT or not shapes:
-                return model
-        except (OSError, ValueError, KeyError, TypeError):
+            strength = float(data["strength"])
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise ConfigurationError(
+                f"acceptance file {path} is not one specframe wrote ({type(err).__name__}: {err}); it is "
+                "left as it is: delete it, or pass another acceptance_file") from None
+        shapes = (fine.shape, coarse.shape) == (model.fine.shape, model.coarse.shape)
+        if data.get("format") != FORMAT or not shapes:
+            warnings.warn(SpecframeWarning(
+                f"acceptance file {path} holds counts of another format (format {data.get('format')}, this "
+                f"version writes {FORMAT}); starting from fresh counts, which replace it at the next save"),
+                stacklevel=2)
             return model
-        model.strength, model.fine, model.coarse = float(data["strength"]), fine, coarse
+        model.strength, model.fine, model.coarse = strength, fine, coarse
         return model

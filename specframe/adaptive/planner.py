@@ -229,7 +229,8 @@ def make_adaptive_planner(pipeline, cap: int, sampling, cost: CostModel | None =
                           phase_timing: bool = True) -> AdaptivePlanner:
     """An `AdaptivePlanner` for `pipeline` with `cost`, by default the backend's measured cost
     (calibrated on first use and cached: `specframe.adaptive.calibration.cached_cost`), and the
-    acceptance counts stored in `acceptance_file` when given (a missing or damaged file starts afresh).
+    acceptance counts stored in `acceptance_file` when given (a missing file, or one in another version's
+    format, starts afresh; a file specframe did not write is refused rather than overwritten).
     The stored calibration is scaled to the speed that real steps show, when the decoder times its
     phases apart (`phase_timing`: without it, an accelerator's forward phase holds only launch time); a
     `cost` passed in is taken as given (tests and simulations state costs in their own units).
