@@ -17,6 +17,7 @@ output for the step being chosen, so selecting trees with it keeps every verifie
 from __future__ import annotations
 
 import json
+import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -124,9 +125,10 @@ class AcceptanceModel:
     # --- persistence -------------------------------------------------------------------------------
 
     def save(self, path: Path) -> None:
-        """Write the counts as JSON, atomically (a crash leaves the previous file whole)."""
+        """Write the counts as JSON, atomically (a crash leaves the previous file whole; two processes
+        saving at once each write their own temporary file, and the last rename wins)."""
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps({"format": FORMAT, "strength": self.strength,
                                    "fine": self.fine.tolist(), "coarse": self.coarse.tolist()}))
         tmp.replace(path)
