@@ -45,7 +45,7 @@ def generate(
     stop: Optional[list[str]] = typer.Option(None, help="Stop string (repeatable)."),
     temperature: float = typer.Option(0.0, help="0 = greedy."),
     top_p: float = typer.Option(1.0, "--top-p"),
-    top_k: int = typer.Option(0, "--top-k", min=0, help="0 = off."),
+    top_k: int = typer.Option(0, "--top-k", help="0 = off."),
     seed: Optional[int] = typer.Option(None, help="Seed for a reproducible sampled run."),
     compare: bool = typer.Option(False, help="Also run transformers' own generate and compare (both "
                                  "sides warmed up first, untimed)."),
