@@ -4,6 +4,10 @@ Tree scoring passes an explicit 4D ancestor mask and explicit position ids (no p
 grouped-query attention is handled by the model itself. Commit compacts the accepted branch with one
 gather per layer over the scored tail and crops the rest.
 
+The cache appends in place (`kv(cache="buffer")`, the default: `specframe.kv_cache`) instead of copying
+itself at every step as transformers' own `DynamicLayer` does (`kv(cache="concat")`); the logits are the
+same either way.
+
 On a CPU, a forward over 2 tokens costs more than over 4: with torch's own linear kernel
 (`SPECFRAME_CPU_LINEAR=torch`) the BLAS switches from one streaming pass over each weight matrix to a
 per-row one; with the default oneDNN-packed weights (`specframe.packed_linear`) its 2-row kernel streams
@@ -21,11 +25,12 @@ import torch
 
 import specframe
 from specframe import BackendCapabilities, StateBackend, TargetScores, TokenTree
-from specframe.errors import UnknownComponentError
+from specframe.errors import ConfigurationError, UnknownComponentError
 
 # Layer types whose only state is the KV cache (attention) or that have no state at all (NemotronH blocks).
 CACHELESS_TYPES = {"full_attention", "sliding_attention", "mlp", "moe"}
 CPU_MIN_ROWS = 4  # a 4-row forward costs less than a 2-row one on our CPUs, with either linear kernel
+CACHES = ("buffer", "concat")  # appends in place (specframe.kv_cache), or transformers' torch.cat per step
 
 
 def _recurrent_reason(target, recurrent: list[str]) -> str:
@@ -49,9 +54,13 @@ class KVCacheBackend(StateBackend):
     name = "kv"
     capabilities = BackendCapabilities(supports_trees=True, provides_hidden_states=True)
 
-    def __init__(self, target, *, want_hidden: bool = False, min_rows: int | None = None):
+    def __init__(self, target, *, want_hidden: bool = False, min_rows: int | None = None,
+                 cache: str = "buffer"):
         super().__init__(target, want_hidden=want_hidden)
+        if cache not in CACHES:
+            raise ConfigurationError(f"backend 'kv': cache must be one of {', '.join(CACHES)}, got {cache!r}")
         self.model = target.model
+        self.cache_kind = cache
         # Rows (root + nodes) a tree forward is padded to: see the module docstring. 1 turns padding off.
         if min_rows is None:
             min_rows = CPU_MIN_ROWS if target.device.type == "cpu" else 1
@@ -76,7 +85,7 @@ class KVCacheBackend(StateBackend):
         return None
 
     def cost_options(self) -> dict:
-        return {"min_rows": self.min_rows}
+        return {"min_rows": self.min_rows, "cache": self.cache_kind}
 
     @property
     def committed_length(self) -> int:
@@ -86,7 +95,10 @@ class KVCacheBackend(StateBackend):
     def prefill(self, ids: list[int]) -> None:
         from transformers import DynamicCache
 
-        self.cache = DynamicCache(config=self.model.config)
+        from specframe.kv_cache import buffered_cache
+
+        config = self.model.config
+        self.cache = buffered_cache(config) if self.cache_kind == "buffer" else DynamicCache(config=config)
         self._committed, self._pending = 0, int(ids[-1])
         if len(ids) > 1:
             prefix = torch.tensor([ids[:-1]], device=self.target.device)  # (1, P)

@@ -53,9 +53,11 @@ class SSMBackendBase(StateBackend):
         return self._committed
 
     def _new_cache(self):
-        from transformers import DynamicCache
+        """transformers' cache for the model, its attention layers appending in place
+        (`specframe.kv_cache`; recurrent layers as transformers builds them)."""
+        from specframe.kv_cache import buffered_cache
 
-        return DynamicCache(config=self.model.config)
+        return buffered_cache(self.model.config)
 
     def _forward(self, ids: torch.Tensor, positions: torch.Tensor, cache, mask: torch.Tensor | None = None,
                  **extra):
