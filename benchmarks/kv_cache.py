@@ -1,0 +1,91 @@
+"""What a verification step costs with a cache that appends in place and with transformers' `torch.cat`.
+
+Loads the target once and builds two `kv` backends on it, `kv` (the cache appends into preallocated
+buffers, `specframe/kv_cache.py`) and `kv(cache='concat')` (transformers' `DynamicLayer`, which copies
+the layer's whole cache at every append). For each context length it prefills both with the same random
+tokens and times `backend.score` on a plain step and on flat trees, rounds interleaved over caches and
+sizes so a drift of the machine spreads over both. A score drops the previous step's rows and appends its
+own, as every step of a decode does. Reports the median per cell in ms and the buffered cache's time
+over the concatenating one's, on the process CPU clock (`--clock cpu`, for a shared machine) or wall
+time.
+
+    OMP_NUM_THREADS=2 python benchmarks/kv_cache.py --threads 2 --clock wall --out docs/results/kv-cache
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+import specframe
+from specframe.adaptive.calibration import probe_tree
+from specframe.pipeline import assemble
+
+CACHES = {"buffer": "kv", "concat": "kv(cache='concat')"}
+SIZES = (0, 4, 8, 16)
+
+
+def measure(args) -> dict:
+    torch.set_num_threads(args.threads)
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
+    target = specframe.load_target(args.model, device="cpu")
+    backends = {name: assemble(target, backend=spec).backend for name, spec in CACHES.items()}
+    ids = np.random.default_rng(0).integers(0, target.config.vocab_size, max(args.contexts) + 1)
+    trees = {n: probe_tree(n, "flat", ids) for n in SIZES}
+    times = {(name, context, n): [] for name in CACHES for context in args.contexts for n in SIZES}
+    with tqdm(total=len(times) * args.rounds, desc="timing steps", unit="forward") as bar:
+        for context in args.contexts:
+            for backend in backends.values():
+                backend.prefill(ids[:context + 1].tolist())
+                for tree in trees.values():  # warm up every size once
+                    backend.score(tree)
+            for _ in range(args.rounds):
+                for n, tree in trees.items():
+                    for name, backend in backends.items():
+                        start = clock()
+                        backend.score(tree)
+                        times[(name, context, n)].append(clock() - start)
+                        bar.update()
+    return {f"{name} {context} {n}": float(np.median(t)) for (name, context, n), t in times.items()}
+
+
+def table(medians: dict, contexts: list[int]) -> str:
+    lines = ["| cached tokens | tree nodes | concat ms | buffer ms | buffer / concat |",
+             "|---|---|---|---|---|"]
+    for context in contexts:
+        for n in SIZES:
+            concat, buffer = medians[f"concat {context} {n}"], medians[f"buffer {context} {n}"]
+            lines.append(f"| {context} | {n} | {concat * 1e3:.2f} | {buffer * 1e3:.2f} "
+                         f"| {buffer / concat:.3f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu")
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--contexts", type=int, nargs="+", default=[256, 1024, 2048, 4096],
+                        help="tokens in the cache the step attends to")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    medians = measure(args)
+    text = (f"{args.model}, {args.threads} thread(s), {args.clock} clock, median of {args.rounds}, "
+            f"flat trees (0 nodes = a plain step), `kv` (buffer) against `kv(cache='concat')`\n\n"
+            + table(medians, args.contexts))
+    print(text)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "results.md").write_text(text + "\n")
+        (args.out / "medians.json").write_text(json.dumps(medians, indent=1))
+
+
+if __name__ == "__main__":
+    main()
