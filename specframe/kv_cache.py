@@ -32,8 +32,8 @@ GROWTH = 1.5  # a grown buffer holds this many times the rows it must
 class BufferedLayer(DynamicLayer):
     """A `DynamicLayer` whose `keys` and `values` are views into preallocated buffers (see the module)."""
 
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        super().lazy_initialization(key_states, value_states)
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
         self.key_buffer: torch.Tensor | None = None
         self.value_buffer: torch.Tensor | None = None
 
@@ -54,7 +54,7 @@ class BufferedLayer(DynamicLayer):
     @property
     def capacity(self) -> int:
         """Rows the buffers hold before they must grow (0 before the first append)."""
-        return 0 if getattr(self, "key_buffer", None) is None else self.key_buffer.shape[-2]
+        return 0 if self.key_buffer is None else self.key_buffer.shape[-2]
 
     def _owns_views(self, key_states: torch.Tensor) -> bool:
         """Whether `keys`/`values` still view the start of this layer's buffers and the new rows fit their
