@@ -43,7 +43,7 @@ class BufferedLayer(DynamicLayer):
             self.lazy_initialization(key_states, value_states)
         start = self.get_seq_length()
         end = start + key_states.shape[-2]
-        if not self._owns_views(key_states) or self.key_buffer.shape[-2] < end:
+        if not self._owns_views(key_states, start) or self.key_buffer.shape[-2] < end:
             self._move_to_new_buffers(start, end, key_states, value_states)
         self.key_buffer[..., start:end, :].copy_(key_states)
         self.value_buffer[..., start:end, :].copy_(value_states)
@@ -56,14 +56,15 @@ class BufferedLayer(DynamicLayer):
         """Rows the buffers hold before they must grow (0 before the first append)."""
         return 0 if self.key_buffer is None else self.key_buffer.shape[-2]
 
-    def _owns_views(self, key_states: torch.Tensor) -> bool:
+    def _owns_views(self, key_states: torch.Tensor, length: int) -> bool:
         """Whether `keys`/`values` still view the start of this layer's buffers and the new rows fit their
-        layout: false before the first append and after anything replaced them with tensors of its own."""
+        layout (`length`: rows now cached): false before the first append and after anything replaced
+        them with tensors of its own."""
         buffer = self.key_buffer
         if buffer is None or (buffer.shape[:-2], buffer.dtype, buffer.device) != (
                 key_states.shape[:-2], key_states.dtype, key_states.device):
             return False
-        if self.get_seq_length() == 0:
+        if length == 0:
             return True  # nothing to keep
         return all(view.data_ptr() == store.data_ptr() and view.stride() == store.stride()
                    for view, store in ((self.keys, buffer), (self.values, self.value_buffer)))
