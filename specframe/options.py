@@ -68,6 +68,8 @@ def matches(value: Any, hint: Any) -> bool:
     if hint is Any or hint is inspect.Parameter.empty:
         return True
     origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Literal:
+        return any(value == choice and type(value) is type(choice) for choice in args)
     if origin in (typing.Union, types.UnionType):
         return any(matches(value, a) for a in args)
     if hint is type(None):
@@ -93,6 +95,8 @@ def describe(hint: Any) -> str:
         return "any"
     if isinstance(hint, type) and not typing.get_args(hint):
         return hint.__name__
+    if typing.get_origin(hint) is typing.Literal:
+        return "one of " + ", ".join(repr(choice) for choice in typing.get_args(hint))
     return str(hint).replace("typing.", "")
 
 

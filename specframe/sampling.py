@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import torch
 
@@ -24,7 +25,8 @@ from specframe.errors import ConfigurationError
 
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed accepts
 DRAFT_SEED_OFFSET = 0x5EED  # the drafting generator's seed is the request's seed plus this
-DRAFT_DRAWS = ("auto", "top-k", "sample")  # the `draw` option of drafters with real probabilities
+DraftDraw = Literal["auto", "top-k", "sample"]  # the `draw` option of drafters with real probabilities
+DRAFT_DRAWS = get_args(DraftDraw)
 
 
 def check_draw(component: str, draw: str) -> str:

@@ -5,6 +5,7 @@ reported by name while the others stay usable, and SPECFRAME_LOAD_PLUGINS is nam
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import Literal
 
 import pytest
 from ssm_models import tiny_ssm_target
@@ -12,6 +13,8 @@ from ssm_models import tiny_ssm_target
 import specframe
 from specframe import ConfigurationError, UnknownComponentError
 from specframe.errors import UnsupportedModelError
+from specframe.options import describe, matches
+from specframe.pipeline import check_specs
 from specframe.registry import ComponentSpec, PluginRegistry
 from specframe.testing.targets import tiny_target
 
@@ -44,6 +47,27 @@ def test_unquoted_paths_parse_and_unparseable_options_show_the_quoted_form():
     assert spec.options == {"model": "/models/small-lm", "layers": 2}
     with pytest.raises(ConfigurationError, match=r"model='/path/to/model'"):
         ComponentSpec.parse("draft-model(=3)")
+
+
+@pytest.mark.parametrize("component,message", [
+    ({"backend": "kv(cache='paged')"}, r"'kv': option cache='paged' must be one of 'buffer', 'concat'"),
+    ({"backend": "ssm-tree(commit='fast')"}, r"option commit='fast' must be one of 'replay', 'closed'"),
+    ({"backend": "ssm-tree(scan=1)"}, r"option scan=1 must be one of 'auto', 'torch', 'triton'"),
+    ({"drafter": "s4c(draw='nucleus')"}, r"option draw='nucleus' must be one of 'auto', 'top-k', 'sample'"),
+])
+def test_choice_options_are_refused_before_any_model_loads(component, message):
+    """Options typed as a `Literal` list their choices, and `check_specs` (no target) refuses others."""
+    with pytest.raises(ConfigurationError, match=message):
+        check_specs(**component)
+    check_specs(backend="kv(cache='concat')")
+    check_specs(backend="ssm-tree(commit='closed', scan='torch')", drafter="draft-model(draw='sample')")
+
+
+def test_a_literal_hint_matches_its_choices_only_and_by_type():
+    hint = Literal["auto", 1]
+    assert matches("auto", hint) and matches(1, hint)
+    assert not matches("Auto", hint) and not matches(True, hint) and not matches(1.0, hint)
+    assert matches(None, Literal["a"] | None) and describe(hint) == "one of 'auto', 1"
 
 
 class FakeEntryPoint(SimpleNamespace):

@@ -29,7 +29,7 @@ from specframe import (
     DraftContext, DraftProposal, Drafter, DrafterCapabilities, DrawMethod, ScoreKind, StepOutcome,
 )
 from specframe.errors import ConfigurationError, UnsupportedModelError
-from specframe.sampling import check_draw, samples_drafts
+from specframe.sampling import DraftDraw, check_draw, samples_drafts
 from specframe.truncation import truncated_model as _truncated_model
 
 
@@ -45,7 +45,7 @@ class DraftModelDrafter(Drafter):
                                        drafting_grows_with_budget=True)
 
     def __init__(self, target, *, model: str | None = None, layers: int | None = None, num_tokens: int = 4,
-                 topk: int = 1, draw: str = "auto"):
+                 topk: int = 1, draw: DraftDraw = "auto"):
         super().__init__(target)
         if isinstance(model, str) and model.startswith("layers:"):
             model, layers = None, int(model.split(":", 1)[1])

@@ -20,6 +20,8 @@ alone) is never padded: one row has a kernel of its own.
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 import numpy as np
 import torch
 
@@ -30,7 +32,9 @@ from specframe.errors import ConfigurationError, UnknownComponentError
 # Layer types whose only state is the KV cache (attention) or that have no state at all (NemotronH blocks).
 CACHELESS_TYPES = {"full_attention", "sliding_attention", "mlp", "moe"}
 CPU_MIN_ROWS = 4  # a 4-row forward costs less than a 2-row one on our CPUs, with either linear kernel
-CACHES = ("buffer", "concat")  # appends in place (specframe.kv_cache), or transformers' torch.cat per step
+# The `cache` option: append in place (specframe.kv_cache), or transformers' torch.cat per step.
+CacheKind = Literal["buffer", "concat"]
+CACHES = get_args(CacheKind)
 
 
 def _recurrent_reason(target, recurrent: list[str]) -> str:
@@ -55,7 +59,7 @@ class KVCacheBackend(StateBackend):
     capabilities = BackendCapabilities(supports_trees=True, provides_hidden_states=True)
 
     def __init__(self, target, *, want_hidden: bool = False, min_rows: int | None = None,
-                 cache: str = "buffer"):
+                 cache: CacheKind = "buffer"):
         super().__init__(target, want_hidden=want_hidden)
         if cache not in CACHES:
             raise ConfigurationError(f"backend 'kv': cache must be one of {', '.join(CACHES)}, got {cache!r}")

@@ -31,7 +31,7 @@ import torch
 from specframe import DraftContext, DraftProposal, Drafter, DrafterCapabilities, DrawMethod, ScoreKind
 from specframe.errors import ConfigurationError, ModelLoadError
 from specframe.packed_linear import PackedLinear, linear_kernel, pack_linear_layers
-from specframe.sampling import Sampler, check_draw, samples_drafts
+from specframe.sampling import DraftDraw, Sampler, check_draw, samples_drafts
 from specframe_s4c.heads import S4CHeads, target_parts
 
 WEIGHTS_DIR = Path(__file__).parent / "weights"
@@ -50,7 +50,7 @@ class S4CDrafter(Drafter):
                                        score_kind=ScoreKind.LOG_PROB)
 
     def __init__(self, target, *, heads: str | None = None, topk: int = 4,
-                 widths: int | tuple[int, ...] | list[int] = DEFAULT_WIDTHS, draw: str = "auto",
+                 widths: int | tuple[int, ...] | list[int] = DEFAULT_WIDTHS, draw: DraftDraw = "auto",
                  depth: int | None = None):
         super().__init__(target)
         path = Path(heads) if heads else packaged_heads(target.name)

@@ -10,6 +10,8 @@ closed form, option `commit`) and compacts the attention KV.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import numpy as np
 import torch
 
@@ -110,7 +112,8 @@ class SSMTreeBackend(SSMBackendBase):
 
     name = "ssm-tree"
 
-    def __init__(self, target, *, want_hidden: bool = False, commit: str = "replay", scan: str = "auto"):
+    def __init__(self, target, *, want_hidden: bool = False, commit: Literal["replay", "closed"] = "replay",
+                 scan: Literal["auto", "torch", "triton"] = "auto"):
         if commit not in COMMIT_RULES:
             raise ConfigurationError(f"backend 'ssm-tree': commit must be one of {sorted(COMMIT_RULES)}, "
                                      f"got {commit!r}")
