@@ -9,6 +9,7 @@ from ssm_models import make_repetitive, tiny_ssm_target
 
 import specframe
 from specframe import PolynomialCost, SpeculativeDecoder, TokenTree, TreeBuilder
+from specframe.adaptive.calibration import cost_key
 from specframe.pipeline import Pipeline
 from specframe_ssm import SSMTreeBackend, SSMUnrolledBackend, calibrate, full_binary_tree
 
@@ -28,6 +29,16 @@ def test_a_stored_calibration_takes_precedence_over_the_reference_fit():
     assert isinstance(backend.cost_model(), PolynomialCost)
     measured = cached_cost(backend, progress=False)
     assert backend.cost_model() == measured
+
+
+def test_options_that_change_the_step_cost_are_calibrated_apart():
+    from specframe.adaptive.calibration import cost_path
+
+    target = tiny_ssm_target("mamba2")
+    backends = [SSMTreeBackend(target), SSMTreeBackend(target, scan="torch"),
+                SSMTreeBackend(target, commit="closed"), SSMUnrolledBackend(target)]
+    assert len({cost_path(cost_key(b)) for b in backends}) == len(backends)
+    assert cost_key(SSMTreeBackend(target)) == cost_key(SSMTreeBackend(target, scan="auto"))
 
 
 def test_full_binary_tree_sizes_follow_the_paper():

@@ -50,6 +50,11 @@ class SSMBackendBase(StateBackend):
         (`specframe_ssm.cost`)."""
         return super().cost_model() or default_cost_model(self.name, self.model)
 
+    def cost_options(self) -> dict:
+        """The attention cache kind, so calibrations stored before attention layers appended in place
+        (`specframe.kv_cache`) are measured again."""
+        return {"attention_cache": "buffer"}
+
     @property
     def committed_length(self) -> int:
         return self._committed
@@ -127,6 +132,10 @@ class SSMTreeBackend(SSMBackendBase):
             raise UnsupportedModelError(
                 f"backend 'ssm-tree': the mixers use different conv widths {sorted(widths)}")
         self.conv_width = widths.pop()
+
+    def cost_options(self) -> dict:
+        """The commit rule and the scan change what a step costs: each is calibrated apart."""
+        return {**super().cost_options(), "commit": self.commit_rule, "scan": self.scan}
 
     @torch.inference_mode()
     def score(self, tree: TokenTree) -> TargetScores:
