@@ -41,6 +41,14 @@ def test_options_that_change_the_step_cost_are_calibrated_apart():
     assert cost_key(SSMTreeBackend(target)) == cost_key(SSMTreeBackend(target, scan="auto"))
 
 
+def test_the_commit_option_offers_exactly_the_commit_rules():
+    from typing import get_args, get_type_hints
+
+    from specframe_ssm.mixer import COMMIT_RULES
+
+    assert set(get_args(get_type_hints(SSMTreeBackend.__init__)["commit"])) == set(COMMIT_RULES)
+
+
 def test_full_binary_tree_sizes_follow_the_paper():
     assert [len(full_binary_tree(d)) + 1 for d in (4, 5, 6)] == [15, 31, 63]
     assert full_binary_tree(2) == [-1, -1]
