@@ -10,7 +10,7 @@ closed form, option `commit`) and compacts the attention KV.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 import numpy as np
 import torch
@@ -22,6 +22,10 @@ from specframe_ssm.cost import default_cost_model
 from specframe_ssm.layout import inspect_layout, unsupported_reason
 from specframe_ssm.mixer import COMMIT_RULES, FAMILIES, TreeRun, tree_forward_mode
 from specframe_ssm.tree_ops import conv_window_index
+
+CommitRule = Literal["replay", "closed"]  # the keys of COMMIT_RULES (tests/test_ssm_cost.py checks)
+ScanImpl = Literal["auto", "torch", "triton"]  # specframe_kernels.tree_scan impl: auto = Triton on CUDA
+SCANS = get_args(ScanImpl)
 
 
 class SSMBackendBase(StateBackend):
@@ -117,14 +121,13 @@ class SSMTreeBackend(SSMBackendBase):
 
     name = "ssm-tree"
 
-    def __init__(self, target, *, want_hidden: bool = False, commit: Literal["replay", "closed"] = "replay",
-                 scan: Literal["auto", "torch", "triton"] = "auto"):
+    def __init__(self, target, *, want_hidden: bool = False, commit: CommitRule = "replay",
+                 scan: ScanImpl = "auto"):
         if commit not in COMMIT_RULES:
             raise ConfigurationError(f"backend 'ssm-tree': commit must be one of {sorted(COMMIT_RULES)}, "
                                      f"got {commit!r}")
-        if scan not in ("auto", "torch", "triton"):
-            raise ConfigurationError(
-                f"backend 'ssm-tree': scan must be 'auto', 'torch' or 'triton', got {scan!r}")
+        if scan not in SCANS:
+            raise ConfigurationError(f"backend 'ssm-tree': scan must be one of {list(SCANS)}, got {scan!r}")
         super().__init__(target, want_hidden=want_hidden)
         self.commit_rule, self.scan = commit, scan
         widths = {m.conv_kernel_size for m in self.layout.mixers.values()}
