@@ -20,6 +20,7 @@ from specframe.pipeline import Pipeline, assemble
 from specframe.records import DraftContext, DraftProposal, StepEvent, StepOutcome
 from specframe.registry import PluginRegistry, get_registry
 from specframe.sampling import Sampler, SamplingParams
+from specframe.stopping import StopStrings
 from specframe.tree import TokenTree
 
 # Tree nodes per step: "auto" keeps, every step, the subtree expected to emit the most tokens per second,
@@ -102,6 +103,7 @@ class SpeculativeDecoder:
         drafter, tree_builder, verifier, backend = (
             self.pipeline.drafter, self.pipeline.tree_builder, self.pipeline.verifier, self.pipeline.backend)
         sampler = Sampler(sampling, device=self.target.device)
+        stops = StopStrings(self.target.tokenizer, stop)
         metrics = DecodeMetrics(prompt_tokens=len(prompt_ids), phase_timing=self.phase_timing)
         sync = synchronizer(self.target.device)  # None on the CPU
         phase_sync = sync if self.phase_timing else None
@@ -135,7 +137,7 @@ class SpeculativeDecoder:
             last = result.path[-1] + 1 if result.path else 0
             hidden = scores.hidden[last] if scores.hidden is not None else None
             drafter.observe(StepOutcome(proposal, len(tree), emitted[:-1], result.bonus, hidden))
-            emitted, reason = self._finish(new, emitted, max_new_tokens, stop)
+            emitted, reason = self._finish(new, emitted, max_new_tokens, stops)
             new += emitted
             tokens = np.concatenate([tokens, np.asarray(emitted, dtype=np.int64)])
             timer.times["other"] = now() - step_start - sum(timer.times.values())
@@ -157,7 +159,7 @@ class SpeculativeDecoder:
             self.planner = FixedPlanner(self.budget, self.pipeline.backend.cost_model())
         return self.planner
 
-    def _finish(self, new: list[int], emitted: list[int], max_new_tokens: int, stop: Sequence[str]):
+    def _finish(self, new: list[int], emitted: list[int], max_new_tokens: int, stops: StopStrings):
         """Cut `emitted` at EOS, a stop string or the length limit; say why decoding ends, if it does."""
         eos = self.target.eos_token_ids
         for i, tok in enumerate(emitted):
@@ -165,11 +167,9 @@ class SpeculativeDecoder:
                 return emitted[: i + 1], "eos"
         if len(new) + len(emitted) >= max_new_tokens:
             return emitted[: max_new_tokens - len(new)], "length"
-        if stop and self.target.tokenizer is not None:
-            for i in range(len(emitted)):
-                text = self.target.tokenizer.decode(new + emitted[: i + 1])
-                if any(s in text for s in stop):
-                    return emitted[: i + 1], "stop"
+        hit = stops.first_hit(new, emitted)
+        if hit is not None:
+            return emitted[: hit + 1], "stop"
         return emitted, None
 
     def _room(self, tokens: np.ndarray) -> int:
@@ -193,6 +193,9 @@ class SpeculativeDecoder:
         if not all(isinstance(s, str) and s for s in stop):
             raise ConfigurationError(f"stop strings must be non-empty text, got {stop!r}: the empty string "
                                      "would stop after the first token, since every text contains it")
+        if stop and self.target.tokenizer is None:
+            raise ConfigurationError(f"stop strings need text, and model '{self.target.name}' has no "
+                                     "tokenizer: leave stop unset, or load the model with its tokenizer")
         vocab = self.target.vocab_size
         if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
             raise PromptError(f"prompt token ids must be in [0, {vocab}) for model '{self.target.name}'")
