@@ -75,13 +75,14 @@ def combinations():
 COMBINATIONS = combinations()
 
 
-def decoder(setup, drafter: str, tree, verifier: str, backend=None, budget=BUDGET) -> SpeculativeDecoder:
+def decoder(setup, drafter: str, tree, verifier: str, backend=None, budget=BUDGET,
+            **options) -> SpeculativeDecoder:
     target, table, workdir = setup
     registry = get_registry()
     d_cls = registry.get("drafter", drafter)
     tree = registry.get("tree builder", tree)() if isinstance(tree, str) else tree
     backend = backend or TableBackend(target, table=table, want_hidden=d_cls.capabilities.needs_hidden_states)
-    pipeline = Pipeline(d_cls(target, **d_cls.example_options(target, workdir)), tree,
+    pipeline = Pipeline(d_cls(target, **d_cls.example_options(target, workdir), **options), tree,
                         registry.get("verifier", verifier)(), backend)
     return SpeculativeDecoder(target, pipeline, budget=budget, cost=CHEAP_NODES)
 
@@ -147,15 +148,18 @@ def test_every_drafter_tree_and_sampling_verifier_is_covered():
     assert ("draft-model", "beam", "rejection") not in covered  # refused: beam picks sampled drafts by score
 
 
-@pytest.mark.parametrize("drafter,tree", [("draft-model", "chain"), ("s4c", "static")])
-def test_real_kv_backend_follows_the_target_law(setup, drafter, tree):
+# s4c drafts in bfloat16 by default where the CPU has it, else in float32: both run here on any CPU.
+@pytest.mark.parametrize("drafter,tree,options", [("draft-model", "chain", {}), ("s4c", "static", {}),
+                                                  ("s4c", "static", {"dtype": "bfloat16"}),
+                                                  ("s4c", "static", {"dtype": "target"})])
+def test_real_kv_backend_follows_the_target_law(setup, drafter, tree, options):
     target, table, _ = setup
     kv = get_registry().get("backend", "kv")
     needs_hidden = get_registry().get("drafter", drafter).capabilities.needs_hidden_states
-    run = decoder(setup, drafter, tree, "rejection", kv(target, want_hidden=needs_hidden))
+    run = decoder(setup, drafter, tree, "rejection", kv(target, want_hidden=needs_hidden), **options)
     counts, accepted = decoder_counts(run, PROMPT, DEPTH, 1000, FILTERED, MAX_NEW)
     result = law_test(counts, exact_law(table, FILTERED))
-    assert result.pvalue >= P_PASS and accepted > 0, f"{drafter}+{tree}+rejection on kv: {result}"
+    assert result.pvalue >= P_PASS and accepted > 0, f"{drafter}{options}+{tree}+rejection on kv: {result}"
 
 
 def test_a_builder_that_picks_sampled_drafts_by_score_is_caught_end_to_end(setup):

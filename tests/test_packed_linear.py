@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 import specframe
 from specframe import models
 from specframe.errors import ConfigurationError
-from specframe.packed_linear import PackedLinear, linear_kernel, onednn_available, pack_linear_layers
+from specframe.packed_linear import (PackedLinear, linear_kernel, native_bfloat16, onednn_available,
+                                     pack_linear_layers)
 from specframe.testing import tiny_target
 
 pytestmark = [pytest.mark.usefixtures("one_thread"),
@@ -58,6 +59,21 @@ def test_it_uses_the_packed_weight_only_where_that_is_the_same_function():
     with torch.no_grad():
         out = half(torch.randn(2, 16, dtype=torch.bfloat16))
     assert out.dtype == torch.bfloat16 and half._packed is None
+
+
+@pytest.mark.skipif(not native_bfloat16(), reason="this CPU has no native bfloat16 products")
+def test_bfloat16_is_packed_only_when_asked():
+    linear = torch.nn.Linear(64, 32).to(torch.bfloat16)
+    x = torch.randn(3, 64, dtype=torch.bfloat16)
+    with torch.no_grad():
+        expected = F.linear(x, linear.weight, linear.bias)
+        packed = PackedLinear(linear, bfloat16=True)
+        out = packed(x)
+        assert out.dtype == torch.bfloat16 and packed._packed is not None
+        torch.testing.assert_close(out, expected)
+        default = PackedLinear(linear)
+        default(x)
+        assert default._packed is None  # float32 only unless asked
 
 
 def test_a_weight_changed_in_place_or_replaced_is_packed_again():

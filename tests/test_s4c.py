@@ -153,6 +153,37 @@ def test_depth_drafts_with_the_first_heads_only():
         S4CDrafter(target, heads=str(tiny_heads_file(0)), depth=0)
 
 
+def test_drafting_dtype_follows_the_option_and_the_cpu(monkeypatch):
+    import specframe_s4c.drafter as module
+
+    target = tiny_target(seed=0)  # float32 on the CPU
+    monkeypatch.setattr(module, "native_bfloat16", lambda: True)
+    assert module.drafting_dtype("auto", target) == torch.bfloat16
+    assert module.drafting_dtype("target", target) == torch.float32
+    monkeypatch.setattr(module, "native_bfloat16", lambda: False)  # no bfloat16 instructions: no gain
+    assert module.drafting_dtype("auto", target) == torch.float32
+    assert module.drafting_dtype("bfloat16", target) == torch.bfloat16
+    with pytest.raises(specframe.ConfigurationError, match="dtype must be one of"):
+        module.drafting_dtype("float8", target)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "target"])
+def test_heads_draft_in_the_chosen_dtype_and_stay_lossless(dtype):
+    target = tiny_target(seed=0)
+    drafter = S4CDrafter(target, heads=str(tiny_heads_file(0)), topk=3, widths=3, dtype=dtype)
+    want = torch.bfloat16 if dtype == "bfloat16" else torch.float32
+    assert {p.dtype for p in drafter.heads.parameters()} == {want} and drafter.lm_weight.dtype == want
+    assert next(target.model.parameters()).dtype == torch.float32  # the target is untouched
+    context = specframe.DraftContext(np.arange(10), 5, 20, torch.randn(target.config.hidden_size))
+    probs = drafter.propose(context).draft_probs
+    assert probs.dtype == torch.float32
+    torch.testing.assert_close(probs.sum(-1), torch.ones(len(probs)))
+    decoder = specframe.SpeculativeDecoder.from_names(
+        target, f"s4c(heads='{tiny_heads_file(0)}', widths=3, topk=3, dtype='{dtype}')", "static", budget=10)
+    prompt = repetitive_prompt(target.vocab_size, 30, seed=1)
+    assert decoder.generate(prompt, max_new_tokens=20).tokens == reference_greedy(target, prompt, 20)
+
+
 @pytest.mark.parametrize("tree", ["chain", "static", "static(preset=cartesian, widths=(2, 2, 2))",
                                   "static(preset=A)", "beam(config=D)", "dynamic(topk=3)"])
 def test_greedy_lossless_with_every_tree_builder(tree):
