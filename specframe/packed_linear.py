@@ -22,6 +22,8 @@ bfloat16 natively (`native_bfloat16`), at half the memory traffic of float32.
 
 from __future__ import annotations
 
+from functools import cache
+
 import torch
 import torch.nn.functional as F
 
@@ -43,6 +45,7 @@ def chosen_kernel() -> str:
     return env_choice(ENV, KERNELS, "CPU linear kernel")
 
 
+@cache  # a property of the CPU and the torch build
 def native_bfloat16() -> bool:
     """Whether oneDNN multiplies bfloat16 natively on this CPU (AVX-512 BF16 or AMX), so that a bfloat16
     product reads half the bytes of a float32 one at no loss of speed."""

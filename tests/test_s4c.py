@@ -11,6 +11,7 @@ import torch
 
 import specframe
 from specframe.testing import DrafterConformance, reference_greedy, repetitive_prompt, tiny_target
+from specframe.packed_linear import pack_linear_layers
 from specframe_s4c.drafter import S4CDrafter, packaged_heads
 from specframe_s4c.features import FeatureCache
 from specframe_s4c.heads import S4CHeads, S4CHeadsMismatch
@@ -158,6 +159,9 @@ def test_drafting_dtype_follows_the_option_and_the_cpu(monkeypatch):
 
     target = tiny_target(seed=0)  # float32 on the CPU
     monkeypatch.setattr(module, "native_bfloat16", lambda: True)
+    assert module.drafting_dtype("auto", target) == torch.float32  # torch's kernel, as the target's
+    if not pack_linear_layers(target.model):
+        pytest.skip("this torch build has no oneDNN")
     assert module.drafting_dtype("auto", target) == torch.bfloat16
     assert module.drafting_dtype("target", target) == torch.float32
     monkeypatch.setattr(module, "native_bfloat16", lambda: False)  # no bfloat16 instructions: no gain

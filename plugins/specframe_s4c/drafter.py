@@ -22,11 +22,12 @@ forests, for a fraction of the drafting time (each head costs about as much as t
 
 `dtype` is what the heads and their LM-head rows compute in. Drafting reads about 66 MB of weights per
 step (three heads and 8,192 LM-head rows in float32), which on a CPU costs a fifth of a SmolLM2 step,
-and a draft needs no float32 accuracy: `auto` (the default) drafts in bfloat16 where the target runs
-in float32 on a CPU that multiplies bfloat16 natively, else in the target's dtype; `target` keeps the
-target's. Drafts only ever decide what is proposed, so the output stays the target's; a sampled draft's
-q is the distribution its tokens were drawn from, whatever dtype computed it. On SmolLM2 bfloat16 drafted
-the same trees in 12 % less time (`docs/results/adaptive.md`, run 20): the rest is per-call work.
+and a draft needs no float32 accuracy: `auto` (the default) drafts in bfloat16, packed for oneDNN, where
+the target runs on oneDNN-packed float32 weights (the CPU default) and the CPU multiplies bfloat16
+natively, else in the target's dtype; `target` keeps the target's. Drafts only ever decide what is
+proposed, so the output stays the target's; a sampled draft's q is the distribution its tokens were
+drawn from, whatever dtype computed it. On SmolLM2 bfloat16 drafted the same trees in 12 % less time
+(`docs/results/adaptive.md`, run 20): the rest is per-call work.
 """
 
 from __future__ import annotations
@@ -93,10 +94,9 @@ class S4CDrafter(Drafter):
         self.lm_weight = lm_head.weight[self.vocab_ids].detach().to(self.dtype, copy=True)
         self.draft_lm = torch.nn.Linear(*self.lm_weight.shape[::-1], bias=False, device="meta")
         self.draft_lm.weight = torch.nn.Parameter(self.lm_weight, requires_grad=False)  # shared, not copied
-        bfloat16 = self.dtype == torch.bfloat16
-        if linear_kernel(target.model) == "onednn" or (bfloat16 and target.device.type == "cpu"):
-            # the target runs on packed weights, or the heads draft in bfloat16 on the CPU: packed heads
+        if linear_kernel(target.model) == "onednn":  # the target runs on packed weights: so do the heads
             # (on the CPU a 1-2 row product is 1.5-3x faster packed)
+            bfloat16 = self.dtype == torch.bfloat16
             pack_linear_layers(self.heads, bfloat16=bfloat16)
             self.draft_lm = PackedLinear(self.draft_lm, bfloat16=bfloat16)
 
@@ -188,7 +188,7 @@ def drafting_dtype(choice: str, target) -> torch.dtype:
         raise ConfigurationError(f"s4c: dtype must be one of {', '.join(map(repr, get_args(DraftDtype)))}, "
                                  f"got {choice!r}")
     own = next(target.model.parameters()).dtype
-    if choice == "bfloat16" or (choice == "auto" and target.device.type == "cpu" and own == torch.float32
-                                and native_bfloat16()):
+    if choice == "bfloat16" or (choice == "auto" and linear_kernel(target.model) == "onednn"
+                                and native_bfloat16()):  # packed float32 on a CPU with bfloat16 products
         return torch.bfloat16
     return own
