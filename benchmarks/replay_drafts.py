@@ -42,7 +42,8 @@ def main() -> None:
     parser.add_argument("--baseline", default="baseline", help="the method whose outputs are replayed")
     parser.add_argument("--copy-bound", type=int, nargs="*", default=[], metavar="K",
                         help="also print the single-path copy bound with K tokens of context")
-    parser.add_argument("--by-category", action="store_true", help="also print tau per suite category")
+    parser.add_argument("--by-category", action="store_true",
+                        help="also print tau and the modelled speedup per suite category")
     args = parser.parse_args()
     run = open_run(args.run, args.baseline)
     settings, target, suite, turns = run.settings, run.target, run.suite, run.turns
@@ -62,16 +63,17 @@ def main() -> None:
         print(f"| {method.label} | {stats.tau:.3f} | {'-' if tau is None else f'{tau:.3f}'} | "
               f"{stats.nodes / stats.steps:.2f} | {stats.speedup:.3f} | {slow:.0%} | "
               f"{stats.draft_s / stats.steps * 1e3:.2f} |", flush=True)
-        tallies = defaultdict(lambda: [0, 0])
-        for turn, steps in zip(turns, stats.turn_steps):
-            tallies[category[turn.qid]][0] += len(turn.tokens)
-            tallies[category[turn.qid]][1] += steps
-        by_category[method.label] = {c: t / s for c, (t, s) in tallies.items()}
+        tallies = defaultdict(lambda: np.zeros(4))  # tokens, steps, plain seconds, modelled seconds
+        for turn, steps, seconds in zip(turns, stats.turn_steps, stats.turn_seconds):
+            tallies[category[turn.qid]] += (len(turn.tokens), steps, *seconds)
+        by_category[method.label] = tallies
     if args.by_category:
-        names = sorted({c for taus in by_category.values() for c in taus})
-        print("\n| tau by category | " + " | ".join(names) + " |\n|---|" + "---|" * len(names))
-        for label, taus in by_category.items():
-            print(f"| {label} | " + " | ".join(f"{taus.get(c, 0):.2f}" for c in names) + " |")
+        names = sorted({c for tallies in by_category.values() for c in tallies})
+        for title, (top, bottom) in {"tau": (0, 1), "modelled speedup": (2, 3)}.items():
+            print(f"\n| {title} by category | " + " | ".join(names) + " |\n|---|" + "---|" * len(names))
+            for label, tallies in by_category.items():
+                cells = (tallies[c][top] / tallies[c][bottom] if c in tallies else 0.0 for c in names)
+                print(f"| {label} | " + " | ".join(f"{cell:.2f}" for cell in cells) + " |")
     for k in args.copy_bound:
         print(f"\nsingle-path copy bound, {k} token(s) of context: tau {copy_bound(turns, k):.3f}")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from specframe import SamplingParams, SpeculativeDecoder
@@ -42,13 +43,13 @@ def test_replay_takes_the_steps_the_real_run_took(tiny, spec, sampling):
     assert stats.tokens == sum(len(t.tokens) for t in turns)
     assert stats.steps == steps
     assert sum(stats.turn_steps) == steps and len(stats.turn_steps) == len(stats.by_turn)
+    plain, modelled = np.sum(stats.turn_seconds, axis=0)  # per turn: what the tables by category add up
+    assert len(stats.turn_seconds) == len(turns) and plain / modelled == pytest.approx(stats.speedup)
     assert stats.tau > 1.0  # the prompts repeat themselves: drafts were accepted
     assert stats.speedup == pytest.approx(stats.tau, rel=0.05)  # flat cost: speed is tau, bar drafting
 
 
 def test_accepted_path_follows_the_recorded_tokens():
-    import numpy as np
-
     tree = TokenTree(np.array([5, 6, 7, 8]), np.array([-1, -1, 1, 2]))  # 5 | 6 -> 7 -> 8
     assert accepted_path(tree, [6, 7, 9]) == [1, 2]
     assert accepted_path(tree, [6, 7, 8, 1]) == [1, 2, 3]
@@ -79,7 +80,6 @@ def test_copy_bound_counts_the_longest_earlier_run_after_the_context():
 
 def test_replayed_features_are_the_ones_decoding_passes(tiny):
     """A drafter that needs hidden states gets, in a replay, the feature a real decode passes it."""
-    import numpy as np
     import torch
 
     from specframe import Drafter, DrafterCapabilities, DraftProposal
