@@ -284,20 +284,68 @@ def test_auto_is_lossless_and_follows_the_cost(tiny, drafter, tree):
 
 
 def test_expensive_drafting_that_does_not_pay_is_skipped_but_probed():
-    from specframe.adaptive.planner import PROBE_FIRST, PROBE_LAST, AdaptivePlanner
+    """It starts optimistic, then drafts only as probes: spread out, still coming long after, and within
+    `PROBE_SHARE` of the time."""
+    from specframe.adaptive.planner import PROBE_SHARE, AdaptivePlanner
     from specframe.records import VerifyResult
     from specframe.tree import TokenTree
 
     planner = AdaptivePlanner(PolynomialCost((0.0, 1.0)), cap=8)  # every step takes 1 s
     drafted = []
-    for _ in range(400):
+    for _ in range(1000):
         drafted.append(planner.should_draft())
         planner.choose(DraftProposal.empty(), TokenTree.empty())  # drafting never proposes anything
         planner.observe(TokenTree.empty(), VerifyResult([], 0), {"draft": 0.1 if drafted[-1] else 0.0,
                                                                    "forward": 1.0})
-    gaps = np.diff(np.flatnonzero(drafted))
-    assert drafted[0] and sum(drafted) < 30  # it starts optimistic, then mostly skips
-    assert gaps.max() == PROBE_LAST and PROBE_FIRST in gaps  # probes back off from 8 to 64 steps
+    drafted = np.array(drafted)
+    assert drafted[0] and planner.gain.mean < 1.0
+    assert 0.1 * drafted[100:].sum() / 900 <= 1.2 * PROBE_SHARE  # probes lose about 1 % of the time
+    assert drafted[-300:].sum() >= 5 and np.diff(np.flatnonzero(drafted[100:])).min() > 1
+
+
+def drafting_steps(acceptance: float, steps: int = 3000, seed: int = 0,
+                   first_draft: float = 0.2) -> tuple[np.ndarray, float]:
+    """A planner fed a drafter costing 0.2 of a 1 s step (its first draft `first_draft`) whose one node
+    is accepted with probability `acceptance`: (whether each step drafted, realised gain of drafting)."""
+    from specframe.adaptive.planner import AdaptivePlanner
+    from specframe.records import VerifyResult
+    from specframe.tree import TokenTree
+
+    planner = AdaptivePlanner(PolynomialCost((0.0, 1.0)), cap=8, drafting_grows_with_budget=False)
+    rng = np.random.default_rng(seed)
+    drafted = []
+    for _ in range(steps):
+        drafted.append(planner.should_draft())
+        tree = TokenTree(np.arange(1), np.array([-1])) if drafted[-1] else TokenTree.empty()
+        planner.choose(DraftProposal.empty(), tree)
+        accepted = int(drafted[-1] and rng.random() < acceptance)
+        drafting = (first_draft if sum(drafted) == 1 else 0.2) if drafted[-1] else 0.0
+        planner.observe(tree, VerifyResult(list(range(accepted)), 0), {"draft": drafting, "forward": 1.0})
+    return np.array(drafted), (1 + acceptance) / 1.2
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_expensive_drafting_that_pays_a_little_stays_on_despite_noisy_steps(seed):
+    """A drafted step here emits 1.67x or 0.83x a plain step's rate, 1.09x on average (S4C on HumanEval).
+    A running mean of per-step gains (weight 0.2) fell below 1 often enough to leave drafting off for 5
+    steps in 6; the discounted ratio with an upper bound keeps it on."""
+    drafted, gain = drafting_steps(acceptance=0.31, seed=seed)
+    assert gain == pytest.approx(1.09, abs=0.01) and drafted[100:].mean() > 0.97
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_slow_first_draft_does_not_switch_drafting_off(seed):
+    """The first draft of a decoder compiles its kernels: S4C's took three plain steps. Counted in full in
+    the gain, that one step held a drafter that pays 1.09x off for a hundred steps and more."""
+    drafted, _ = drafting_steps(acceptance=0.31, seed=seed, first_draft=3.0)
+    assert drafted[:200].mean() > 0.95
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_expensive_drafting_that_loses_a_little_is_mostly_off(seed):
+    """The mirror case: 0.92x on average. Probes may lose at most 1 % of the time, so few are drafted."""
+    drafted, gain = drafting_steps(acceptance=0.10, seed=seed)
+    assert gain == pytest.approx(0.92, abs=0.01) and drafted[100:].mean() < 0.15
 
 
 def probe_share(probe_cost, steps: int) -> float:
@@ -360,7 +408,7 @@ def test_a_machine_faster_than_its_calibration_does_not_flatter_expensive_drafti
         planner.observe(tree, VerifyResult(list(range(accepted)), 0),
                         {"draft": 0.2 if drafted[-1] else 0.0, "forward": 0.5})
     assert planner.speed == pytest.approx(0.5)
-    assert planner.gain < 1.0 and sum(drafted[-150:]) <= 3
+    assert planner.gain.mean < 1.0 and np.mean(drafted[-150:]) < 0.1  # probes only
     assert planner._seconds(0, 0) == pytest.approx(0.5)  # predictions in today's seconds
 
 
@@ -399,7 +447,7 @@ def test_cheap_drafting_goes_on_even_where_it_does_not_pay():
         assert planner.should_draft()
         planner.choose(DraftProposal.empty(), TokenTree.empty())  # nothing worth verifying, every time
         planner.observe(TokenTree.empty(), VerifyResult([], 0), {"draft": 0.04, "forward": 1.0})
-    assert planner.gain < 1.0  # drafted steps were slower than plain ones, and drafting still went on
+    assert planner.gain.mean < 1.0  # drafted steps were slower than plain ones, and drafting still went on
 
 
 def run_expensive_drafter(accepted_per_step: int, steps: int = 200, per_token: bool = True):
@@ -434,7 +482,7 @@ def test_an_expensive_drafter_is_sized_by_realised_acceptance_and_kept_while_it_
 
 def test_an_expensive_drafter_that_never_lands_is_skipped():
     planner, drafted, _ = run_expensive_drafter(accepted_per_step=0)
-    assert drafted[-100:].sum() <= 3 and planner.gain < 1.0
+    assert drafted[-100:].sum() <= 3 and planner.gain.mean < 1.0
 
 
 def test_a_drafter_whose_cost_does_not_grow_with_the_budget_drafts_to_the_cap():
@@ -443,7 +491,7 @@ def test_a_drafter_whose_cost_does_not_grow_with_the_budget_drafts_to_the_cap():
     _, drafted, budgets = run_expensive_drafter(accepted_per_step=2, per_token=False)
     assert drafted[-50:].all() and (budgets == 8).all()
     planner, drafted, _ = run_expensive_drafter(accepted_per_step=0, per_token=False)
-    assert drafted[-100:].sum() <= 3 and planner.gain < 1.0
+    assert drafted[-100:].sum() <= 3 and planner.gain.mean < 1.0
 
 
 def test_only_draft_models_say_their_drafting_grows_with_the_budget():

@@ -32,19 +32,75 @@ from specframe.tree import TokenTree
 # Drafting under 5 % of a plain step always goes on (prompt lookup, retrieval, suffix trees): stopping it
 # would save at most that share, while a copying drafter that is off misses the next long match.
 CHEAP_DRAFT = 0.05
-# While drafting does not pay, still draft now and then to keep learning: after 8 steps, then after twice
-# as many each time a probe confirms it, up to 64 (a wasted probe then costs under 2 % of the steps) ...
-PROBE_FIRST, PROBE_LAST = 8, 64
-# ... and only while the drafting spent on probes stays within 1 % of the time of the steps skipped. A
-# draft model's probe reads every token since its last run first: mid-request a few, at a new request
-# the whole prompt (0.1-0.3 s against 25 ms steps on long Spec-Bench prompts), so probe costs differ
-# tenfold and a running mean of them would let probes take 3-5 % of the time.
+# Whether dear drafting pays is a two-armed bandit (`DraftingGain`; the reasoning and the numbers are in
+# docs/explanation/adaptive-speculation.md): a plain step's speed is known, a drafted step's is learned
+# from drafted steps, each weighing DRAFT_MEMORY as much one step later (the last ~100 steps count).
+# Drafting goes on while the gain is above 1 and, as exploration, while its upper bound (OPTIMISM
+# standard errors above it) is; skipped steps age the record, so the bound widens and probes come back.
+DRAFT_MEMORY = 0.99
+OPTIMISM = 2.0
+GAIN_SD_FLOOR = 0.1  # the per-step spread assumed at least (a drafter that never lands has none)
+OPTIMISTIC_GAIN, OPTIMISTIC_STEPS = 2.0, 0.5  # the record's start: half a step at twice plain speed
+# A drafted step counts at most twice the time of a typical one (and of a plain step): the first draft of
+# a decoder compiles its kernels (S4C's heads: 88 ms, three plain steps), and counted in full that one
+# step held drafting off for a hundred (run 21). The probe budget below counts every step in full.
+OUTLIER = 2.0
+# Exploring while the mean gain is below 1 may lose at most 1 % of the time of the skipped steps
+# (drafting plus the tree's forward, over plain steps for the same tokens). A draft model's probe reads
+# every token since its last run first: mid-request a few, at a new request the whole prompt (0.1-0.3 s
+# against 25 ms steps on long Spec-Bench prompts), so probe costs differ tenfold; the budget holds them
+# to 1 % whatever the mix.
 PROBE_SHARE = 0.01
+PROBE_ALLOWANCE = 2.0  # ... plus this many plain steps, so that a decoder's first steps may explore
 # The cost model moves to the step's context every 16 tokens (on SmolLM2 at two CPU threads, 16 tokens add
 # at most 0.2 ms to a 16-node tree's 31 ms): tree selection then reuses one model for several steps.
 CONTEXT_STEP = 16
 EMA = 0.1  # weight of the newest step in the running means
-GAIN_EMA = 0.2  # ... and in the realised gain of drafted steps (few when skipping: probes must count)
+
+
+class DraftingGain:
+    """How much faster drafted steps emitted than plain steps would have, discounted by age: the mean
+    (a ratio of sums: emitted tokens over seconds spent, in plain steps) and an upper bound on it.
+
+    The record starts with `OPTIMISTIC_STEPS` pseudo-steps at `OPTIMISTIC_GAIN`, aged like the rest: the
+    first drafted steps, taken while acceptance and sizing are still being learned (a draft model's
+    first step drafts to the cap: three plain steps' time), do not turn drafting off on their own."""
+
+    def __init__(self, memory: float = DRAFT_MEMORY):
+        self.memory = memory
+        self.tokens = OPTIMISTIC_GAIN * OPTIMISTIC_STEPS  # emitted tokens of drafted steps, discounted
+        self.cost = OPTIMISTIC_STEPS  # their seconds spent, drafting included, in plain steps
+        self.weight = 0.0  # discounted count of drafted steps (the optimistic start aside)
+        self.gains = np.zeros(2)  # sums of the per-step gains and of their squares (for the spread)
+
+    def forget(self) -> None:
+        """A step passed: every drafted step recorded weighs `memory` as much."""
+        self.tokens *= self.memory
+        self.cost *= self.memory
+        self.weight *= self.memory
+        self.gains *= self.memory
+
+    def add(self, tokens: int, cost: float) -> None:
+        """A drafted step that emitted `tokens` in `cost` plain steps' time (clipped: `OUTLIER`)."""
+        cost = min(cost, OUTLIER * max(self.cost / max(self.weight, 1.0), 1.0))
+        gain = tokens / max(cost, 1e-9)
+        self.tokens += tokens
+        self.cost += cost
+        self.weight += 1.0
+        self.gains += (gain, gain * gain)
+
+    @property
+    def mean(self) -> float:
+        """Drafted steps' speed over plain steps'."""
+        return self.tokens / max(self.cost, 1e-12)
+
+    def upper(self) -> float:
+        """The mean plus `OPTIMISM` standard errors of the per-step gains."""
+        if self.weight <= 0:
+            return np.inf
+        average = self.gains[0] / self.weight
+        spread = max(np.sqrt(max(self.gains[1] / self.weight - average ** 2, 0.0)), GAIN_SD_FLOOR)
+        return self.mean + OPTIMISM * spread / np.sqrt(self.weight)
 
 
 class CostAtContext:
@@ -100,11 +156,9 @@ class AdaptivePlanner(CostAtContext):
         self.overhead_s = 0.0  # realised step time besides drafting and the forward, running mean
         self.draft_s = 0.0  # drafting time, running mean
         self.draft_node_s = 0.0  # drafting time per proposed node, running mean
-        self.gain = 2.0  # realised speed of drafted steps over a plain step, running mean (optimistic start)
-        self.probe_s = 0.0  # seconds probes cost over plain steps (drafted steps while drafting did not pay)
+        self.gain = DraftingGain()  # realised speed of drafted steps over plain steps
+        self.probe_loss_s = 0.0  # seconds probes spent over plain steps for the same tokens
         self.skipped_s = 0.0  # seconds of the steps that skipped drafting
-        self._since_draft = 0
-        self._probe_every = PROBE_FIRST
         self._drafted = False
         self._probing = False
         self._proposed = 0
@@ -131,18 +185,16 @@ class AdaptivePlanner(CostAtContext):
         return min(best, room)
 
     def should_draft(self) -> bool:
-        """Draft unless drafting is expensive (over `CHEAP_DRAFT` of a plain step) and the drafted steps
-        so far emitted tokens more slowly than plain steps would; then probe at growing intervals, within
-        `PROBE_SHARE` of the skipped steps' time."""
+        """Draft unless drafting is expensive (over `CHEAP_DRAFT` of a plain step) and drafted steps have
+        emitted more slowly than plain ones; then probe while the gain's upper bound is above 1 and the
+        probes' losses stay within `PROBE_SHARE` of the skipped steps' time (see `DraftingGain`)."""
+        self.gain.forget()
         self._probing = False
-        if not self._expensive() or self.gain > 1.0:
-            self._since_draft, self._probe_every = 0, PROBE_FIRST
-        elif self._since_draft + 1 >= self._probe_every and self.probe_s <= PROBE_SHARE * self.skipped_s:
-            self._since_draft, self._probe_every = 0, min(2 * self._probe_every, PROBE_LAST)
-            self._probing = True
+        if not self._expensive() or self.gain.mean > 1.0:
+            self._drafted = True
         else:
-            self._since_draft += 1
-        self._drafted = self._since_draft == 0
+            allowed_s = PROBE_SHARE * self.skipped_s + PROBE_ALLOWANCE * self._seconds(0, 0)
+            self._probing = self._drafted = self.gain.upper() > 1.0 and self.probe_loss_s <= allowed_s
         return self._drafted
 
     def choose(self, proposal: DraftProposal, tree: TokenTree) -> tuple[TokenTree, Prediction | None]:
@@ -181,10 +233,10 @@ class AdaptivePlanner(CostAtContext):
             self.draft_s += EMA * (drafting - self.draft_s)
             if self._proposed:
                 self.draft_node_s += EMA * (drafting / self._proposed - self.draft_node_s)
-            realised = (result.accepted + 1) * self._seconds(0, 0) / max(step + drafting, 1e-9)
-            self.gain += GAIN_EMA * (realised - self.gain)
-            if self._probing:  # its drafting, and what its tree's forward cost over a plain one
-                self.probe_s += drafting + max(step - self._seconds(0, 0), 0.0)
+            plain = self._seconds(0, 0)
+            self.gain.add(result.accepted + 1, (step + drafting) / plain)
+            if self._probing:  # its time over plain steps' for the same tokens
+                self.probe_loss_s += step + drafting - (result.accepted + 1) * plain
         else:
             self.skipped_s += step
         self._features, self._prediction, self._drafted, self._proposed = None, None, False, 0
