@@ -39,11 +39,11 @@ CHEAP_DRAFT = 0.05
 # standard errors above it) is; skipped steps age the record, so the bound widens and probes come back.
 DRAFT_MEMORY = 0.99
 OPTIMISM = 2.0
-GAIN_SD_FLOOR = 0.1  # the per-step spread assumed at least (a drafter that never lands has none)
-OPTIMISTIC_GAIN, OPTIMISTIC_STEPS = 2.0, 0.5  # the record's start: half a step at twice plain speed
-# A drafted step counts at most twice the time of a typical one (and of a plain step): the first draft of
-# a decoder compiles its kernels (S4C's heads: 88 ms, three plain steps), and counted in full that one
-# step held drafting off for a hundred (run 21). The probe budget below counts every step in full.
+GAIN_SD_FLOOR = 0.3  # the per-step spread assumed at least: a few cold steps alike do not make it 0
+OPTIMISTIC_GAIN, OPTIMISTIC_STEPS = 2.0, 4.0  # the record starts with 4 steps at twice plain speed
+# A drafted step counts at most twice the time of a typical one (or of a plain step, whichever is more):
+# the first draft of a decoder compiles its kernels (S4C's heads: 88 ms, three plain steps). The probe
+# budget below counts every step in full.
 OUTLIER = 2.0
 # Exploring while the mean gain is below 1 may lose at most 1 % of the time of the skipped steps
 # (drafting plus the tree's forward, over plain steps for the same tokens). A draft model's probe reads
@@ -62,9 +62,12 @@ class DraftingGain:
     """How much faster drafted steps emitted than plain steps would have, discounted by age: the mean
     (a ratio of sums: emitted tokens over seconds spent, in plain steps) and an upper bound on it.
 
-    The record starts with `OPTIMISTIC_STEPS` pseudo-steps at `OPTIMISTIC_GAIN`, aged like the rest: the
-    first drafted steps, taken while acceptance and sizing are still being learned (a draft model's
-    first step drafts to the cap: three plain steps' time), do not turn drafting off on their own."""
+    The record starts with `OPTIMISTIC_STEPS` pseudo-steps at `OPTIMISTIC_GAIN`, aged like the rest, so
+    a decoder's first drafted steps do not turn drafting off on their own: they are cold (the drafter's
+    and the target's tree-shaped kernels compile on first use: S4C's first four drafted steps took
+    1.5-4 plain steps each) and taken while acceptance and sizing are still being learned (a draft
+    model's first step drafts to the cap). A drafter that never pays then drafts ~30 steps before the
+    record says so, once per decoder."""
 
     def __init__(self, memory: float = DRAFT_MEMORY):
         self.memory = memory
@@ -72,6 +75,7 @@ class DraftingGain:
         self.cost = OPTIMISTIC_STEPS  # their seconds spent, drafting included, in plain steps
         self.weight = 0.0  # discounted count of drafted steps (the optimistic start aside)
         self.gains = np.zeros(2)  # sums of the per-step gains and of their squares (for the spread)
+        self.steps_cost = 0.0  # discounted sum of the drafted steps' cost (the optimistic start aside)
 
     def forget(self) -> None:
         """A step passed: every drafted step recorded weighs `memory` as much."""
@@ -79,13 +83,16 @@ class DraftingGain:
         self.cost *= self.memory
         self.weight *= self.memory
         self.gains *= self.memory
+        self.steps_cost *= self.memory
 
     def add(self, tokens: int, cost: float) -> None:
         """A drafted step that emitted `tokens` in `cost` plain steps' time (clipped: `OUTLIER`)."""
-        cost = min(cost, OUTLIER * max(self.cost / max(self.weight, 1.0), 1.0))
+        typical = self.steps_cost / self.weight if self.weight > 0 else 1.0
+        cost = min(cost, OUTLIER * max(typical, 1.0))
         gain = tokens / max(cost, 1e-9)
         self.tokens += tokens
         self.cost += cost
+        self.steps_cost += cost
         self.weight += 1.0
         self.gains += (gain, gain * gain)
 
