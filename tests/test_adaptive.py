@@ -410,7 +410,7 @@ def test_a_machine_faster_than_its_calibration_does_not_flatter_expensive_drafti
         planner.observe(tree, VerifyResult(list(range(accepted)), 0),
                         {"draft": 0.2 if drafted[-1] else 0.0, "forward": 0.5})
     assert planner.speed == pytest.approx(0.5)
-    assert planner.gain.mean < 1.0 and np.mean(drafted[-150:]) < 0.1  # probes only
+    assert planner.gain.mean < 1.0 and np.mean(drafted[-150:]) < 0.25  # probes only, within their budget
     assert planner._seconds(0, 0) == pytest.approx(0.5)  # predictions in today's seconds
 
 

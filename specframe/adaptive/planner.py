@@ -34,10 +34,10 @@ from specframe.tree import TokenTree
 CHEAP_DRAFT = 0.05
 # Whether dear drafting pays is a two-armed bandit (`DraftingGain`; the reasoning and the numbers are in
 # docs/explanation/adaptive-speculation.md): a plain step's speed is known, a drafted step's is learned
-# from drafted steps, each weighing DRAFT_MEMORY as much one step later (the last ~100 steps count).
+# from drafted steps, each weighing DRAFT_MEMORY as much one step later (the last ~30 steps count).
 # Drafting goes on while the gain is above 1 and, as exploration, while its upper bound (OPTIMISM
 # standard errors above it) is; skipped steps age the record, so the bound widens and probes come back.
-DRAFT_MEMORY = 0.99
+DRAFT_MEMORY = 0.97
 OPTIMISM = 2.0
 GAIN_SD_FLOOR = 0.3  # the per-step spread assumed at least: a few cold steps alike do not make it 0
 OPTIMISTIC_GAIN, OPTIMISTIC_STEPS = 2.0, 4.0  # the record starts with 4 steps at twice plain speed
@@ -66,7 +66,7 @@ class DraftingGain:
     a decoder's first drafted steps do not turn drafting off on their own: they are cold (the drafter's
     and the target's tree-shaped kernels compile on first use: S4C's first four drafted steps took
     1.5-4 plain steps each) and taken while acceptance and sizing are still being learned (a draft
-    model's first step drafts to the cap). A drafter that never pays then drafts ~30 steps before the
+    model's first step drafts to the cap). A drafter that never pays then drafts ~20 steps before the
     record says so, once per decoder."""
 
     def __init__(self, memory: float = DRAFT_MEMORY):
