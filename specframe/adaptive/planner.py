@@ -71,35 +71,35 @@ class DraftingGain:
 
     def __init__(self, memory: float = DRAFT_MEMORY):
         self.memory = memory
-        self.tokens = OPTIMISTIC_GAIN * OPTIMISTIC_STEPS  # emitted tokens of drafted steps, discounted
-        self.cost = OPTIMISTIC_STEPS  # their seconds spent, drafting included, in plain steps
-        self.weight = 0.0  # discounted count of drafted steps (the optimistic start aside)
+        self.optimism = OPTIMISTIC_STEPS  # the pseudo-steps at `OPTIMISTIC_GAIN`, discounted
+        self.tokens = 0.0  # emitted tokens of drafted steps, discounted
+        self.cost = 0.0  # their seconds spent, drafting included, in plain steps, discounted
+        self.weight = 0.0  # discounted count of drafted steps
         self.gains = np.zeros(2)  # sums of the per-step gains and of their squares (for the spread)
-        self.steps_cost = 0.0  # discounted sum of the drafted steps' cost (the optimistic start aside)
 
     def forget(self) -> None:
         """A step passed: every drafted step recorded weighs `memory` as much."""
+        self.optimism *= self.memory
         self.tokens *= self.memory
         self.cost *= self.memory
         self.weight *= self.memory
         self.gains *= self.memory
-        self.steps_cost *= self.memory
 
     def add(self, tokens: int, cost: float) -> None:
         """A drafted step that emitted `tokens` in `cost` plain steps' time (clipped: `OUTLIER`)."""
-        typical = self.steps_cost / self.weight if self.weight > 0 else 1.0
+        typical = self.cost / self.weight if self.weight > 0 else 1.0
         cost = min(cost, OUTLIER * max(typical, 1.0))
         gain = tokens / max(cost, 1e-9)
         self.tokens += tokens
         self.cost += cost
-        self.steps_cost += cost
         self.weight += 1.0
         self.gains += (gain, gain * gain)
 
     @property
     def mean(self) -> float:
         """Drafted steps' speed over plain steps'."""
-        return self.tokens / max(self.cost, 1e-12)
+        tokens = self.tokens + OPTIMISTIC_GAIN * self.optimism
+        return tokens / max(self.cost + self.optimism, 1e-12)
 
     def upper(self) -> float:
         """The mean plus `OPTIMISM` standard errors of the per-step gains."""

@@ -63,9 +63,13 @@ class ReplayStats:
     modelled_s: float = 0.0
     draft_s: float = 0.0
     plain_s: float = 0.0  # plain decoding's modelled time: a calibrated plain step per token, at its context
-    by_turn: list[float] = field(default_factory=list)  # modelled speedup of each turn
     turn_steps: list[int] = field(default_factory=list)  # steps each turn took
     turn_seconds: list[tuple[float, float]] = field(default_factory=list)  # (plain, modelled) per turn
+
+    @property
+    def by_turn(self) -> list[float]:
+        """The modelled speedup of each turn."""
+        return [plain / max(modelled, 1e-12) for plain, modelled in self.turn_seconds]
 
     @property
     def tau(self) -> float:
@@ -193,7 +197,6 @@ def replay(target: Target, method: MethodSpec, turns: list[Turn], cost: CostMode
             stats.draft_s += draft_s
             turn_s += forward_s + draft_s
         stats.plain_s += plain_s
-        stats.by_turn.append(plain_s / max(turn_s, 1e-12))
         stats.turn_steps.append(stats.steps - steps_before)
         stats.turn_seconds.append((plain_s, turn_s))
         finish = getattr(drafter, "finish", None)  # drafters that remember requests (suffix) close them
