@@ -52,6 +52,9 @@ class VerifierCapabilities:
     needs_draft_probs: bool = False  # refuses drafters without q
     uses_draft_probs: bool = False  # uses q of sampled trees; other trees are verified by sample-and-match
     supports_sampling: bool = False  # handles temperature > 0
+    # Accepts a child exactly when its token is the target's own draw at its parent (the argmax when
+    # greedy), drawn whatever the tree holds: the adaptive planner then learns from the nodes it left out
+    matches_draws: bool = False
 
 
 @dataclass(frozen=True)

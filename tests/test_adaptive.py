@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specframe.adaptive.acceptance import AcceptanceModel, NodeFeatures, conditional_scores, sibling_ranks
+from specframe.adaptive.acceptance import (
+    AcceptanceModel, NodeFeatures, conditional_scores, matched_outcomes, sibling_ranks)
 from specframe.adaptive.selection import choose_subtree, path_probabilities
 from specframe.adaptive.planner import AdaptivePlanner
 from specframe.cost import MeasuredCost, PolynomialCost, ScaledCost
@@ -103,6 +104,43 @@ def test_acceptance_moves_from_the_prior_to_what_the_verifier_does():
     first, second = model.predict(features)
     assert first < 0.05
     assert second == pytest.approx(0.55)  # never tried, since its parent was never accepted
+
+
+def test_matched_outcomes_label_every_node_the_draws_decide():
+    """Root children 5, 6; 5 has children 7, 8; 7 has child 9. The target drew 5, 7, then 3."""
+    tokens, parents = np.array([5, 6, 7, 8, 9]), np.array([-1, -1, 0, 0, 2])
+    tried, accepted = matched_outcomes(tokens, parents, depths(parents), [5, 7, 3])
+    assert tried.tolist() == [True, True, True, True, True]
+    assert accepted.tolist() == [True, False, True, False, False]
+    tried, accepted = matched_outcomes(tokens, parents, depths(parents), [6])  # drew 6: nothing past it
+    assert tried.tolist() == [True, True, False, False, False]
+    assert accepted.tolist() == [False, True, False, False, False]
+
+
+def under_confident_steps(matches_draws: bool, steps: int = 300) -> list[int]:
+    """Tree sizes the planner keeps for a one-node proposal scored q = 0.05 that the target accepts 90 %
+    of the time, where one node costs 0.3 of a plain step (so it pays above 30 %)."""
+    from specframe.records import VerifyResult
+
+    cost = MeasuredCost((0, 2), (1.0, 1.6), (1.0, 1.6))
+    planner = AdaptivePlanner(cost, cap=1, learn_speed=False, matches_draws=matches_draws)
+    proposal = DraftProposal(np.array([5]), np.array([-1]), np.log([0.05]), score_kind=ScoreKind.LOG_PROB)
+    rng, kept = np.random.default_rng(0), []
+    for _ in range(steps):
+        tree, _ = planner.choose(proposal, TokenTree(proposal.tokens, proposal.parents, origin=np.arange(1)))
+        draw = 5 if rng.random() < 0.9 else 4
+        path = [0] if len(tree) and draw == 5 else []
+        result = VerifyResult(path, 4 if path else draw)
+        planner.observe(tree, result, {"forward": cost.step_seconds(len(tree))})
+        kept.append(len(tree))
+    return kept
+
+
+def test_the_planner_learns_from_the_nodes_it_cut_when_the_verifier_matches_draws():
+    """Counting only the nodes it kept, the planner never learns that what it cuts would pay; where
+    the verifier accepts exactly the target's draws, the cut nodes are labelled by the draws too."""
+    assert sum(under_confident_steps(matches_draws=False)) == 0  # stuck on the drafter's 5 %
+    assert sum(under_confident_steps(matches_draws=True)[20:]) == 280  # kept from the first few steps on
 
 
 def test_acceptance_persists(tmp_path):

@@ -22,7 +22,7 @@ class GreedyVerifier(Verifier):
     """
 
     name = "greedy"
-    capabilities = VerifierCapabilities(lossless=True, supports_sampling=False)
+    capabilities = VerifierCapabilities(lossless=True, supports_sampling=False, matches_draws=True)
 
     def verify(self, tree: TokenTree, scores: TargetScores, sampling: Sampler) -> VerifyResult:
         # Only the rows on the accepted path are ever reduced.

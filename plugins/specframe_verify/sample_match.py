@@ -38,7 +38,8 @@ class SampleMatchVerifier(Verifier):
     """Sample the target at each node and descend while a child carries the sample. Lossless, any tree."""
 
     name = "sample-match"
-    capabilities = VerifierCapabilities(lossless=True, needs_draft_probs=False, supports_sampling=True)
+    capabilities = VerifierCapabilities(lossless=True, needs_draft_probs=False, supports_sampling=True,
+                                        matches_draws=True)
 
     def verify(self, tree: TokenTree, scores: TargetScores, sampling: Sampler) -> VerifyResult:
         return walk(tree, lambda node: sampling.sample(scores.logits[node + 1]))  # (V,) logits after node

@@ -85,6 +85,27 @@ def sibling_ranks(parents: np.ndarray, scores: np.ndarray) -> np.ndarray:
     return ranks
 
 
+def matched_outcomes(tokens: np.ndarray, parents: np.ndarray, depth: np.ndarray,
+                     emitted: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """(tried, accepted) of every node of a tree, verified or not, after a step that emitted `emitted`
+    (the accepted tokens, then the bonus), for verifiers that accept a child exactly when its token is
+    the target's own draw at its parent, a draw that does not depend on the tree (greedy decoding,
+    sampling and matching). Such a step draws at every position it emits; so a node whose parent's path
+    is a prefix of `emitted` (or the root) was, in effect, tried at its depth, and accepted when its token
+    is the draw there, whether or not the planner kept it. Learning from the nodes it left out as well
+    spares the acceptance model the bias of seeing only what it already chose."""
+    n = len(tokens)
+    matched = np.zeros(n + 1, bool)  # index 0: the root
+    matched[0] = True
+    tried = np.zeros(n, bool)
+    draws = np.asarray(emitted, np.int64)
+    for i in range(n):  # topological order: a parent comes before its children
+        d = int(depth[i])
+        tried[i] = matched[parents[i] + 1] and d <= len(draws)
+        matched[i + 1] = tried[i] and tokens[i] == draws[d - 1]
+    return tried, matched[1:]
+
+
 class AcceptanceModel:
     """Online Beta-binomial estimates of P(node accepted | parent accepted), kept across requests.
 
@@ -117,7 +138,10 @@ class AcceptanceModel:
         on_path[0] = True
         on_path[np.asarray(path, np.int64) + 1] = True
         tried = on_path[parents + 1]
-        accepted = on_path[1:] & tried
+        self.record(features, tried, on_path[1:] & tried)
+
+    def record(self, features: NodeFeatures, tried: np.ndarray, accepted: np.ndarray) -> None:
+        """Count the nodes `tried` (their parent accepted), and which of them were `accepted`."""
         for table, key in ((self.fine, features.fine_key), (self.coarse, features.score_bucket)):
             np.add.at(table[0], key[tried], accepted[tried])
             np.add.at(table[1], key[tried], 1.0)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specframe.adaptive.acceptance import AcceptanceModel, NodeFeatures
+from specframe.adaptive.acceptance import AcceptanceModel, NodeFeatures, matched_outcomes
 from specframe.adaptive.selection import choose_subtree
 from specframe.cost import CostModel, ScaledCost
 from specframe.errors import ConfigurationError
@@ -151,11 +151,12 @@ class AdaptivePlanner(CostAtContext):
 
     def __init__(self, cost: CostModel, cap: int, acceptance: AcceptanceModel | None = None,
                  draw_order_only: bool = False, drafting_grows_with_budget: bool = True,
-                 learn_speed: bool = True):
+                 learn_speed: bool = True, matches_draws: bool = False):
         super().__init__(cost)  # `self.cost`: the cost at this step's context (`start_step`)
         self.cap = cap
         self.learn_speed = learn_speed  # scale `cost` to the realised forward (False: take it as given)
         self.acceptance = acceptance or AcceptanceModel()
+        self.matches_draws = matches_draws  # `VerifierCapabilities.matches_draws`: learn from cut nodes
         self.draw_order_only = draw_order_only  # sampled trees verified with q: choose sizes blind
         self.per_token_drafting = drafting_grows_with_budget  # dear drafting: size the budget first
         self.position_hits = np.zeros((2, cap))  # [accepted, tried] by index position in the scored tree
@@ -170,6 +171,7 @@ class AdaptivePlanner(CostAtContext):
         self._probing = False
         self._proposed = 0
         self._features: NodeFeatures | None = None
+        self._built: tuple[TokenTree, NodeFeatures] | None = None  # the tree before the cut, if cut
         self._prediction: Prediction | None = None
 
     # --- before the step -----------------------------------------------------------------------------
@@ -214,6 +216,7 @@ class AdaptivePlanner(CostAtContext):
         p = self.acceptance.predict(self._features)
         choice = choose_subtree(tree.parents, tree.depth, p, self._cost(), overhead_s=self.overhead_s)
         if len(choice.keep) < len(tree):
+            self._built = (tree, self._features)
             self._features, tree = self._features.take(choice.keep), tree.subtree(choice.keep)
         self._prediction = Prediction(choice.expected_tokens, choice.expected_seconds)
         return tree, self._prediction
@@ -223,8 +226,7 @@ class AdaptivePlanner(CostAtContext):
     def observe(self, tree: TokenTree, result: VerifyResult, times: dict[str, float]) -> None:
         """Learn acceptance, the machine's speed, the step overhead, the drafting cost and whether
         drafting paid. `times` holds the step's seconds by phase ("draft", "forward", the rest)."""
-        if self._features is not None and len(tree):
-            self.acceptance.update(self._features, tree.parents, result.path)
+        self._learn_acceptance(tree, result)
         if len(tree):
             self.position_hits[1, :len(tree)] += 1
             self.position_hits[0, :result.accepted] += 1
@@ -246,7 +248,20 @@ class AdaptivePlanner(CostAtContext):
                 self.probe_loss_s += step + drafting - (result.accepted + 1) * plain
         else:
             self.skipped_s += step
-        self._features, self._prediction, self._drafted, self._proposed = None, None, False, 0
+        self._features = self._built = self._prediction = None
+        self._drafted, self._proposed = False, 0
+
+    def _learn_acceptance(self, tree: TokenTree, result: VerifyResult) -> None:
+        """Count which nodes the target accepted. Where the step matched the target's draws, the nodes
+        the cut left out count too (`matched_outcomes`): learning only from the nodes it keeps, the model
+        would never see that the ones it leaves out pay more than it thinks."""
+        if self._built is not None and (self.matches_draws or result.fallback is not None):
+            built, features = self._built
+            emitted = [*tree.tokens[result.path].tolist(), result.bonus]
+            outcomes = matched_outcomes(built.tokens, built.parents, built.depth, emitted)
+            self.acceptance.record(features, *outcomes)
+        elif self._features is not None and len(tree):
+            self.acceptance.update(self._features, tree.parents, result.path)
 
     def _expensive(self) -> bool:
         return self.draft_s > CHEAP_DRAFT * self._seconds(0, 0)
@@ -307,4 +322,5 @@ def make_adaptive_planner(pipeline, cap: int, sampling, cost: CostModel | None =
     cost = cost or cached_cost(pipeline.backend, progress=progress)
     acceptance = AcceptanceModel.load(acceptance_file) if acceptance_file is not None else None
     return AdaptivePlanner(cost, cap, acceptance, draw_order_only=blind,
-                           drafting_grows_with_budget=d.drafting_grows_with_budget, learn_speed=measured)
+                           drafting_grows_with_budget=d.drafting_grows_with_budget, learn_speed=measured,
+                           matches_draws=v.matches_draws)

@@ -158,8 +158,9 @@ def replay(target: Target, method: MethodSpec, turns: list[Turn], cost: CostMode
     cap, adaptive = parse_budget(method.budget)
     grows = type(drafter).capabilities.drafting_grows_with_budget
     believed = planner_cost or cost
-    planner = (AdaptivePlanner(believed, cap, drafting_grows_with_budget=grows) if adaptive
-               else FixedPlanner(cap, believed))
+    matches = type(pipeline.verifier).capabilities.matches_draws
+    planner = (AdaptivePlanner(believed, cap, drafting_grows_with_budget=grows, matches_draws=matches)
+               if adaptive else FixedPlanner(cap, believed))
     stats = ReplayStats()
     for turn in turns:
         drafter.reset()
