@@ -108,6 +108,7 @@ class SpeculativeDecoder:
         sync = synchronizer(self.target.device)  # None on the CPU
         phase_sync = sync if self.phase_timing else None
         drafter.reset()
+        planner.start_request()
         t0 = now()
         backend.prefill(prompt_ids)
         if sync is not None:

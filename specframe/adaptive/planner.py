@@ -46,12 +46,12 @@ OPTIMISTIC_GAIN, OPTIMISTIC_STEPS = 2.0, 4.0  # the record starts with 4 steps a
 # budget below counts every step in full.
 OUTLIER = 2.0
 # Exploring while the mean gain is below 1 may lose at most 1 % of the time of the skipped steps
-# (drafting plus the tree's forward, over plain steps for the same tokens). A draft model's probe reads
-# every token since its last run first: mid-request a few, at a new request the whole prompt (0.1-0.3 s
-# against 25 ms steps on long Spec-Bench prompts), so probe costs differ tenfold; the budget holds them
-# to 1 % whatever the mix.
+# (drafting plus the tree's forward, over plain steps for the same tokens), and a probe starts only when
+# that budget holds what it is expected to lose (`ProbeBudget`): a draft model's probe first reads every
+# token since its last run, mid-request a few, at a new request the whole prompt (0.1-0.4 s against 50 ms
+# steps on long Spec-Bench prompts), so one probe alone may cost a request 4 % (run 25).
 PROBE_SHARE = 0.01
-PROBE_ALLOWANCE = 2.0  # ... plus this many plain steps, so that a decoder's first steps may explore
+PROBE_ALLOWANCE = 2.0  # the most probes may have earned, in plain steps; what a new decoder starts with
 # The cost model moves to the step's context every 16 tokens (on SmolLM2 at two CPU threads, 16 tokens add
 # at most 0.2 ms to a 16-node tree's 31 ms): tree selection then reuses one model for several steps.
 CONTEXT_STEP = 16
@@ -110,6 +110,56 @@ class DraftingGain:
         return self.mean + OPTIMISM * spread / np.sqrt(self.weight)
 
 
+class DraftTime:
+    """Drafting seconds as a + b * (tokens the drafter has not read yet), least squares over drafted
+    steps, each weighing DRAFT_MEMORY as much one drafted step later. S4C's heads cost the same each
+    step (b ~ 0); a draft model reads what it has not seen before it drafts (b > 0)."""
+
+    def __init__(self, memory: float = DRAFT_MEMORY):
+        self.memory = memory
+        self.sums = np.zeros(5)  # weighted sums of 1, u, u^2, d, d u
+
+    def add(self, unread: int, seconds: float) -> None:
+        u = float(unread)
+        self.sums = self.memory * self.sums + (1.0, u, u * u, seconds, seconds * u)
+
+    def forecast(self, unread: int) -> float:
+        n, su, suu, sd, sdu = self.sums
+        if n <= 0:
+            return 0.0
+        spread = n * suu - su * su
+        slope = max((n * sdu - su * sd) / spread, 0.0) if spread > 1e-9 * max(n * suu, 1.0) else 0.0
+        return (sd - slope * su) / n + slope * unread
+
+
+class ProbeBudget:
+    """What probes (drafted steps taken while drafting does not pay) may still lose.
+
+    Skipped steps earn `PROBE_SHARE` of their time, up to a cap of `PROBE_ALLOWANCE` plain steps (also
+    what a decoder starts with, so that its first steps may explore), and a probe may start only once
+    what it is expected to lose is earned: its drafting time, forecast from the tokens the drafter has
+    not read (`DraftTime`), plus the rest of a probe's loss as earlier probes showed it. Its real loss is
+    then spent. Without the forecast, one probe that reads a long prompt first took 4 % of a request
+    (run 25); without the cap, earnings saved over many requests could be spent on a few."""
+
+    def __init__(self):
+        self.earned_s: float | None = None  # seconds probes may still lose (None: before the first probe)
+        self.rest_s = 0.0  # a probe's loss besides drafting (tree forward over the tokens it gained), mean
+        self.drafting = DraftTime()
+
+    def affords(self, unread: int, cap_s: float) -> bool:
+        if self.earned_s is None:
+            self.earned_s = cap_s
+        return self.earned_s >= self.drafting.forecast(unread) + self.rest_s
+
+    def skipped(self, step_s: float, cap_s: float) -> None:
+        self.earned_s = min((self.earned_s or 0.0) + PROBE_SHARE * step_s, cap_s)
+
+    def probed(self, loss_s: float, drafting_s: float, cap_s: float) -> None:
+        self.earned_s = min((self.earned_s or 0.0) - loss_s, cap_s)
+        self.rest_s += EMA * (loss_s - drafting_s - self.rest_s)
+
+
 class CostAtContext:
     """The cost of a step at the step's context: `calibrated` holds the model over all contexts, `cost`
     the model at the current step's (`CostModel.at_context`), moved every `CONTEXT_STEP` tokens."""
@@ -132,6 +182,9 @@ class FixedPlanner(CostAtContext):
     def __init__(self, budget: int, cost: CostModel | None = None):
         super().__init__(cost)
         self.budget = budget
+
+    def start_request(self) -> None:
+        pass
 
     def should_draft(self) -> bool:
         return True
@@ -165,8 +218,9 @@ class AdaptivePlanner(CostAtContext):
         self.draft_s = 0.0  # drafting time, running mean
         self.draft_node_s = 0.0  # drafting time per proposed node, running mean
         self.gain = DraftingGain()  # realised speed of drafted steps over plain steps
-        self.probe_loss_s = 0.0  # seconds probes spent over plain steps for the same tokens
-        self.skipped_s = 0.0  # seconds of the steps that skipped drafting
+        self.probes = ProbeBudget()  # what probes may still lose, and what one is expected to
+        self._context = 0  # tokens of the current step's context
+        self._read = 0  # context of this request's last drafted step: what the drafter has read
         self._drafted = False
         self._probing = False
         self._proposed = 0
@@ -175,6 +229,14 @@ class AdaptivePlanner(CostAtContext):
         self._prediction: Prediction | None = None
 
     # --- before the step -----------------------------------------------------------------------------
+
+    def start_request(self) -> None:
+        """A new request: its drafter has read none of it."""
+        self._read = 0
+
+    def start_step(self, context: int) -> None:
+        super().start_step(context)
+        self._context = context
 
     def build_budget(self, room: int) -> int:
         """Nodes the drafter and tree builder may use: the cap, unless the size must be chosen before
@@ -195,15 +257,16 @@ class AdaptivePlanner(CostAtContext):
 
     def should_draft(self) -> bool:
         """Draft unless drafting is expensive (over `CHEAP_DRAFT` of a plain step) and drafted steps have
-        emitted more slowly than plain ones; then probe while the gain's upper bound is above 1 and the
-        probes' losses stay within `PROBE_SHARE` of the skipped steps' time (see `DraftingGain`)."""
+        emitted more slowly than plain ones; then probe while the gain's upper bound is above 1 (see
+        `DraftingGain`) and the probe budget holds what a probe is expected to lose (`ProbeBudget`)."""
         self.gain.forget()
         self._probing = False
         if not self._expensive() or self.gain.mean > 1.0:
             self._drafted = True
         else:
-            allowed_s = PROBE_SHARE * self.skipped_s + PROBE_ALLOWANCE * self._seconds(0, 0)
-            self._probing = self._drafted = self.gain.upper() > 1.0 and self.probe_loss_s <= allowed_s
+            unread = max(self._context - self._read, 0)
+            self._probing = self._drafted = (self.gain.upper() > 1.0
+                                             and self.probes.affords(unread, self._probe_cap()))
         return self._drafted
 
     def choose(self, proposal: DraftProposal, tree: TokenTree) -> tuple[TokenTree, Prediction | None]:
@@ -244,10 +307,13 @@ class AdaptivePlanner(CostAtContext):
                 self.draft_node_s += EMA * (drafting / self._proposed - self.draft_node_s)
             plain = self._seconds(0, 0)
             self.gain.add(result.accepted + 1, (step + drafting) / plain)
+            self.probes.drafting.add(max(self._context - self._read, 0), drafting)
+            self._read = self._context
             if self._probing:  # its time over plain steps' for the same tokens
-                self.probe_loss_s += step + drafting - (result.accepted + 1) * plain
+                loss = step + drafting - (result.accepted + 1) * plain
+                self.probes.probed(loss, drafting, self._probe_cap())
         else:
-            self.skipped_s += step
+            self.probes.skipped(step, self._probe_cap())
         self._features = self._built = self._prediction = None
         self._drafted, self._proposed = False, 0
 
@@ -262,6 +328,9 @@ class AdaptivePlanner(CostAtContext):
             self.acceptance.record(features, *outcomes)
         elif self._features is not None and len(tree):
             self.acceptance.update(self._features, tree.parents, result.path)
+
+    def _probe_cap(self) -> float:
+        return PROBE_ALLOWANCE * self._seconds(0, 0)
 
     def _expensive(self) -> bool:
         return self.draft_s > CHEAP_DRAFT * self._seconds(0, 0)

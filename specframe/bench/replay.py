@@ -164,6 +164,7 @@ def replay(target: Target, method: MethodSpec, turns: list[Turn], cost: CostMode
     stats = ReplayStats()
     for turn in turns:
         drafter.reset()
+        planner.start_request()
         tokens, emitted_so_far, turn_s, plain_s = np.array(turn.prompt_ids, np.int64), 0, 0.0, 0.0
         features = teacher_forced_features(target, turn) if needs_hidden else None  # (L, H)
         steps_before = stats.steps
