@@ -457,6 +457,28 @@ def test_a_probe_that_must_first_read_a_long_prompt_waits_rather_than_tax_every_
     assert max(losses[5:]) < 2 * PROBE_SHARE and np.mean(losses[5:]) < PROBE_SHARE
 
 
+def test_short_requests_are_not_probed_with_what_long_ones_earned():
+    """Requests of 20 plain steps (1 s each; a QA answer), a drafter that never pays and costs 1.4 plain
+    steps a probe (a draft model's four forwards). Earnings pooled over requests let such a probe into
+    one request in seven, 6.5 % of its time; earned per request, 20 steps never pay for one."""
+    from specframe.adaptive.planner import PROBE_SHARE, AdaptivePlanner
+    from specframe.records import VerifyResult
+    from specframe.tree import TokenTree
+
+    planner = AdaptivePlanner(PolynomialCost((0.0, 1.0)), cap=8)
+    losses = []
+    for _ in range(100):
+        planner.start_request()
+        lost = 0.0
+        for _ in range(20):
+            drafting = 1.4 if planner.should_draft() else 0.0
+            planner.choose(DraftProposal.empty(), TokenTree.empty())
+            planner.observe(TokenTree.empty(), VerifyResult([], 0), {"draft": drafting, "forward": 1.0})
+            lost += drafting
+        losses.append(lost / (20 + lost))
+    assert max(losses[10:]) < 2 * PROBE_SHARE
+
+
 def test_a_machine_faster_than_its_calibration_does_not_flatter_expensive_drafting():
     """The calibration says a forward takes 1 s; today it takes 0.5 s. A drafter costing 0.2 s whose
     steps emit 1.2 tokens makes 1.2 tokens per 0.7 s against a plain step's 1 per 0.5 s: a loss. Judged

@@ -45,13 +45,13 @@ OPTIMISTIC_GAIN, OPTIMISTIC_STEPS = 2.0, 4.0  # the record starts with 4 steps a
 # the first draft of a decoder compiles its kernels (S4C's heads: 88 ms, three plain steps). The probe
 # budget below counts every step in full.
 OUTLIER = 2.0
-# Exploring while the mean gain is below 1 may lose at most 1 % of the time of the skipped steps
+# Exploring while the mean gain is below 1 may lose at most 1 % of the time of a request's skipped steps
 # (drafting plus the tree's forward, over plain steps for the same tokens), and a probe starts only when
-# that budget holds what it is expected to lose (`ProbeBudget`): a draft model's probe first reads every
-# token since its last run, mid-request a few, at a new request the whole prompt (0.1-0.4 s against 50 ms
-# steps on long Spec-Bench prompts), so one probe alone may cost a request 4 % (run 25).
+# the request has earned what it is expected to lose (`ProbeBudget`): a draft model's probe first reads
+# every token since its last run, mid-request a few, at a new request the whole prompt (0.1-0.4 s against
+# 50 ms steps on long Spec-Bench prompts), so one probe alone may cost a request 4 % (run 25).
 PROBE_SHARE = 0.01
-PROBE_ALLOWANCE = 2.0  # the most probes may have earned, in plain steps; what a new decoder starts with
+PROBE_ALLOWANCE = 2.0  # plain steps a decoder's first probes may lose before any step was skipped
 # The cost model moves to the step's context every 16 tokens (on SmolLM2 at two CPU threads, 16 tokens add
 # at most 0.2 ms to a 16-node tree's 31 ms): tree selection then reuses one model for several steps.
 CONTEXT_STEP = 16
@@ -133,30 +133,36 @@ class DraftTime:
 
 
 class ProbeBudget:
-    """What probes (drafted steps taken while drafting does not pay) may still lose.
+    """What probes (drafted steps taken while drafting does not pay) may still lose in this request.
 
-    Skipped steps earn `PROBE_SHARE` of their time, up to a cap of `PROBE_ALLOWANCE` plain steps (also
-    what a decoder starts with, so that its first steps may explore), and a probe may start only once
-    what it is expected to lose is earned: its drafting time, forecast from the tokens the drafter has
-    not read (`DraftTime`), plus the rest of a probe's loss as earlier probes showed it. Its real loss is
-    then spent. Without the forecast, one probe that reads a long prompt first took 4 % of a request
-    (run 25); without the cap, earnings saved over many requests could be spent on a few."""
+    Each skipped step of a request earns `PROBE_SHARE` of its time, and a probe may start only once the
+    request has earned what the probe is expected to lose: its drafting time, forecast from the tokens
+    the drafter has not read (`DraftTime`), plus the rest of a probe's loss as earlier probes showed it.
+    Its real loss is then spent. A request starts with nothing (a debt carries over), except a decoder's
+    first probe, which may spend `PROBE_ALLOWANCE` plain steps (cold first drafts can make drafting look
+    worse than it is before anything was skipped). So a probe that must first read a long prompt waits
+    for a long request, and a short request is not probed at all, rather than losing several per cent
+    to one probe (run 25)."""
 
     def __init__(self):
         self.earned_s: float | None = None  # seconds probes may still lose (None: before the first probe)
         self.rest_s = 0.0  # a probe's loss besides drafting (tree forward over the tokens it gained), mean
         self.drafting = DraftTime()
 
-    def affords(self, unread: int, cap_s: float) -> bool:
+    def start_request(self) -> None:
+        if self.earned_s is not None:
+            self.earned_s = min(self.earned_s, 0.0)
+
+    def affords(self, unread: int, allowance_s: float) -> bool:
         if self.earned_s is None:
-            self.earned_s = cap_s
+            self.earned_s = allowance_s
         return self.earned_s >= self.drafting.forecast(unread) + self.rest_s
 
-    def skipped(self, step_s: float, cap_s: float) -> None:
-        self.earned_s = min((self.earned_s or 0.0) + PROBE_SHARE * step_s, cap_s)
+    def skipped(self, step_s: float) -> None:
+        self.earned_s = (self.earned_s or 0.0) + PROBE_SHARE * step_s
 
-    def probed(self, loss_s: float, drafting_s: float, cap_s: float) -> None:
-        self.earned_s = min((self.earned_s or 0.0) - loss_s, cap_s)
+    def probed(self, loss_s: float, drafting_s: float) -> None:
+        self.earned_s = (self.earned_s or 0.0) - loss_s
         self.rest_s += EMA * (loss_s - drafting_s - self.rest_s)
 
 
@@ -218,7 +224,7 @@ class AdaptivePlanner(CostAtContext):
         self.draft_s = 0.0  # drafting time, running mean
         self.draft_node_s = 0.0  # drafting time per proposed node, running mean
         self.gain = DraftingGain()  # realised speed of drafted steps over plain steps
-        self.probes = ProbeBudget()  # what probes may still lose, and what one is expected to
+        self.probes = ProbeBudget()  # what probes may still lose in this request
         self._context = 0  # tokens of the current step's context
         self._read = 0  # context of this request's last drafted step: what the drafter has read
         self._drafted = False
@@ -231,8 +237,9 @@ class AdaptivePlanner(CostAtContext):
     # --- before the step -----------------------------------------------------------------------------
 
     def start_request(self) -> None:
-        """A new request: its drafter has read none of it."""
+        """A new request: its drafter has read none of it, and its probes have earned nothing yet."""
         self._read = 0
+        self.probes.start_request()
 
     def start_step(self, context: int) -> None:
         super().start_step(context)
@@ -258,7 +265,7 @@ class AdaptivePlanner(CostAtContext):
     def should_draft(self) -> bool:
         """Draft unless drafting is expensive (over `CHEAP_DRAFT` of a plain step) and drafted steps have
         emitted more slowly than plain ones; then probe while the gain's upper bound is above 1 (see
-        `DraftingGain`) and the probe budget holds what a probe is expected to lose (`ProbeBudget`)."""
+        `DraftingGain`) and the request has earned what a probe is expected to lose (`ProbeBudget`)."""
         self.gain.forget()
         self._probing = False
         if not self._expensive() or self.gain.mean > 1.0:
@@ -266,7 +273,7 @@ class AdaptivePlanner(CostAtContext):
         else:
             unread = max(self._context - self._read, 0)
             self._probing = self._drafted = (self.gain.upper() > 1.0
-                                             and self.probes.affords(unread, self._probe_cap()))
+                                             and self.probes.affords(unread, self._probe_allowance()))
         return self._drafted
 
     def choose(self, proposal: DraftProposal, tree: TokenTree) -> tuple[TokenTree, Prediction | None]:
@@ -311,9 +318,9 @@ class AdaptivePlanner(CostAtContext):
             self._read = self._context
             if self._probing:  # its time over plain steps' for the same tokens
                 loss = step + drafting - (result.accepted + 1) * plain
-                self.probes.probed(loss, drafting, self._probe_cap())
+                self.probes.probed(loss, drafting)
         else:
-            self.probes.skipped(step, self._probe_cap())
+            self.probes.skipped(step)
         self._features = self._built = self._prediction = None
         self._drafted, self._proposed = False, 0
 
@@ -329,7 +336,7 @@ class AdaptivePlanner(CostAtContext):
         elif self._features is not None and len(tree):
             self.acceptance.update(self._features, tree.parents, result.path)
 
-    def _probe_cap(self) -> float:
+    def _probe_allowance(self) -> float:
         return PROBE_ALLOWANCE * self._seconds(0, 0)
 
     def _expensive(self) -> bool:
