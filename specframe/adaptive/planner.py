@@ -129,7 +129,7 @@ class DraftTime:
             return 0.0
         spread = n * suu - su * su
         slope = max((n * sdu - su * sd) / spread, 0.0) if spread > 1e-9 * max(n * suu, 1.0) else 0.0
-        return (sd - slope * su) / n + slope * unread
+        return max((sd - slope * su) / n + slope * unread, 0.0)  # a noisy fit may dip below 0
 
 
 class ProbeBudget:
