@@ -606,3 +606,16 @@ def test_acceptance_counts_persist_across_decoders(tiny, tmp_path):
     second = SpeculativeDecoder(tiny, first.pipeline, budget="auto:8", cost=first.cost, acceptance_file=path)
     second.generate(repetitive_prompt(64, 64, seed=3), max_new_tokens=8)
     assert second.planner.acceptance.observations > learned  # started from the first decoder's counts
+
+
+def test_drafting_time_is_fitted_in_the_tokens_the_drafter_has_not_read():
+    """A draft model's drafting grows with what it must read first; S4C's heads cost the same always."""
+    from specframe.adaptive.planner import DraftTime
+
+    reading, fixed = DraftTime(), DraftTime()
+    for unread in (900, 2, 3, 1, 450, 2, 4):
+        reading.add(unread, 0.05 + 0.005 * unread)
+        fixed.add(unread, 0.007)
+    assert reading.forecast(900) == pytest.approx(4.55) and reading.forecast(2) == pytest.approx(0.06)
+    assert fixed.forecast(900) == pytest.approx(0.007) and fixed.forecast(1) == pytest.approx(0.007)
+    assert DraftTime().forecast(100) == 0.0  # nothing drafted yet: no cost known
