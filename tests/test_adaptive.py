@@ -619,3 +619,16 @@ def test_drafting_time_is_fitted_in_the_tokens_the_drafter_has_not_read():
     assert reading.forecast(900) == pytest.approx(4.55) and reading.forecast(2) == pytest.approx(0.06)
     assert fixed.forecast(900) == pytest.approx(0.007) and fixed.forecast(1) == pytest.approx(0.007)
     assert DraftTime().forecast(100) == 0.0  # nothing drafted yet: no cost known
+
+
+def test_the_adaptive_planner_moves_its_cost_with_the_context_as_steps_go_on():
+    """Tracking the step's context for the probe budget must not pin the cost model to a request's
+    first step (it moves every `CONTEXT_STEP` tokens)."""
+    from specframe.adaptive.planner import CONTEXT_STEP, AdaptivePlanner
+    from specframe.cost import MeasuredCost
+
+    sloped = MeasuredCost((0, 8), (1.0, 2.0), (1.0, 2.0), 100, (0.01, 0.01), (0.01, 0.01))
+    planner = AdaptivePlanner(sloped, cap=8)
+    for context in range(100, 200):
+        planner.start_step(context)
+    assert planner.cost.context > 199 - CONTEXT_STEP and planner._unread() == 199

@@ -145,24 +145,28 @@ class ProbeBudget:
     to one probe (run 25)."""
 
     def __init__(self):
-        self.earned_s: float | None = None  # seconds probes may still lose (None: before the first probe)
+        self.earned_s = 0.0  # seconds probes may still lose in this request
+        self.allowance_granted = False  # the decoder's first probes' allowance, given when first asked
         self.rest_s = 0.0  # a probe's loss besides drafting (tree forward over the tokens it gained), mean
         self.drafting = DraftTime()
 
     def start_request(self) -> None:
-        if self.earned_s is not None:
-            self.earned_s = min(self.earned_s, 0.0)
+        self.earned_s = min(self.earned_s, 0.0)
 
     def affords(self, unread: int, allowance_s: float) -> bool:
-        if self.earned_s is None:
-            self.earned_s = allowance_s
+        if not self.allowance_granted:
+            self.earned_s += allowance_s
+            self.allowance_granted = True
         return self.earned_s >= self.drafting.forecast(unread) + self.rest_s
 
+    def drafted(self, unread: int, drafting_s: float) -> None:
+        self.drafting.add(unread, drafting_s)
+
     def skipped(self, step_s: float) -> None:
-        self.earned_s = (self.earned_s or 0.0) + PROBE_SHARE * step_s
+        self.earned_s += PROBE_SHARE * step_s
 
     def probed(self, loss_s: float, drafting_s: float) -> None:
-        self.earned_s = (self.earned_s or 0.0) - loss_s
+        self.earned_s -= loss_s
         self.rest_s += EMA * (loss_s - drafting_s - self.rest_s)
 
 
@@ -225,7 +229,7 @@ class AdaptivePlanner(CostAtContext):
         self.draft_node_s = 0.0  # drafting time per proposed node, running mean
         self.gain = DraftingGain()  # realised speed of drafted steps over plain steps
         self.probes = ProbeBudget()  # what probes may still lose in this request
-        self._context = 0  # tokens of the current step's context
+        self._step_context = 0  # tokens of the current step's context
         self._read = 0  # context of this request's last drafted step: what the drafter has read
         self._drafted = False
         self._probing = False
@@ -243,7 +247,7 @@ class AdaptivePlanner(CostAtContext):
 
     def start_step(self, context: int) -> None:
         super().start_step(context)
-        self._context = context
+        self._step_context = context
 
     def build_budget(self, room: int) -> int:
         """Nodes the drafter and tree builder may use: the cap, unless the size must be chosen before
@@ -271,9 +275,8 @@ class AdaptivePlanner(CostAtContext):
         if not self._expensive() or self.gain.mean > 1.0:
             self._drafted = True
         else:
-            unread = max(self._context - self._read, 0)
             self._probing = self._drafted = (self.gain.upper() > 1.0
-                                             and self.probes.affords(unread, self._probe_allowance()))
+                                             and self.probes.affords(self._unread(), self._probe_allowance()))
         return self._drafted
 
     def choose(self, proposal: DraftProposal, tree: TokenTree) -> tuple[TokenTree, Prediction | None]:
@@ -314,8 +317,8 @@ class AdaptivePlanner(CostAtContext):
                 self.draft_node_s += EMA * (drafting / self._proposed - self.draft_node_s)
             plain = self._seconds(0, 0)
             self.gain.add(result.accepted + 1, (step + drafting) / plain)
-            self.probes.drafting.add(max(self._context - self._read, 0), drafting)
-            self._read = self._context
+            self.probes.drafted(self._unread(), drafting)
+            self._read = self._step_context
             if self._probing:  # its time over plain steps' for the same tokens
                 loss = step + drafting - (result.accepted + 1) * plain
                 self.probes.probed(loss, drafting)
@@ -335,6 +338,10 @@ class AdaptivePlanner(CostAtContext):
             self.acceptance.record(features, *outcomes)
         elif self._features is not None and len(tree):
             self.acceptance.update(self._features, tree.parents, result.path)
+
+    def _unread(self) -> int:
+        """Tokens of this step's context the drafter has not read (all of them before its first draft)."""
+        return max(self._step_context - self._read, 0)
 
     def _probe_allowance(self) -> float:
         return PROBE_ALLOWANCE * self._seconds(0, 0)
