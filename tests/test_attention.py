@@ -1,4 +1,5 @@
-"""`specframe_sdpa`: grouped-query attention without copying the cache gives transformers' `sdpa` results."""
+"""`specframe_sdpa`: grouped-query attention without copying the cache gives transformers' `sdpa` results;
+the choice of CPU attention by dtype and environment variable."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import pytest
 import torch
 
 from specframe import TokenTree
-from specframe.attention import NAME, chosen_attention, use_grouped_sdpa
+from specframe.attention import NAME, attention_for, chosen_attention, use_attention, use_cpu_attention
+from specframe.exact_attention import NAME as EXACT
 from specframe.errors import ConfigurationError
 from specframe_kv import KVCacheBackend
 
@@ -21,7 +23,7 @@ def test_tree_logits_and_state_match_transformers_sdpa(name):
     parents = np.array(TREES[name])
     tree = TokenTree(np.arange(len(parents)) + 5, parents)
     reference, grouped = tiny_llama(seed=4, kv_heads=2), tiny_llama(seed=4, kv_heads=2)
-    assert use_grouped_sdpa(grouped.model) and grouped.model.config._attn_implementation == NAME
+    assert use_attention(grouped.model, NAME) and grouped.model.config._attn_implementation == NAME
     backends = [KVCacheBackend(t, min_rows=1) for t in (reference, grouped)]
     for backend in backends:
         backend.prefill(list(range(10, 40)))
@@ -38,14 +40,14 @@ def test_calls_it_cannot_serve_go_to_transformers():
     target = tiny_llama(seed=5, kv_heads=4)
     ids = torch.arange(3, 20)[None]
     before = target.model(ids).logits
-    assert use_grouped_sdpa(target.model)
+    assert use_attention(target.model, NAME)
     torch.testing.assert_close(target.model(ids).logits, before)
 
 
 def test_the_environment_variable_turns_it_off_and_is_checked(monkeypatch):
     target = tiny_llama(seed=6)
     monkeypatch.setenv("SPECFRAME_CPU_ATTENTION", "sdpa")
-    assert not use_grouped_sdpa(target.model) and target.model.config._attn_implementation == "sdpa"
+    assert use_cpu_attention(target.model) == "sdpa"
     monkeypatch.setenv("SPECFRAME_CPU_ATTENTION", "flash")
     with pytest.raises(ConfigurationError, match="SPECFRAME_CPU_ATTENTION='flash' is not a CPU attention"):
         chosen_attention()
@@ -53,3 +55,15 @@ def test_the_environment_variable_turns_it_off_and_is_checked(monkeypatch):
 
 def test_smollm2_loads_with_grouped_attention_on_the_cpu(smollm2):
     assert smollm2.model.config._attn_implementation == NAME
+
+
+def test_auto_chooses_by_dtype_and_the_variable_overrides(monkeypatch):
+    monkeypatch.delenv("SPECFRAME_CPU_ATTENTION", raising=False)
+    assert attention_for(torch.float32) == NAME
+    assert attention_for(torch.bfloat16) == attention_for(torch.float16) == EXACT
+    monkeypatch.setenv("SPECFRAME_CPU_ATTENTION", "specframe_exact")
+    assert attention_for(torch.float32) == EXACT
+    target = tiny_llama(seed=7)
+    assert use_cpu_attention(target.model) == EXACT
+    monkeypatch.setenv("SPECFRAME_CPU_ATTENTION", "specframe_sdpa")
+    assert use_cpu_attention(target.model) == NAME  # switches between ours, too

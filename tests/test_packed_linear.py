@@ -120,7 +120,7 @@ def test_packing_a_model_keeps_its_parameters_ties_and_outputs():
     assert pack_linear_layers(model) == 0  # nothing left to replace
 
 
-def test_load_target_packs_on_the_cpu_in_float32_unless_told_not_to(tmp_path, monkeypatch):
+def test_load_target_packs_in_float32_and_native_bfloat16_unless_told_not_to(tmp_path, monkeypatch):
     from transformers import AutoTokenizer
 
     directory = tmp_path / "tiny"
@@ -129,7 +129,9 @@ def test_load_target_packs_on_the_cpu_in_float32_unless_told_not_to(tmp_path, mo
     monkeypatch.delenv("SPECFRAME_CPU_LINEAR", raising=False)
     assert linear_kernel(specframe.load_target(str(directory), device="cpu").model) == "onednn"
     half = specframe.load_target(str(directory), device="cpu", dtype="bfloat16")
-    assert linear_kernel(half.model) == "torch"
+    assert linear_kernel(half.model) == ("onednn" if native_bfloat16() else "torch")
+    float16 = specframe.load_target(str(directory), device="cpu", dtype="float16")
+    assert linear_kernel(float16.model) == "torch"
     monkeypatch.setenv("SPECFRAME_CPU_LINEAR", "torch")
     assert linear_kernel(specframe.load_target(str(directory), device="cpu").model) == "torch"
     monkeypatch.setenv("SPECFRAME_CPU_LINEAR", "mkl")

@@ -16,6 +16,11 @@ to 4 rows, 55 ms for a 3-node tree, 61 ms for a plain step). Trees of 1-2 nodes 
 throwaway rows up to `min_rows` (see docs/explanation/metrics-and-costs.md). Nothing attends to the
 padding and its logits and cache rows are dropped, so results are unchanged. A plain step (the root
 alone) is never padded: one row has a kernel of its own.
+
+A CPU target in bfloat16 computes each row of a forward exactly as a plain step would
+(`specframe.exact_attention`) only up to the rows its linear kernels keep row-invariant (32 for
+oneDNN's): a larger tree is scored by several forwards of at most that many rows each, in order, each
+reading the rows before it from the cache.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import torch
 import specframe
 from specframe import BackendCapabilities, StateBackend, TargetScores, TokenTree
 from specframe.errors import ConfigurationError, UnknownComponentError
+from specframe.exact_attention import exact_rows
 
 # Layer types whose only state is the KV cache (attention) or that have no state at all (NemotronH blocks).
 CACHELESS_TYPES = {"full_attention", "sliding_attention", "mlp", "moe"}
@@ -69,6 +75,9 @@ class KVCacheBackend(StateBackend):
         if min_rows is None:
             min_rows = CPU_MIN_ROWS if target.device.type == "cpu" else 1
         self.min_rows = min_rows
+        # Rows one forward may take, where the target's rows are computed exactly (see the module
+        # docstring); None: any number.
+        self.max_rows = exact_rows(target.model)
         self.cache = None
         self._committed = 0
         self._pending: int | None = None
@@ -117,13 +126,22 @@ class KVCacheBackend(StateBackend):
         ids = np.concatenate([[self._pending], tree.tokens, np.full(pad, self._pending)])
         offsets = tree.position_offsets
         offsets = np.concatenate([offsets, offsets[-1] + 1 + np.arange(pad)])  # the padding: a chain tail
-        out = self.model(input_ids=torch.from_numpy(ids)[None].to(device),
-                         position_ids=torch.from_numpy(self._committed + offsets)[None].to(device),
-                         attention_mask=self._padded(self._mask(tree), pad), past_key_values=self.cache,
-                         use_cache=True, output_hidden_states=self.want_hidden)
-        hidden = out.hidden_states[-1][0, :rows] if self.want_hidden else None  # (T, H)
+        ids = torch.from_numpy(ids)[None].to(device)
+        positions = torch.from_numpy(self._committed + offsets)[None].to(device)
+        mask = self._padded(self._mask(tree), pad)
+        logits, hidden = [], []
+        chunk = self.max_rows or ids.shape[1]  # see `max_rows`
+        for start in range(0, ids.shape[1], chunk):
+            end = start + chunk
+            rows_mask = None if mask is None else mask[..., start:end, :self._committed + end]
+            out = self.model(input_ids=ids[:, start:end], position_ids=positions[:, start:end],
+                             attention_mask=rows_mask, past_key_values=self.cache, use_cache=True,
+                             output_hidden_states=self.want_hidden)
+            logits.append(out.logits[0])
+            hidden.extend([out.hidden_states[-1][0]] if self.want_hidden else [])
+        hidden = torch.cat(hidden)[:rows] if self.want_hidden else None  # (T, H)
         # The tree's keys/values stay in the cache after the committed ones: that is what commit keeps.
-        return self.issue(TargetScores(logits=out.logits[0, :rows].float(), hidden=hidden, tree=tree))
+        return self.issue(TargetScores(logits=torch.cat(logits)[:rows].float(), hidden=hidden, tree=tree))
 
     def _mask(self, tree: TokenTree) -> torch.Tensor | None:
         """(1, 1, T, P + T) additive mask: the whole prefix, plus each node's ancestors and itself."""

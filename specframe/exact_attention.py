@@ -1,0 +1,123 @@
+"""Row-invariant attention: a tree forward reproduces plain decoding steps bit for bit.
+
+Speculative decoding is lossless when the target scores a draft token exactly as a plain decoding step
+would. torch's attention kernels do not promise that: how they block and sum over keys depends on how
+many query rows a call has and on the mask, so the row of a node in a tree forward differs from the
+same token's plain step in the last bits. In float32 that is about 1e-5 in the logits, and a greedy
+choice flips only at a near-tie that close. In bfloat16 each layer rounds its output to 8 bits, the
+differences grow through the layers to 0.2-0.7 in the logits, and greedy speculative outputs part from
+plain decoding within a few tokens.
+
+`exact_attention_forward` computes every query row from that row's query and the keys it may see
+alone, accumulating in float64: the scores of bfloat16 (or float32) queries and keys are then exact
+whatever the order of the sum, and the weighted sum of the values carries 53 bits before it is rounded
+to the model's precision, so the order of summation (which differs with the number of rows and with the
+masked keys between a node and its ancestors) changes the result with a probability of the order of
+2^-40 per output element. Rows then match plain steps bit for bit, as long as the linear layers are row
+invariant too: oneDNN's are for up to 32 rows on the CPUs we measured (`tests/test_exact_attention.py`
+checks whole forwards).
+
+Forwards of more than `EXACT_ROWS` query rows (prefills) go to torch's kernel: a prompt is read once,
+by the same call in plain and speculative decoding, so its keys and values are the same either way.
+`docs/explanation/metrics-and-costs.md` has what this costs.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+NAME = "specframe_exact"
+EXACT_ROWS = 64  # more query rows than this (a prefill) go to torch's own kernel
+# oneDNN's bfloat16 linear kernels give each row the same result for 1 to 32 rows, and switch kernels
+# above (measured on AVX-512 and AMX CPUs: `tests/test_exact_attention.py`).
+LINEAR_ROWS = 32
+ACCUMULATE = torch.float64
+
+
+def exact_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+                            value: torch.Tensor, attention_mask: torch.Tensor | None, dropout: float = 0.0,
+                            scaling: float | None = None, is_causal: bool | None = None,
+                            **kwargs) -> tuple[torch.Tensor, None]:
+    """transformers' attention signature: (batch, heads, rows, dim) in, (batch, rows, heads, dim) out.
+    `attention_mask` is additive (float, large negative where masked) or boolean (True = may attend),
+    of shape (batch, 1, rows, keys); None means causal (unless the module or `is_causal` says not)."""
+    from specframe.attention import grouped_sdpa_forward
+
+    batch, heads, rows, dim = query.shape
+    kv_heads, length = key.shape[1], key.shape[2]
+    if rows > EXACT_ROWS or not _plain_scaled(kwargs, dropout) or heads % kv_heads:
+        return grouped_sdpa_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                    scaling=scaling, is_causal=is_causal, **kwargs)
+    groups = heads // kv_heads
+    scale = dim ** -0.5 if scaling is None else scaling
+    if batch != 1:  # the decoders score one sequence; anything else takes the general path
+        return _batched(module, query, key, value, attention_mask, scale, is_causal, kwargs)
+    # Query head h reads key/value head h // groups: stack each head's group of queries into one matrix.
+    grouped = query.reshape(kv_heads, groups * rows, dim).to(ACCUMULATE).mul_(scale)
+    keys = key.reshape(kv_heads, length, dim).to(ACCUMULATE).transpose(1, 2)
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    bias = _bias(attention_mask, rows, length, groups, causal)
+    # Products of bfloat16 (or float32) numbers summed in float64: the order of the sum does not matter.
+    scores = torch.bmm(grouped, keys) if bias is None else torch.baddbmm(bias, grouped, keys)
+    weights = scores.sub_(scores.amax(-1, keepdim=True)).exp_()
+    out = torch.bmm(weights, value.reshape(kv_heads, length, dim).to(ACCUMULATE))
+    out = out.div_(weights.sum(-1, keepdim=True)).to(query.dtype).reshape(batch, heads, rows, dim)
+    return out.transpose(1, 2).contiguous(), None
+
+
+# The last mask seen (a weak reference: a new forward's mask is a new tensor), its shape and its bias.
+# Masks are not changed in place while a forward reads them.
+_BIAS_CACHE: dict = {}
+
+
+def _bias(mask: torch.Tensor | None, rows: int, length: int, groups: int,
+          causal: bool = True) -> torch.Tensor | None:
+    """The float64 bias (0 where allowed, -inf where masked) of every stacked query row, (groups * rows,
+    keys); None when every row sees every key. Made once per forward: every layer gets the same mask.
+    Without a mask the rows are causal, as transformers' `sdpa` makes them, unless `causal` is False."""
+    if mask is None and (rows == 1 or not causal):
+        return None
+    if mask is None:  # causal: row i sees the keys up to its own position, length - rows + i
+        allowed = torch.ones(rows, length, dtype=torch.bool).tril(length - rows)
+        return _bias_of(allowed, groups)
+    seen, key = _BIAS_CACHE.get("mask"), (rows, length, groups)
+    if seen is not None and seen() is mask and _BIAS_CACHE["key"] == key:
+        return _BIAS_CACHE["bias"]
+    rows_mask = mask[0, 0, :, :length]
+    allowed = rows_mask if rows_mask.dtype == torch.bool else rows_mask > torch.finfo(rows_mask.dtype).min / 2
+    bias = _bias_of(allowed, groups)
+    _BIAS_CACHE.update(mask=weakref.ref(mask), key=key, bias=bias)
+    return bias
+
+
+def _bias_of(allowed: torch.Tensor, groups: int) -> torch.Tensor:
+    bias = torch.zeros(allowed.shape, dtype=ACCUMULATE, device=allowed.device)
+    return bias.masked_fill_(~allowed, float("-inf")).repeat(groups, 1)
+
+
+def _batched(module, query, key, value, attention_mask, scale: float, is_causal: bool | None, kwargs: dict):
+    """Several sequences at once: each one through the single-sequence path."""
+    outs = [exact_attention_forward(module, query[i:i + 1], key[i:i + 1], value[i:i + 1],
+                                    None if attention_mask is None else attention_mask[i:i + 1],
+                                    scaling=scale, is_causal=is_causal, **kwargs)[0]
+            for i in range(query.shape[0])]
+    return torch.cat(outs), None
+
+
+def _plain_scaled(extra: dict, dropout: float) -> bool:
+    """Whether a call asks for plain scaled dot-product attention, nothing this module does not compute."""
+    if dropout or extra.get("output_attentions"):
+        return False
+    return all(extra.get(name) is None for name in ("position_bias", "cache", "softcap", "sliding_window",
+                                                     "s_aux"))
+
+
+def exact_rows(model: torch.nn.Module) -> int | None:
+    """The most rows one forward of `model` may take and still compute every row exactly as a forward of
+    that row alone would: `LINEAR_ROWS` for a CPU model on `specframe_exact` attention, None (no limit
+    that matters: the model is not computed exactly anyway) for any other."""
+    exact = getattr(getattr(model, "config", None), "_attn_implementation", None) == NAME
+    cpu = next(model.parameters()).device.type == "cpu"
+    return LINEAR_ROWS if exact and cpu else None

@@ -1,0 +1,159 @@
+"""`specframe_exact`: in bfloat16 a tree forward reproduces plain decoding steps bit for bit.
+
+The mutants: torch's attention (`specframe_sdpa`) and one forward over more rows than the linear kernels
+keep row-invariant both fail the same comparisons, so the checks can fail.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from specframe import SpeculativeDecoder, TokenTree
+from specframe.attention import NAME as GROUPED, use_attention
+from specframe.exact_attention import LINEAR_ROWS, NAME, exact_attention_forward, exact_rows
+from specframe.models import load_target
+from specframe.packed_linear import PackedLinear, native_bfloat16
+from specframe_kv import KVCacheBackend
+
+from conftest import tiny_llama
+
+needs_bf16 = pytest.mark.skipif(not native_bfloat16(), reason="this CPU has no native bfloat16 products")
+
+
+@pytest.fixture(scope="module")
+def smollm2_bf16():
+    return load_target("smollm2-135m", dtype="bfloat16")
+
+
+def _prompt(target) -> list[int]:
+    text = "Write a Python function that returns the n-th Fibonacci number, with a docstring and tests."
+    return target.tokenizer(text)["input_ids"]
+
+
+def _plain_logits(target, ids: list[int], steps: int) -> list[tuple[int, torch.Tensor]]:
+    """(greedy token, logits) of `steps` plain decoding steps after `ids`."""
+    backend, out = KVCacheBackend(target), []
+    backend.prefill(ids)
+    for _ in range(steps):
+        scored = backend.score(TokenTree.empty())
+        token = int(scored.logits[0].argmax())
+        out.append((token, scored.logits[0]))
+        backend.commit(scored, [], token)
+    return out
+
+
+def _tree_with_greedy_chain(plain, siblings: int, seed: int = 0) -> tuple[TokenTree, list[int]]:
+    """The greedy chain of `plain` with `siblings` random siblings before each chain node; the chain's
+    packed rows (0 = the root)."""
+    rng, tokens, parents, chain, parent = np.random.default_rng(seed), [], [], [], -1
+    for token, _ in plain[:-1]:
+        for _ in range(siblings):
+            tokens.append(int(rng.integers(0, 49152)))
+            parents.append(parent)
+        tokens.append(token)
+        parents.append(parent)
+        parent = len(tokens) - 1
+        chain.append(parent + 1)
+    return TokenTree(np.array(tokens), np.array(parents)), [0, *chain]
+
+
+def _mismatched_rows(target, siblings: int, max_rows: int | None = -1) -> int:
+    ids = _prompt(target)
+    plain = _plain_logits(target, ids, steps=6)
+    tree, rows = _tree_with_greedy_chain(plain, siblings)
+    backend = KVCacheBackend(target)
+    if max_rows != -1:
+        backend.max_rows = max_rows
+    backend.prefill(ids)
+    scored = backend.score(tree)
+    return sum(not torch.equal(scored.logits[row], logits) for row, (_, logits) in zip(rows, plain))
+
+
+@needs_bf16
+@pytest.mark.parametrize("siblings", [0, 2])  # a chain (causal mask made by the model) and a tree
+def test_tree_rows_equal_plain_steps_bit_for_bit_in_bfloat16(smollm2_bf16, siblings):
+    assert smollm2_bf16.model.config._attn_implementation == NAME
+    assert _mismatched_rows(smollm2_bf16, siblings) == 0
+
+
+@needs_bf16
+def test_the_mutant_torch_attention_is_caught(smollm2_bf16):
+    use_attention(smollm2_bf16.model, GROUPED)
+    try:
+        assert _mismatched_rows(smollm2_bf16, siblings=2) >= 3
+    finally:
+        use_attention(smollm2_bf16.model, NAME)
+
+
+@needs_bf16
+def test_trees_beyond_the_linear_kernels_rows_are_scored_in_chunks(smollm2_bf16):
+    """A 40-node tree: exact in chunks of 32 rows; one forward of 41 rows (the mutant) is not."""
+    assert exact_rows(smollm2_bf16.model) == LINEAR_ROWS
+    assert _mismatched_rows(smollm2_bf16, siblings=7) == 0
+    assert _mismatched_rows(smollm2_bf16, siblings=7, max_rows=None) >= 3
+
+
+@needs_bf16
+def test_greedy_speculative_decoding_equals_plain_in_bfloat16(smollm2_bf16):
+    prompt = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
+    plain = SpeculativeDecoder.from_names(smollm2_bf16, "none", budget=1).generate(prompt, max_new_tokens=48)
+    for tree in ("chain", "trie"):
+        decoder = SpeculativeDecoder.from_names(smollm2_bf16, "pld", tree, budget=24)
+        out = decoder.generate(prompt, max_new_tokens=48)
+        assert out.tokens == plain.tokens, tree
+        assert out.metrics.accepted_draft_tokens > 0, tree  # drafts were verified and accepted
+
+
+@needs_bf16
+def test_bfloat16_linear_rows_are_invariant_up_to_the_limit():
+    """The assumption `LINEAR_ROWS` rests on, for SmolLM2's shapes: row r of a forward of m <= 32 rows
+    equals the forward of row r alone."""
+    torch.manual_seed(0)
+    for features, out in ((576, 1536), (1536, 576), (576, 192)):
+        linear = PackedLinear(torch.nn.Linear(features, out, bias=False).to(torch.bfloat16), bfloat16=True)
+        x = torch.randn(LINEAR_ROWS, features, dtype=torch.bfloat16)
+        with torch.inference_mode():
+            alone = torch.cat([linear(x[r:r + 1]) for r in range(LINEAR_ROWS)])
+            for rows in (2, 5, 17, LINEAR_ROWS):
+                assert torch.equal(linear(x[:rows]), alone[:rows]), rows
+
+
+def _reference(query, key, value, allowed):
+    """Attention in float64, one row at a time over its allowed keys."""
+    groups = query.shape[1] // key.shape[1]
+    out = torch.empty(query.shape, dtype=torch.float64)
+    for head in range(query.shape[1]):
+        for row in range(query.shape[2]):
+            keys = key[0, head // groups].double()[allowed[row]]
+            weights = torch.softmax(keys @ query[0, head, row].double() / query.shape[-1] ** 0.5, 0)
+            out[0, head, row] = weights @ value[0, head // groups].double()[allowed[row]]
+    return out.transpose(1, 2)
+
+
+@pytest.mark.parametrize("form", ["none", "bool", "additive"])
+def test_masks_of_every_form_give_attention(form):
+    torch.manual_seed(1)
+    rows, length = 3, 7
+    query, key, value = torch.randn(1, 4, rows, 8), torch.randn(1, 2, length, 8), torch.randn(1, 2, length, 8)
+    allowed = torch.ones(rows, length, dtype=torch.bool).tril(length - rows)
+    if form != "none":
+        allowed[2, 5] = False  # a tree: the last row does not see the row before it
+    additive = torch.zeros(rows, length).masked_fill(~allowed, torch.finfo(torch.float32).min)
+    mask = {"none": None, "bool": allowed[None, None], "additive": additive[None, None]}
+    out, _ = exact_attention_forward(torch.nn.Module(), query, key, value, mask[form])
+    torch.testing.assert_close(out.double(), _reference(query, key, value, allowed), rtol=1e-6, atol=1e-6)
+
+
+def test_what_it_does_not_compute_goes_to_torch():
+    """A soft-capped call (and a prefill of many rows) is passed on, not computed wrongly."""
+    target = tiny_llama(seed=8)
+    use_attention(target.model, NAME)
+    query, key = torch.randn(1, 4, 2, 8), torch.randn(1, 2, 5, 8)
+    with pytest.raises(ValueError, match="softcap"):  # transformers' sdpa refuses soft-capping itself
+        exact_attention_forward(target.model.model.layers[0].self_attn, query, key, key, None, softcap=30.0)
+    ids = torch.arange(3, 80)[None]  # 77 rows: more than the exact path takes
+    logits = target.model(ids).logits
+    use_attention(target.model, "sdpa")
+    torch.testing.assert_close(target.model(ids).logits, logits, rtol=1e-5, atol=1e-5)
