@@ -61,9 +61,9 @@ def exact_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
     bias = _bias(attention_mask, rows, length, groups, causal)
     # Products of bfloat16 (or float32) numbers summed in float64: the order of the sum does not matter.
     scores = torch.bmm(grouped, keys) if bias is None else torch.baddbmm(bias, grouped, keys)
-    weights = scores.sub_(scores.amax(-1, keepdim=True)).exp_()
+    weights = torch.softmax(scores, -1)  # its sum over the keys: float64, so its order does not matter
     out = torch.bmm(weights, value.reshape(kv_heads, length, dim).to(ACCUMULATE))
-    out = out.div_(weights.sum(-1, keepdim=True)).to(query.dtype).reshape(batch, heads, rows, dim)
+    out = out.to(query.dtype).reshape(batch, heads, rows, dim)
     return out.transpose(1, 2).contiguous(), None
 
 
