@@ -9,13 +9,13 @@ differences grow through the layers to 0.2-0.7 in the logits, and greedy specula
 plain decoding within a few tokens.
 
 `exact_attention_forward` computes every query row from that row's query and the keys it may see
-alone, accumulating in float64: the scores of bfloat16 (or float32) queries and keys are then exact
-whatever the order of the sum, and the weighted sum of the values carries 53 bits before it is rounded
-to the model's precision, so the order of summation (which differs with the number of rows and with the
-masked keys between a node and its ancestors) changes the result with a probability of the order of
-2^-40 per output element. Rows then match plain steps bit for bit, as long as the linear layers are row
-invariant too: oneDNN's are for up to 32 rows on the CPUs we measured (`tests/test_exact_attention.py`
-checks whole forwards).
+alone, accumulating in float64. The products of bfloat16 (or float32) queries and keys are exact there,
+and the scores and the weighted sums of the values carry 53 bits before the result is rounded to the
+model's precision, so the order of summation (which differs with the number of rows and with the masked
+keys between a node and its ancestors) changes the result with a probability of the order of 2^-40 per
+output element. Rows then match plain steps bit for bit, as long as the linear layers are row invariant
+too: oneDNN's are for up to 32 rows on the CPUs we measured (`tests/test_exact_attention.py` checks
+whole forwards).
 
 Forwards of more than `EXACT_ROWS` query rows (prefills) go to torch's kernel: a prompt is read once,
 by the same call in plain and speculative decoding, so its keys and values are the same either way.

@@ -17,7 +17,8 @@ the same product summed in another order: logits move by about 1e-5. A module th
 (`bfloat16=True`: the `s4c` drafter's heads) is also packed in bfloat16 where the CPU multiplies
 bfloat16 natively (`native_bfloat16`), at half the memory traffic of float32.
 
-`load_target` packs CPU float32 models by default; `SPECFRAME_CPU_LINEAR=torch` turns it off.
+`load_target` packs CPU float32 models by default, and bfloat16 ones where the CPU multiplies bfloat16
+natively (`bfloat16=True`); `SPECFRAME_CPU_LINEAR=torch` turns it off.
 """
 
 from __future__ import annotations
