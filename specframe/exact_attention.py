@@ -18,7 +18,8 @@ too: oneDNN's are for up to 32 rows on the CPUs we measured (`tests/test_exact_a
 whole forwards).
 
 Forwards of more than `EXACT_ROWS` query rows (prefills) go to torch's kernel: a prompt is read once,
-by the same call in plain and speculative decoding, so its keys and values are the same either way.
+by the same call in plain and speculative decoding, so its keys and values are the same either way. So
+do batches of several sequences, which the decoders never score.
 `docs/explanation/metrics-and-costs.md` has what this costs.
 """
 
@@ -43,17 +44,16 @@ def exact_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
     """transformers' attention signature: (batch, heads, rows, dim) in, (batch, rows, heads, dim) out.
     `attention_mask` is additive (float, large negative where masked) or boolean (True = may attend),
     of shape (batch, 1, rows, keys); None means causal (unless the module or `is_causal` says not)."""
-    from specframe.attention import grouped_sdpa_forward
-
     batch, heads, rows, dim = query.shape
     kv_heads, length = key.shape[1], key.shape[2]
-    if rows > EXACT_ROWS or not _plain_scaled(kwargs, dropout) or heads % kv_heads:
+    # Prefills, several sequences at once (the decoders score one), and what this does not compute.
+    if rows > EXACT_ROWS or batch != 1 or not _plain_scaled(kwargs, dropout) or heads % kv_heads:
+        from specframe.attention import grouped_sdpa_forward  # which imports this module
+
         return grouped_sdpa_forward(module, query, key, value, attention_mask, dropout=dropout,
                                     scaling=scaling, is_causal=is_causal, **kwargs)
     groups = heads // kv_heads
     scale = dim ** -0.5 if scaling is None else scaling
-    if batch != 1:  # the decoders score one sequence; anything else takes the general path
-        return _batched(module, query, key, value, attention_mask, scale, is_causal, kwargs)
     # Query head h reads key/value head h // groups: stack each head's group of queries into one matrix.
     grouped = query.reshape(kv_heads, groups * rows, dim).to(ACCUMULATE).mul_(scale)
     keys = key.reshape(kv_heads, length, dim).to(ACCUMULATE).transpose(1, 2)
@@ -95,15 +95,6 @@ def _bias(mask: torch.Tensor | None, rows: int, length: int, groups: int,
 def _bias_of(allowed: torch.Tensor, groups: int) -> torch.Tensor:
     bias = torch.zeros(allowed.shape, dtype=ACCUMULATE, device=allowed.device)
     return bias.masked_fill_(~allowed, float("-inf")).repeat(groups, 1)
-
-
-def _batched(module, query, key, value, attention_mask, scale: float, is_causal: bool | None, kwargs: dict):
-    """Several sequences at once: each one through the single-sequence path."""
-    outs = [exact_attention_forward(module, query[i:i + 1], key[i:i + 1], value[i:i + 1],
-                                    None if attention_mask is None else attention_mask[i:i + 1],
-                                    scaling=scale, is_causal=is_causal, **kwargs)[0]
-            for i in range(query.shape[0])]
-    return torch.cat(outs), None
 
 
 def _plain_scaled(extra: dict, dropout: float) -> bool:

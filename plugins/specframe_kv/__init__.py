@@ -129,19 +129,23 @@ class KVCacheBackend(StateBackend):
         ids = torch.from_numpy(ids)[None].to(device)
         positions = torch.from_numpy(self._committed + offsets)[None].to(device)
         mask = self._padded(self._mask(tree), pad)
-        logits, hidden = [], []
-        chunk = self.max_rows or ids.shape[1]  # see `max_rows`
-        for start in range(0, ids.shape[1], chunk):
-            end = start + chunk
-            rows_mask = None if mask is None else mask[..., start:end, :self._committed + end]
-            out = self.model(input_ids=ids[:, start:end], position_ids=positions[:, start:end],
-                             attention_mask=rows_mask, past_key_values=self.cache, use_cache=True,
-                             output_hidden_states=self.want_hidden)
-            logits.append(out.logits[0])
-            hidden.extend([out.hidden_states[-1][0]] if self.want_hidden else [])
-        hidden = torch.cat(hidden)[:rows] if self.want_hidden else None  # (T, H)
+        chunk = self.max_rows or ids.shape[1]  # see `max_rows`: one forward unless the tree is larger
+        outs = [self._forward(ids, positions, mask, start, start + chunk)
+                for start in range(0, ids.shape[1], chunk)]
+        logits, hidden = outs[0] if len(outs) == 1 else [_cat([out[i] for out in outs]) for i in (0, 1)]
+        hidden = hidden[:rows] if hidden is not None else None  # (T, H)
         # The tree's keys/values stay in the cache after the committed ones: that is what commit keeps.
-        return self.issue(TargetScores(logits=torch.cat(logits)[:rows].float(), hidden=hidden, tree=tree))
+        return self.issue(TargetScores(logits=logits[:rows].float(), hidden=hidden, tree=tree))
+
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None, start: int,
+                 end: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One forward over rows `start:end` of a scoring, appended to the cache: their logits and last
+        hidden states (when wanted)."""
+        mask = None if mask is None else mask[..., start:end, :self._committed + end]
+        out = self.model(input_ids=ids[:, start:end], position_ids=positions[:, start:end],
+                         attention_mask=mask, past_key_values=self.cache, use_cache=True,
+                         output_hidden_states=self.want_hidden)
+        return out.logits[0], out.hidden_states[-1][0] if self.want_hidden else None
 
     def _mask(self, tree: TokenTree) -> torch.Tensor | None:
         """(1, 1, T, P + T) additive mask: the whole prefix, plus each node's ancestors and itself."""
@@ -186,6 +190,10 @@ class KVCacheBackend(StateBackend):
         extra = self.cache.get_seq_length() - length if self.cache is not None else 0
         if extra > 0:
             self.cache.crop(-extra)  # transformers 5: a negative count removes that many tokens
+
+
+def _cat(parts: list[torch.Tensor | None]) -> torch.Tensor | None:
+    return None if parts[0] is None else torch.cat(parts)
 
 
 @specframe.hookimpl
