@@ -14,12 +14,13 @@ and the scores and the weighted sums of the values carry 53 bits before the resu
 model's precision, so the order of summation (which differs with the number of rows and with the masked
 keys between a node and its ancestors) changes the result with a probability of the order of 2^-40 per
 output element. Rows then match plain steps bit for bit, as long as the linear layers are row invariant
-too: oneDNN's are for up to 32 rows on the CPUs we measured (`tests/test_exact_attention.py` checks
-whole forwards).
+too: `load_target` packs a bfloat16 CPU target's linears so that they are, for up to `EXACT_ROWS` rows
+(`specframe.packed_linear`; `tests/test_exact_attention.py` checks whole forwards).
 
 Forwards of more than `EXACT_ROWS` query rows (prefills) go to torch's kernel: a prompt is read once,
 by the same call in plain and speculative decoding, so its keys and values are the same either way. So
-do batches of several sequences, which the decoders never score.
+do batches of several sequences, which the decoders never score. A backend scores a larger tree in
+forwards of at most `exact_rows(model)` rows.
 `docs/explanation/metrics-and-costs.md` has what this costs.
 """
 
@@ -31,9 +32,6 @@ import torch
 
 NAME = "specframe_exact"
 EXACT_ROWS = 64  # more query rows than this (a prefill) go to torch's own kernel
-# oneDNN's bfloat16 linear kernels give each row the same result for 1 to 32 rows, and switch kernels
-# above (measured on AVX-512 and AMX CPUs: `tests/test_exact_attention.py`).
-LINEAR_ROWS = 32
 ACCUMULATE = torch.float64
 
 
@@ -107,8 +105,9 @@ def _plain_scaled(extra: dict, dropout: float) -> bool:
 
 def exact_rows(model: torch.nn.Module) -> int | None:
     """The most rows one forward of `model` may take and still compute every row exactly as a forward of
-    that row alone would: `LINEAR_ROWS` for a CPU model on `specframe_exact` attention, None (no limit
-    that matters: the model is not computed exactly anyway) for any other."""
+    that row alone would: `EXACT_ROWS` for a CPU model on `specframe_exact` attention (its linears are
+    then packed to match: see the module docstring), None (no limit that matters: the model is not
+    computed exactly anyway) for any other."""
     exact = getattr(getattr(model, "config", None), "_attn_implementation", None) == NAME
     cpu = next(model.parameters()).device.type == "cpu"
-    return LINEAR_ROWS if exact and cpu else None
+    return EXACT_ROWS if exact and cpu else None

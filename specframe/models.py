@@ -26,6 +26,7 @@ from specframe.attention import chosen_attention, use_cpu_attention
 from specframe.atomic_dirs import exclusive, follow_umask, remove_stale, temp_name_pattern
 from specframe.devices import native_dtype, resolve_device, resolve_dtype
 from specframe.errors import ConfigurationError, ModelLoadError
+from specframe.exact_attention import EXACT_ROWS
 from specframe.hub import hub_snapshot, looks_like_hub_id
 
 from specframe.model_files import check_model_files, conversion_damage, damaged_weights, write_marker
@@ -275,7 +276,7 @@ def load_target(name: str = DEFAULT_MODEL, *, device: str | torch.device = "auto
     if where.type == "cpu" and kernel == "onednn" and precision == torch.float32:
         pack_linear_layers(model)
     elif where.type == "cpu" and kernel == "onednn" and precision == torch.bfloat16 and native_bfloat16():
-        pack_linear_layers(model, bfloat16=True)
+        pack_linear_layers(model, bfloat16=True, exact_rows=EXACT_ROWS)  # trees computed as plain steps
     if where.type == "cpu":
         use_cpu_attention(model)
     return Target(model=model, tokenizer=tokenizer, name=name)

@@ -17,8 +17,14 @@ the same product summed in another order: logits move by about 1e-5. A module th
 (`bfloat16=True`: the `s4c` drafter's heads) is also packed in bfloat16 where the CPU multiplies
 bfloat16 natively (`native_bfloat16`), at half the memory traffic of float32.
 
+oneDNN's bfloat16 kernels give every row of a product the bits that row alone would get for 1 to
+`INVARIANT_ROWS` rows, and switch kernels above. A layer packed with `exact_rows=n` multiplies inputs of
+more rows than that, up to n, in blocks of `INVARIANT_ROWS` rows, so that a tree forward of up to n rows
+computes each row as a plain step would (what `specframe.exact_attention` needs from the linears).
+Larger inputs (prompts, read by the same call whether decoding is speculative or not) run as one product.
+
 `load_target` packs CPU float32 models by default, and bfloat16 ones where the CPU multiplies bfloat16
-natively (`bfloat16=True`); `SPECFRAME_CPU_LINEAR=torch` turns it off.
+natively (`bfloat16=True`, `exact_rows=EXACT_ROWS`); `SPECFRAME_CPU_LINEAR=torch` turns it off.
 """
 
 from __future__ import annotations
@@ -32,6 +38,9 @@ from specframe.options import env_choice
 
 ENV = "SPECFRAME_CPU_LINEAR"
 KERNELS = ("onednn", "torch")  # the values of `ENV`: oneDNN with packed weights, or torch's own linear
+# The most rows for which oneDNN's bfloat16 kernels give each row the same bits as a product of that row
+# alone (measured on AVX-512 and AMX CPUs: `tests/test_exact_attention.py`).
+INVARIANT_ROWS = 32
 
 
 def onednn_available() -> bool:
@@ -57,21 +66,33 @@ def native_bfloat16() -> bool:
 class PackedLinear(torch.nn.Linear):
     """`torch.nn.Linear` over the same parameters, multiplying by a oneDNN-packed copy of the weight
     where that computes the same function (see the module docstring); `bfloat16=True` packs bfloat16
-    weights too, where the CPU has native bfloat16."""
+    weights too, where the CPU has native bfloat16. Inputs of at most `exact_rows` rows give each row
+    the bits that row alone would get (multiplied in blocks of `INVARIANT_ROWS`); 0 leaves that to the
+    kernel."""
 
-    def __init__(self, linear: torch.nn.Linear, *, bfloat16: bool = False):
+    def __init__(self, linear: torch.nn.Linear, *, bfloat16: bool = False, exact_rows: int = 0):
         torch.nn.Module.__init__(self)
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias  # the same Parameter objects
         self._dtypes = (torch.float32, torch.bfloat16) if bfloat16 and native_bfloat16() else (torch.float32,)
         self._packed: torch.Tensor | None = None
         self._packed_from: tuple | None = None
+        self.exact_rows = exact_rows
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self._packable(x):
             return F.linear(x, self.weight, self.bias)
-        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self._packed_weight(), self.bias,
-                                                  "none", [], "")
+        x, weight = x.contiguous(), self._packed_weight()
+        rows = x.numel() // self.in_features
+        if not INVARIANT_ROWS < rows <= self.exact_rows:
+            return self._product(x, weight)
+        flat = x.view(rows, self.in_features)
+        blocks = [self._product(flat[start:start + INVARIANT_ROWS], weight)
+                  for start in range(0, rows, INVARIANT_ROWS)]
+        return torch.cat(blocks).view(*x.shape[:-1], self.out_features)
+
+    def _product(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, weight, self.bias, "none", [], "")
 
     def __getstate__(self):
         """Copies and pickles leave the packed copy out (oneDNN's opaque tensors cannot be copied)."""
@@ -100,16 +121,16 @@ class PackedLinear(torch.nn.Linear):
         return self._packed
 
 
-def pack_linear_layers(model: torch.nn.Module, *, bfloat16: bool = False) -> int:
+def pack_linear_layers(model: torch.nn.Module, *, bfloat16: bool = False, exact_rows: int = 0) -> int:
     """Replace each `torch.nn.Linear` (exactly that class: subclasses may change `forward`) of `model`
-    by a `PackedLinear` over the same parameters (`bfloat16`: see `PackedLinear`); the number replaced.
-    A no-op without oneDNN."""
+    by a `PackedLinear` over the same parameters (`bfloat16`, `exact_rows`: see `PackedLinear`); the
+    number replaced. A no-op without oneDNN."""
     if not onednn_available():
         return 0
     swaps = [(parent, name, child) for parent in model.modules()
              for name, child in parent.named_children() if type(child) is torch.nn.Linear]
     for parent, name, child in swaps:
-        setattr(parent, name, PackedLinear(child, bfloat16=bfloat16))
+        setattr(parent, name, PackedLinear(child, bfloat16=bfloat16, exact_rows=exact_rows))
     return len(swaps)
 
 

@@ -1,7 +1,8 @@
 """`specframe_exact`: in bfloat16 a tree forward reproduces plain decoding steps bit for bit.
 
-The mutants: torch's attention (`specframe_sdpa`) and one forward over more rows than the linear kernels
-keep row-invariant both fail the same comparisons, so the checks can fail.
+The mutants: torch's attention (`specframe_sdpa`), linears that multiply more rows at once than their
+kernel keeps row-invariant, and one forward over more rows than exact attention takes all fail the same
+comparisons, so the checks can fail.
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ import torch
 
 from specframe import SpeculativeDecoder, TokenTree
 from specframe.attention import NAME as GROUPED, use_attention
-from specframe.exact_attention import LINEAR_ROWS, NAME, exact_attention_forward, exact_rows
+from specframe.exact_attention import EXACT_ROWS, NAME, exact_attention_forward, exact_rows
 from specframe.models import load_target
-from specframe.packed_linear import PackedLinear, native_bfloat16
+from specframe.packed_linear import INVARIANT_ROWS, PackedLinear, native_bfloat16
 from specframe_kv import KVCacheBackend
 
 from conftest import tiny_llama
@@ -87,12 +88,31 @@ def test_the_mutant_torch_attention_is_caught(smollm2_bf16):
         use_attention(smollm2_bf16.model, NAME)
 
 
+def _linears_exact_up_to(model, rows: int) -> None:
+    for module in model.modules():
+        if isinstance(module, PackedLinear):
+            module.exact_rows = rows
+
+
 @needs_bf16
-def test_trees_beyond_the_linear_kernels_rows_are_scored_in_chunks(smollm2_bf16):
-    """A 40-node tree: exact in chunks of 32 rows; one forward of 41 rows (the mutant) is not."""
-    assert exact_rows(smollm2_bf16.model) == LINEAR_ROWS
+def test_trees_beyond_the_linear_kernels_rows_are_multiplied_in_blocks(smollm2_bf16):
+    """A 40-node tree in one forward: exact because each linear multiplies 32 rows at a time; the
+    mutant, linears that multiply all 41 rows at once, is not."""
     assert _mismatched_rows(smollm2_bf16, siblings=7) == 0
-    assert _mismatched_rows(smollm2_bf16, siblings=7, max_rows=None) >= 3
+    _linears_exact_up_to(smollm2_bf16.model, 0)
+    try:
+        assert _mismatched_rows(smollm2_bf16, siblings=7) >= 3
+    finally:
+        _linears_exact_up_to(smollm2_bf16.model, EXACT_ROWS)
+
+
+@needs_bf16
+def test_trees_beyond_exact_attentions_rows_are_scored_in_chunks(smollm2_bf16):
+    """A 70-node tree: exact in forwards of 64 and 7 rows; one forward of 71 rows (the mutant), which
+    attention and linears compute as a prompt, is not."""
+    assert exact_rows(smollm2_bf16.model) == EXACT_ROWS
+    assert _mismatched_rows(smollm2_bf16, siblings=13) == 0
+    assert _mismatched_rows(smollm2_bf16, siblings=13, max_rows=None) >= 3
 
 
 @needs_bf16
@@ -108,16 +128,18 @@ def test_greedy_speculative_decoding_equals_plain_in_bfloat16(smollm2_bf16):
 
 @needs_bf16
 def test_bfloat16_linear_rows_are_invariant_up_to_the_limit():
-    """The assumption `LINEAR_ROWS` rests on, for SmolLM2's shapes: row r of a forward of m <= 32 rows
-    equals the forward of row r alone."""
+    """The assumption `INVARIANT_ROWS` rests on, for SmolLM2's shapes: row r of a product of m <= 32
+    rows equals the product of row r alone; with `exact_rows=64`, so does a product of up to 64 rows."""
     torch.manual_seed(0)
     for features, out in ((576, 1536), (1536, 576), (576, 192)):
-        linear = PackedLinear(torch.nn.Linear(features, out, bias=False).to(torch.bfloat16), bfloat16=True)
-        x = torch.randn(LINEAR_ROWS, features, dtype=torch.bfloat16)
+        weights = torch.nn.Linear(features, out, bias=False).to(torch.bfloat16)
+        linear = PackedLinear(weights, bfloat16=True, exact_rows=EXACT_ROWS)
+        x = torch.randn(EXACT_ROWS, features, dtype=torch.bfloat16)
         with torch.inference_mode():
-            alone = torch.cat([linear(x[r:r + 1]) for r in range(LINEAR_ROWS)])
-            for rows in (2, 5, 17, LINEAR_ROWS):
+            alone = torch.cat([linear(x[r:r + 1]) for r in range(EXACT_ROWS)])
+            for rows in (2, 5, 17, INVARIANT_ROWS, INVARIANT_ROWS + 1, 41, EXACT_ROWS):
                 assert torch.equal(linear(x[:rows]), alone[:rows]), rows
+            assert torch.equal(linear(x[None, :41]), alone[None, :41])  # (batch, rows, features) too
 
 
 def _reference(query, key, value, allowed):

@@ -18,9 +18,9 @@ padding and its logits and cache rows are dropped, so results are unchanged. A p
 alone) is never padded: one row has a kernel of its own.
 
 A CPU target in bfloat16 computes each row of a forward exactly as a plain step would
-(`specframe.exact_attention`) only up to the rows its linear kernels keep row-invariant (32 for
-oneDNN's): a larger tree is scored by several forwards of at most that many rows each, in order, each
-reading the rows before it from the cache.
+(`specframe.exact_attention`) only up to `exact_rows(model)` rows (64): a larger tree is scored by
+several forwards of at most that many rows each, in order, each reading the rows before it from the
+cache.
 """
 
 from __future__ import annotations
