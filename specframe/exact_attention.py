@@ -15,7 +15,8 @@ model's precision, so the order of summation (which differs with the number of r
 keys between a node and its ancestors) changes the result with a probability of the order of 2^-40 per
 output element. Rows then match plain steps bit for bit, as long as the linear layers are row invariant
 too: `load_target` packs a bfloat16 CPU target's linears so that they are, for up to `EXACT_ROWS` rows
-(`specframe.packed_linear`; `tests/test_exact_attention.py` checks whole forwards).
+(`specframe.packed_linear`; `tests/test_exact_attention.py` checks whole forwards). `exact_rows(model)`
+reads how many rows a model's attention and linears keep exact.
 
 Forwards of more than `EXACT_ROWS` query rows (prefills) go to torch's kernel: a prompt is read once,
 by the same call in plain and speculative decoding, so its keys and values are the same either way. So
@@ -29,6 +30,8 @@ from __future__ import annotations
 import weakref
 
 import torch
+
+from specframe.packed_linear import INVARIANT_ROWS, PackedLinear
 
 NAME = "specframe_exact"
 EXACT_ROWS = 64  # more query rows than this (a prefill) go to torch's own kernel
@@ -105,9 +108,11 @@ def _plain_scaled(extra: dict, dropout: float) -> bool:
 
 def exact_rows(model: torch.nn.Module) -> int | None:
     """The most rows one forward of `model` may take and still compute every row exactly as a forward of
-    that row alone would: `EXACT_ROWS` for a CPU model on `specframe_exact` attention (its linears are
-    then packed to match: see the module docstring), None (no limit that matters: the model is not
-    computed exactly anyway) for any other."""
+    that row alone would, for a CPU model on `specframe_exact` attention: `EXACT_ROWS`, or fewer where
+    its packed linears keep fewer rows invariant (see `specframe.packed_linear`). None (no limit that
+    matters: the model is not computed exactly anyway) for any other."""
     exact = getattr(getattr(model, "config", None), "_attn_implementation", None) == NAME
-    cpu = next(model.parameters()).device.type == "cpu"
-    return EXACT_ROWS if exact and cpu else None
+    if not exact or next(model.parameters()).device.type != "cpu":
+        return None
+    linears = [max(m.exact_rows, INVARIANT_ROWS) for m in model.modules() if isinstance(m, PackedLinear)]
+    return min([EXACT_ROWS, *linears])
