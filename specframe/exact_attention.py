@@ -16,7 +16,9 @@ keys between a node and its ancestors) changes the result with a probability of 
 output element. Rows then match plain steps bit for bit, as long as the linear layers are row invariant
 too: `load_target` packs a bfloat16 CPU target's linears so that they are, for up to `EXACT_ROWS` rows
 (`specframe.packed_linear`; `tests/test_exact_attention.py` checks whole forwards). `exact_rows(model)`
-reads how many rows a model's attention and linears keep exact.
+says how many rows a model's attention and linears keep exact; for the linears it measures that on the
+CPU it runs on, because where they are not packed (`SPECFRAME_CPU_LINEAR=torch`, or a CPU without native
+bfloat16) torch's own kernels decide, and they may keep fewer rows.
 
 Forwards of more than `EXACT_ROWS` query rows (prefills) go to torch's kernel: a prompt is read once,
 by the same call in plain and speculative decoding, so its keys and values are the same either way. So
@@ -27,14 +29,16 @@ forwards of at most `exact_rows(model)` rows.
 
 from __future__ import annotations
 
+import warnings
 import weakref
 
 import torch
 
-from specframe.packed_linear import INVARIANT_ROWS, PackedLinear
+from specframe.packed_linear import invariant_rows
 
 NAME = "specframe_exact"
 EXACT_ROWS = 64  # more query rows than this (a prefill) go to torch's own kernel
+FEW_ROWS = 8  # linears exact for fewer rows than this split a typical tree into several forwards: warn
 ACCUMULATE = torch.float64
 
 
@@ -109,10 +113,19 @@ def _plain_scaled(extra: dict, dropout: float) -> bool:
 def exact_rows(model: torch.nn.Module) -> int | None:
     """The most rows one forward of `model` may take and still compute every row exactly as a forward of
     that row alone would, for a CPU model on `specframe_exact` attention: `EXACT_ROWS`, or fewer where
-    its packed linears keep fewer rows invariant (see `specframe.packed_linear`). None (no limit that
-    matters: the model is not computed exactly anyway) for any other."""
+    its linear layers keep fewer rows invariant, as measured on this CPU (`invariant_rows`: torch's own
+    kernels, where the linears are not packed or the CPU has no native bfloat16, may keep fewer). None
+    (no limit that matters: the model is not computed exactly anyway) for any other."""
     exact = getattr(getattr(model, "config", None), "_attn_implementation", None) == NAME
-    if not exact or next(model.parameters()).device.type != "cpu":
+    weight = next(model.parameters())
+    if not exact or weight.device.type != "cpu":
         return None
-    linears = [max(m.exact_rows, INVARIANT_ROWS) for m in model.modules() if isinstance(m, PackedLinear)]
-    return min([EXACT_ROWS, *linears])
+    rows = min([EXACT_ROWS, *(invariant_rows(m, weight.dtype, EXACT_ROWS) for m in model.modules()
+                              if isinstance(m, torch.nn.Linear))])
+    if rows < FEW_ROWS:
+        kind = str(weight.dtype).removeprefix("torch.")
+        warnings.warn(f"this CPU's {kind} linear kernels give a row the same bits in a product of "
+                      f"several rows as alone for at most {rows} rows, so trees are scored in forwards "
+                      f"of {rows} rows to stay exact, which is slow: use float32, or a CPU with native "
+                      "bfloat16 products (AVX-512 BF16 or AMX)", stacklevel=2)
+    return rows

@@ -1,8 +1,8 @@
 """`specframe_exact`: in bfloat16 a tree forward reproduces plain decoding steps bit for bit.
 
 The mutants: torch's attention (`specframe_sdpa`), linears that multiply more rows at once than their
-kernel keeps row-invariant, and one forward over more rows than exact attention takes all fail the same
-comparisons, so the checks can fail.
+kernel keeps row-invariant (packed, unpacked, or a kernel that changes rows past 3), and one forward over
+more rows than exact attention takes all fail the same comparisons, so the checks can fail.
 """
 
 from __future__ import annotations
@@ -45,13 +45,13 @@ def _plain_logits(target, ids: list[int], steps: int) -> list[tuple[int, torch.T
     return out
 
 
-def _tree_with_greedy_chain(plain, siblings: int, seed: int = 0) -> tuple[TokenTree, list[int]]:
+def _tree_with_greedy_chain(plain, siblings: int, vocab: int, seed: int = 0) -> tuple[TokenTree, list[int]]:
     """The greedy chain of `plain` with `siblings` random siblings before each chain node; the chain's
     packed rows (0 = the root)."""
     rng, tokens, parents, chain, parent = np.random.default_rng(seed), [], [], [], -1
     for token, _ in plain[:-1]:
         for _ in range(siblings):
-            tokens.append(int(rng.integers(0, 49152)))
+            tokens.append(int(rng.integers(0, vocab)))
             parents.append(parent)
         tokens.append(token)
         parents.append(parent)
@@ -60,10 +60,12 @@ def _tree_with_greedy_chain(plain, siblings: int, seed: int = 0) -> tuple[TokenT
     return TokenTree(np.array(tokens), np.array(parents)), [0, *chain]
 
 
-def _mismatched_rows(target, siblings: int, max_rows: int | None = -1) -> int:
-    ids = _prompt(target)
+def _mismatched_rows(target, siblings: int, max_rows: int | None = -1, ids: list[int] | None = None) -> int:
+    """Rows of a tree around the greedy chain whose logits differ from plain steps' (`max_rows`: the
+    backend's rows per forward, -1 for its own choice)."""
+    ids = ids or _prompt(target)
     plain = _plain_logits(target, ids, steps=6)
-    tree, rows = _tree_with_greedy_chain(plain, siblings)
+    tree, rows = _tree_with_greedy_chain(plain, siblings, target.vocab_size)
     backend = KVCacheBackend(target)
     if max_rows != -1:
         backend.max_rows = max_rows
@@ -105,6 +107,60 @@ def test_trees_beyond_the_linear_kernels_rows_are_multiplied_in_blocks(smollm2_b
         assert _mismatched_rows(smollm2_bf16, siblings=7, max_rows=EXACT_ROWS) >= 3
     finally:
         _linears_exact_up_to(smollm2_bf16.model, EXACT_ROWS)
+
+
+def _swap_linears(model, kind: type, make) -> list[tuple]:
+    """Replace each layer of exactly class `kind` by `make(in, out, bias=...)` over the same parameters;
+    (parent, name, old layer) of each, to put them back."""
+    swaps = []
+    for parent in list(model.modules()):
+        for name, child in parent.named_children():
+            if type(child) is kind:
+                swapped = make(child.in_features, child.out_features, bias=child.bias is not None)
+                swapped.weight, swapped.bias = child.weight, child.bias
+                setattr(parent, name, swapped)
+                swaps.append((parent, name, child))
+    return swaps
+
+
+class RowDependentLinear(torch.nn.Linear):
+    """A mutant kernel: a product of more than 3 rows gives each row other bits than that row alone."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = super().forward(x)
+        return out if x.numel() // self.in_features <= 3 else (out.float() * (1 + 2 ** -6)).to(out.dtype)
+
+
+def test_linears_are_probed_so_a_kernel_exact_for_fewer_rows_chunks_trees():
+    """`exact_rows` measures the linears instead of trusting them: with linears whose rows change in
+    products of more than 3 rows, trees are scored in forwards of 3 rows and match plain steps; one
+    forward (the mutant backend) does not."""
+    target = tiny_llama(seed=3, layers=2)
+    target.model.to(torch.bfloat16)
+    _swap_linears(target.model, torch.nn.Linear, RowDependentLinear)
+    use_attention(target.model, NAME)
+    ids = list(range(5, 30))
+    with pytest.warns(UserWarning, match="forwards of 3 rows"):
+        assert exact_rows(target.model) == 3
+    with pytest.warns(UserWarning):  # each backend built says so
+        assert _mismatched_rows(target, siblings=2, ids=ids) == 0
+        assert _mismatched_rows(target, siblings=2, max_rows=None, ids=ids) >= 3
+
+
+@needs_bf16
+def test_unpacked_bfloat16_linears_are_held_to_the_rows_they_keep_exact(smollm2_bf16):
+    """With torch's own bfloat16 linears (`SPECFRAME_CPU_LINEAR=torch`) this CPU's kernels keep 32 rows
+    invariant, not 64: a 40-node tree is scored in two forwards and matches plain steps; in one forward
+    (what `exact_rows` said before it measured the linears) it does not."""
+    model = smollm2_bf16.model
+    swaps = _swap_linears(model, PackedLinear, torch.nn.Linear)
+    try:
+        assert exact_rows(model) == INVARIANT_ROWS
+        assert _mismatched_rows(smollm2_bf16, siblings=7) == 0
+        assert _mismatched_rows(smollm2_bf16, siblings=7, max_rows=EXACT_ROWS) >= 3  # trusting 64 rows
+    finally:
+        for parent, name, child in swaps:
+            setattr(parent, name, child)
 
 
 @needs_bf16

@@ -18,7 +18,8 @@ padding and its logits and cache rows are dropped, so results are unchanged. A p
 alone) is never padded: one row has a kernel of its own.
 
 A CPU target in bfloat16 computes each row of a forward exactly as a plain step would
-(`specframe.exact_attention`) only up to `exact_rows(model)` rows (64): a larger tree is scored by
+(`specframe.exact_attention`) only up to `exact_rows(model)` rows (measured on the CPU: 64 with packed
+linears on the development CPU, 32 with torch's own): a larger tree is scored by
 several forwards of at most that many rows each, in order, each reading the rows before it from the
 cache.
 """
