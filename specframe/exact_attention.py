@@ -120,12 +120,13 @@ def exact_rows(model: torch.nn.Module) -> int | None:
     weight = next(model.parameters())
     if not exact or weight.device.type != "cpu":
         return None
-    rows = min([EXACT_ROWS, *(invariant_rows(m, weight.dtype, EXACT_ROWS) for m in model.modules()
+    rows = min([EXACT_ROWS, *(invariant_rows(m, EXACT_ROWS) for m in model.modules()
                               if isinstance(m, torch.nn.Linear))])
     if rows < FEW_ROWS:
         kind = str(weight.dtype).removeprefix("torch.")
-        warnings.warn(f"this CPU's {kind} linear kernels give a row the same bits in a product of "
-                      f"several rows as alone for at most {rows} rows, so trees are scored in forwards "
-                      f"of {rows} rows to stay exact, which is slow: use float32, or a CPU with native "
-                      "bfloat16 products (AVX-512 BF16 or AMX)", stacklevel=2)
+        count = "1 row" if rows == 1 else f"{rows} rows"
+        warnings.warn(f"this model's {kind} linear layers give a row the same bits in a product of several "
+                      f"rows as alone only for products of up to {count} on this CPU, so trees are scored "
+                      f"{count} per forward to stay exact, which is slow: use float32, or a CPU with "
+                      "native bfloat16 products (AVX-512 BF16 or AMX)", stacklevel=2)
     return rows

@@ -140,7 +140,7 @@ def test_linears_are_probed_so_a_kernel_exact_for_fewer_rows_chunks_trees():
     _swap_linears(target.model, torch.nn.Linear, RowDependentLinear)
     use_attention(target.model, NAME)
     ids = list(range(5, 30))
-    with pytest.warns(UserWarning, match="forwards of 3 rows"):
+    with pytest.warns(UserWarning, match="3 rows per forward"):
         assert exact_rows(target.model) == 3
     with pytest.warns(UserWarning):  # each backend built says so
         assert _mismatched_rows(target, siblings=2, ids=ids) == 0
