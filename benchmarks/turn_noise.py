@@ -1,0 +1,58 @@
+"""How much of a `specframe bench` run's per-turn spread is the machine's, not the method's.
+
+For every method: the geometric mean of its per-turn speedups over the baseline's run of the same turn,
+an approximate 95 % interval of that mean (two standard errors of the mean log ratio), the spread of the
+per-turn log ratios, and the slowest and fastest turn. A method that computes what plain decoding does
+(`hf-generate`, or a drafter the planner switched off) shows the machine's own noise: a deficit inside
+its interval, or "turns below 0.9x" no more frequent than for such a method, is not evidence against the
+method. Only questions that every method finished are counted, so a run cut short still compares like
+with like.
+
+    python benchmarks/turn_noise.py results/gpu/humaneval
+
+Reads each directory's `records.jsonl`; prints one markdown table per directory.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+
+def wall_times(directory: Path) -> dict[tuple[str, int], dict[str, float]]:
+    """{(question, turn): {method: wall seconds}} for the first repeat of each, complete turns only."""
+    turns: dict[tuple[str, int], dict[str, float]] = defaultdict(dict)
+    for line in (directory / "records.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if record["repeat"] == 0:
+            turns[(record["qid"], record["turn"])][record["method"]] = record["metrics"]["wall_s"]
+    methods = set().union(*turns.values()) if turns else set()
+    finished = {q for q, _ in turns} - {q for (q, _), runs in turns.items() if set(runs) != methods}
+    return {key: runs for key, runs in turns.items() if key[0] in finished}
+
+
+def noise_table(directory: Path, baseline: str = "baseline") -> str:
+    turns = wall_times(directory)
+    methods = sorted({m for runs in turns.values() for m in runs} - {baseline})
+    lines = [f"#### {directory.name}: per-turn speedup over `{baseline}` ({len(turns)} turns)", "",
+             "| method | geometric mean | ~95 % interval | sd of log ratio | slowest turn | fastest turn |",
+             "|---|---|---|---|---|---|"]
+    for method in methods:
+        logs = [math.log(runs[baseline] / runs[method]) for runs in turns.values()]
+        mean = statistics.fmean(logs)
+        sd = statistics.stdev(logs) if len(logs) > 1 else 0.0
+        half = 2 * sd / math.sqrt(len(logs))
+        low, high = math.exp(mean - half), math.exp(mean + half)
+        lines.append(f"| {method} | {math.exp(mean):.3f} | {low:.3f}-{high:.3f} | {sd:.3f} "
+                     f"| {math.exp(min(logs)):.2f} | {math.exp(max(logs)):.2f} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
+    print("\n\n".join(noise_table(Path(d)) for d in sys.argv[1:]))

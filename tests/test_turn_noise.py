@@ -1,0 +1,40 @@
+"""`benchmarks/turn_noise.py`: per-turn speedups over the baseline, on questions every method finished."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+SCRIPT = Path(__file__).parents[1] / "benchmarks" / "turn_noise.py"
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("turn_noise", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def record(method: str, qid: str, wall_s: float) -> str:
+    return json.dumps({"method": method, "qid": qid, "turn": 0, "repeat": 0, "metrics": {"wall_s": wall_s}})
+
+
+def test_geometric_mean_of_complete_questions_only(tmp_path):
+    lines = [record("baseline", "q0", 2.0), record("fast", "q0", 1.0),   # 2x
+             record("baseline", "q1", 3.0), record("fast", "q1", 6.0),   # 0.5x
+             record("baseline", "q2", 4.0), record("fast", "q2", 0.5)]   # 8x
+    lines.append(record("baseline", "q3", 1.0))  # a question the run was cut inside: left out
+    (tmp_path / "records.jsonl").write_text("\n".join(lines))
+    noise = load_script()
+    assert set(noise.wall_times(tmp_path)) == {("q0", 0), ("q1", 0), ("q2", 0)}
+    row = next(r for r in noise.noise_table(tmp_path).splitlines() if r.startswith("| fast"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1] == f"{(2 * 0.5 * 8) ** (1 / 3):.3f}"  # 2.000: the geometric, not the arithmetic mean
+    spread = [math.log(x) for x in (2, 0.5, 8)]
+    mean = sum(spread) / 3
+    sd = math.sqrt(sum((x - mean) ** 2 for x in spread) / 2)
+    assert cells[3] == f"{sd:.3f}"
+    assert (cells[4], cells[5]) == ("0.50", "8.00")
+    assert "(3 turns)" in noise.noise_table(tmp_path)
