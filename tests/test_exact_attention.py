@@ -152,6 +152,44 @@ def test_linears_are_probed_so_a_kernel_exact_for_fewer_rows_chunks_trees():
         assert _mismatched_rows(target, siblings=2, max_rows=None, ids=ids) >= 3
 
 
+class ThreadDependentLinear(torch.nn.Linear):
+    """A mutant kernel that keeps as many rows exact as torch has threads, as real kernels' limits can
+    depend on the thread count."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = super().forward(x)
+        exact = x.numel() // self.in_features <= torch.get_num_threads()
+        return out if exact else (out.float() * (1 + 2 ** -6)).to(out.dtype)
+
+
+def test_the_row_limit_follows_the_thread_count_after_the_backend_is_built():
+    """A program may change torch's thread count after building the backend: the limit is measured again
+    for the new count, not kept from the one the backend was built at."""
+    target = tiny_llama(seed=3, layers=2)
+    target.model.to(torch.bfloat16)
+    use_attention(target.model, NAME)
+    threads = torch.get_num_threads()
+    try:
+        with warnings.catch_warnings():  # few rows: exact_rows says so, rightly
+            warnings.simplefilter("ignore")
+            own = {}
+            for count in (1, 2):
+                torch.set_num_threads(count)
+                own[count] = exact_rows(target.model)  # what this CPU's own kernels keep
+            if own[2] < 2:
+                pytest.skip("this CPU's own kernels keep one row of the toy shapes exact at two threads")
+            _swap_linears(target.model, torch.nn.Linear, ThreadDependentLinear)
+            torch.set_num_threads(2)
+            backend = KVCacheBackend(target)
+            torch.set_num_threads(1)
+            at_one = backend.max_rows
+            torch.set_num_threads(2)
+            at_two = backend.max_rows
+    finally:
+        torch.set_num_threads(threads)
+    assert (at_one, at_two) == (min(1, own[1]), min(2, own[2]))
+
+
 @needs_bf16
 def test_unpacked_bfloat16_linears_are_held_to_the_rows_they_keep_exact(smollm2_bf16):
     """With torch's own bfloat16 linears (`SPECFRAME_CPU_LINEAR=torch`) this CPU's kernels keep 32 rows

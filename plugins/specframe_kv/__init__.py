@@ -21,7 +21,7 @@ A CPU target in bfloat16 computes each row of a forward exactly as a plain step 
 (`specframe.exact_attention`) only up to `exact_rows(model)` rows (measured on the CPU: 64 with packed
 linears on the development CPU, 32 with torch's own): a larger tree is scored by
 several forwards of at most that many rows each, in order, each reading the rows before it from the
-cache.
+cache. The limit is measured again when torch's thread count changes, as kernels depend on it.
 """
 
 from __future__ import annotations
@@ -76,9 +76,8 @@ class KVCacheBackend(StateBackend):
         if min_rows is None:
             min_rows = CPU_MIN_ROWS if target.device.type == "cpu" else 1
         self.min_rows = min_rows
-        # Rows one forward may take, where the target's rows are computed exactly (see the module
-        # docstring); None: any number.
-        self.max_rows = exact_rows(target.model)
+        self._max_rows: dict[int, int | None] = {}  # `exact_rows(model)` by torch's thread count
+        self._fixed_rows: tuple[int | None] | None = None
         self.cache = None
         self._committed = 0
         self._pending: int | None = None
@@ -97,6 +96,23 @@ class KVCacheBackend(StateBackend):
         if any(not hasattr(layer, "keys") for layer in getattr(cache, "layers", [])):
             return "its cache layers do not hold plain keys/values"
         return None
+
+    @property
+    def max_rows(self) -> int | None:
+        """Rows one forward may take with the target's rows computed exactly (see the module docstring);
+        None: any number. Measured once per torch thread count, since the kernels, and so the rows they
+        keep exact, depend on it, and a program may change the count after building the backend."""
+        if self._fixed_rows is not None:
+            return self._fixed_rows[0]
+        threads = torch.get_num_threads()
+        if threads not in self._max_rows:
+            self._max_rows[threads] = exact_rows(self.model)
+        return self._max_rows[threads]
+
+    @max_rows.setter
+    def max_rows(self, rows: int | None) -> None:
+        """Fix the limit whatever the thread count (for experiments that compare limits)."""
+        self._fixed_rows = (rows,)
 
     def cost_options(self) -> dict:
         return {"min_rows": self.min_rows, "cache": self.cache_kind}
