@@ -126,11 +126,17 @@ def _swap_linears(model, kind: type, make) -> list[tuple]:
 
 
 class RowDependentLinear(torch.nn.Linear):
-    """A mutant kernel: a product of more than 3 rows gives each row other bits than that row alone."""
+    """A mutant kernel: a product of more than `exact` rows gives each row other bits than that row
+    alone."""
+
+    def exact(self) -> int:
+        return 3
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = super().forward(x)
-        return out if x.numel() // self.in_features <= 3 else (out.float() * (1 + 2 ** -6)).to(out.dtype)
+        if x.numel() // self.in_features <= self.exact():
+            return out
+        return (out.float() * (1 + 2 ** -6)).to(out.dtype)
 
 
 def test_linears_are_probed_so_a_kernel_exact_for_fewer_rows_chunks_trees():
@@ -152,14 +158,12 @@ def test_linears_are_probed_so_a_kernel_exact_for_fewer_rows_chunks_trees():
         assert _mismatched_rows(target, siblings=2, max_rows=None, ids=ids) >= 3
 
 
-class ThreadDependentLinear(torch.nn.Linear):
+class ThreadDependentLinear(RowDependentLinear):
     """A mutant kernel that keeps as many rows exact as torch has threads, as real kernels' limits can
     depend on the thread count."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = super().forward(x)
-        exact = x.numel() // self.in_features <= torch.get_num_threads()
-        return out if exact else (out.float() * (1 + 2 ** -6)).to(out.dtype)
+    def exact(self) -> int:
+        return torch.get_num_threads()
 
 
 def test_the_row_limit_follows_the_thread_count_after_the_backend_is_built():
