@@ -461,7 +461,84 @@ def test_ray_build_equals_the_in_process_build(corpus, stores, tmp_path, local_r
         assert a.tokens.tolist() == b.tokens.tolist() and a.suffixes.tolist() == b.suffixes.tolist()
 
 
-def test_a_failing_ray_task_raises_its_own_error_and_publishes_nothing(corpus, tmp_path, local_ray):
+def test_a_failing_ray_task_raises_its_own_error_and_publishes_nothing(corpus, tmp_path, local_ray,
+                                                                      monkeypatch):
+    monkeypatch.setattr(local_ray, "cancel", forbidden_cancel)  # see `FakeRay`
     with pytest.raises(DatastoreError, match="token id 99 is out of range"):
         build_sharded(tmp_path / "ray", corpus + [[99]], 2, ray="local")
     assert not (tmp_path / "ray").exists() and hidden_entries(tmp_path) == []
+
+
+def forbidden_cancel(*args, **kwargs):
+    raise AssertionError("cancelling a Ray task as it finishes can abort Ray's driver: never cancel")
+
+
+class FakeRay:
+    """Just enough of Ray to watch `build_on_ray` schedule: a running session with `cpus` CPUs whose
+    tasks finish oldest first, the job numbered `fails` raising a shard's error. Records how many tasks
+    were in flight at most and which jobs were submitted; cancelling fails the test."""
+
+    class exceptions:  # Ray's own name
+        class RayError(Exception):
+            pass
+
+    def __init__(self, cpus: int, fails: int):
+        self.cpus, self.fails = cpus, fails
+        self.in_flight: list[int] = []
+        self.submitted: list[int] = []
+        self.most_in_flight = 0
+        self.cancel = forbidden_cancel
+
+    def is_initialized(self) -> bool:
+        return True
+
+    def cluster_resources(self) -> dict:
+        return {"CPU": float(self.cpus)}
+
+    def put(self, value):
+        return value
+
+    def remote(self, **options):
+        def wrap(function):
+            return SimpleNamespace(remote=self._submit)
+        return wrap
+
+    def _submit(self, out, sources, target) -> int:
+        job = int(Path(out).name)
+        self.in_flight.append(job)
+        self.submitted.append(job)
+        self.most_in_flight = max(self.most_in_flight, len(self.in_flight))
+        return job
+
+    def wait(self, refs, num_returns=1, timeout=None):
+        done = [r for r in self.in_flight if r in refs][:num_returns]
+        return done, [r for r in refs if r not in done]
+
+    def get(self, ref: int) -> dict:
+        self.in_flight.remove(ref)
+        if ref == self.fails:
+            error = self.exceptions.RayError("the task failed")
+            error.cause = DatastoreError(f"shard {ref}: token id 99 is out of range")
+            raise error
+        return {"name": f"shard-{ref}", "n_tokens": 1}
+
+
+def test_ray_builds_keep_a_cpu_s_worth_of_tasks_in_flight_and_stop_at_a_failure(monkeypatch):
+    """At most one task per CPU is in flight; after a failure no new task starts, the running ones
+    finish, the failed shard's own error is raised, and nothing is cancelled."""
+    import specframe_rest.distributed as distributed
+    from tqdm import tqdm
+
+    fake = FakeRay(cpus=2, fails=1)
+    monkeypatch.setattr(distributed, "import_ray", lambda *args: fake)
+    jobs = [(Path(str(i)), []) for i in range(6)]
+    with tqdm(disable=True) as bar, pytest.raises(DatastoreError, match="shard 1: token id 99"):
+        distributed.build_on_ray(jobs, None, "local", None, bar)
+    assert fake.most_in_flight == 2
+    assert fake.submitted == [0, 1, 2]  # job 2 replaced job 0; job 1's failure stopped the submitting
+    assert fake.in_flight == []  # job 2 finished before the error was raised
+    fake = FakeRay(cpus=2, fails=-1)
+    monkeypatch.setattr(distributed, "import_ray", lambda *args: fake)
+    with tqdm(disable=True) as bar:
+        results = distributed.build_on_ray(jobs, None, "local", None, bar)
+    assert [r["name"] for r in results] == [f"shard-{i}" for i in range(6)] and fake.most_in_flight == 2

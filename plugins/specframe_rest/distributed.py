@@ -14,6 +14,7 @@ then replaces the manifest atomically, so readers see the old store or the new o
 
 from __future__ import annotations
 
+import itertools
 import re
 import shutil
 import sys
@@ -261,29 +262,42 @@ def build_on_ray(jobs: list[tuple[Path, list[Source]]], target: TokenizerTarget,
     """Build every (directory, sources) job as a Ray task; results in job order, counted as they finish.
 
     Each task runs in a fresh worker process (`max_calls=1`), so the peak memory it reports is its own.
-    A failed shard cancels the others and raises its own error.
+    At most as many tasks as the cluster has CPUs are in flight. A failed shard stops the submitting; the
+    shards already running finish, and then the failed shard's own error is raised. Nothing is cancelled:
+    cancelling a task as it finishes can abort Ray's driver (a race in Ray's task manager, "Check failed:
+    it != submissible_tasks_.end()", seen with Ray 2.60), and that would lose the error with the process.
     """
     ray = import_ray(DatastoreError, "build without --ray (the shards are then built one after another in "
                                      "this process)")
     with ray_session(ray, address, num_cpus):
         task = ray.remote(num_cpus=1, max_calls=1)(build_shard)
         shared = ray.put(target)
-        pending = {task.remote(path, part, shared): i for i, (path, part) in enumerate(jobs)}
+        window = max(1, int(ray.cluster_resources().get("CPU", 1)))
+        waiting = iter(enumerate(jobs))
+        pending: dict = {}  # in flight: task reference -> job index
         results: list[dict] = [{}] * len(jobs)
+        failure: Exception | None = None
         try:
-            while pending:
+            while True:
+                if failure is None:
+                    for index, (path, part) in itertools.islice(waiting, window - len(pending)):
+                        pending[task.remote(path, part, shared)] = index
+                if not pending:
+                    break
                 (ref,), _ = ray.wait(list(pending), num_returns=1)
-                results[pending.pop(ref)] = finished(bar, ray.get(ref))
-        except ray.exceptions.RayTaskError as err:
-            cause = getattr(err, "cause", None)
+                index = pending.pop(ref)
+                try:
+                    results[index] = finished(bar, ray.get(ref))
+                except ray.exceptions.RayError as err:
+                    failure = failure or err
+        finally:
+            if pending:  # interrupted: let the running workers finish before the caller removes their output
+                ray.wait(list(pending), num_returns=len(pending), timeout=60)
+        if failure is not None:
+            cause = getattr(failure, "cause", None)
             if isinstance(cause, DatastoreError):
                 raise cause from None  # the shard's own message, without the worker's traceback
-            raise
-        finally:
-            for ref in pending:
-                ray.cancel(ref, force=True)
-            if pending:  # let the cancelled workers die before the caller removes what they wrote
-                ray.wait(list(pending), num_returns=len(pending), timeout=60)
+            raise failure
         return results
 
 
