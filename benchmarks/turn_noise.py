@@ -36,7 +36,11 @@ def wall_times(directory: Path) -> dict[tuple[str, int], dict[str, float]]:
 
 
 def noise_table(directory: Path, baseline: str = "baseline") -> str:
+    if not (directory / "records.jsonl").is_file():
+        sys.exit(f"{directory}: no records.jsonl here; pass the --out directory of a `specframe bench` run")
     turns = wall_times(directory)
+    if not turns or any(baseline not in runs for runs in turns.values()):
+        sys.exit(f"{directory}: no question that every method, '{baseline}' included, finished")
     methods = sorted({m for runs in turns.values() for m in runs} - {baseline})
     lines = [f"#### {directory.name}: per-turn speedup over `{baseline}` ({len(turns)} turns)", "",
              "| method | geometric mean | ~95 % interval | sd of log ratio | slowest turn | fastest turn |",

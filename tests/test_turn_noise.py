@@ -7,6 +7,8 @@ import json
 import math
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).parents[1] / "benchmarks" / "turn_noise.py"
 
 
@@ -38,3 +40,12 @@ def test_geometric_mean_of_complete_questions_only(tmp_path):
     assert cells[3] == f"{sd:.3f}"
     assert (cells[4], cells[5]) == ("0.50", "8.00")
     assert "(3 turns)" in noise.noise_table(tmp_path)
+
+
+def test_a_directory_without_a_finished_run_is_refused_with_what_to_pass(tmp_path):
+    noise = load_script()
+    with pytest.raises(SystemExit, match="no records.jsonl here"):
+        noise.noise_table(tmp_path)
+    (tmp_path / "records.jsonl").write_text(record("fast", "q0", 1.0))  # no baseline run
+    with pytest.raises(SystemExit, match="'baseline' included"):
+        noise.noise_table(tmp_path)
