@@ -17,14 +17,17 @@ the same product summed in another order: logits move by about 1e-5. A module th
 (`bfloat16=True`: the `s4c` drafter's heads) is also packed in bfloat16 where the CPU multiplies
 bfloat16 natively (`native_bfloat16`), at half the memory traffic of float32.
 
-oneDNN's bfloat16 kernels give every row of a product the bits that row alone would get for 1 to
-`INVARIANT_ROWS` rows, and switch kernels above. A layer packed with `exact_rows=n` multiplies inputs of
-more rows than that, up to n, in blocks of `INVARIANT_ROWS` rows, so that a tree forward of up to n rows
-computes each row as a plain step would (what `specframe.exact_attention` needs from the linears).
-Larger inputs (prompts, read by the same call whether decoding is speculative or not) run as one product.
-That holds for SmolLM2's shapes, not for every shape: a bfloat16 layer from 32 inputs to 49152 outputs
-keeps only 6 rows exact at two threads and 1 at one. So `invariant_rows` measures how many rows a layer
-keeps exact on the CPU it runs on, packed or not, for `specframe.exact_attention.exact_rows`.
+oneDNN's bfloat16 kernels give every row of a product of 2 to `INVARIANT_ROWS` rows the same bits, and
+switch kernels above. A single row gets those bits too on CPUs with AMX (Intel Sapphire Rapids on), but
+not on all CPUs with AVX-512 BF16 alone: on an AMD EPYC (Zen 4), SmolLM2's 1536-input layers multiply one
+row by a kernel that sums in another order, and about one output in 6,000 rounds to other bfloat16 bits.
+So a layer packed with `exact_rows=n` multiplies a single row as two (the row twice, one result kept),
+and inputs of more rows, up to n, in blocks of `INVARIANT_ROWS` rows: a tree forward of up to n rows then
+computes each row as a plain step would (what `specframe.exact_attention` needs from the linears). Larger
+inputs (prompts, read by the same call whether decoding is speculative or not) run as one product. That
+holds for SmolLM2's shapes, not for every shape: a bfloat16 layer from 32 inputs to 49152 outputs keeps
+only 6 rows exact at two threads and 1 at one. So `invariant_rows` measures how many rows a layer keeps
+exact on the CPU it runs on, packed or not, for `specframe.exact_attention.exact_rows`.
 
 `load_target` packs CPU float32 models by default, and bfloat16 ones where the CPU multiplies bfloat16
 natively (`bfloat16=True`, `exact_rows=EXACT_ROWS`); `SPECFRAME_CPU_LINEAR=torch` turns it off.
@@ -87,15 +90,23 @@ class PackedLinear(torch.nn.Linear):
             return F.linear(x, self.weight, self.bias)
         x, weight = x.contiguous(), self._packed_weight()
         rows = x.numel() // self.in_features
-        if not INVARIANT_ROWS < rows <= self.exact_rows:
+        if not self.exact_rows or rows > self.exact_rows:
             return self._product(x, weight)
         flat = x.view(rows, self.in_features)
-        blocks = [self._product(flat[start:start + INVARIANT_ROWS], weight)
+        blocks = [self._exact_product(flat[start:start + INVARIANT_ROWS], weight)
                   for start in range(0, rows, INVARIANT_ROWS)]
-        return torch.cat(blocks).view(*x.shape[:-1], self.out_features)
+        out = blocks[0] if len(blocks) == 1 else torch.cat(blocks)
+        return out.view(*x.shape[:-1], self.out_features)
 
     def _product(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, weight, self.bias, "none", [], "")
+
+    def _exact_product(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """The product of up to `INVARIANT_ROWS` rows, a single row multiplied as two (see the module
+        docstring: some CPUs take another kernel for one row)."""
+        if len(x) > 1:
+            return self._product(x, weight)
+        return self._product(x.expand(2, -1).contiguous(), weight)[:1]
 
     def __getstate__(self):
         """Copies and pickles leave the packed copy out (oneDNN's opaque tensors cannot be copied)."""
@@ -143,7 +154,9 @@ def invariant_rows(linear: torch.nn.Linear, limit: int) -> int:
     kernels the CPU and the torch build choose (on the development CPU oneDNN's bfloat16 kernels keep 32
     rows invariant, and a `PackedLinear` with `exact_rows=64` all 64). Kernels are chosen by the class,
     shapes, types and thread count, not by the values, so the first layer of each such kind is probed
-    on random inputs, once per process."""
+    on random inputs, once per process. A kernel that sums in another order changes only the outputs
+    whose float32 sum lies near a bfloat16 rounding boundary (about one in 6,000), so each row count is
+    compared over at least `PROBE_OUTPUTS` outputs."""
     packing = (linear.exact_rows, linear._dtypes) if isinstance(linear, PackedLinear) else None
     dtype = linear.weight.dtype
     kind = (type(linear), linear.in_features, linear.out_features, linear.bias is not None, packing, dtype,
@@ -156,13 +169,21 @@ def invariant_rows(linear: torch.nn.Linear, limit: int) -> int:
 _PROBED: dict[tuple, int] = {}  # what `invariant_rows` measured, by kind of layer
 
 
+# Outputs compared for each row count: a kernel that rounds one output in 6,000 otherwise (the AMD EPYC
+# of the module docstring) then shows about 20 differences, and one as rare as one in 30,000 about 4.
+PROBE_OUTPUTS = 1 << 17
+
+
 def _probe_rows(linear: torch.nn.Linear, dtype: torch.dtype, limit: int) -> int:
     generator = torch.Generator().manual_seed(0)
-    x = torch.randn(limit, linear.in_features, generator=generator).to(dtype)
+    count = max(limit, -(-PROBE_OUTPUTS // linear.out_features))
+    x = torch.randn(count, linear.in_features, generator=generator).to(dtype)
     with torch.inference_mode():
-        alone = torch.cat([linear(x[row:row + 1]) for row in range(limit)])
+        alone = torch.cat([linear(x[row:row + 1]) for row in range(count)])
         for rows in range(2, limit + 1):
-            if not torch.equal(linear(x[:rows]), alone[:rows]):
+            whole = count - count % rows
+            together = torch.cat([linear(x[start:start + rows]) for start in range(0, whole, rows)])
+            if not torch.equal(together, alone[:whole]):
                 return rows - 1
     return limit
 
