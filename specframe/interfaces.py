@@ -7,6 +7,7 @@ assembled (`specframe.pipeline.assemble`), never inferred from the name.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
@@ -91,6 +92,11 @@ class Drafter(ABC):
 
     def reset(self) -> None:
         """Called before each new request. Default: nothing."""
+
+    def remember(self, prompt: Sequence[int], response: Sequence[int]) -> None:
+        """A request decoded elsewhere answered `prompt` with `response`: a resumed benchmark replays its
+        recorded requests here, so that a drafter which `remembers_requests` holds what it would have
+        held had the run not stopped. Default: nothing (a drafter without memory across requests)."""
 
 
 @dataclass(frozen=True)

@@ -151,6 +151,36 @@ def test_an_interrupted_run_resumes_where_it_stopped(target, tmp_path, monkeypat
         run_benchmark(target, PROMPTS, ["pld"], tmp_path, **{**kwargs, "max_new_tokens": NEW_TOKENS + 1})
 
 
+def test_a_resumed_run_hands_a_remembering_drafter_the_requests_it_skipped(target, tmp_path, monkeypatch):
+    pytest.importorskip("arctic_inference.suffix_decoding")
+    kwargs = dict(peers="none", repeats=1, max_new_tokens=NEW_TOKENS, budget=4, plots=False, progress=False)
+    whole, _ = run_benchmark(target, PROMPTS, ["suffix"], tmp_path / "whole", **kwargs)
+
+    real = bench_runner.PipelineRunner.generate
+    calls = {"n": 0}
+
+    def flaky(self, ids, max_new_tokens, seed=None):
+        calls["n"] += 1
+        if calls["n"] == 7:  # 2 warm-ups and both turns of q1 by both methods, then the "power cut"
+            raise KeyboardInterrupt
+        return real(self, ids, max_new_tokens, seed)
+
+    monkeypatch.setattr(bench_runner.PipelineRunner, "generate", flaky)
+    with pytest.raises(KeyboardInterrupt):
+        run_benchmark(target, PROMPTS, ["suffix"], tmp_path / "resumed", **kwargs)
+    monkeypatch.setattr(bench_runner.PipelineRunner, "generate", real)
+    resumed, _ = run_benchmark(target, PROMPTS, ["suffix"], tmp_path / "resumed", **kwargs)
+
+    def last(run):
+        return next(r for r in run.records if r["method"] == "suffix" and r["qid"] == "code-1")
+
+    # q1's two answers were decoded by the first process and replayed into the second one's cache
+    assert last(resumed)["tokens"] == last(whole)["tokens"]
+    stats = [last(run)["metrics"]["drafter_stats"] for run in (whole, resumed)]
+    assert stats[0]["responses"] == 4  # the warm-up, q1's two turns and code-1
+    assert [(s["responses"], s["tokens"]) for s in stats[1:]] == [(stats[0]["responses"], stats[0]["tokens"])]
+
+
 def test_all_skips_presets_that_cannot_be_built(target, tmp_path):
     with pytest.warns(SpecframeWarning) as caught:
         run, _ = run_benchmark(target, PROMPTS[1:], ["all"], tmp_path, peers="none", repeats=1,

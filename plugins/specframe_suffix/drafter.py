@@ -269,6 +269,17 @@ class SuffixDrafter(Drafter):
         if self.cache_path is not None:
             save_responses(self.cache_path, self.identity, list(self.finished))
 
+    def remember(self, prompt: Sequence[int], response: Sequence[int]) -> None:
+        """Keep `response` among the earlier responses, as `finish` keeps a request this drafter saw (a
+        resumed benchmark replays its recorded requests here). The library keeps responses, not prompts;
+        with `cache=`, the cache file is rewritten."""
+        self.finish()
+        if not (self.max_cached and len(response)):
+            return
+        self._replay([int(t) for t in response])
+        if self.cache_path is not None:
+            save_responses(self.cache_path, self.identity, list(self.finished))
+
     def stats(self) -> dict:
         """Responses and tokens kept, and the library's estimate of its trees' memory (walks every tree:
         call it between requests, not per step)."""

@@ -7,7 +7,9 @@ on a prompt of no suite, runs before any timing and is not recorded. Sampled run
 repeat r with seed S + r in every method: the repeats are n different samples of each prompt.
 
 Every finished (method, question, turn, repeat) is appended at once to `records.jsonl`; a rerun with the
-same `--out` skips what is there, so an interrupted run resumes where it stopped. The output of every
+same `--out` skips what is there, so an interrupted run resumes where it stopped; a drafter that remembers
+earlier requests (`suffix`) is handed the skipped requests' recorded outputs (`Drafter.remember`), so that
+the requests still to run find the memory an uninterrupted run would have left them. The output of every
 lossless method is compared token for token with its baseline's output on the same turn (greedy only);
 a difference is printed at once and collected in the results.
 """
@@ -48,7 +50,13 @@ class PipelineRunner:
                                                      sampling=sampling, registry=registry,
                                                      phase_timing=phase_timing)
         self.lossless = registry.get(ComponentKind.VERIFIER, spec.verifier.name).capabilities.lossless
+        drafter = registry.get(ComponentKind.DRAFTER, spec.drafter.name)
+        self.remembers = drafter.capabilities.remembers_requests
         self.seed = sampling.seed
+
+    def remember(self, prompt_ids: list[int], tokens: list[int]) -> None:
+        """Give a drafter that remembers requests a recorded request it did not decode in this process."""
+        self.decoder.pipeline.drafter.remember(prompt_ids, tokens)
 
     def generate(self, prompt_ids: list[int], max_new_tokens: int,
                  seed: int | None = None) -> tuple[list[int], dict]:
@@ -301,6 +309,11 @@ def run_bench(target: Target, prompts: list[BenchPrompt], runners: list, *, repe
             for turn in range(len(prompt.turns)):
                 for runner in order:
                     record = store.get(runner.label, prompt.qid, turn, rep)
+                    if record is not None and getattr(runner, "remembers", False):
+                        # Resuming: the drafter's memory of earlier requests gets this one as well, so
+                        # the requests still to run see what an uninterrupted run would have shown them.
+                        runner.remember(encode_turn(tokenizer, prompt, turn, answers[runner.label]),
+                                        record["tokens"])
                     if record is None:
                         ids = encode_turn(tokenizer, prompt, turn, answers[runner.label])
                         if isinstance(runner, SyntheticRunner):
