@@ -160,6 +160,27 @@ class RareOneRowLinear(RowDependentLinear):
         return out
 
 
+@needs_bf16
+def test_a_single_row_is_multiplied_as_two_so_a_one_row_kernel_cannot_split_plain_from_tree_steps(
+        smollm2_bf16, monkeypatch):
+    """The AMD EPYC's one-row kernel, played on any CPU: oneDNN's product perturbed as `RareOneRowLinear`
+    perturbs it, for one row. Plain steps and tree rows still agree, because no exact layer multiplies
+    one row alone; without that (the mutant `_exact_product`), they do not."""
+    product = PackedLinear._product
+
+    def one_row_kernel(self, x, weight):
+        out = product(self, x, weight)
+        if x.numel() // self.in_features == 1:
+            bits = out.view(torch.int16)
+            bits[(bits.long() * 2654435761 >> 13) % 6000 == 0] += 1
+        return out
+
+    monkeypatch.setattr(PackedLinear, "_product", one_row_kernel)
+    assert _mismatched_rows(smollm2_bf16, siblings=0) == 0
+    monkeypatch.setattr(PackedLinear, "_exact_product", lambda self, x, weight: self._product(x, weight))
+    assert _mismatched_rows(smollm2_bf16, siblings=0) >= 3
+
+
 def test_the_probe_catches_a_one_row_kernel_that_rounds_rarely_otherwise():
     """Comparing a few rows' outputs is not enough: over 64 rows such a kernel shows a handful of
     differences, which the products of the first 2, 3, ... rows reach late or never (the earlier probe,
