@@ -9,10 +9,11 @@ Reads each directory's `records.jsonl`; prints one markdown table per directory.
 
 from __future__ import annotations
 
-import json
 import sys
 from collections import defaultdict
 from pathlib import Path
+
+from specframe.bench.runner import read_records
 
 PHASES = ("draft", "tree", "forward", "verify", "commit", "other")
 
@@ -21,8 +22,7 @@ def split(directory: Path) -> str:
     seconds: dict[str, dict[str, float]] = defaultdict(lambda: dict.fromkeys(PHASES, 0.0))
     steps: dict[str, int] = defaultdict(int)
     tokens: dict[str, int] = defaultdict(int)
-    for line in (directory / "records.jsonl").read_text().splitlines():
-        record = json.loads(line)
+    for record in read_records(directory / "records.jsonl"):
         metrics = record["metrics"]
         if not metrics.get("time_s"):  # transformers peers: no per-step split
             continue

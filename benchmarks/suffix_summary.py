@@ -17,16 +17,11 @@ import json
 import statistics
 from pathlib import Path
 
+from specframe.bench.runner import read_records
+
 
 def load(directories: list[Path]) -> list[dict]:
-    records = []
-    for directory in directories:
-        for line in (directory / "records.jsonl").read_text().splitlines():
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue  # a line cut short by an interrupted run
-    return records
+    return [record for directory in directories for record in read_records(directory / "records.jsonl")]
 
 
 def split_key(record: dict, by: str) -> str:

@@ -15,19 +15,19 @@ Reads each directory's `records.jsonl`; prints one markdown table per directory.
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 import sys
 from collections import defaultdict
 from pathlib import Path
 
+from specframe.bench.runner import read_records
+
 
 def wall_times(directory: Path) -> dict[tuple[str, int], dict[str, float]]:
     """{(question, turn): {method: wall seconds}} for the first repeat of each, complete turns only."""
     turns: dict[tuple[str, int], dict[str, float]] = defaultdict(dict)
-    for line in (directory / "records.jsonl").read_text().splitlines():
-        record = json.loads(line)
+    for record in read_records(directory / "records.jsonl"):
         if record["repeat"] == 0:
             turns[(record["qid"], record["turn"])][record["method"]] = record["metrics"]["wall_s"]
     methods = set().union(*turns.values()) if turns else set()

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from specframe.bench.runner import RECORD_METRICS
+
 SCRIPT = Path(__file__).parents[1] / "benchmarks" / "turn_noise.py"
 
 
@@ -20,7 +22,10 @@ def load_script():
 
 
 def record(method: str, qid: str, wall_s: float) -> str:
-    return json.dumps({"method": method, "qid": qid, "turn": 0, "repeat": 0, "metrics": {"wall_s": wall_s}})
+    """A finished run as `specframe bench` records it, every metric but the wall time left at zero."""
+    metrics = {**dict.fromkeys(RECORD_METRICS, 0), "wall_s": wall_s}
+    return json.dumps({"method": method, "qid": qid, "category": "test", "turn": 0, "repeat": 0,
+                       "tokens": [], "metrics": metrics})
 
 
 def test_geometric_mean_of_complete_questions_only(tmp_path):
@@ -49,3 +54,15 @@ def test_a_directory_without_a_finished_run_is_refused_with_what_to_pass(tmp_pat
     (tmp_path / "records.jsonl").write_text(record("fast", "q0", 1.0))  # no baseline run
     with pytest.raises(SystemExit, match="'baseline' included"):
         noise.noise_table(tmp_path)
+
+
+def test_a_record_cut_short_is_skipped_and_the_file_left_as_it_is(tmp_path):
+    """A run stopped mid-write (a timeout on a lent machine) leaves a cut last line; reading it changes
+    nothing, so a read-only copy of the results can be summarised."""
+    cut = record("fast", "q1", 1.0)[:30]
+    text = "\n".join([record("baseline", "q0", 2.0), record("fast", "q0", 1.0), cut])
+    path = tmp_path / "records.jsonl"
+    path.write_text(text)
+    path.chmod(0o444)
+    assert set(load_script().wall_times(tmp_path)) == {("q0", 0)}
+    assert path.read_text() == text

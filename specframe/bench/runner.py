@@ -159,12 +159,7 @@ class RecordStore:
             if text and not text.endswith("\n"):
                 with path.open("a", encoding="utf-8") as f:
                     f.write("\n")  # end a line cut short, so the next record starts on its own line
-            for number, line in enumerate(text.splitlines(), 1):
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:
-                    continue  # a line cut short by an interrupted write: that run is simply redone
-                check_record(record, path, number)
+            for record in parse_records(text, path):
                 self.records[self.key(record)] = record
 
     @staticmethod
@@ -181,6 +176,24 @@ class RecordStore:
         self.records[self.key(record)] = record
         with self.path.open("a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
+
+
+def read_records(path: Path) -> list[dict]:
+    """The finished runs of a `records.jsonl`, in order, without changing the file (for reports and
+    scripts that read a run; `RecordStore` reads the same way)."""
+    return parse_records(path.read_text("utf-8", errors="replace"), path)
+
+
+def parse_records(text: str, path: Path) -> list[dict]:
+    records = []
+    for number, line in enumerate(text.splitlines(), 1):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut short by an interrupted write: that run is simply redone
+        check_record(record, path, number)
+        records.append(record)
+    return records
 
 
 RECORD_FIELDS = {"method": str, "qid": str, "category": str, "turn": int, "repeat": int, "tokens": list,
