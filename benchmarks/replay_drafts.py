@@ -8,7 +8,10 @@ tree sizes are what a real run would give; the speedup is modelled from the stor
 (`specframe calibrate` at the run's thread count) plus real drafting time, with verify and commit left
 out. Methods the run measured show their measured tau beside the replayed one, as a check.
 `--copy-bound 1 2` adds what an oracle copying one path from earlier text could reach (see
-`specframe.bench.replay.copy_bound`).
+`specframe.bench.replay.copy_bound`). `--oracle` adds each method replayed with a planner that knows
+which path of its tree the target accepts (`specframe.bench.replay.oracle_choice`): how far the drafts
+themselves would take it, and so how much a better tree choice could still gain (its mean tree counts
+the accepted path only).
 """
 
 from __future__ import annotations
@@ -42,6 +45,9 @@ def main() -> None:
     parser.add_argument("--baseline", default="baseline", help="the method whose outputs are replayed")
     parser.add_argument("--copy-bound", type=int, nargs="*", default=[], metavar="K",
                         help="also print the single-path copy bound with K tokens of context")
+    parser.add_argument("--oracle", action="store_true",
+                        help="also replay each method with a planner that knows which path the target "
+                             "accepts (`specframe.bench.replay.oracle_choice`): what its drafts give at best")
     parser.add_argument("--by-category", action="store_true",
                         help="also print tau and the modelled speedup per suite category")
     args = parser.parse_args()
@@ -56,17 +62,19 @@ def main() -> None:
     print("| method | tau replayed | tau measured | mean tree | modelled speedup | turns < 0.9x "
           "| draft ms/step |")
     print("|---|---|---|---|---|---|---|")
-    for method in tqdm(methods, desc="replay", leave=False):
-        stats = replay(target, method, turns)
+    runs = [(method, oracle) for method in methods for oracle in ((False, True) if args.oracle else (False,))]
+    for method, oracle in tqdm(runs, desc="replay", leave=False):
+        stats = replay(target, method, turns, oracle=oracle)
         slow = float(np.mean(np.array(stats.by_turn) < 0.9))
-        tau = measured.get(method.label)
-        print(f"| {method.label} | {stats.tau:.3f} | {'-' if tau is None else f'{tau:.3f}'} | "
+        tau = None if oracle else measured.get(method.label)
+        label = f"{method.label}, oracle" if oracle else method.label
+        print(f"| {label} | {stats.tau:.3f} | {'-' if tau is None else f'{tau:.3f}'} | "
               f"{stats.nodes / stats.steps:.2f} | {stats.speedup:.3f} | {slow:.0%} | "
               f"{stats.draft_s / stats.steps * 1e3:.2f} |", flush=True)
         tallies = defaultdict(lambda: np.zeros(4))  # tokens, steps, plain seconds, modelled seconds
         for turn, steps, seconds in zip(turns, stats.turn_steps, stats.turn_seconds):
             tallies[category[turn.qid]] += (len(turn.tokens), steps, *seconds)
-        by_category[method.label] = tallies
+        by_category[label] = tallies
     if args.by_category:
         names = sorted({c for tallies in by_category.values() for c in tallies})
         for title, (top, bottom) in {"tau": (0, 1), "modelled speedup": (2, 3)}.items():

@@ -7,8 +7,8 @@ import pytest
 
 from specframe import SamplingParams, SpeculativeDecoder
 from specframe.bench.methods import parse_method
-from specframe.bench.replay import Turn, accepted_path, replay
-from specframe.cost import PolynomialCost
+from specframe.bench.replay import Turn, accepted_path, oracle_choice, replay
+from specframe.cost import MeasuredCost, PolynomialCost
 from specframe.errors import ConfigurationError
 from specframe.registry import get_registry
 from specframe.testing.targets import repetitive_prompt
@@ -55,6 +55,33 @@ def test_accepted_path_follows_the_recorded_tokens():
     assert accepted_path(tree, [6, 7, 8, 1]) == [1, 2, 3]
     assert accepted_path(tree, [4]) == []
     assert accepted_path(TokenTree.empty(), [4]) == []
+
+
+def test_the_oracle_keeps_the_accepted_path_in_the_cheapest_tree_that_holds_it():
+    tree = TokenTree(np.array([5, 6, 7, 8]), np.array([-1, -1, 1, 2]))  # 5 | 6 -> 7 -> 8
+    kept, seconds = oracle_choice(tree, [6, 7, 9], PolynomialCost((0.1, 0.9)), cap=8)
+    assert kept.tokens.tolist() == [6, 7] and kept.parents.tolist() == [-1, 0]
+    assert seconds == pytest.approx(1.2)  # two nodes
+    kept, seconds = oracle_choice(tree, [4], PolynomialCost((0.1, 0.9)), cap=8)
+    assert len(kept) == 0 and seconds == pytest.approx(1.0)  # nothing accepted: a plain step
+    dear_single_rows = MeasuredCost((0, 1, 4, 8), (1.0, 0.95, 0.9, 1.5), (1.0, 0.95, 0.9, 1.5))
+    kept, seconds = oracle_choice(tree, [4], dear_single_rows, cap=8)
+    assert len(kept) == 0 and seconds == pytest.approx(0.9)  # a 4-node tree of throwaway nodes is cheaper
+
+
+def test_the_oracle_bounds_what_the_planner_gets_from_the_same_drafts(tiny):
+    """Knowing the accepted path, the oracle accepts at least what the planner's tree accepts, for a
+    forward no dearer than one over that path: its tau and speed are upper bounds."""
+    method = parse_method("pld+trie+greedy@auto", get_registry())
+    decoder = SpeculativeDecoder.from_names(tiny, "none")
+    turns = []
+    for seed in (1, 2):
+        prompt = repetitive_prompt(64, 64, seed=seed)
+        turns.append(Turn(f"q{seed}", 0, 0, prompt, list(decoder.generate(prompt, max_new_tokens=40).tokens)))
+    cost = PolynomialCost((0.002, 0.008))  # a node costs a fifth of a plain step: the planner cuts
+    planned, oracle = (replay(tiny, method, turns, cost=cost, oracle=o) for o in (False, True))
+    assert oracle.tau >= planned.tau and oracle.speedup > planned.speedup
+    assert oracle.nodes < planned.nodes  # it keeps only what the target accepts
 
 
 def test_replay_needs_a_calibration(tiny, tmp_path, monkeypatch):

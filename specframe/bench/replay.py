@@ -143,11 +143,22 @@ def accepted_path(tree: TokenTree, future: list[int]) -> list[int]:
     return path
 
 
+def oracle_choice(tree: TokenTree, future: list[int], cost: CostModel, cap: int) -> tuple[TokenTree, float]:
+    """What a planner that knew the target's next tokens would keep of `tree`: the path the target
+    accepts and nothing else, timed as the cheapest tree of up to `cap` nodes that holds it (on CPUs
+    where a few rows cost less than one, throwaway nodes can make a step cheaper). (kept tree, seconds)"""
+    path = accepted_path(tree, future)
+    seconds = min(cost.step_seconds(n, max(len(path), 1) if n else 0)
+                  for n in range(len(path), max(cap, len(path)) + 1))
+    return (tree.subtree(np.array(path, np.int64)) if path else TokenTree.empty()), seconds
+
+
 def replay(target: Target, method: MethodSpec, turns: list[Turn], cost: CostModel | None = None,
-           planner_cost: CostModel | None = None) -> ReplayStats:
+           planner_cost: CostModel | None = None, oracle: bool = False) -> ReplayStats:
     """Replay `turns` through `method`'s drafter, tree builder and planner (see the module docstring),
     with the step cost `cost` (default: the stored calibration of the method's backend). The planner
-    weighs `planner_cost` (default: `cost`), so a replay can measure what a wrong cost model loses."""
+    weighs `planner_cost` (default: `cost`), so a replay can measure what a wrong cost model loses.
+    `oracle` replaces the planner's choice by `oracle_choice`: what the drafts could give at best."""
     pipeline = assemble(target, method.drafter, method.tree, method.verifier, method.backend)
     drafter, builder = pipeline.drafter, pipeline.tree_builder
     needs_hidden = type(drafter).capabilities.needs_hidden_states
@@ -180,12 +191,15 @@ def replay(target: Target, method: MethodSpec, turns: list[Turn], cost: CostMode
             draft_s = time.perf_counter() - start
             tree = (builder.build(proposal, BuildContext(budget, planner.cost)) if len(proposal)
                     else TokenTree.empty())
-            tree, _ = planner.choose(proposal, tree)
             future = turn.tokens[emitted_so_far:]
+            here = cost.at_context(len(tokens))  # what a step costs at this context
+            if oracle:
+                tree, forward_s = oracle_choice(tree, future, here, cap)
+            else:
+                tree, _ = planner.choose(proposal, tree)
+                forward_s = here.step_seconds(len(tree), int(tree.depth.max()) if len(tree) else 0)
             path = accepted_path(tree, future)
             result = VerifyResult(path, future[len(path)])
-            here = cost.at_context(len(tokens))  # what a step costs at this context
-            forward_s = here.step_seconds(len(tree), int(tree.depth.max()) if len(tree) else 0)
             drafter.observe(StepOutcome(proposal, len(tree), future[:len(path)], result.bonus))
             planner.observe(tree, result, {"draft": draft_s, "forward": forward_s})
             emitted = min(len(path) + 1, len(turn.tokens) - emitted_so_far)
