@@ -17,7 +17,6 @@ the accepted path only).
 from __future__ import annotations
 
 import argparse
-import json
 from collections import defaultdict
 from pathlib import Path
 
@@ -26,13 +25,13 @@ from tqdm import tqdm
 
 from specframe.bench.methods import resolve_methods, split_parts
 from specframe.bench.replay import copy_bound, open_run, replay
+from specframe.bench.runner import read_records
 from specframe.registry import get_registry
 
 
 def measured_tau(records: Path) -> dict[str, float]:
     tokens, steps = defaultdict(int), defaultdict(int)
-    for line in records.read_text().splitlines():
-        row = json.loads(line)
+    for row in read_records(records):
         tokens[row["method"]] += row["metrics"]["new_tokens"]
         steps[row["method"]] += row["metrics"]["steps"]
     return {m: tokens[m] / steps[m] for m in tokens if steps[m]}

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
 from specframe import SamplingParams, SpeculativeDecoder
 from specframe.bench.methods import parse_method
-from specframe.bench.replay import Turn, accepted_path, oracle_choice, replay
+from specframe.bench.replay import Turn, accepted_path, oracle_choice, recorded_turns, replay
+from specframe.bench.runner import RECORD_METRICS
+from specframe.bench.suites import BenchPrompt
 from specframe.cost import MeasuredCost, PolynomialCost
 from specframe.errors import ConfigurationError
 from specframe.registry import get_registry
@@ -47,6 +51,27 @@ def test_replay_takes_the_steps_the_real_run_took(tiny, spec, sampling):
     assert len(stats.turn_seconds) == len(turns) and plain / modelled == pytest.approx(stats.speedup)
     assert stats.tau > 1.0  # the prompts repeat themselves: drafts were accepted
     assert stats.speedup == pytest.approx(stats.tau, rel=0.05)  # flat cost: speed is tau, bar drafting
+
+
+class CharTokenizer:
+    """Characters as token ids: enough for `encode_turn` on prompts without a chat template."""
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [ord(c) for c in text]}
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(map(chr, ids))
+
+
+def test_recorded_turns_skip_a_line_cut_short(tmp_path):
+    runs = (("baseline", [7, 8]), ("other", [9]))
+    rows = [{"method": m, "qid": "q0", "category": "c", "turn": 0, "repeat": 0, "tokens": tokens,
+             "metrics": dict.fromkeys(RECORD_METRICS, 0)} for m, tokens in runs]
+    text = "".join(json.dumps(r) + "\n" for r in rows) + json.dumps(rows[0])[:25]  # a write cut short
+    (tmp_path / "records.jsonl").write_text(text)
+    prompts = [BenchPrompt("q0", "c", ("ab",), chat=False)]
+    turns = recorded_turns(tmp_path / "records.jsonl", prompts, CharTokenizer())
+    assert [(t.qid, t.prompt_ids, t.tokens) for t in turns] == [("q0", [97, 98], [7, 8])]
 
 
 def test_accepted_path_follows_the_recorded_tokens():

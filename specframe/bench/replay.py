@@ -32,6 +32,7 @@ import torch
 from specframe.adaptive.calibration import stored_cost
 from specframe.adaptive.planner import AdaptivePlanner, FixedPlanner, parse_budget
 from specframe.bench.methods import MethodSpec
+from specframe.bench.runner import read_records
 from specframe.bench.suites import BenchPrompt, encode_turn, load_suite
 from specframe.cost import CostModel
 from specframe.errors import ConfigurationError
@@ -110,11 +111,8 @@ def recorded_turns(records: Path, prompts: list[BenchPrompt], tokenizer,
                    method: str = "baseline") -> list[Turn]:
     """The turns `method` generated in `records` (a `records.jsonl`), in suite order, each with the prompt
     ids the bench built for it (later turns from that method's own recorded answers)."""
-    rows = {}
-    for line in records.read_text().splitlines():
-        row = json.loads(line)
-        if row["method"] == method:
-            rows[row["qid"], row["turn"], row["repeat"]] = row["tokens"]
+    rows = {(row["qid"], row["turn"], row["repeat"]): row["tokens"]
+            for row in read_records(records) if row["method"] == method}
     if not rows:
         raise ConfigurationError(f"{records} holds no turns of method '{method}'")
     turns = []
