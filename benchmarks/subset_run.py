@@ -74,6 +74,8 @@ def write_subset(source: Path, dest: Path, problems: range | None, methods: list
                  keep: str = "all") -> list[dict]:
     """Write the chosen records and their reports into `dest`; return the records."""
     settings = json.loads((source / "settings.json").read_text("utf-8"))
+    if methods is not None and "baseline" not in methods:
+        raise SystemExit("--methods must include baseline: every speedup is measured against it")
     records = select(read_records(source / "records.jsonl"), problems, methods)
     if not records:
         raise SystemExit(f"{source}: no question that every chosen method finished")
@@ -81,9 +83,7 @@ def write_subset(source: Path, dest: Path, problems: range | None, methods: list
     with (dest / "records.jsonl").open("w", encoding="utf-8") as f:
         f.writelines(json.dumps(r) + "\n" for r in records)
     shutil.copyfile(source / "settings.json", dest / "settings.json")
-    labels = list(dict.fromkeys(r["method"] for r in records))
-    runners = [SimpleNamespace(label=m, baseline=None if m == "baseline" else "baseline", lossless=True)
-               for m in labels]
+    runners = runners_of(source, list(dict.fromkeys(r["method"] for r in records)))
     greedy = settings.get("temperature", 0) == 0
     run = BenchRun(records=records, runners=runners, prompts=[SimpleNamespace(category=r["category"])
                                                               for r in records],
@@ -95,6 +95,20 @@ def write_subset(source: Path, dest: Path, problems: range | None, methods: list
               f"method here finished (`benchmarks/subset_run.py`).\n")
     write_reports(run, dest, {**settings, "limit": len(questions), "keep": keep}, header, keep)
     return records
+
+
+def runners_of(source: Path, labels: list[str]) -> list[SimpleNamespace]:
+    """What the reports need of each method: its baseline and whether it claims to be lossless, from the
+    source's `results.json` where the run got that far, else every method lossless against `baseline`."""
+    known = {}
+    if (source / "results.json").is_file():
+        known = {m["label"]: m for m in json.loads((source / "results.json").read_text("utf-8"))["methods"]}
+    runners = []
+    for label in labels:
+        default = {"baseline": None if label == "baseline" else "baseline", "lossless": True}
+        method = {**default, **known.get(label, {})}
+        runners.append(SimpleNamespace(label=label, baseline=method["baseline"], lossless=method["lossless"]))
+    return runners
 
 
 def parse_range(text: str) -> range:

@@ -6,6 +6,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 import specframe
 
 SCRIPT = Path(__file__).parents[1] / "benchmarks" / "subset_run.py"
@@ -64,3 +66,16 @@ def test_writes_reports_and_finds_mismatches(tmp_path):
     assert [(m["method"], m["position"]) for m in results["mismatches"]] == [("wrong", 1)]
     assert abs(results["categories"]["humaneval"]["fast"]["speedup"]["mean"] - 2.0) < 1e-9
     assert "HumanEval/0" in (tmp_path / "cut" / "results.md").read_text()
+
+
+def test_lossy_methods_keep_their_label_and_baseline_is_required(tmp_path):
+    runs = [record("baseline", 0, 2.0), record("typical", 0, 1.0, tokens=(1, 9))]
+    source = write_run(tmp_path / "run", runs)
+    (source / "results.json").write_text(json.dumps({"methods": [
+        {"label": "baseline", "baseline": None, "lossless": True},
+        {"label": "typical", "baseline": "baseline", "lossless": False}]}))
+    subset = load_script()
+    subset.write_subset(source, tmp_path / "cut", None, None)
+    assert "n/a" in (tmp_path / "cut" / "results.md").read_text()  # a lossy method is not checked
+    with pytest.raises(SystemExit, match="must include baseline"):
+        subset.write_subset(source, tmp_path / "cut2", None, ["typical"])
