@@ -9,12 +9,17 @@ method. Only questions that every method finished are counted, so a run cut shor
 with like.
 
     python benchmarks/turn_noise.py results/gpu/humaneval
+    python benchmarks/turn_noise.py results/gpu/floor --keep fastest
 
-Reads each directory's `records.jsonl`; prints one markdown table per directory.
+Reads each directory's `records.jsonl`; prints one markdown table per directory. Each turn counts its
+first repeat, or with `--keep fastest` (for a run made with `--repeats N --keep fastest`) the fastest of
+its repeats, for the baseline as for every method; then a question counts only where every method ran
+every repeat.
 """
 
 from __future__ import annotations
 
+import argparse
 import math
 import statistics
 import sys
@@ -24,25 +29,30 @@ from pathlib import Path
 from specframe.bench.runner import read_records
 
 
-def wall_times(directory: Path) -> dict[tuple[str, int], dict[str, float]]:
-    """{(question, turn): {method: wall seconds}} for the first repeat of each, complete turns only."""
-    turns: dict[tuple[str, int], dict[str, float]] = defaultdict(dict)
+def wall_times(directory: Path, keep: str = "first") -> dict[tuple[str, int], dict[str, float]]:
+    """{(question, turn): {method: wall seconds}} of the first repeat of each (`keep="first"`) or the
+    fastest (`"fastest"`), on questions every method finished."""
+    runs: dict[tuple[str, int], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for record in read_records(directory / "records.jsonl"):
-        if record["repeat"] == 0:
-            turns[(record["qid"], record["turn"])][record["method"]] = record["metrics"]["wall_s"]
-    methods = set().union(*turns.values()) if turns else set()
-    finished = {q for q, _ in turns} - {q for (q, _), runs in turns.items() if set(runs) != methods}
-    return {key: runs for key, runs in turns.items() if key[0] in finished}
+        if keep == "fastest" or record["repeat"] == 0:
+            runs[(record["qid"], record["turn"])][record["method"]].append(record["metrics"]["wall_s"])
+    methods = set().union(*runs.values()) if runs else set()
+    repeats = max((len(w) for by_method in runs.values() for w in by_method.values()), default=0)
+    unfinished = {q for (q, _), by_method in runs.items()
+                  if set(by_method) != methods or any(len(w) < repeats for w in by_method.values())}
+    return {key: {m: min(w) for m, w in by_method.items()}
+            for key, by_method in runs.items() if key[0] not in unfinished}
 
 
-def noise_table(directory: Path, baseline: str = "baseline") -> str:
+def noise_table(directory: Path, baseline: str = "baseline", keep: str = "first") -> str:
     if not (directory / "records.jsonl").is_file():
         sys.exit(f"{directory}: no records.jsonl here; pass the --out directory of a `specframe bench` run")
-    turns = wall_times(directory)
+    turns = wall_times(directory, keep)
     if not turns or any(baseline not in runs for runs in turns.values()):
         sys.exit(f"{directory}: no question that every method, '{baseline}' included, finished")
     methods = sorted({m for runs in turns.values() for m in runs} - {baseline})
-    lines = [f"#### {directory.name}: per-turn speedup over `{baseline}` ({len(turns)} turns)", "",
+    which = "the fastest repeat of each" if keep == "fastest" else "first repeats"
+    lines = [f"#### {directory.name}: per-turn speedup over `{baseline}` ({len(turns)} turns, {which})", "",
              "| method | geometric mean | ~95 % interval | sd of log ratio | slowest turn | fastest turn |",
              "|---|---|---|---|---|---|"]
     for method in methods:
@@ -57,6 +67,9 @@ def noise_table(directory: Path, baseline: str = "baseline") -> str:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 2:
-        sys.exit(__doc__)
-    print("\n\n".join(noise_table(Path(d)) for d in sys.argv[1:]))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("directories", nargs="+", type=Path, help="`specframe bench --out` directories")
+    parser.add_argument("--keep", choices=["first", "fastest"], default="first",
+                        help="which repeat of each turn counts (default: the first)")
+    args = parser.parse_args()
+    print("\n\n".join(noise_table(d, keep=args.keep) for d in args.directories))

@@ -21,10 +21,10 @@ def load_script():
     return module
 
 
-def record(method: str, qid: str, wall_s: float) -> str:
+def record(method: str, qid: str, wall_s: float, repeat: int = 0) -> str:
     """A finished run as `specframe bench` records it, every metric but the wall time left at zero."""
     metrics = {**dict.fromkeys(RECORD_METRICS, 0), "wall_s": wall_s}
-    return json.dumps({"method": method, "qid": qid, "category": "test", "turn": 0, "repeat": 0,
+    return json.dumps({"method": method, "qid": qid, "category": "test", "turn": 0, "repeat": repeat,
                        "tokens": [], "metrics": metrics})
 
 
@@ -44,7 +44,7 @@ def test_geometric_mean_of_complete_questions_only(tmp_path):
     sd = math.sqrt(sum((x - mean) ** 2 for x in spread) / 2)
     assert cells[3] == f"{sd:.3f}"
     assert (cells[4], cells[5]) == ("0.50", "8.00")
-    assert "(3 turns)" in noise.noise_table(tmp_path)
+    assert "(3 turns, first repeats)" in noise.noise_table(tmp_path)
 
 
 def test_a_directory_without_a_finished_run_is_refused_with_what_to_pass(tmp_path):
@@ -66,3 +66,15 @@ def test_a_record_cut_short_is_skipped_and_the_file_left_as_it_is(tmp_path):
     path.chmod(0o444)
     assert set(load_script().wall_times(tmp_path)) == {("q0", 0)}
     assert path.read_text() == text
+
+
+def test_the_fastest_repeat_of_every_method_on_questions_with_every_repeat(tmp_path):
+    lines = [record("baseline", "q0", 2.0, 0), record("baseline", "q0", 1.0, 1),   # fastest 1.0
+             record("fast", "q0", 1.0, 0), record("fast", "q0", 0.25, 1),          # fastest 0.25: 4x
+             record("baseline", "q1", 1.0, 0), record("baseline", "q1", 1.0, 1),
+             record("fast", "q1", 1.0, 0)]                                          # cut before repeat 1
+    (tmp_path / "records.jsonl").write_text("\n".join(lines))
+    noise = load_script()
+    assert noise.wall_times(tmp_path, "fastest") == {("q0", 0): {"baseline": 1.0, "fast": 0.25}}
+    assert noise.wall_times(tmp_path)[("q0", 0)] == {"baseline": 2.0, "fast": 1.0}  # first repeats
+    assert "(1 turns, the fastest repeat of each)" in noise.noise_table(tmp_path, keep="fastest")
