@@ -27,7 +27,7 @@ import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
-from specframe.bench.report import write_reports
+from specframe.bench.report import complete_questions, write_reports
 from specframe.bench.runner import BenchRun, compare, read_records
 
 
@@ -52,14 +52,7 @@ def select(records: list[dict], problems: range | None, methods: list[str] | Non
         records = [r for r in records if problem_number(r["qid"]) in problems]
     if methods is not None:
         records = [r for r in records if r["method"] in methods]
-    chosen = methods or list(dict.fromkeys(r["method"] for r in records))
-    repeats = {r["repeat"] for r in records}
-    done: dict[str, set] = {}
-    for r in records:
-        done.setdefault(r["qid"], set()).add((r["method"], r["turn"], r["repeat"]))
-    finished = {q for q, runs in done.items()
-                if runs >= {(m, t, k) for m in chosen for t in {t for _, t, _ in runs} for k in repeats}}
-    return [r for r in records if r["qid"] in finished]
+    return complete_questions(records, methods)
 
 
 def mismatches(records: list[dict], baseline: str = "baseline") -> list:

@@ -26,22 +26,19 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from specframe.bench.report import complete_questions, fastest_repeats
 from specframe.bench.runner import read_records
 
 
 def wall_times(directory: Path, keep: str = "first") -> dict[tuple[str, int], dict[str, float]]:
     """{(question, turn): {method: wall seconds}} of the first repeat of each (`keep="first"`) or the
     fastest (`"fastest"`), on questions every method finished."""
-    runs: dict[tuple[str, int], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for record in read_records(directory / "records.jsonl"):
-        if keep == "fastest" or record["repeat"] == 0:
-            runs[(record["qid"], record["turn"])][record["method"]].append(record["metrics"]["wall_s"])
-    methods = set().union(*runs.values()) if runs else set()
-    repeats = max((len(w) for by_method in runs.values() for w in by_method.values()), default=0)
-    unfinished = {q for (q, _), by_method in runs.items()
-                  if set(by_method) != methods or any(len(w) < repeats for w in by_method.values())}
-    return {key: {m: min(w) for m, w in by_method.items()}
-            for key, by_method in runs.items() if key[0] not in unfinished}
+    records = complete_questions(read_records(directory / "records.jsonl"))
+    turns: dict[tuple[str, int], dict[str, float]] = defaultdict(dict)
+    for record in fastest_repeats(records) if keep == "fastest" else records:
+        if record["repeat"] == 0:
+            turns[(record["qid"], record["turn"])][record["method"]] = record["metrics"]["wall_s"]
+    return turns
 
 
 def noise_table(directory: Path, baseline: str = "baseline", keep: str = "first") -> str:

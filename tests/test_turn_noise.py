@@ -22,8 +22,8 @@ def load_script():
 
 
 def record(method: str, qid: str, wall_s: float, repeat: int = 0) -> str:
-    """A finished run as `specframe bench` records it, every metric but the wall time left at zero."""
-    metrics = {**dict.fromkeys(RECORD_METRICS, 0), "wall_s": wall_s}
+    """A finished run as `specframe bench` records it (one token), every other metric left at zero."""
+    metrics = {**dict.fromkeys(RECORD_METRICS, 0), "wall_s": wall_s, "tokens_per_s": 1 / wall_s}
     return json.dumps({"method": method, "qid": qid, "category": "test", "turn": 0, "repeat": repeat,
                        "tokens": [], "metrics": metrics})
 

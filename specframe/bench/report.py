@@ -95,6 +95,20 @@ def predictions(metrics: list[dict]) -> dict:
                                     "predicted_step_ms", "realised_step_ms")}}
 
 
+def complete_questions(records: list[dict], methods: list[str] | None = None) -> list[dict]:
+    """The records of the questions on which every method (`methods`, by default every one in `records`)
+    ran every repeat of every turn the question has: what a run stopped part way can compare like with
+    like. The repeats are those of the whole run, so a question cut between two repeats is left out."""
+    methods = methods or list(dict.fromkeys(r["method"] for r in records))
+    repeats = {r["repeat"] for r in records}
+    done: dict[str, set] = {}
+    for r in records:
+        done.setdefault(r["qid"], set()).add((r["method"], r["turn"], r["repeat"]))
+    complete = {q for q, runs in done.items()
+                if runs >= {(m, t, k) for m in methods for t in {t for _, t, _ in runs} for k in repeats}}
+    return [r for r in records if r["qid"] in complete]
+
+
 def fastest_repeats(records: list[dict]) -> list[dict]:
     """One record per (method, question, turn): the repeat with the most tokens/s, relabelled repeat 0.
     Greedy repeats compute the same tokens, so the fastest one is the run least disturbed by the machine
