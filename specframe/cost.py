@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import bisect
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -101,20 +101,26 @@ class MeasuredCost(CostModel):
 
 @dataclass(frozen=True)
 class ScaledCost(CostModel):
-    """`base` times `factor`: a calibrated cost brought to the speed the machine shows now (the adaptive
-    planner's running ratio of realised to calibrated forward time)."""
+    """`base` times `factor`, and times `by_size[n]` for a tree of n nodes (sizes past its end take its
+    last entry; empty: 1): a calibrated cost brought to the speed the machine shows now (the adaptive
+    planner's running ratio of realised to calibrated forward time, and each size's own ratio to that)."""
 
     base: CostModel
     factor: float
+    by_size: np.ndarray = field(default_factory=lambda: np.ones(0), compare=False)
 
     def step_seconds(self, nodes: int, depth: int = 0) -> float:
-        return self.factor * self.base.step_seconds(nodes, depth)
+        return self.factor * self._size_factor(nodes) * self.base.step_seconds(nodes, depth)
 
     def many(self, nodes: np.ndarray, depths: np.ndarray) -> np.ndarray:
-        return self.factor * self.base.many(nodes, depths)
+        shape = self.by_size[np.minimum(nodes, len(self.by_size) - 1)] if len(self.by_size) else 1.0
+        return self.factor * shape * self.base.many(nodes, depths)
 
     def at_context(self, context: int) -> CostModel:
-        return ScaledCost(self.base.at_context(context), self.factor)
+        return ScaledCost(self.base.at_context(context), self.factor, self.by_size)
+
+    def _size_factor(self, nodes: int) -> float:
+        return float(self.by_size[min(nodes, len(self.by_size) - 1)]) if len(self.by_size) else 1.0
 
 
 def _interpolate_one(xs: tuple[int, ...], ys: tuple[float, ...], x: float) -> float:

@@ -632,3 +632,33 @@ def test_the_adaptive_planner_moves_its_cost_with_the_context_as_steps_go_on():
     for context in range(100, 200):
         planner.start_step(context)
     assert planner.cost.context > 199 - CONTEXT_STEP and planner._unread() == 199
+
+
+def test_the_planner_learns_each_tree_size_s_own_speed():
+    """A calibration taken while another job was eating memory bandwidth priced an 8-node chain at 3 plain
+    steps; today it costs 1.2. One speed factor for every size cannot fix both: learned per size, the
+    planner's cost comes back to the realised times of each size it runs."""
+    from specframe.records import VerifyResult
+
+    sizes = (0, 4, 8, 16)
+    calibrated = MeasuredCost(sizes, (1.0, 1.5, 3.0, 4.0), (1.0, 1.5, 3.0, 4.0))
+    today = {0: 1.0, 8: 1.2}
+    planner = AdaptivePlanner(calibrated, cap=16)
+    chain = TokenTree(np.arange(8), np.arange(8) - 1)
+    for step in range(200):
+        tree = chain if step % 2 else TokenTree.empty()
+        planner.observe(tree, VerifyResult([], 0), {"draft": 0.0, "forward": today[len(tree)]})
+    learned = planner._cost()
+    assert learned.step_seconds(0, 0) == pytest.approx(1.0, rel=0.05)
+    assert learned.step_seconds(8, 8) == pytest.approx(1.2, rel=0.05)
+    assert learned.step_seconds(16, 16) == pytest.approx(planner.speed * 4.0)  # never run: as calibrated
+
+
+def test_scaled_cost_by_size_agrees_with_itself_and_extends_its_last_entry():
+    base = PolynomialCost((1.0, 0.0))  # t = n + 1
+    scaled = ScaledCost(base, 2.0, np.array([1.0, 0.5, 1.5]))
+    nodes = np.arange(6)
+    expected = 2.0 * np.array([1.0, 0.5, 1.5, 1.5, 1.5, 1.5]) * (nodes + 1)
+    assert np.allclose(scaled.many(nodes, nodes), expected)
+    assert [scaled.step_seconds(int(n)) for n in nodes] == pytest.approx(list(expected))
+    assert ScaledCost(base, 2.0).step_seconds(3) == pytest.approx(8.0)  # no sizes given: the factor alone

@@ -56,6 +56,13 @@ PROBE_ALLOWANCE = 2.0  # plain steps a decoder's first probes may lose before an
 # at most 0.2 ms to a 16-node tree's 31 ms): tree selection then reuses one model for several steps.
 CONTEXT_STEP = 16
 EMA = 0.1  # weight of the newest step in the running means
+# Each tree size also learns its own realised forward over the calibrated one, beyond the machine's speed
+# as a whole: another job eating memory bandwidth slows a memory-bound plain step more than a larger tree,
+# so a calibration taken then (or a noisy one) is off in its shape, not only its level
+# (docs/explanation/adaptive-speculation.md). It learns more slowly: a size is seen on a share of the
+# steps only, and a step's time is noisy.
+SHAPE_EMA = 0.05
+SHAPE_LEARNING = True  # False: one factor for every size, as before (for replays that compare the two)
 
 
 class DraftingGain:
@@ -224,6 +231,7 @@ class AdaptivePlanner(CostAtContext):
         self.per_token_drafting = drafting_grows_with_budget  # dear drafting: size the budget first
         self.position_hits = np.zeros((2, cap))  # [accepted, tried] by index position in the scored tree
         self.speed = 1.0  # realised forward time over the calibrated one, running mean (the machine today)
+        self.shape = np.ones(cap + 1)  # by tree size: its realised over calibrated forward, over `speed`
         self.overhead_s = 0.0  # realised step time besides drafting and the forward, running mean
         self.draft_s = 0.0  # drafting time, running mean
         self.draft_node_s = 0.0  # drafting time per proposed node, running mean
@@ -308,6 +316,8 @@ class AdaptivePlanner(CostAtContext):
         forward = times.get("forward", calibrated) if self.learn_speed else calibrated
         if self.learn_speed and calibrated > 0:
             self.speed += EMA * (forward / calibrated - self.speed)
+            size = min(len(tree), self.cap)
+            self.shape[size] += SHAPE_EMA * (forward / calibrated / self.speed - self.shape[size])
         step = sum(s for phase, s in times.items() if phase != "draft")
         self.overhead_s += EMA * (max(step - forward, 0.0) - self.overhead_s)
         if self._drafted:  # what did drafting cost, and did the step emit faster than a plain one?
@@ -352,7 +362,7 @@ class AdaptivePlanner(CostAtContext):
     def _cost(self) -> CostModel:
         """The calibrated forward cost at the speed realised steps show (a calibration taken on a busier
         or quieter machine than today's is off by a factor, for every size alike)."""
-        return ScaledCost(self.cost, self.speed)
+        return ScaledCost(self.cost, self.speed, self.shape if SHAPE_LEARNING else np.ones(0))
 
     def _seconds(self, nodes: int, depth: int) -> float:
         """Predicted seconds of a step on `nodes` nodes, drafting aside."""
