@@ -244,6 +244,19 @@ def test_calibration_is_measured_once_then_read_back(tiny, tmp_path, monkeypatch
     assert calibration.cached_cost(backend, progress=False).sizes == cost.sizes
 
 
+
+def test_a_calibration_file_reads_back_without_its_keys_but_not_under_other_keys(tmp_path):
+    """`read_cost` without keys is what replays use to weigh another machine's or day's calibration."""
+    from specframe.adaptive.calibration import read_cost, write_cost
+
+    slope = (0.0, 1e-4, 2e-4)
+    cost = MeasuredCost((0, 4, 8), (1.0, 1.2, 1.5), (1.0, 1.1, 1.4), 257, slope, slope)
+    path = tmp_path / "costs" / "kv-x.json"
+    write_cost(path, {"threads": 1}, cost)
+    assert read_cost(path) == cost == read_cost(path, {"threads": 1})
+    assert read_cost(path, {"threads": 2}) is None and read_cost(tmp_path / "missing.json") is None
+    assert not list(path.parent.glob("*.tmp"))  # written through a temporary file, then renamed
+
 def test_calibration_keeps_the_fastest_round_so_stalls_do_not_move_it(tiny, monkeypatch):
     """Each size costs its true time in some round; in others a stall (another process) adds time. The
     calibration must report the true times, whichever rounds stalled; a median would not."""

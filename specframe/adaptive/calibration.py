@@ -145,30 +145,37 @@ def cached_cost(backend: StateBackend, options: dict | None = None, refresh: boo
     key = cost_key(backend, options)
     path = cost_path(key)
     if not refresh:
-        cost = _read(path, key)
+        cost = read_cost(path, key)
         if cost is not None:
             return cost
     cost = calibrate(backend, progress=progress)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{time.time_ns()}.tmp")
-        tmp.write_text(json.dumps({"key": key, **asdict(cost)}, indent=1, default=str))
-        tmp.replace(path)
+        write_cost(path, key, cost)
     except OSError:
         pass
     return cost
 
 
+def write_cost(path: Path, key: dict, cost: MeasuredCost) -> None:
+    """Store `cost` under `key` at `path`, atomically (a reader sees the old file or the new one)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{time.time_ns()}.tmp")
+    tmp.write_text(json.dumps({"key": key, **asdict(cost)}, indent=1, default=str))
+    tmp.replace(path)
+
+
 def stored_cost(backend: StateBackend, options: dict | None = None) -> MeasuredCost | None:
     """The stored calibration for this backend's keys, or None: never measures."""
     key = cost_key(backend, options)
-    return _read(cost_path(key), key)
+    return read_cost(cost_path(key), key)
 
 
-def _read(path: Path, key: dict) -> MeasuredCost | None:
+def read_cost(path: Path, key: dict | None = None) -> MeasuredCost | None:
+    """The calibration stored at `path`, or None where it is missing or damaged, or, given `key`, was
+    measured for other keys (another model, thread count, kernel, ...)."""
     try:
         data = json.loads(path.read_text())
-        if json.loads(json.dumps(key, default=str)) != data["key"]:
+        if key is not None and json.loads(json.dumps(key, default=str)) != data["key"]:
             return None
         floats = {name: tuple(float(t) for t in data[name])
                   for name in ("flat_s", "chain_s", "flat_slope", "chain_slope")}
