@@ -244,7 +244,6 @@ def test_calibration_is_measured_once_then_read_back(tiny, tmp_path, monkeypatch
     assert calibration.cached_cost(backend, progress=False).sizes == cost.sizes
 
 
-
 def test_a_calibration_file_reads_back_without_its_keys_but_not_under_other_keys(tmp_path):
     """`read_cost` without keys is what replays use to weigh another machine's or day's calibration."""
     from specframe.adaptive.calibration import read_cost, write_cost
@@ -256,6 +255,7 @@ def test_a_calibration_file_reads_back_without_its_keys_but_not_under_other_keys
     assert read_cost(path) == cost == read_cost(path, {"threads": 1})
     assert read_cost(path, {"threads": 2}) is None and read_cost(tmp_path / "missing.json") is None
     assert not list(path.parent.glob("*.tmp"))  # written through a temporary file, then renamed
+
 
 def test_calibration_keeps_the_fastest_round_so_stalls_do_not_move_it(tiny, monkeypatch):
     """Each size costs its true time in some round; in others a stall (another process) adds time. The
@@ -648,9 +648,9 @@ def test_the_adaptive_planner_moves_its_cost_with_the_context_as_steps_go_on():
 
 
 def test_the_planner_learns_each_tree_size_s_own_speed():
-    """A calibration taken while another job was eating memory bandwidth priced an 8-node chain at 3 plain
-    steps; today it costs 1.2. One speed factor for every size cannot fix both: learned per size, the
-    planner's cost comes back to the realised times of each size it runs."""
+    """A calibration taken in a busy spell priced an 8-node chain at 3 plain steps; today it costs 1.2.
+    One speed factor for every size cannot fix both: learned per size, the planner's cost comes back to
+    the realised times of each size it runs."""
     from specframe.records import VerifyResult
 
     sizes = (0, 4, 8, 16)

@@ -57,10 +57,10 @@ PROBE_ALLOWANCE = 2.0  # plain steps a decoder's first probes may lose before an
 CONTEXT_STEP = 16
 EMA = 0.1  # weight of the newest step in the running means
 # Each tree size also learns its own realised forward over the calibrated one, beyond the machine's speed
-# as a whole: another job eating memory bandwidth slows a memory-bound plain step more than a larger tree,
-# so a calibration taken then (or a noisy one) is off in its shape, not only its level
-# (docs/explanation/adaptive-speculation.md). It learns more slowly: a size is seen on a share of the
-# steps only, and a step's time is noisy.
+# as a whole: a busy spell slows sizes unevenly (a calibration on the 2-core development CPU put a plain
+# step 25 % and a 12-node tree 7 % above an idle one), so a calibration is off in its shape, not only its
+# level ("Each size's own speed" in docs/explanation/adaptive-speculation.md). It learns more slowly: a
+# size is seen on a share of the steps only, and a step's time is noisy.
 SHAPE_EMA = 0.05
 SHAPE_LEARNING = True  # False: one factor for every size, as before (for replays that compare the two)
 
@@ -360,8 +360,9 @@ class AdaptivePlanner(CostAtContext):
         return self.draft_s > CHEAP_DRAFT * self._seconds(0, 0)
 
     def _cost(self) -> CostModel:
-        """The calibrated forward cost at the speed realised steps show (a calibration taken on a busier
-        or quieter machine than today's is off by a factor, for every size alike)."""
+        """The calibrated forward cost at the speed realised steps show, and each size's own ratio to that
+        speed where the size has run (a calibration taken on a busier or quieter machine than today's is
+        off by a factor, and not the same factor for every size)."""
         return ScaledCost(self.cost, self.speed, self.shape if SHAPE_LEARNING else np.ones(0))
 
     def _seconds(self, nodes: int, depth: int) -> float:
