@@ -58,7 +58,7 @@ CONTEXT_STEP = 16
 EMA = 0.1  # weight of the newest step in the running means
 # Each tree size also learns its own realised forward over the calibrated one, beyond the machine's speed
 # as a whole: a busy spell slows sizes unevenly (a calibration on the 2-core development CPU put a plain
-# step 25 % and a 12-node tree 7 % above an idle one), so a calibration is off in its shape, not only its
+# step 19-25 % and a 12-node tree 7 % above idle ones), so a calibration is off in its shape, not only its
 # level ("Each size's own speed" in docs/explanation/adaptive-speculation.md). It learns more slowly: a
 # size is seen on a share of the steps only, and a step's time is noisy.
 SHAPE_EMA = 0.05
