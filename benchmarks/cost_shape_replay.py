@@ -8,7 +8,7 @@ Every step is priced by `--truth`, a calibration file as `specframe calibrate` s
 fastest of each, as `calibrate` does with 5) at the run's thread count and writes it there. The planner
 weighs each `--belief` instead, and learns the machine's speed from the truth's forward times as a real
 decoder learns it from its steps: once with one speed factor for every tree size, once with each size's
-own (`specframe.adaptive.planner.SHAPE_LEARNING`). The truth believed is the reference. Replayed outputs
+own (`AdaptivePlanner(learn_shape=)`). The truth believed is the reference. Replayed outputs
 and modelled times, so the machine's noise does not enter the comparison (see `specframe.bench.replay`).
 """
 
@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import specframe.adaptive.planner as planner_module
 from specframe.adaptive.calibration import calibrate, cost_key, read_cost, write_cost
 from specframe.bench.methods import resolve_methods, split_parts
 from specframe.bench.replay import open_run, replay
@@ -57,11 +56,9 @@ def main() -> None:
         cases = [("the truth", truth, True)] + [(name, cost, learn) for name, cost in beliefs.items()
                                                  for learn in (False, True)]
         for name, belief, learn in cases:
-            planner_module.SHAPE_LEARNING = learn
-            stats = replay(run.target, method, run.turns, cost=truth, planner_cost=belief)
+            stats = replay(run.target, method, run.turns, cost=truth, planner_cost=belief, learn_shape=learn)
             print(f"| {method.label} | {name} | {'by size' if learn else 'one for all'} | {stats.tau:.3f} | "
                   f"{stats.speedup:.3f} | {stats.nodes / max(stats.steps, 1):.2f} |", flush=True)
-    planner_module.SHAPE_LEARNING = True
 
 
 if __name__ == "__main__":

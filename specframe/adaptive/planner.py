@@ -62,7 +62,7 @@ EMA = 0.1  # weight of the newest step in the running means
 # level ("Each size's own speed" in docs/explanation/adaptive-speculation.md). It learns more slowly: a
 # size is seen on a share of the steps only, and a step's time is noisy.
 SHAPE_EMA = 0.05
-SHAPE_LEARNING = True  # False: one factor for every size, as before (for replays that compare the two)
+SHAPE_LEARNING = True  # the default of `AdaptivePlanner(learn_shape=)`; False: one factor for every size
 
 
 class DraftingGain:
@@ -221,7 +221,7 @@ class AdaptivePlanner(CostAtContext):
 
     def __init__(self, cost: CostModel, cap: int, acceptance: AcceptanceModel | None = None,
                  draw_order_only: bool = False, drafting_grows_with_budget: bool = True,
-                 learn_speed: bool = True, matches_draws: bool = False):
+                 learn_speed: bool = True, matches_draws: bool = False, learn_shape: bool = SHAPE_LEARNING):
         super().__init__(cost)  # `self.cost`: the cost at this step's context (`start_step`)
         self.cap = cap
         self.learn_speed = learn_speed  # scale `cost` to the realised forward (False: take it as given)
@@ -232,6 +232,7 @@ class AdaptivePlanner(CostAtContext):
         self.position_hits = np.zeros((2, cap))  # [accepted, tried] by index position in the scored tree
         self.speed = 1.0  # realised forward time over the calibrated one, running mean (the machine today)
         self.shape = np.ones(cap + 1)  # by tree size: its realised over calibrated forward, over `speed`
+        self.learn_shape = learn_shape  # False: `speed` alone scales every size alike
         self.overhead_s = 0.0  # realised step time besides drafting and the forward, running mean
         self.draft_s = 0.0  # drafting time, running mean
         self.draft_node_s = 0.0  # drafting time per proposed node, running mean
@@ -363,7 +364,7 @@ class AdaptivePlanner(CostAtContext):
         """The calibrated forward cost at the speed realised steps show, and each size's own ratio to that
         speed where the size has run (a calibration taken on a busier or quieter machine than today's is
         off by a factor, and not the same factor for every size)."""
-        return ScaledCost(self.cost, self.speed, self.shape if SHAPE_LEARNING else np.ones(0))
+        return ScaledCost(self.cost, self.speed, self.shape if self.learn_shape else np.ones(0))
 
     def _seconds(self, nodes: int, depth: int) -> float:
         """Predicted seconds of a step on `nodes` nodes, drafting aside."""

@@ -152,11 +152,13 @@ def oracle_choice(tree: TokenTree, future: list[int], cost: CostModel, cap: int)
 
 
 def replay(target: Target, method: MethodSpec, turns: list[Turn], cost: CostModel | None = None,
-           planner_cost: CostModel | None = None, oracle: bool = False) -> ReplayStats:
+           planner_cost: CostModel | None = None, oracle: bool = False,
+           learn_shape: bool = True) -> ReplayStats:
     """Replay `turns` through `method`'s drafter, tree builder and planner (see the module docstring),
     with the step cost `cost` (default: the stored calibration of the method's backend). The planner
     weighs `planner_cost` (default: `cost`), so a replay can measure what a wrong cost model loses.
-    `oracle` replaces the planner's choice by `oracle_choice`: what the drafts could give at best."""
+    `oracle` replaces the planner's choice by `oracle_choice`: what the drafts could give at best.
+    `learn_shape` False prices every tree size with one learned speed factor (`AdaptivePlanner`)."""
     pipeline = assemble(target, method.drafter, method.tree, method.verifier, method.backend)
     drafter, builder = pipeline.drafter, pipeline.tree_builder
     needs_hidden = type(drafter).capabilities.needs_hidden_states
@@ -168,7 +170,8 @@ def replay(target: Target, method: MethodSpec, turns: list[Turn], cost: CostMode
     grows = type(drafter).capabilities.drafting_grows_with_budget
     believed = planner_cost or cost
     matches = type(pipeline.verifier).capabilities.matches_draws
-    planner = (AdaptivePlanner(believed, cap, drafting_grows_with_budget=grows, matches_draws=matches)
+    planner = (AdaptivePlanner(believed, cap, drafting_grows_with_budget=grows, matches_draws=matches,
+                               learn_shape=learn_shape)
                if adaptive else FixedPlanner(cap, believed))
     stats = ReplayStats()
     for turn in turns:
