@@ -90,6 +90,16 @@ class SamplingParams:
         return self.temperature == 0
 
 
+def argmax(logits: torch.Tensor) -> int:
+    """The index of the largest of (V,) `logits`, the first on ties (and the first NaN, if any), as
+    `torch.argmax` gives it. On the CPU numpy's vectorised argmax is used: over SmolLM2's 49152 logits it
+    takes 4 us where torch's takes 43 (one thread), and the greedy verifier reduces one row per emitted
+    token."""
+    if logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.float64) and logits.dim() == 1:
+        return int(logits.detach().numpy().argmax())
+    return int(logits.argmax())
+
+
 class Sampler:
     """Turns target logits into the processed distribution p and draws from it with a seeded generator."""
 
@@ -164,5 +174,5 @@ class Sampler:
     def sample(self, logits: torch.Tensor) -> int:
         """One token from (V,) logits: argmax when greedy, else a draw from `probs(logits)`."""
         if self.greedy:
-            return int(logits.argmax())
+            return argmax(logits)
         return self.draw(self.probs(logits))

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specframe import ConfigurationError, Sampler, SamplingParams, SpeculativeDecoder
-from specframe.sampling import check_draw, samples_drafts
+from specframe.sampling import argmax, check_draw, samples_drafts
 from specframe.testing.exact import law_test
 
 PROMPT = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7, 3, 4, 5, 6]
@@ -84,6 +84,15 @@ def test_greedy_probs_are_the_argmax_one_hot():
     logits = torch.tensor([[0.1, 3.0, -1.0], [2.0, 2.0, 1.0]])
     assert sampler.probs(logits).tolist() == [[0, 1, 0], [1, 0, 0]]  # ties: the first index, like argmax
     assert sampler.sample(logits[1]) == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from([-1.0, 0.0, 0.5, 2.0, float("inf"), float("-inf"), float("nan")]),
+                min_size=1, max_size=12), st.sampled_from([torch.float32, torch.float64, torch.bfloat16]))
+def test_the_fast_argmax_agrees_with_torch_on_ties_infinities_and_nans(values, dtype):
+    logits = torch.tensor(values, dtype=dtype)
+    assert argmax(logits) == int(logits.argmax())
+    assert argmax(logits[::2]) == int(logits[::2].argmax())  # a strided view
 
 
 # --- draws -------------------------------------------------------------------------------------------

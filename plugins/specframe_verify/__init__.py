@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import specframe
 from specframe import Sampler, TargetScores, TokenTree, Verifier, VerifierCapabilities, VerifyResult
+from specframe.sampling import argmax
 from specframe_verify.rejection import RejectionVerifier
 from specframe_verify.sample_match import SampleMatchVerifier, walk
 from specframe_verify.typical import TypicalVerifier
@@ -26,7 +27,7 @@ class GreedyVerifier(Verifier):
 
     def verify(self, tree: TokenTree, scores: TargetScores, sampling: Sampler) -> VerifyResult:
         # Only the rows on the accepted path are ever reduced.
-        return walk(tree, lambda node: int(scores.logits[node + 1].argmax()))  # (V,) logits after node
+        return walk(tree, lambda node: argmax(scores.logits[node + 1]))  # (V,) logits after node
 
 
 @specframe.hookimpl
