@@ -36,8 +36,9 @@ def _prompt(target) -> list[int]:
 
 
 def _plain_logits(target, ids: list[int], steps: int) -> list[tuple[int, torch.Tensor]]:
-    """(greedy token, logits) of `steps` plain decoding steps after `ids`."""
-    backend, out = KVCacheBackend(target), []
+    """(greedy token, logits) of `steps` plain decoding steps after `ids`, each a forward of one row
+    (`min_rows=1`; the backend's default pads them to 4 rows on the CPU), the strictest reference."""
+    backend, out = KVCacheBackend(target, min_rows=1), []
     backend.prefill(ids)
     for _ in range(steps):
         scored = backend.score(TokenTree.empty())

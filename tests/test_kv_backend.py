@@ -1,4 +1,5 @@
-"""The `kv` backend's padding of small trees (CPU): the same logits and the same state as without it."""
+"""The `kv` backend's padding of small trees and plain steps (CPU): the same logits and the same state as
+without it."""
 
 from __future__ import annotations
 
@@ -11,16 +12,16 @@ from specframe_kv import KVCacheBackend
 
 from conftest import tiny_llama
 
-TREES = {  # parents of trees of 1 and 2 nodes, chains and not, plus one big enough to need no padding
-    "one": [-1], "chain": [-1, 0], "siblings": [-1, -1], "wide": [-1, -1, 0, 1, 1],
+TREES = {  # parents of a plain step (no nodes), trees of 1 and 2 nodes, chains and not, plus a bigger one
+    "plain": [], "one": [-1], "chain": [-1, 0], "siblings": [-1, -1], "wide": [-1, -1, 0, 1, 1],
 }
 
 
 @pytest.mark.parametrize("name", TREES)
 def test_padding_changes_neither_logits_nor_the_committed_state(name):
     target = tiny_llama(seed=3)
-    parents = np.array(TREES[name])
-    tree = TokenTree(np.arange(len(parents)) + 7, parents)
+    parents = np.array(TREES[name], np.int64)
+    tree = TokenTree(np.arange(len(parents), dtype=np.int64) + 7, parents)
     prompt = list(range(20, 40))
     plain, padded = KVCacheBackend(target, min_rows=1), KVCacheBackend(target, min_rows=8)
     for backend in (plain, padded):
@@ -30,6 +31,7 @@ def test_padding_changes_neither_logits_nor_the_committed_state(name):
         assert a.logits.shape == b.logits.shape == (len(tree) + 1, 96)
         torch.testing.assert_close(a.logits, b.logits, rtol=1e-5, atol=1e-5)
         path = [int(i) for i in np.flatnonzero(tree.ancestor_mask[-1][1:])]  # root to the last node
+        assert padded.cache.get_seq_length() == padded.committed_length + max(len(tree) + 1, 8)
         plain.commit(a, path, bonus=step + 1)
         padded.commit(b, path, bonus=step + 1)
         assert plain.committed_length == padded.committed_length

@@ -8,14 +8,14 @@ The cache appends in place (`kv(cache="buffer")`, the default: `specframe.kv_cac
 itself at every step as transformers' own `DynamicLayer` does (`kv(cache="concat")`); the logits are the
 same either way.
 
-On a CPU, a forward over 2 tokens costs more than over 4: with torch's own linear kernel
+On a CPU, a forward over 1 or 2 tokens costs more than over 4: with torch's own linear kernel
 (`SPECFRAME_CPU_LINEAR=torch`) the BLAS switches from one streaming pass over each weight matrix to a
-per-row one; with the default oneDNN-packed weights (`specframe.packed_linear`) its 2-row kernel streams
-the weights more slowly than its 4-row one (SmolLM2 at one thread: 72 ms for a 1-node tree, 57 ms padded
-to 4 rows, 55 ms for a 3-node tree, 61 ms for a plain step). Trees of 1-2 nodes are therefore padded with
-throwaway rows up to `min_rows` (see docs/explanation/metrics-and-costs.md). Nothing attends to the
-padding and its logits and cache rows are dropped, so results are unchanged. A plain step (the root
-alone) is never padded: one row has a kernel of its own.
+per-row one; with the default oneDNN-packed weights (`specframe.packed_linear`) its 1- and 2-row kernels
+stream the weights more slowly than its 4-row one (SmolLM2 at one thread on an Intel Xeon: 72 ms for a
+1-node tree, 57 ms padded to 4 rows, 55 ms for a 3-node tree, 61 ms for a plain step; on an AMD EPYC a
+plain step 54 ms, padded to 4 rows 49). So every forward, a plain step (the root alone) included, is
+padded with throwaway rows up to `min_rows` (see docs/explanation/metrics-and-costs.md). Nothing attends
+to the padding and its logits and cache rows are dropped, so results are unchanged.
 
 A CPU target in bfloat16 computes each row of a forward exactly as a plain step would
 (`specframe.exact_attention`) only up to `exact_rows(model)` rows (measured on the CPU: 64 with packed
@@ -139,7 +139,7 @@ class KVCacheBackend(StateBackend):
     def score(self, tree: TokenTree) -> TargetScores:
         self._crop(self._committed)  # drop any earlier uncommitted scoring
         device, rows = self.target.device, len(tree) + 1
-        pad = max(self.min_rows - rows, 0) if len(tree) else 0  # a plain step (root only) is fastest as is
+        pad = max(self.min_rows - rows, 0)  # a plain step too: see the module docstring
         ids = np.concatenate([[self._pending], tree.tokens, np.full(pad, self._pending)])
         offsets = tree.position_offsets
         offsets = np.concatenate([offsets, offsets[-1] + 1 + np.arange(pad)])  # the padding: a chain tail

@@ -1,0 +1,59 @@
+"""What padding a plain step to 4 rows saves: the `kv` backend's plain step, one row against four.
+
+A plain step (the root alone, no draft) is one row. On the CPUs measured, oneDNN multiplies one row
+more slowly than four (`plugins/specframe_kv/__init__.py`), so `kv` pads every forward, plain steps
+included, to `min_rows` (4 on the CPU) with throwaway rows. This loads the target once, prefills two
+backends, `kv(min_rows=1)` and `kv` (the default), with the same random tokens, and times plain steps of
+both, alternating, on the process CPU clock (`--clock cpu`, for a shared machine) or wall time. Each
+step is committed, so the cache grows as in decoding. Prints the median step of each and their ratio.
+
+    OMP_NUM_THREADS=1 python benchmarks/plain_padding.py --threads 1 --clock cpu
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+import specframe
+from specframe import TokenTree
+from specframe.pipeline import assemble
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu")
+    parser.add_argument("--steps", type=int, default=60, help="plain steps timed per backend")
+    parser.add_argument("--prompt", type=int, default=256, help="tokens in the cache before the first step")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
+    target = specframe.load_target(args.model, device="cpu")
+    backends = {spec: assemble(target, backend=spec).backend for spec in ("kv(min_rows=1)", "kv")}
+    ids = np.random.default_rng(0).integers(0, target.vocab_size, args.prompt + 1).tolist()
+    times = {spec: [] for spec in backends}
+    for backend in backends.values():
+        backend.prefill(ids)
+    for step in tqdm(range(args.steps + 3), desc="plain steps", unit="step"):
+        for spec, backend in backends.items():
+            start = clock()
+            scored = backend.score(TokenTree.empty())
+            elapsed = clock() - start
+            backend.commit(scored, [], int(ids[step % len(ids)]))
+            if step >= 3:  # the first steps warm the kernels up
+                times[spec].append(elapsed)
+    one, four = (float(np.median(times[spec])) * 1e3 for spec in backends)
+    print(f"{args.model}, {args.threads} thread(s), {args.clock} clock, median of {args.steps} plain steps "
+          f"from {args.prompt} cached tokens\n\n| plain step | ms |\n|---|---|\n"
+          f"| one row (`kv(min_rows=1)`) | {one:.1f} |\n| padded to 4 rows (`kv`) | {four:.1f} |\n"
+          f"| padded / one row | {four / one:.3f} |")
+
+
+if __name__ == "__main__":
+    main()
