@@ -13,9 +13,10 @@ On a CPU, a forward over 1 or 2 tokens costs more than over 4: with torch's own 
 per-row one; with the default oneDNN-packed weights (`specframe.packed_linear`) its 1- and 2-row kernels
 stream the weights more slowly than its 4-row one (SmolLM2 at one thread on an Intel Xeon: 72 ms for a
 1-node tree, 57 ms padded to 4 rows, 55 ms for a 3-node tree, 61 ms for a plain step; on an AMD EPYC a
-plain step 57.2 ms, padded to 4 rows 51.7: `benchmarks/plain_padding.py`). So every forward, a plain step (the root alone) included, is
-padded with throwaway rows up to `min_rows` (see docs/explanation/metrics-and-costs.md). Nothing attends
-to the padding and its logits and cache rows are dropped, so results are unchanged.
+plain step 57.2 ms, padded to 4 rows 51.7: `benchmarks/plain_padding.py`). So every forward, a plain
+step (the root alone) included, is padded with throwaway rows up to `min_rows` (see
+docs/explanation/metrics-and-costs.md). Nothing attends to the padding and its logits and cache rows are
+dropped, so results are unchanged.
 
 A CPU target in bfloat16 computes each row of a forward exactly as a plain step would
 (`specframe.exact_attention`) only up to `exact_rows(model)` rows (measured on the CPU: 64 with packed
