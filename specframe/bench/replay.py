@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from specframe.adaptive.calibration import stored_cost
-from specframe.adaptive.planner import AdaptivePlanner, FixedPlanner, parse_budget
+from specframe.adaptive.planner import SHAPE_LEARNING, AdaptivePlanner, FixedPlanner, parse_budget
 from specframe.bench.methods import MethodSpec
 from specframe.bench.runner import read_records
 from specframe.bench.suites import BenchPrompt, encode_turn, load_suite
@@ -153,7 +153,7 @@ def oracle_choice(tree: TokenTree, future: list[int], cost: CostModel, cap: int)
 
 def replay(target: Target, method: MethodSpec, turns: list[Turn], cost: CostModel | None = None,
            planner_cost: CostModel | None = None, oracle: bool = False,
-           learn_shape: bool = True) -> ReplayStats:
+           learn_shape: bool = SHAPE_LEARNING) -> ReplayStats:
     """Replay `turns` through `method`'s drafter, tree builder and planner (see the module docstring),
     with the step cost `cost` (default: the stored calibration of the method's backend). The planner
     weighs `planner_cost` (default: `cost`), so a replay can measure what a wrong cost model loses.
