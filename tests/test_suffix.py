@@ -322,7 +322,16 @@ def test_a_missing_or_changed_library_is_explained(tiny, monkeypatch):
 # --- a REST datastore as a third source ----------------------------------------------------------------
 
 
-def test_a_rest_corpus_is_a_third_labelled_source(tiny, prompts, tmp_path):
+@pytest.fixture(params=["tree", "search"])
+def corpus_path(request, monkeypatch):
+    """Both ways a corpus is drafted from: loaded into a suffix tree (small corpora) or searched in its
+    suffix array (large ones; forced here by a size limit of 0)."""
+    if request.param == "search":
+        monkeypatch.setattr("specframe_suffix.corpus.TREE_TOKENS", 0)
+    return request.param
+
+
+def test_a_rest_corpus_is_a_third_labelled_source(tiny, prompts, tmp_path, corpus_path):
     from specframe_rest.build import build_datastore
     from specframe_rest.sources import TokenDocuments
 
@@ -331,6 +340,8 @@ def test_a_rest_corpus_is_a_third_labelled_source(tiny, prompts, tmp_path):
     build_datastore(store, [TokenDocuments("answers", "ids", documents=[prompt + expected])], tiny,
                     progress=False)
     drafter = SuffixDrafter(tiny, corpus=str(store), max_cached=0)
+    assert (drafter.corpora[0].tree is not None) == (corpus_path == "tree")
+    assert (drafter.stats()["corpus_memory_bytes"] > 0) == (corpus_path == "tree")
     tokens = np.array(prompt + expected[:12])
     found = drafter.corpora[0].draft(tokens, 8, 1.0, 0.0, 0.1)  # the whole text matches: 8 tokens, p = 1
     assert list(found.tokens) == expected[12:20] and found.probs == [1.0] * 8 and found.group == 7
@@ -342,6 +353,26 @@ def test_a_rest_corpus_is_a_third_labelled_source(tiny, prompts, tmp_path):
     run = decoder(tiny, f"suffix(corpus={str(store)!r})")
     result = run.generate(prompt, max_new_tokens=NEW)
     assert result.tokens == expected and result.metrics.accepted_draft_tokens > 20
+
+
+def test_both_corpus_paths_give_the_frequency_probabilities(tiny, tmp_path, corpus_path):
+    """After "5 6", documents continue 7 8, 7 9 and 4, and one ends: each node is scored by the share of
+    occurrences through it. The library's tree counts the occurrence at a document's end among them (the
+    text may end there); the search skips it (it continues nowhere)."""
+    from specframe_rest.build import build_datastore
+    from specframe_rest.sources import TokenDocuments
+
+    documents = [[3, 5, 6, 7, 8], [1, 5, 6, 7, 9], [2, 5, 6, 4], [5, 6]]
+    build_datastore(tmp_path / "c", [TokenDocuments("c", "ids", documents=documents)], tiny, progress=False)
+    drafter = SuffixDrafter(tiny, corpus=str(tmp_path / "c"), max_cached=0)
+    found = drafter.corpora[0].draft(np.array([9, 9, 5, 6]), 8, 2.0, 0.0, 0.1)
+    nodes = {(found.parents[i], t): p for i, (t, p) in enumerate(zip(found.tokens, found.probs))}
+    first = {t: i for i, (t, parent) in enumerate(zip(found.tokens, found.parents)) if parent == -1}
+    share = 1 / (4 if corpus_path == "tree" else 3)  # of the occurrences of "5 6"
+    assert found.match_len == 2 and set(first) == {7, 4}
+    assert nodes == pytest.approx({(-1, 7): 2 * share, (-1, 4): share, (first[7], 8): share,
+                                   (first[7], 9): share})
+    assert drafter.corpora[0].draft(np.array([7, 8]), 8, 2.0, 0.0, 0.1) is None  # nothing crosses a document
 
 
 def test_several_corpora_are_each_drafted_from(tiny, prompts, tmp_path):

@@ -169,7 +169,7 @@ class SuffixDrafter(Drafter):
             from specframe_suffix.corpus import CorpusSource
 
             names = [corpus] if isinstance(corpus, (str, os.PathLike)) else list(corpus)
-            self.corpora = [CorpusSource(name, target, self.max_depth) for name in names]
+            self.corpora = [CorpusSource(name, target, self.max_depth, tree_class) for name in names]
 
     # --- drafting ----------------------------------------------------------------------------------
 
@@ -282,13 +282,15 @@ class SuffixDrafter(Drafter):
 
     def stats(self) -> dict:
         """Responses and tokens kept, and the library's estimate of its trees' memory (walks every tree:
-        call it between requests, not per step)."""
+        call it between requests, not per step): `memory_bytes` for the request and earlier responses,
+        `corpus_memory_bytes` for the corpora loaded into suffix trees (see `specframe_suffix.corpus`)."""
         trees = [self.library._global_tree, *self.library._local_trees.values()]
         return {
             "responses": len(self.finished),
             "tokens": sum(len(r) for r in self.finished),
             "active_tokens": len(self._known),
             "memory_bytes": int(sum(t.estimate_memory() for t in trees)),
+            "corpus_memory_bytes": sum(corpus.memory_bytes() for corpus in self.corpora),
             "cache": None if self.cache_path is None else str(self.cache_path),
         }
 
