@@ -31,13 +31,13 @@ from specframe.interfaces import StateBackend
 from specframe.packed_linear import linear_kernel
 from specframe.tree import TokenTree
 
-SIZES = (0, 1, 2, 3, 4, 6, 8, 10, 12, 16, 20, 24, 32)
+SIZES = (0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32)
 PROMPT_TOKENS = 256  # a typical prompt plus part of an answer: the cache the tree attends to
 LONG_PROMPT_TOKENS = 1024  # a long one (RAG, summaries): the second point of each size's context slope
 ROUNDS = 5
-FORMAT = 7  # 2: kv pads small trees to 4 rows on CPU; 3: the key holds the linear kernel and backend options;
+FORMAT = 8  # 2: kv pads small trees to 4 rows on CPU; 3: the key holds the linear kernel and backend options;
 # 4: and the attention implementation; 5: the fastest of 5 rounds (was the median of 3); 6: context slopes;
-# 7: kv pads plain steps to 4 rows on CPU as well
+# 7: kv pads plain steps to 4 rows on CPU as well; 8: sizes 5 and 7 measured (oneDNN's cost jumps at 7 rows)
 
 
 def calibrate(backend: StateBackend, sizes=SIZES, rounds: int = ROUNDS, progress: bool = True,
