@@ -27,7 +27,7 @@ import numpy as np
 from specframe import ConfigurationError, DraftProposal
 
 SAMPLES = 256  # occurrences whose continuations are merged (REST's default k)
-TREE_TOKENS = 1 << 20  # corpora of at most this many tokens are loaded into a suffix tree (~360 MiB at most)
+TREE_TOKENS = 1 << 20  # corpora of at most this many tokens are loaded into a suffix tree (about 380 MiB)
 
 
 class CorpusSource:
@@ -45,6 +45,8 @@ class CorpusSource:
         self.n_max = max_depth
         self.tree = (load_tree(self.store.tokens, self.store.separator, tree_class(max_depth))
                      if len(self.store.tokens) <= TREE_TOKENS else None)
+        # the library's estimate walks every node; the corpus never changes, so it is taken once
+        self.memory_bytes = 0 if self.tree is None else int(self.tree.estimate_memory())
 
     def draft(self, tokens: np.ndarray, budget: int, factor: float, offset: float, min_prob: float):
         """The corpus draft after `tokens` as a `SourceDraft`, or None when nothing matches."""
@@ -77,10 +79,6 @@ class CorpusSource:
                                        score_kind=trie.score_kind), cap)
         return SourceDraft(CORPUS, trie.tokens.tolist(), trie.parents.tolist(), trie.scores.tolist(),
                            match.length)
-
-    def memory_bytes(self) -> int:
-        """The library's estimate of the suffix tree's memory (0 for a corpus searched in place)."""
-        return 0 if self.tree is None else int(self.tree.estimate_memory())
 
 
 def load_tree(tokens: np.ndarray, separator: int, tree):

@@ -290,7 +290,7 @@ class SuffixDrafter(Drafter):
             "tokens": sum(len(r) for r in self.finished),
             "active_tokens": len(self._known),
             "memory_bytes": int(sum(t.estimate_memory() for t in trees)),
-            "corpus_memory_bytes": sum(corpus.memory_bytes() for corpus in self.corpora),
+            "corpus_memory_bytes": sum(corpus.memory_bytes for corpus in self.corpora),
             "cache": None if self.cache_path is None else str(self.cache_path),
         }
 
