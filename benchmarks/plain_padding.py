@@ -1,13 +1,15 @@
-"""What padding a plain step to 4 rows saves: the `kv` backend's plain step, one row against four.
+"""What padding a plain step to 4 rows saves: a backend's plain step, one row against four.
 
 A plain step (the root alone, no draft) is one row. On the CPUs measured, oneDNN multiplies one row
-more slowly than four (`plugins/specframe_kv/__init__.py`), so `kv` pads every forward, plain steps
-included, to `min_rows` (4 on the CPU) with throwaway rows. This loads the target once, prefills two
-backends, `kv(min_rows=1)` and `kv` (the default), with the same random tokens, and times plain steps of
-both, alternating, on the process CPU clock (`--clock cpu`, for a shared machine) or wall time. Each
-step is committed, so the cache grows as in decoding. Prints the median step of each and their ratio.
+more slowly than four (`plugins/specframe_kv/__init__.py`), so `kv` and `ssm-tree` pad every forward,
+plain steps included, to `min_rows` (4 on the CPU) with throwaway rows. This loads the target once,
+prefills two backends, `B(min_rows=1)` and `B` (the default), with the same random tokens, and times
+plain steps of both, alternating, on the process CPU clock (`--clock cpu`, for a shared machine) or wall
+time. Each step is committed, so the cache grows as in decoding. Prints the median step of each and
+their ratio.
 
     OMP_NUM_THREADS=1 python benchmarks/plain_padding.py --threads 1 --clock cpu
+    OMP_NUM_THREADS=1 python benchmarks/plain_padding.py --model smollm2-135m-hybrid --backend ssm-tree
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from specframe.pipeline import assemble
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--backend", default="kv", help="a backend with a min_rows option: kv or ssm-tree")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu")
     parser.add_argument("--steps", type=int, default=60, help="plain steps timed per backend")
@@ -35,7 +38,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
     target = specframe.load_target(args.model, device="cpu")
-    backends = {spec: assemble(target, backend=spec).backend for spec in ("kv(min_rows=1)", "kv")}
+    specs = (f"{args.backend}(min_rows=1)", args.backend)
+    backends = {spec: assemble(target, backend=spec).backend for spec in specs}
     ids = np.random.default_rng(0).integers(0, target.vocab_size, args.prompt + 1).tolist()
     times = {spec: [] for spec in backends}
     for backend in backends.values():
@@ -49,9 +53,9 @@ def main() -> None:
             if step >= 3:  # the first steps warm the kernels up
                 times[spec].append(elapsed)
     one, four = (float(np.median(times[spec])) * 1e3 for spec in backends)
-    print(f"{args.model}, {args.threads} thread(s), {args.clock} clock, median of {args.steps} plain steps "
-          f"from {args.prompt} cached tokens\n\n| plain step | ms |\n|---|---|\n"
-          f"| one row (`kv(min_rows=1)`) | {one:.1f} |\n| padded to 4 rows (`kv`) | {four:.1f} |\n"
+    print(f"{args.model} on `{args.backend}`, {args.threads} thread(s), {args.clock} clock, median of "
+          f"{args.steps} plain steps from {args.prompt} cached tokens\n\n| plain step | ms |\n|---|---|\n"
+          f"| one row (`{specs[0]}`) | {one:.1f} |\n| padded to 4 rows (`{specs[1]}`) | {four:.1f} |\n"
           f"| padded / one row | {four / one:.3f} |")
 
 

@@ -135,6 +135,17 @@ def test_commit_any_path_equals_sequential_run(target, shape):
         check_commit(target, "ssm-tree", tree, node)
 
 
+@pytest.mark.parametrize("min_rows", [1, 4, 7])
+def test_padding_changes_neither_scores_nor_commits(target, min_rows):
+    """`ssm-tree` pads every forward, a plain step included, with a throwaway chain up to `min_rows` rows
+    (4 on the CPU): the real rows' logits and the state after any commit are the reference's."""
+    for parents, node in (([], -1), ([-1], 0), ([-1, 0, -1], 1), ([-1, 0, -1], 2)):
+        tree = make_tree(parents)
+        _, scores = check_scores(target, "ssm-tree", tree, min_rows=min_rows)
+        assert scores.tree is tree
+        check_commit(target, "ssm-tree", tree, node=node, min_rows=min_rows)
+
+
 def test_unrolled_commit_equals_sequential_run(target):
     if target.name.removeprefix("tiny-") in MAMBA1_FAMILIES:
         pytest.skip("ssm-unrolled refuses Mamba-1 models (test_unrolled_refuses_mamba1)")
@@ -280,3 +291,6 @@ def test_unknown_options_are_refused(target):
         backend_cls("ssm-tree")(target, commit="lazy")
     with pytest.raises(ConfigurationError, match="scan"):
         backend_cls("ssm-tree")(target, scan="cuda")
+    for rows in (0, -2, 2.5, True):
+        with pytest.raises(ConfigurationError, match="min_rows must be an integer >= 1"):
+            backend_cls("ssm-tree")(target, min_rows=rows)

@@ -23,6 +23,7 @@ from specframe_ssm.layout import inspect_layout, unsupported_reason
 from specframe_ssm.mixer import COMMIT_RULES, FAMILIES, TreeRun, tree_forward_mode
 from specframe_ssm.tree_ops import conv_window_index
 
+CPU_MIN_ROWS = 4  # oneDNN's 1-row products stream the weights more slowly than its 4-row ones (as `kv`)
 CommitRule = Literal["replay", "closed"]  # the keys of COMMIT_RULES (tests/test_ssm_cost.py checks)
 ScanImpl = Literal["auto", "torch", "triton"]  # specframe_kernels.tree_scan impl: auto = Triton on CUDA
 SCANS = get_args(ScanImpl)
@@ -100,6 +101,16 @@ class SSMBackendBase(StateBackend):
         return out
 
 
+def padded(tree: TokenTree, pad: int, token: int) -> TokenTree:
+    """`tree` with a chain of `pad` nodes carrying `token` after its last node (after the root when it is
+    empty); `tree` itself when `pad` <= 0. Its nodes keep their indices and their ancestors."""
+    if pad <= 0:
+        return tree
+    n = len(tree)
+    return TokenTree(np.concatenate([tree.tokens, np.full(pad, token, np.int64)]),
+                     np.concatenate([tree.parents, np.arange(n - 1, n - 1 + pad)]))
+
+
 def chain_allowed(prefix: int, length: int, batch: int, device) -> torch.Tensor:
     """(B, m, P + m) bool: every row sees the prefix and the causal part of its own sequence."""
     allowed = torch.ones(batch, length, prefix + length, dtype=torch.bool, device=device)
@@ -117,19 +128,29 @@ def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 class SSMTreeBackend(SSMBackendBase):
     """Packed-tree verification on Mamba2, gated DeltaNet and hybrid models (STree). Options: `commit` =
     "replay" or "closed" (how the recurrent state absorbs the accepted path), `scan` = "auto", "torch" or
-    "triton" (the Mamba2 tree scan)."""
+    "triton" (the Mamba2 tree scan), `min_rows` (rows every forward is padded to, a plain step included,
+    as the `kv` backend pads: 4 on a CPU, 1 elsewhere; 1 turns padding off).
+
+    The padding is a chain of throwaway nodes after the tree's last node: no tree node has it among its
+    ancestors, so neither attention nor the tree scan carries it into a real row, and `commit` reads only
+    the accepted path's rows."""
 
     name = "ssm-tree"
 
     def __init__(self, target, *, want_hidden: bool = False, commit: CommitRule = "replay",
-                 scan: ScanImpl = "auto"):
+                 scan: ScanImpl = "auto", min_rows: int | None = None):
         if commit not in COMMIT_RULES:
             raise ConfigurationError(f"backend 'ssm-tree': commit must be one of {sorted(COMMIT_RULES)}, "
                                      f"got {commit!r}")
         if scan not in SCANS:
             raise ConfigurationError(f"backend 'ssm-tree': scan must be one of {list(SCANS)}, got {scan!r}")
         super().__init__(target, want_hidden=want_hidden)
-        self.commit_rule, self.scan = commit, scan
+        if min_rows is None:
+            min_rows = CPU_MIN_ROWS if target.device.type == "cpu" else 1
+        if isinstance(min_rows, bool) or not isinstance(min_rows, int) or min_rows < 1:
+            raise ConfigurationError(
+                f"backend 'ssm-tree': min_rows must be an integer >= 1 (1: no padding), got {min_rows!r}")
+        self.commit_rule, self.scan, self.min_rows = commit, scan, min_rows
         widths = {m.conv_kernel_size for m in self.layout.mixers.values()}
         if len(widths) != 1:
             raise UnsupportedModelError(
@@ -138,10 +159,19 @@ class SSMTreeBackend(SSMBackendBase):
 
     def cost_options(self) -> dict:
         """The commit rule and the scan change what a step costs: each is calibrated apart."""
-        return {**super().cost_options(), "commit": self.commit_rule, "scan": self.scan}
+        return {**super().cost_options(), "commit": self.commit_rule, "scan": self.scan,
+                "min_rows": self.min_rows}
 
     @torch.inference_mode()
     def score(self, tree: TokenTree) -> TargetScores:
+        rows = len(tree) + 1
+        out = self._run(padded(tree, self.min_rows - rows, self._pending))
+        hidden = None if out.hidden is None else out.hidden[:rows]
+        return self.issue(TargetScores(logits=out.logits[:rows], hidden=hidden, tree=tree, state=out.state))
+
+    def _run(self, tree: TokenTree) -> TargetScores:
+        """The forward over the packed `tree` after the committed state: every row's logits, and in
+        `state` each mixer's per-node activations, all `commit` needs to absorb any path."""
         cache_ops.crop_kv(self.cache, self.layout.attention, self._committed)  # drop an earlier scoring
         device, prefix = self.target.device, self._committed
         ids = torch.from_numpy(np.concatenate([[self._pending], tree.tokens]))[None].to(device)  # (1, T)
@@ -159,8 +189,7 @@ class SSMTreeBackend(SSMBackendBase):
         with tree_forward_mode(self.layout.mixers, run, self.layout.kinds):
             out = self._forward(ids, positions, self.cache, mask, output_hidden_states=self.want_hidden)
         hidden = out.hidden_states[-1][0] if self.want_hidden else None  # (T, D)
-        # `run` now holds each mixer's per-node activations: all commit needs to absorb any path.
-        return self.issue(TargetScores(logits=out.logits[0].float(), hidden=hidden, tree=tree, state=run))
+        return TargetScores(logits=out.logits[0].float(), hidden=hidden, tree=tree, state=run)
 
     @torch.inference_mode()
     def commit(self, scored: TargetScores, path: list[int], bonus: int) -> None:
