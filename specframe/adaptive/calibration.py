@@ -7,9 +7,9 @@ context length (a tree's nodes attend to every cached token). The fastest round,
 machine timing noise only ever adds time (another process, an interrupt), so the minimum is the stablest
 estimate of what a size costs, and the decoder scales it to what its real steps take (the speed the
 adaptive planner learns; see "Why the fastest of five" in docs/explanation/adaptive-speculation.md).
-`cached_cost` returns a stored calibration for the same keys, measuring one (with progress; about 14 s
-at two threads on the development CPU, 18 s at one) when there is none; `specframe calibrate` refreshes
-it.
+`cached_cost` returns a stored calibration for the same keys, measuring one (with progress; on the
+development CPU 21-25 s at two threads and up to 35 s at one on a slow day, model loading included) when
+there is none; `specframe calibrate` refreshes it.
 """
 
 from __future__ import annotations
