@@ -49,11 +49,14 @@ def corpus_documents(target, store_path: Path | None, size: int) -> list[np.ndar
     return docs
 
 
+_TMP_DIR = tempfile.TemporaryDirectory(prefix="bench-rest-")  # removed when the process exits
+
+
 def stores(target) -> dict[str, Path]:
     """size label -> datastore directory (built in a temporary directory, full python-site reused)."""
     cached = resolve_datastore("python-site")
     cached = cached if cached is not None and cached.exists() else None
-    tmp = Path(tempfile.mkdtemp(prefix="bench-rest-"))
+    tmp = Path(_TMP_DIR.name)
     result = {}
     for size in SIZES if cached else SIZES[:2]:
         out = tmp / f"{size}"

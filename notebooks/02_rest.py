@@ -1,12 +1,15 @@
 # ---
 # jupyter:
+#   execution:
+#     timeout: 900
 #   jupytext:
 #     formats: ipynb,py:percent
+#     notebook_metadata_filter: execution
 #     text_representation:
 #       extension: .py
 #       format_name: percent
-#   execution:
-#     timeout: 900
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -46,7 +49,8 @@ tok = target.tokenizer
 # %%
 stdlib = Path(sysconfig.get_paths()["stdlib"])
 sources = [parse_source(str(stdlib / package), glob="*.py") for package in ("json", "collections", "email")]
-workdir = Path(tempfile.mkdtemp(prefix="specframe-rest-"))
+tmp = tempfile.TemporaryDirectory(prefix="specframe-rest-")  # removed when the kernel exits
+workdir = Path(tmp.name)
 start = time.perf_counter()
 header = build_datastore(workdir / "stdlib-small", sources, target, progress=False)
 print(f"built in {time.perf_counter() - start:.1f} s")

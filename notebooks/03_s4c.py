@@ -1,12 +1,15 @@
 # ---
 # jupyter:
+#   execution:
+#     timeout: 900
 #   jupytext:
 #     formats: ipynb,py:percent
+#     notebook_metadata_filter: execution
 #     text_representation:
 #       extension: .py
 #       format_name: percent
-#   execution:
-#     timeout: 900
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -45,7 +48,8 @@ print(S4C.capabilities)
 # heads with the paper's loss and writes `heads.safetensors`.
 
 # %%
-run = Path(tempfile.mkdtemp(prefix="specframe-s4c-"))
+workdir = tempfile.TemporaryDirectory(prefix="specframe-s4c-")  # removed when the kernel exits
+run = Path(workdir.name)
 command = [sys.executable, "-c", "from specframe.cli import main; main()", "train", "s4c",
            "--data", "python-stdlib:4", "--max-tokens", "2048", "--block", "64", "--batch", "4",
            "--steps", "10", "--draft-vocab", "2048", "--out", str(run), "--fresh"]

@@ -1,12 +1,15 @@
 # ---
 # jupyter:
+#   execution:
+#     timeout: 900
 #   jupytext:
 #     formats: ipynb,py:percent
+#     notebook_metadata_filter: execution
 #     text_representation:
 #       extension: .py
 #       format_name: percent
-#   execution:
-#     timeout: 900
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -66,7 +69,8 @@ documents = []
 for text in prompts:
     ids = tok(text)["input_ids"]
     documents.append(ids + plain.generate(ids, max_new_tokens=40).tokens)
-store = Path(tempfile.mkdtemp(prefix="specframe-mix-")) / "own-answers"
+workdir = tempfile.TemporaryDirectory(prefix="specframe-mix-")  # removed when the kernel exits
+store = Path(workdir.name) / "own-answers"
 build_datastore(store, [TokenDocuments("the hybrid's own answers", "ids", documents=documents)], hybrid,
                 progress=False)
 

@@ -1,12 +1,15 @@
 # ---
 # jupyter:
+#   execution:
+#     timeout: 900
 #   jupytext:
 #     formats: ipynb,py:percent
+#     notebook_metadata_filter: execution
 #     text_representation:
 #       extension: .py
 #       format_name: percent
-#   execution:
-#     timeout: 900
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -38,7 +41,8 @@ import specframe
 from specframe.bench.harness import run_benchmark
 
 target = specframe.load_target("smollm2-135m")
-out = Path(tempfile.mkdtemp(prefix="specframe-bench-"))
+workdir = tempfile.TemporaryDirectory(prefix="specframe-bench-")  # removed when the kernel exits
+out = Path(workdir.name)
 run, table = run_benchmark(target, "humaneval", ["pld", "pld(matches=3)+trie"], out, peers="none",
                            limit=1, repeats=1, max_new_tokens=24, plots=False, progress=False,
                            command="notebooks/10_benchmarking.py")

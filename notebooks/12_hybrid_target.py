@@ -1,12 +1,15 @@
 # ---
 # jupyter:
+#   execution:
+#     timeout: 900
 #   jupytext:
 #     formats: ipynb,py:percent
+#     notebook_metadata_filter: execution
 #     text_representation:
 #       extension: .py
 #       format_name: percent
-#   execution:
-#     timeout: 900
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -70,7 +73,8 @@ with torch.no_grad():
 documents = code_documents(teacher.tokenizer, 4 * 256)
 stream = [t for d in documents for t in d][: 4 * 256]
 blocks = torch.tensor(stream).view(4, 256)  # (blocks, tokens)
-workdir = tempfile.mkdtemp(prefix="hybrid-notebook-")
+tmp = tempfile.TemporaryDirectory(prefix="hybrid-notebook-")  # removed when the kernel exits
+workdir = tmp.name
 activations = TeacherActivations(Path(workdir) / "activations", blocks, [2])
 activations.fill(teacher.model)
 inputs, outputs = activations.pairs(2)

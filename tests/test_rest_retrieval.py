@@ -23,8 +23,11 @@ def ids_target(vocab: int):
     return SimpleNamespace(name=f"ids-{vocab}", tokenizer=None, vocab_size=vocab)
 
 
+_TMP_DIR = tempfile.TemporaryDirectory(prefix="rest-test-")  # removed when the session ends
+
+
 def open_store(docs: list[list[int]], vocab: int) -> Datastore:
-    out = Path(tempfile.mkdtemp(prefix="rest-test-")) / "store"
+    out = Path(tempfile.mkdtemp(dir=_TMP_DIR.name)) / "store"
     build_datastore(out, [TokenDocuments("test", "ids", documents=docs)], ids_target(vocab), progress=False)
     return Datastore.open(out)
 

@@ -17,7 +17,8 @@ from specframe_s4c.features import FeatureCache
 from specframe_s4c.heads import S4CHeads, S4CHeadsMismatch
 from specframe_s4c.train import Trainer, TrainConfig, frequent_tokens, head_losses
 
-_TMP = Path(tempfile.mkdtemp(prefix="specframe-s4c-test-"))
+_TMP_DIR = tempfile.TemporaryDirectory(prefix="specframe-s4c-test-")  # removed when the session ends
+_TMP = Path(_TMP_DIR.name)
 
 
 def tiny_heads_file(seed: int = 0, vocab_ids: torch.Tensor | None = None) -> Path:
