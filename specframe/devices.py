@@ -14,6 +14,7 @@ from specframe.errors import ConfigurationError
 
 DEVICE_HELP = "auto (CUDA, else MPS, else CPU), cpu, cuda, cuda:INDEX or mps."
 DTYPE_HELP = "auto (the model's own dtype on an accelerator, float32 on CPU), float32, bfloat16 or float16."
+CPU_MIN_ROWS = 4  # see `forward_min_rows`
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
           "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -70,6 +71,22 @@ def native_dtype(config) -> torch.dtype | None:
     if isinstance(value, str):
         value = DTYPES.get(value.removeprefix("torch."))
     return value if isinstance(value, torch.dtype) else None
+
+
+def forward_min_rows(value: int | None, device: torch.device, backend: str) -> int:
+    """Rows a state backend pads every forward to (its `min_rows` option): `value`, checked, or by default
+    `CPU_MIN_ROWS` on a CPU and 1 (no padding) elsewhere.
+
+    On a CPU, oneDNN's and the BLAS's 1- and 2-row matrix products stream the weights more slowly than
+    their 4-row ones, so a padded plain step is faster than an unpadded one (measured by
+    `benchmarks/plain_padding.py`; docs/explanation/metrics-and-costs.md).
+    """
+    if value is None:
+        return CPU_MIN_ROWS if device.type == "cpu" else 1
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigurationError(
+            f"backend {backend!r}: min_rows must be an integer >= 1 (1: no padding), got {value!r}")
+    return value
 
 
 def synchronize(device: torch.device) -> None:

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from specframe import TokenTree
+from specframe import ConfigurationError, TokenTree
 from specframe_kv import KVCacheBackend
 
 from conftest import tiny_llama
@@ -41,3 +41,9 @@ def test_padding_changes_neither_logits_nor_the_committed_state(name):
 def test_small_trees_are_padded_on_cpu_only_by_default():
     target = tiny_llama(seed=3)
     assert KVCacheBackend(target).min_rows == 4 and KVCacheBackend(target, min_rows=1).min_rows == 1
+
+
+@pytest.mark.parametrize("rows", [0, -2, 2.5, True, "4"])
+def test_min_rows_that_is_not_a_positive_integer_is_refused(rows):
+    with pytest.raises(ConfigurationError, match="backend 'kv': min_rows must be an integer >= 1"):
+        KVCacheBackend(tiny_llama(seed=3), min_rows=rows)

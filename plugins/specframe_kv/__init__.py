@@ -34,12 +34,12 @@ import torch
 
 import specframe
 from specframe import BackendCapabilities, StateBackend, TargetScores, TokenTree
+from specframe.devices import forward_min_rows
 from specframe.errors import ConfigurationError, UnknownComponentError
 from specframe.exact_attention import exact_rows
 
 # Layer types whose only state is the KV cache (attention) or that have no state at all (NemotronH blocks).
 CACHELESS_TYPES = {"full_attention", "sliding_attention", "mlp", "moe"}
-CPU_MIN_ROWS = 4  # a 4-row forward costs less than a 2-row one on our CPUs, with either linear kernel
 # The `cache` option: append in place (specframe.kv_cache), or transformers' torch.cat per step.
 CacheKind = Literal["buffer", "concat"]
 CACHES = get_args(CacheKind)
@@ -74,9 +74,7 @@ class KVCacheBackend(StateBackend):
         self.model = target.model
         self.cache_kind = cache
         # Rows (root + nodes) a tree forward is padded to: see the module docstring. 1 turns padding off.
-        if min_rows is None:
-            min_rows = CPU_MIN_ROWS if target.device.type == "cpu" else 1
-        self.min_rows = min_rows
+        self.min_rows = forward_min_rows(min_rows, target.device, self.name)
         self._max_rows: dict[int, int | None] = {}  # `exact_rows(model)` by torch's thread count
         self._fixed_rows: tuple[int | None] | None = None
         self.cache = None

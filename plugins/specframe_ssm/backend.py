@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from specframe import BackendCapabilities, CostModel, StateBackend, TargetScores, TokenTree
+from specframe.devices import forward_min_rows
 from specframe.errors import ConfigurationError, UnsupportedModelError
 from specframe_ssm import cache as cache_ops
 from specframe_ssm.cost import default_cost_model
@@ -23,7 +24,6 @@ from specframe_ssm.layout import inspect_layout, unsupported_reason
 from specframe_ssm.mixer import COMMIT_RULES, FAMILIES, TreeRun, tree_forward_mode
 from specframe_ssm.tree_ops import conv_window_index
 
-CPU_MIN_ROWS = 4  # oneDNN's 1-row products stream the weights more slowly than its 4-row ones (as `kv`)
 CommitRule = Literal["replay", "closed"]  # the keys of COMMIT_RULES (tests/test_ssm_cost.py checks)
 ScanImpl = Literal["auto", "torch", "triton"]  # specframe_kernels.tree_scan impl: auto = Triton on CUDA
 SCANS = get_args(ScanImpl)
@@ -145,12 +145,8 @@ class SSMTreeBackend(SSMBackendBase):
         if scan not in SCANS:
             raise ConfigurationError(f"backend 'ssm-tree': scan must be one of {list(SCANS)}, got {scan!r}")
         super().__init__(target, want_hidden=want_hidden)
-        if min_rows is None:
-            min_rows = CPU_MIN_ROWS if target.device.type == "cpu" else 1
-        if isinstance(min_rows, bool) or not isinstance(min_rows, int) or min_rows < 1:
-            raise ConfigurationError(
-                f"backend 'ssm-tree': min_rows must be an integer >= 1 (1: no padding), got {min_rows!r}")
-        self.commit_rule, self.scan, self.min_rows = commit, scan, min_rows
+        self.commit_rule, self.scan = commit, scan
+        self.min_rows = forward_min_rows(min_rows, target.device, self.name)
         widths = {m.conv_kernel_size for m in self.layout.mixers.values()}
         if len(widths) != 1:
             raise UnsupportedModelError(
