@@ -4,6 +4,8 @@
 model's own dtype on an accelerator and uses float32 on the CPU (half precision matrix products are slow
 on most CPUs, and the lossless checks compare against float32 references there). Both refuse what this
 machine cannot do with a message that says what it has instead.
+
+`forward_min_rows` gives the rows a state backend pads every forward to on a device (its `min_rows`).
 """
 
 from __future__ import annotations
