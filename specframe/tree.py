@@ -66,6 +66,17 @@ class TokenTree(Forest):
         origin = None if self.origin is None else self.origin[keep]
         return TokenTree(self.tokens[keep], self.kept_parents(keep), probs, draw, origin=origin)
 
+    def padded(self, pad: int, token: int) -> TokenTree:
+        """This tree with a chain of `pad` throwaway nodes carrying `token` after its last node (after the
+        root when it is empty), or the tree itself when `pad` <= 0. No original node has the chain among
+        its ancestors, so scoring the padded tree gives the original rows unchanged: backends pad small
+        forwards this way to a row count the CPU multiplies faster (`specframe.devices.forward_min_rows`)."""
+        if pad <= 0:
+            return self
+        n = len(self)
+        return TokenTree(np.concatenate([self.tokens, np.full(pad, token, np.int64)]),
+                         np.concatenate([self.parents, np.arange(n - 1, n - 1 + pad)]))
+
     @property
     def sampled(self) -> bool:
         """True when the children of every node are draws from their q row (see `DrawMethod`)."""

@@ -60,3 +60,18 @@ def test_from_proposal_requires_closed_subset():
     assert tree.tokens.tolist() == [1, 2] and tree.parents.tolist() == [-1, 0]
     with pytest.raises(ValueError, match="ancestor"):
         TokenTree.from_proposal(proposal, [0, 2])
+
+
+@pytest.mark.parametrize("parents", [[], [-1], [-1, 0, -1], [-1, -1, 1, 2]])
+@pytest.mark.parametrize("pad", [0, 1, 3])
+def test_padding_is_a_chain_after_the_last_node_that_no_real_node_sees(parents, pad):
+    tree = TokenTree(np.arange(len(parents), dtype=np.int64) + 5, np.array(parents, np.int64))
+    grown = tree.padded(pad, token=99)
+    n = len(tree)
+    assert len(grown) == n + pad and grown.tokens[n:].tolist() == [99] * pad
+    assert grown.tokens[:n].tolist() == tree.tokens.tolist()
+    np.testing.assert_array_equal(grown.ancestor_mask[: n + 1, : n + 1], tree.ancestor_mask)
+    assert not grown.ancestor_mask[: n + 1, n + 1:].any()  # no real row sees the padding
+    assert grown.packed_parents[n + 1:].tolist() == list(range(n, n + pad))  # from the last real row
+    tail = tree.position_offsets[-1] + 1 + np.arange(pad)  # one position further per padding row
+    np.testing.assert_array_equal(grown.position_offsets[n + 1:], tail)

@@ -138,13 +138,10 @@ class KVCacheBackend(StateBackend):
     def score(self, tree: TokenTree) -> TargetScores:
         self._crop(self._committed)  # drop any earlier uncommitted scoring
         device, rows = self.target.device, len(tree) + 1
-        pad = max(self.min_rows - rows, 0)  # a plain step too: see the module docstring
-        ids = np.concatenate([[self._pending], tree.tokens, np.full(pad, self._pending)])
-        offsets = tree.position_offsets
-        offsets = np.concatenate([offsets, offsets[-1] + 1 + np.arange(pad)])  # the padding: a chain tail
-        ids = torch.from_numpy(ids)[None].to(device)
-        positions = torch.from_numpy(self._committed + offsets)[None].to(device)
-        mask = self._padded(self._mask(tree), pad)
+        run = tree.padded(self.min_rows - rows, self._pending)  # a plain step too: see the module docstring
+        ids = torch.from_numpy(np.concatenate([[self._pending], run.tokens]))[None].to(device)
+        positions = torch.from_numpy(self._committed + run.position_offsets)[None].to(device)
+        mask = self._mask(run)
         chunk = self.max_rows or ids.shape[1]  # see `max_rows`: one forward unless the tree is larger
         outs = [self._forward(ids, positions, mask, start, start + chunk)
                 for start in range(0, ids.shape[1], chunk)]
@@ -172,21 +169,6 @@ class KVCacheBackend(StateBackend):
         allowed[:, self._committed:] = torch.from_numpy(tree.ancestor_mask)
         mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
         return mask[None, None].to(self.target.device)
-
-    @staticmethod
-    def _padded(mask: torch.Tensor | None, pad: int) -> torch.Tensor | None:
-        """`mask` grown by `pad` padding rows that see everything before them; no tree row sees them.
-        None (causal attention) stays None: padding after the last row is causal already."""
-        if mask is None or pad == 0:
-            return mask
-        rows, columns = mask.shape[-2:]
-        low = torch.finfo(mask.dtype).min
-        grown = torch.full((1, 1, rows + pad, columns + pad), low, dtype=mask.dtype, device=mask.device)
-        grown[..., :rows, :columns] = mask
-        sees = torch.ones(pad, columns + pad, dtype=torch.bool, device=mask.device).tril(columns)  # causal
-        blank = torch.zeros(sees.shape, dtype=mask.dtype, device=mask.device)
-        grown[0, 0, rows:] = blank.masked_fill_(~sees, low)
-        return grown
 
     @torch.inference_mode()
     def commit(self, scored: TargetScores, path: list[int], bonus: int) -> None:

@@ -101,16 +101,6 @@ class SSMBackendBase(StateBackend):
         return out
 
 
-def padded(tree: TokenTree, pad: int, token: int) -> TokenTree:
-    """`tree` with a chain of `pad` nodes carrying `token` after its last node (after the root when it is
-    empty); `tree` itself when `pad` <= 0. Its nodes keep their indices and their ancestors."""
-    if pad <= 0:
-        return tree
-    n = len(tree)
-    return TokenTree(np.concatenate([tree.tokens, np.full(pad, token, np.int64)]),
-                     np.concatenate([tree.parents, np.arange(n - 1, n - 1 + pad)]))
-
-
 def chain_allowed(prefix: int, length: int, batch: int, device) -> torch.Tensor:
     """(B, m, P + m) bool: every row sees the prefix and the causal part of its own sequence."""
     allowed = torch.ones(batch, length, prefix + length, dtype=torch.bool, device=device)
@@ -161,7 +151,7 @@ class SSMTreeBackend(SSMBackendBase):
     @torch.inference_mode()
     def score(self, tree: TokenTree) -> TargetScores:
         rows = len(tree) + 1
-        out = self._run(padded(tree, self.min_rows - rows, self._pending))
+        out = self._run(tree.padded(self.min_rows - rows, self._pending))
         hidden = None if out.hidden is None else out.hidden[:rows]
         return self.issue(TargetScores(logits=out.logits[:rows], hidden=hidden, tree=tree, state=out.state))
 
