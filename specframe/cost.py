@@ -123,6 +123,25 @@ class ScaledCost(CostModel):
         return float(self.by_size[min(nodes, len(self.by_size) - 1)]) if len(self.by_size) else 1.0
 
 
+@dataclass(frozen=True)
+class PaddedCost(CostModel):
+    """`base` for a forward that a backend pads with throwaway rows up to `rows` rows (root included; see
+    `specframe.devices.forward_min_rows`): a tree of fewer nodes costs what `rows - 1` nodes cost. For
+    models fitted or measured without padding, such as `specframe_ssm.cost`'s reference fits."""
+
+    base: CostModel
+    rows: int
+
+    def step_seconds(self, nodes: int, depth: int = 0) -> float:
+        return self.base.step_seconds(max(nodes, self.rows - 1), depth)
+
+    def many(self, nodes: np.ndarray, depths: np.ndarray) -> np.ndarray:
+        return self.base.many(np.maximum(nodes, self.rows - 1), depths)
+
+    def at_context(self, context: int) -> CostModel:
+        return PaddedCost(self.base.at_context(context), self.rows)
+
+
 def _interpolate_one(xs: tuple[int, ...], ys: tuple[float, ...], x: float) -> float:
     """`_interpolate` at one point."""
     if len(xs) < 2 or x <= xs[0]:

@@ -26,9 +26,9 @@ def test_a_stored_calibration_takes_precedence_over_the_reference_fit():
     from specframe.adaptive.calibration import cached_cost
 
     backend = SSMTreeBackend(tiny_ssm_target("mamba2"))
-    assert isinstance(backend.cost_model(), PolynomialCost)
+    reference = backend.cost_model()
     measured = cached_cost(backend, progress=False)
-    assert backend.cost_model() == measured
+    assert backend.cost_model() == measured != reference
 
 
 def test_options_that_change_the_step_cost_are_calibrated_apart():
@@ -57,7 +57,8 @@ def test_full_binary_tree_sizes_follow_the_paper():
 def test_default_models_have_the_papers_form_and_grow_with_the_tree():
     ssm, hybrid = tiny_ssm_target("mamba2"), tiny_ssm_target("bamba")
     for backend in (SSMTreeBackend, SSMUnrolledBackend):
-        linear, quadratic = backend(ssm).cost_model(), backend(hybrid).cost_model()
+        unpadded = {"min_rows": 1} if backend is SSMTreeBackend else {}
+        linear, quadratic = backend(ssm, **unpadded).cost_model(), backend(hybrid, **unpadded).cost_model()
         assert isinstance(linear, PolynomialCost)
         assert len(linear.coefficients) == 2  # t = k N + C
         assert len(quadratic.coefficients) == 3  # t = a N^2 + b N + c
@@ -67,9 +68,26 @@ def test_default_models_have_the_papers_form_and_grow_with_the_tree():
 
 def test_the_variable_is_the_packed_size_as_in_the_reference_fits():
     """The SSM fits were measured against N = tree nodes + 1; `step_seconds` takes tree nodes."""
-    cost = SSMTreeBackend(tiny_ssm_target("mamba2")).cost_model()
+    cost = SSMTreeBackend(tiny_ssm_target("mamba2"), min_rows=1).cost_model()
     k, c = cost.coefficients
     assert abs(cost.step_seconds(14) - (15 * k + c)) < 1e-12
+
+
+@pytest.mark.parametrize("kind", ["mamba2", "bamba"])
+def test_the_default_model_prices_small_trees_as_padded(kind):
+    """`ssm-tree` pads every forward to `min_rows` rows (4 on a CPU), so the reference fit, measured
+    unpadded, is read at that size for smaller trees; `ssm-unrolled` pads nothing."""
+    target = tiny_ssm_target(kind)
+    fit = SSMTreeBackend(target, min_rows=1).cost_model()
+    padded = SSMTreeBackend(target).cost_model()
+    assert SSMTreeBackend(target).min_rows == 4
+    nodes, depths = np.arange(8), np.zeros(8, int)
+    expected = [fit.step_seconds(max(n, 3)) for n in range(8)]
+    assert [padded.step_seconds(n) for n in range(8)] == pytest.approx(expected, rel=1e-12)
+    assert padded.many(nodes, depths) == pytest.approx(expected, rel=1e-12)
+    assert padded.at_context(500).step_seconds(0) == pytest.approx(fit.step_seconds(3))
+    assert padded.step_seconds(0) > fit.step_seconds(0)
+    assert isinstance(SSMUnrolledBackend(target).cost_model(), PolynomialCost)
 
 
 def test_tree_builders_receive_the_backends_cost_model():

@@ -33,6 +33,7 @@ class SSMBackendBase(StateBackend):
     """What both SSM backends share: model checks, prefill, and the model call with explicit positions."""
 
     capabilities = BackendCapabilities(supports_trees=True, provides_hidden_states=True)
+    min_rows = 1  # rows every forward is padded to (root included); 1: no padding
 
     def __init__(self, target, *, want_hidden: bool = False):
         super().__init__(target, want_hidden=want_hidden)
@@ -51,9 +52,9 @@ class SSMBackendBase(StateBackend):
 
     def cost_model(self) -> CostModel:
         """The calibration stored for this backend on this machine (`specframe calibrate`), else the
-        reference CPU fit of this backend for the target's kind, scaled by its layers and width
-        (`specframe_ssm.cost`)."""
-        return super().cost_model() or default_cost_model(self.name, self.model)
+        reference CPU fit of this backend for the target's kind, scaled by its layers and width and
+        padded as this backend pads small trees (`specframe_ssm.cost`)."""
+        return super().cost_model() or default_cost_model(self.name, self.model, self.min_rows)
 
     def cost_options(self) -> dict:
         """The attention cache kind, so calibrations stored before attention layers appended in place

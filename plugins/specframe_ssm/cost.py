@@ -5,7 +5,8 @@ hybrid with attention costs t = a N^2 + b N + c (the tree's attention block is q
 core's `PolynomialCost`, whose variable is that packed size. `calibrate` times a backend on the current
 machine and model and fits the form; `default_cost_model` (what `SSMTreeBackend.cost_model()` returns)
 scales the fits measured on this project's reference CPU by the model's layer count and layer width.
-Those defaults only rank tree sizes roughly; calibrate for decisions that matter.
+It pads them as the backend pads small trees (`min_rows`). Those defaults only rank tree sizes
+roughly; calibrate for decisions that matter.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import numpy as np
 import torch
 
 from specframe import PolynomialCost
+from specframe.cost import CostModel, PaddedCost
 
 # Fits of one `score` call (process CPU seconds, 1 thread, float32) measured with
 #   python benchmarks/measure_ssm_tree.py --layers 4 --hybrid-layers 10 --threads 1 --time cpu
@@ -47,13 +49,16 @@ def input_width(mixer: torch.nn.Module) -> int:
                if isinstance(m, torch.nn.Linear) and name not in ("out_proj", "o_proj"))
 
 
-def default_cost_model(backend: str, model) -> PolynomialCost:
+def default_cost_model(backend: str, model, min_rows: int = 1) -> CostModel:
     """The reference fit of backend `backend` for the model's kind (ssm or hybrid), scaled by its layers
-    and layer width."""
+    and layer width; with `min_rows` > 1, priced as the backend runs it: a tree of fewer rows (root
+    included) is padded up to `min_rows`, so it costs what that many rows cost (the fits were measured
+    unpadded)."""
     ssm, attention, width = layer_counts(model)
     coefficients, layers = REFERENCE_FITS[backend]["hybrid" if attention else "ssm"]
     scale = (ssm + attention) / layers * width
-    return PolynomialCost(tuple(c * scale for c in coefficients))
+    fit = PolynomialCost(tuple(c * scale for c in coefficients))
+    return fit if min_rows <= 1 else PaddedCost(fit, min_rows)
 
 
 def full_binary_tree(depth: int) -> list[int]:
