@@ -1,12 +1,15 @@
 # ---
 # jupyter:
+#   execution:
+#     timeout: 900
 #   jupytext:
 #     formats: ipynb,py:percent
+#     notebook_metadata_filter: execution
 #     text_representation:
 #       extension: .py
 #       format_name: percent
-#   execution:
-#     timeout: 900
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -124,7 +127,8 @@ plt.show()
 # ## The cost model tree builders see
 #
 # Each SSM backend offers `cost_model()`: a `PolynomialCost` in the packed tree size (nodes + 1), linear
-# for pure SSM targets and quadratic with attention layers, as here. The decode loop passes it to the tree
+# for pure SSM targets and quadratic with attention layers, as here (on a CPU, `ssm-tree` pads every
+# forward to 4 rows, so its default reads smaller trees at 4 rows: a `PaddedCost` around the fit). The decode loop passes it to the tree
 # builder in `BuildContext.cost`, so a builder can stop growing a tree when more nodes would not pay. The
 # default scales fits measured on a reference CPU to the model; `calibrate` refits it on this machine.
 
@@ -132,6 +136,8 @@ plt.show()
 for name, cls in backends.items():
     backend = cls(target)
     fitted = calibrate(backend, prompt, depths=(2, 3, 4, 5))  # the same full binary trees, root included
-    print(name, "default:", backend.cost_model().coefficients, "calibrated:", fitted.coefficients)
-    predicted = {n: round(1000 * fitted.step_seconds(n), 1) for n in sizes}
-    print("   ms predicted", predicted, "measured", dict(zip(sizes, (round(v, 1) for v in timings[name]))))
+    default = backend.cost_model()
+    print(name, "calibrated fit:", fitted.coefficients)
+    for label, model in {"default": default, "calibrated": fitted}.items():
+        print(f"   ms {label:10}", {n: round(1000 * model.step_seconds(n), 1) for n in sizes})
+    print("   ms measured  ", dict(zip(sizes, (round(v, 1) for v in timings[name]))))
