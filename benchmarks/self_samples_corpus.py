@@ -3,8 +3,9 @@
 A probe for issue 16 (a): does a corpus of the target's own code, sampled as best-of-n samples it
 (temperature 0.7, raw completion without a chat template), help `suffix` draft those samples more than
 human-written code (`python-site`) does? Problems outside the measured range are completed, `--samples`
-times each, in left-padded batches through transformers' `generate`; each line holds the prompt and one
-completion (up to the first end-of-sequence token), `{"text": ...}`.
+times each, in left-padded batches (`specframe_rest.answers.generate_batch`, as `model:` datastore
+sources answer); each line holds the prompt and one completion (up to the first end-of-sequence token),
+`{"text": ...}`.
 
     OMP_NUM_THREADS=2 python benchmarks/self_samples_corpus.py --problems 20:164 --samples 2 \\
         --out results/s61/self-code.jsonl
@@ -21,6 +22,7 @@ import torch
 from tqdm import tqdm
 
 import specframe
+from specframe_rest.answers import generate_batch
 
 
 def problem_range(text: str) -> slice:
@@ -28,24 +30,12 @@ def problem_range(text: str) -> slice:
     return slice(int(first), int(last))
 
 
-@torch.inference_mode()
 def complete(target, prompts: list[str], temperature: float, max_new_tokens: int) -> list[str]:
     """One batch of sampled completions, each cut at its first end-of-sequence token."""
-    tokenizer, eos = target.tokenizer, target.eos_token_ids
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos)
-    encoded = [tokenizer(p)["input_ids"] for p in prompts]
-    width = max(map(len, encoded))
-    ids = torch.full((len(encoded), width), pad)  # (B, L), left-padded
-    mask = torch.zeros_like(ids)
-    for row, e in enumerate(encoded):
-        ids[row, width - len(e):], mask[row, width - len(e):] = torch.tensor(e), 1
-    out = target.model.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=True,
-                                temperature=temperature, top_p=1.0, top_k=0, pad_token_id=pad)
-    texts = []
-    for row in out[:, width:].tolist():
-        cut = next((j for j, t in enumerate(row) if t in eos), len(row))
-        texts.append(tokenizer.decode(row[:cut]))
-    return texts
+    encoded = [target.tokenizer(p)["input_ids"] for p in prompts]
+    continuations = generate_batch(target, encoded, max_new_tokens, do_sample=True, temperature=temperature,
+                                   top_p=1.0, top_k=0)
+    return [target.tokenizer.decode(ids) for ids in continuations]
 
 
 def main() -> None:

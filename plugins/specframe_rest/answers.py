@@ -120,31 +120,32 @@ class ModelAnswers(Source):
         keys = map(prompt_key, self.prompts)
         return {i: [int(t) for t in by_key[k]] for i, k in enumerate(keys) if k in by_key}
 
-    @torch.inference_mode()
     def _answer(self, prompts: list[str]) -> list[list[int]]:
         """Greedy answers (without the EOS token) for one batch of prompts."""
-        target, tokenizer = self.target, self.target.tokenizer
-        encoded = [prompt_ids(tokenizer, p) for p in prompts]
-        eos = target.eos_token_ids
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos, default=0)
-        width = max(len(e) for e in encoded)
-        ids = torch.full((len(encoded), width), pad, dtype=torch.long)  # (B, L) left-padded
-        mask = torch.zeros_like(ids)
-        for row, e in enumerate(encoded):
-            ids[row, width - len(e) :] = torch.tensor(e)
-            mask[row, width - len(e) :] = 1
-        out = target.model.generate(
-            ids.to(target.device),
-            attention_mask=mask.to(target.device),
-            max_new_tokens=self.max_new_tokens,
-            do_sample=False,
-            pad_token_id=pad,
-        )
-        result = []
-        for row in out[:, width:].tolist():  # (B, T) new tokens
-            cut = next((j for j, t in enumerate(row) if t in eos), len(row))
-            result.append(row[:cut])
-        return result
+        encoded = [prompt_ids(self.target.tokenizer, p) for p in prompts]
+        return generate_batch(self.target, encoded, self.max_new_tokens, do_sample=False)
+
+
+@torch.inference_mode()
+def generate_batch(target, encoded: list[list[int]], max_new_tokens: int, **sampling) -> list[list[int]]:
+    """The target's continuations of a batch of token-id prompts of any lengths, each cut before its first
+    end-of-sequence token. The prompts are left-padded and the padding masked, so each continues as it
+    would alone; `sampling` goes to transformers' `generate` (`do_sample`, `temperature`, ...)."""
+    tokenizer, eos = target.tokenizer, target.eos_token_ids
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos, default=0)
+    width = max(len(e) for e in encoded)
+    ids = torch.full((len(encoded), width), pad, dtype=torch.long)  # (B, L) left-padded
+    mask = torch.zeros_like(ids)
+    for row, e in enumerate(encoded):
+        ids[row, width - len(e) :] = torch.tensor(e)
+        mask[row, width - len(e) :] = 1
+    out = target.model.generate(ids.to(target.device), attention_mask=mask.to(target.device),
+                                max_new_tokens=max_new_tokens, pad_token_id=pad, **sampling)
+    result = []
+    for row in out[:, width:].tolist():  # (B, T) new tokens
+        cut = next((j for j, t in enumerate(row) if t in eos), len(row))
+        result.append(row[:cut])
+    return result
 
 
 def prompt_key(prompt: str) -> str:
