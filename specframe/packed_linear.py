@@ -31,6 +31,12 @@ exact on the CPU it runs on, packed or not, for `specframe.exact_attention.exact
 
 `load_target` packs CPU float32 models by default, and bfloat16 ones where the CPU multiplies bfloat16
 natively (`bfloat16=True`, `exact_rows=EXACT_ROWS`); `SPECFRAME_CPU_LINEAR=torch` turns it off.
+
+`SPECFRAME_CPU_LINEAR=stream` (`stream=True`) multiplies float32 inputs of up to 12 rows by
+`specframe_kernels.stream_linear` instead, where the CPU has AVX-512: a kernel of ours that reads each
+weight once for up to 12 rows, where oneDNN's cost jumps at 7, and sums each row in one order for any
+row count. Larger inputs (prompts) still run through oneDNN. Without AVX-512, or where the kernel does not
+build, `load_target` warns and packs for oneDNN alone.
 """
 
 from __future__ import annotations
@@ -41,9 +47,12 @@ import torch
 import torch.nn.functional as F
 
 from specframe.options import env_choice
+from specframe_kernels import stream_linear
 
 ENV = "SPECFRAME_CPU_LINEAR"
-KERNELS = ("onednn", "torch")  # the values of `ENV`: oneDNN with packed weights, or torch's own linear
+# The values of `ENV`: oneDNN with packed weights, torch's own linear, or `stream_linear` for tree-sized
+# products and oneDNN for the rest.
+KERNELS = ("onednn", "torch", "stream")
 # The most rows for which oneDNN's bfloat16 kernels give each row the same bits as a product of that row
 # alone (measured on AVX-512 and AMX CPUs: `tests/test_exact_attention.py`).
 INVARIANT_ROWS = 32
@@ -57,7 +66,7 @@ def onednn_available() -> bool:
 
 
 def chosen_kernel() -> str:
-    """The CPU linear kernel `SPECFRAME_CPU_LINEAR` asks for: onednn (the default) or torch."""
+    """The CPU linear kernel `SPECFRAME_CPU_LINEAR` asks for: onednn (the default), torch or stream."""
     return env_choice(ENV, KERNELS, "CPU linear kernel")
 
 
@@ -74,22 +83,29 @@ class PackedLinear(torch.nn.Linear):
     where that computes the same function (see the module docstring); `bfloat16=True` packs bfloat16
     weights too, where the CPU has native bfloat16. Inputs of at most `exact_rows` rows give each row
     the bits that row alone would get (multiplied in blocks of `INVARIANT_ROWS`); 0 leaves that to the
-    kernel."""
+    kernel. `stream=True` multiplies float32 inputs of up to `stream_linear.MAX_ROWS` rows by
+    `specframe_kernels.stream_linear` (the caller checks `stream_linear.available()`)."""
 
-    def __init__(self, linear: torch.nn.Linear, *, bfloat16: bool = False, exact_rows: int = 0):
+    def __init__(self, linear: torch.nn.Linear, *, bfloat16: bool = False, exact_rows: int = 0,
+                 stream: bool = False):
         torch.nn.Module.__init__(self)
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias  # the same Parameter objects
         self._dtypes = (torch.float32, torch.bfloat16) if bfloat16 and native_bfloat16() else (torch.float32,)
         self._packed: torch.Tensor | None = None
         self._packed_from: tuple | None = None
+        self._streamed: stream_linear.StreamWeight | None = None
+        self._streamed_from: tuple | None = None
         self.exact_rows = exact_rows
+        self.stream = stream
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self._packable(x):
             return F.linear(x, self.weight, self.bias)
-        x, weight = x.contiguous(), self._packed_weight()
         rows = x.numel() // self.in_features
+        if self.stream and rows <= stream_linear.MAX_ROWS and x.dtype == torch.float32:
+            return stream_linear.linear(x, self._streamed_weight(), self.bias)
+        x, weight = x.contiguous(), self._packed_weight()
         if not self.exact_rows or rows > self.exact_rows:
             return self._product(x, weight)
         flat = x.view(rows, self.in_features)
@@ -112,6 +128,7 @@ class PackedLinear(torch.nn.Linear):
         """Copies and pickles leave the packed copy out (oneDNN's opaque tensors cannot be copied)."""
         state = dict(self.__dict__)
         state["_packed"], state["_packed_from"] = None, None
+        state["_streamed"], state["_streamed_from"] = None, None
         return state
 
     def _packable(self, x: torch.Tensor) -> bool:
@@ -134,17 +151,28 @@ class PackedLinear(torch.nn.Linear):
             self._packed_from = stamp
         return self._packed
 
+    def _streamed_weight(self) -> stream_linear.StreamWeight:
+        """The `stream_linear` layout of the weight, made again when the weight changed."""
+        source = self.weight
+        stamp = (source.data_ptr(), source._version, tuple(source.shape))
+        if self._streamed is None or stamp != self._streamed_from:
+            with torch.inference_mode(False), torch.no_grad():
+                self._streamed = stream_linear.pack(source)
+            self._streamed_from = stamp
+        return self._streamed
 
-def pack_linear_layers(model: torch.nn.Module, *, bfloat16: bool = False, exact_rows: int = 0) -> int:
+
+def pack_linear_layers(model: torch.nn.Module, *, bfloat16: bool = False, exact_rows: int = 0,
+                       stream: bool = False) -> int:
     """Replace each `torch.nn.Linear` (exactly that class: subclasses may change `forward`) of `model`
-    by a `PackedLinear` over the same parameters (`bfloat16`, `exact_rows`: see `PackedLinear`); the
-    number replaced. A no-op without oneDNN."""
+    by a `PackedLinear` over the same parameters (`bfloat16`, `exact_rows`, `stream`: see
+    `PackedLinear`); the number replaced. A no-op without oneDNN."""
     if not onednn_available():
         return 0
     swaps = [(parent, name, child) for parent in model.modules()
              for name, child in parent.named_children() if type(child) is torch.nn.Linear]
     for parent, name, child in swaps:
-        setattr(parent, name, PackedLinear(child, bfloat16=bfloat16, exact_rows=exact_rows))
+        setattr(parent, name, PackedLinear(child, bfloat16=bfloat16, exact_rows=exact_rows, stream=stream))
     return len(swaps)
 
 
@@ -189,5 +217,9 @@ def _probe_rows(linear: torch.nn.Linear, dtype: torch.dtype, limit: int) -> int:
 
 
 def linear_kernel(model: torch.nn.Module) -> str:
-    """"onednn" when `model`'s linear layers are packed, else "torch": a key of measured step costs."""
-    return "onednn" if any(isinstance(m, PackedLinear) for m in model.modules()) else "torch"
+    """"stream" when `model`'s linear layers use `stream_linear` for small products, "onednn" when they
+    are packed for oneDNN alone, else "torch": a key of measured step costs."""
+    packed = [m for m in model.modules() if isinstance(m, PackedLinear)]
+    if not packed:
+        return "torch"
+    return "stream" if any(m.stream for m in packed) else "onednn"

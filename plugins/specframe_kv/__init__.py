@@ -37,6 +37,7 @@ from specframe import BackendCapabilities, StateBackend, TargetScores, TokenTree
 from specframe.devices import forward_min_rows
 from specframe.errors import ConfigurationError, UnknownComponentError
 from specframe.exact_attention import exact_rows
+from specframe.packed_linear import linear_kernel
 
 # Layer types whose only state is the KV cache (attention) or that have no state at all (NemotronH blocks).
 CACHELESS_TYPES = {"full_attention", "sliding_attention", "mlp", "moe"}
@@ -74,7 +75,7 @@ class KVCacheBackend(StateBackend):
         self.model = target.model
         self.cache_kind = cache
         # Rows (root + nodes) a tree forward is padded to: see the module docstring. 1 turns padding off.
-        self.min_rows = forward_min_rows(min_rows, target.device, self.name)
+        self.min_rows = forward_min_rows(min_rows, target.device, self.name, linear_kernel(target.model))
         self._max_rows: dict[int, int | None] = {}  # `exact_rows(model)` by torch's thread count
         self._fixed_rows: tuple[int | None] | None = None
         self.cache = None

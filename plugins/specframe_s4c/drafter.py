@@ -94,7 +94,7 @@ class S4CDrafter(Drafter):
         self.lm_weight = lm_head.weight[self.vocab_ids].detach().to(self.dtype, copy=True)
         self.draft_lm = torch.nn.Linear(*self.lm_weight.shape[::-1], bias=False, device="meta")
         self.draft_lm.weight = torch.nn.Parameter(self.lm_weight, requires_grad=False)  # shared, not copied
-        if linear_kernel(target.model) == "onednn":  # the target runs on packed weights: so do the heads
+        if linear_kernel(target.model) != "torch":  # the target runs on packed weights: so do the heads
             # (on the CPU a 1-2 row product is 1.5-3x faster packed)
             bfloat16 = self.dtype == torch.bfloat16
             pack_linear_layers(self.heads, bfloat16=bfloat16)
@@ -188,7 +188,7 @@ def drafting_dtype(choice: str, target) -> torch.dtype:
         raise ConfigurationError(f"s4c: dtype must be one of {', '.join(map(repr, get_args(DraftDtype)))}, "
                                  f"got {choice!r}")
     own = next(target.model.parameters()).dtype
-    if choice == "bfloat16" or (choice == "auto" and linear_kernel(target.model) == "onednn"
+    if choice == "bfloat16" or (choice == "auto" and linear_kernel(target.model) != "torch"
                                 and native_bfloat16()):  # packed float32 on a CPU with bfloat16 products
         return torch.bfloat16
     return own

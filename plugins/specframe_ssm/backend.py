@@ -18,6 +18,7 @@ import torch
 from specframe import BackendCapabilities, CostModel, StateBackend, TargetScores, TokenTree
 from specframe.devices import forward_min_rows
 from specframe.errors import ConfigurationError, UnsupportedModelError
+from specframe.packed_linear import linear_kernel
 from specframe_ssm import cache as cache_ops
 from specframe_ssm.cost import default_cost_model
 from specframe_ssm.layout import inspect_layout, unsupported_reason
@@ -137,7 +138,7 @@ class SSMTreeBackend(SSMBackendBase):
             raise ConfigurationError(f"backend 'ssm-tree': scan must be one of {list(SCANS)}, got {scan!r}")
         super().__init__(target, want_hidden=want_hidden)
         self.commit_rule, self.scan = commit, scan
-        self.min_rows = forward_min_rows(min_rows, target.device, self.name)
+        self.min_rows = forward_min_rows(min_rows, target.device, self.name, linear_kernel(target.model))
         widths = {m.conv_kernel_size for m in self.layout.mixers.values()}
         if len(widths) != 1:
             raise UnsupportedModelError(
