@@ -1,12 +1,12 @@
-"""What one verification step costs with torch's linear kernel and with oneDNN-packed weights.
+"""What one verification step costs with torch's linear kernel, oneDNN-packed weights and `stream_linear`.
 
-Loads the target twice, once per CPU linear kernel (`SPECFRAME_CPU_LINEAR=torch` and `onednn`, see
-`specframe/packed_linear.py`), prefills each `kv` backend with the same 256 random tokens, and times
-`backend.score` on chains and flat trees of every size, rounds interleaved over kernels and sizes so a
-drift of the machine spreads over all of them. `kv` runs with `min_rows=1` (no padding of small trees),
-so the table shows the kernels' own costs. Reports the median per size in ms and as a multiple of the
-same kernel's plain step (0 nodes), on the process CPU clock (`--clock cpu`, for a shared machine) or
-wall time.
+Loads the target once per CPU linear kernel (`SPECFRAME_CPU_LINEAR=torch`, `onednn` and, where the CPU
+has AVX-512, `stream`: see `specframe/packed_linear.py`), prefills each `kv` backend with the same 256
+random tokens, and times `backend.score` on chains and flat trees of every size, rounds interleaved over
+kernels and sizes so a drift of the machine spreads over all of them. `kv` runs with `min_rows=1` (no
+padding of small trees), so the table shows the kernels' own costs. Reports the median per size in ms
+and as a multiple of the same kernel's plain step (0 nodes), on the process CPU clock (`--clock cpu`, for
+a shared machine) or wall time.
 
     OMP_NUM_THREADS=1 python benchmarks/cpu_linear.py --threads 1 --clock cpu --out docs/results/cpu-linear
 """
@@ -27,15 +27,16 @@ import specframe
 from specframe.adaptive.calibration import probe_tree
 from specframe.packed_linear import linear_kernel
 from specframe.pipeline import assemble
+from specframe_kernels import stream_linear
 
 SIZES = (0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32)
-KERNELS = ("torch", "onednn")
+KERNELS = ("torch", "onednn", "stream") if stream_linear.available() else ("torch", "onednn")
 
 
 def backend_for(model: str, kernel: str):
     os.environ["SPECFRAME_CPU_LINEAR"] = kernel
     target = specframe.load_target(model, device="cpu")
-    assert linear_kernel(target.model) == kernel, "this torch build lacks oneDNN's packed linear"
+    assert linear_kernel(target.model) == kernel, f"this machine cannot run the {kernel} kernel"
     return assemble(target, backend="kv(min_rows=1)").backend
 
 

@@ -8,7 +8,9 @@ random float32 weights, to tell whether another way to multiply would move that 
 - `onednn`: the weight packed once for oneDNN, as `specframe.packed_linear` runs it;
 - `onednn@16`: packed with a hint of 16 rows (`torch.ops.mkldnn._reorder_linear_weight`'s batch size);
 - `blocks of 6`: the rows multiplied 6 at a time by the packed weight (each block streams the weights);
-- `mkl`: MKL's packed product (`torch.ops.mkl._mkl_linear`), packed for 16 rows.
+- `mkl`: MKL's packed product (`torch.ops.mkl._mkl_linear`), packed for 16 rows;
+- `stream`: specframe's own kernel for up to 12 rows (`specframe_kernels.stream_linear`, AVX-512 CPUs
+  only; `SPECFRAME_CPU_LINEAR=stream`), which reads each weight once for all rows.
 
 Each shape runs over as many distinct layers as fit in 600 MB, so weights come from memory as in a real
 forward. Wall clock, best of `--repeats`; run it on an otherwise idle machine.
@@ -26,15 +28,21 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from specframe_kernels import stream_linear
+
 # name -> (inputs, outputs, products per forward)
 SHAPES = {"q, o": (576, 576, 60), "k, v": (576, 192, 60), "gate, up": (576, 1536, 60),
           "down": (1536, 576, 30), "LM head": (576, 49152, 1)}
 ROWS = (1, 2, 4, 6, 7, 8, 10, 12, 16)
-WAYS = ("onednn", "onednn@16", "blocks of 6", "mkl")
+WAYS = ("onednn", "onednn@16", "blocks of 6", "mkl") + (("stream",) if stream_linear.available() else ())
 
 
 def product(way: str, weight: torch.Tensor):
     """A function of x computing x @ weight.T the way `way` says."""
+    if way == "stream":  # 16 rows: the kernel's 12, then 4
+        streamed = stream_linear.pack(weight)
+        return lambda x: torch.cat([stream_linear.linear(x[start:start + stream_linear.MAX_ROWS], streamed)
+                                    for start in range(0, len(x), stream_linear.MAX_ROWS)])
     if way == "mkl":
         packed = torch.ops.mkl._mkl_reorder_linear_weight(weight, 16)
         return lambda x: torch.ops.mkl._mkl_linear(x, packed, weight, None, 16)
