@@ -252,7 +252,10 @@ def load_target(name: str = DEFAULT_MODEL, *, device: str | torch.device = "auto
     (an empty directory used to be blamed on the tokenizer and sentencepiece).
 
     On the CPU in float32 the linear layers multiply by oneDNN-packed weights (`specframe.packed_linear`:
-    a tree of a few nodes then costs about one plain step); `SPECFRAME_CPU_LINEAR=torch` turns that off.
+    a tree of a few nodes then costs about one plain step); `SPECFRAME_CPU_LINEAR=torch` turns that off,
+    and `SPECFRAME_CPU_LINEAR=stream` multiplies products of up to 12 rows by
+    `specframe_kernels.stream_linear` where the CPU has AVX-512 (a warning, and oneDNN alone, where it
+    cannot).
     On the CPU, attention in float32 reads shared key/value heads in place instead of copying them for
     each tree forward, and in bfloat16 or float16 computes each row exactly, so that tree forwards
     reproduce plain steps bit for bit (`specframe.attention`); `SPECFRAME_CPU_ATTENTION=sdpa` turns

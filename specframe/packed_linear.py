@@ -103,7 +103,7 @@ class PackedLinear(torch.nn.Linear):
         if not self._packable(x):
             return F.linear(x, self.weight, self.bias)
         rows = x.numel() // self.in_features
-        if self.stream and rows <= stream_linear.MAX_ROWS and x.dtype == torch.float32:
+        if self.stream and 0 < rows <= stream_linear.MAX_ROWS and x.dtype == torch.float32:
             return stream_linear.linear(x, self._streamed_weight(), self.bias)
         x, weight = x.contiguous(), self._packed_weight()
         if not self.exact_rows or rows > self.exact_rows:

@@ -75,6 +75,7 @@ def test_a_streamed_layer_takes_trees_here_and_prompts_to_onednn():
         big = torch.randn(stream_linear.MAX_ROWS + 1, 96)
         torch.testing.assert_close(layer(big), plain(big), rtol=1e-5, atol=1e-5)
         assert layer._packed is not None
+        assert layer(torch.randn(0, 96)).shape == (0, 48)  # no rows: oneDNN, not the kernel (1-12 rows)
     assert small.shape == (7, 48)
     with torch.no_grad():
         plain.weight.mul_(2.0)  # changed in place: the streamed copy is made again
