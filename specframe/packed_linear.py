@@ -42,12 +42,15 @@ build, `load_target` warns and packs for oneDNN alone.
 from __future__ import annotations
 
 from functools import cache
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
 from specframe.options import env_choice
-from specframe_kernels import stream_linear
+
+if TYPE_CHECKING:
+    from specframe_kernels.stream_linear import StreamWeight
 
 ENV = "SPECFRAME_CPU_LINEAR"
 # The values of `ENV`: oneDNN with packed weights, torch's own linear, or `stream_linear` for tree-sized
@@ -94,7 +97,7 @@ class PackedLinear(torch.nn.Linear):
         self._dtypes = (torch.float32, torch.bfloat16) if bfloat16 and native_bfloat16() else (torch.float32,)
         self._packed: torch.Tensor | None = None
         self._packed_from: tuple | None = None
-        self._streamed: stream_linear.StreamWeight | None = None
+        self._streamed: StreamWeight | None = None
         self._streamed_from: tuple | None = None
         self.exact_rows = exact_rows
         self.stream = stream
@@ -103,8 +106,10 @@ class PackedLinear(torch.nn.Linear):
         if not self._packable(x):
             return F.linear(x, self.weight, self.bias)
         rows = x.numel() // self.in_features
-        if self.stream and 0 < rows <= stream_linear.MAX_ROWS and x.dtype == torch.float32:
-            return stream_linear.linear(x, self._streamed_weight(), self.bias)
+        if self.stream and x.dtype == torch.float32:
+            kernel = _stream_kernel()
+            if 0 < rows <= kernel.MAX_ROWS:
+                return kernel.linear(x, self._streamed_weight(), self.bias)
         x, weight = x.contiguous(), self._packed_weight()
         if not self.exact_rows or rows > self.exact_rows:
             return self._product(x, weight)
@@ -151,15 +156,23 @@ class PackedLinear(torch.nn.Linear):
             self._packed_from = stamp
         return self._packed
 
-    def _streamed_weight(self) -> stream_linear.StreamWeight:
+    def _streamed_weight(self) -> StreamWeight:
         """The `stream_linear` layout of the weight, made again when the weight changed."""
         source = self.weight
         stamp = (source.data_ptr(), source._version, tuple(source.shape))
         if self._streamed is None or stamp != self._streamed_from:
             with torch.inference_mode(False), torch.no_grad():
-                self._streamed = stream_linear.pack(source)
+                self._streamed = _stream_kernel().pack(source)
             self._streamed_from = stamp
         return self._streamed
+
+
+def _stream_kernel():
+    """`specframe_kernels.stream_linear`, imported at first use: `import specframe` loads no other package
+    of this distribution (`tests/test_registry.py`)."""
+    from specframe_kernels import stream_linear
+
+    return stream_linear
 
 
 def pack_linear_layers(model: torch.nn.Module, *, bfloat16: bool = False, exact_rows: int = 0,
