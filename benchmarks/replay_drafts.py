@@ -11,12 +11,14 @@ out. Methods the run measured show their measured tau beside the replayed one, a
 `specframe.bench.replay.copy_bound`). `--oracle` adds each method replayed with a planner that knows
 which path of its tree the target accepts (`specframe.bench.replay.oracle_choice`): how far the drafts
 themselves would take it, and so how much a better tree choice could still gain (its mean tree counts
-the accepted path only).
+the accepted path only). `--price-as A:B` replays a machine on which trees of A+1 to B nodes cost what A
+nodes cost (the stored calibration otherwise): what cheaper rows would be worth, for planner and speedup.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from collections import defaultdict
 from pathlib import Path
 
@@ -24,9 +26,36 @@ import numpy as np
 from tqdm import tqdm
 
 from specframe.bench.methods import resolve_methods, split_parts
+from specframe.adaptive.calibration import stored_cost
 from specframe.bench.replay import copy_bound, open_run, replay
+from specframe.cost import MeasuredCost
 from specframe.bench.runner import read_records
+from specframe.pipeline import assemble
 from specframe.registry import get_registry
+
+
+def priced_as(cost: MeasuredCost, cheap: int, up_to: int) -> MeasuredCost:
+    """`cost` with every measured tree size in (cheap, up_to] priced as size `cheap` (a measured size)."""
+    if cheap not in cost.sizes:
+        sizes = ", ".join(map(str, cost.sizes))
+        raise SystemExit(f"--price-as: {cheap} nodes is not a calibrated size ({sizes})")
+    at = cost.sizes.index(cheap)
+
+    def flatten(values: tuple[float, ...]) -> tuple[float, ...]:
+        if not values:
+            return values
+        return tuple(values[at] if cheap < n <= up_to else v for n, v in zip(cost.sizes, values))
+
+    return dataclasses.replace(cost, flat_s=flatten(cost.flat_s), chain_s=flatten(cost.chain_s),
+                               flat_slope=flatten(cost.flat_slope), chain_slope=flatten(cost.chain_slope))
+
+
+def price_range(text: str) -> tuple[int, int]:
+    cheap, _, up_to = text.partition(":")
+    try:
+        return int(cheap), int(up_to)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected A:B (two node counts), got {text!r}") from None
 
 
 def measured_tau(records: Path) -> dict[str, float]:
@@ -49,6 +78,8 @@ def main() -> None:
                              "accepts (`specframe.bench.replay.oracle_choice`): what its drafts give at best")
     parser.add_argument("--by-category", action="store_true",
                         help="also print tau and the modelled speedup per suite category")
+    parser.add_argument("--price-as", type=price_range, default=None, metavar="A:B",
+                        help="price trees of A+1 to B nodes as A nodes (see the module docstring)")
     args = parser.parse_args()
     run = open_run(args.run, args.baseline)
     settings, target, suite, turns = run.settings, run.target, run.suite, run.turns
@@ -63,7 +94,12 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     runs = [(method, oracle) for method in methods for oracle in ((False, True) if args.oracle else (False,))]
     for method, oracle in tqdm(runs, desc="replay", leave=False):
-        stats = replay(target, method, turns, oracle=oracle)
+        cost = None
+        if args.price_as:
+            pipeline = assemble(target, method.drafter, method.tree, method.verifier, method.backend)
+            calibrated = stored_cost(pipeline.backend)  # None: `replay` says to calibrate
+            cost = priced_as(calibrated, *args.price_as) if calibrated else None
+        stats = replay(target, method, turns, cost=cost, oracle=oracle)
         slow = float(np.mean(np.array(stats.by_turn) < 0.9))
         tau = None if oracle else measured.get(method.label)
         label = f"{method.label}, oracle" if oracle else method.label
