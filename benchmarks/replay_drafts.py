@@ -25,11 +25,11 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from specframe.bench.methods import resolve_methods, split_parts
 from specframe.adaptive.calibration import stored_cost
+from specframe.bench.methods import resolve_methods, split_parts
 from specframe.bench.replay import copy_bound, open_run, replay
-from specframe.cost import MeasuredCost
 from specframe.bench.runner import read_records
+from specframe.cost import MeasuredCost
 from specframe.pipeline import assemble
 from specframe.registry import get_registry
 
@@ -48,6 +48,13 @@ def priced_as(cost: MeasuredCost, cheap: int, up_to: int) -> MeasuredCost:
 
     return dataclasses.replace(cost, flat_s=flatten(cost.flat_s), chain_s=flatten(cost.chain_s),
                                flat_slope=flatten(cost.flat_slope), chain_slope=flatten(cost.chain_slope))
+
+
+def repriced(target, backend, price_as: tuple[int, int]) -> MeasuredCost | None:
+    """The stored calibration of `backend` on `target`, `priced_as` `price_as`; None where there is none
+    (`replay` then says to calibrate). Assembles the backend alone: no drafter is loaded for this."""
+    calibrated = stored_cost(assemble(target, backend=backend).backend)
+    return priced_as(calibrated, *price_as) if calibrated else None
 
 
 def price_range(text: str) -> tuple[int, int]:
@@ -92,13 +99,12 @@ def main() -> None:
     print("| method | tau replayed | tau measured | mean tree | modelled speedup | turns < 0.9x "
           "| draft ms/step |")
     print("|---|---|---|---|---|---|---|")
+    costs: dict[str, MeasuredCost | None] = {}  # `--price-as` costs by backend
     runs = [(method, oracle) for method in methods for oracle in ((False, True) if args.oracle else (False,))]
     for method, oracle in tqdm(runs, desc="replay", leave=False):
-        cost = None
-        if args.price_as:
-            pipeline = assemble(target, method.drafter, method.tree, method.verifier, method.backend)
-            calibrated = stored_cost(pipeline.backend)  # None: `replay` says to calibrate
-            cost = priced_as(calibrated, *args.price_as) if calibrated else None
+        if args.price_as and str(method.backend) not in costs:  # one per backend: methods share it
+            costs[str(method.backend)] = repriced(target, method.backend, args.price_as)
+        cost = costs.get(str(method.backend))
         stats = replay(target, method, turns, cost=cost, oracle=oracle)
         slow = float(np.mean(np.array(stats.by_turn) < 0.9))
         tau = None if oracle else measured.get(method.label)

@@ -147,26 +147,26 @@ class PackedLinear(torch.nn.Linear):
         return not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
 
     def _packed_weight(self) -> torch.Tensor:
-        """The packed copy, made again when the weight was replaced or changed in place."""
-        source = self.weight
-        stamp = (source.data_ptr(), source._version, tuple(source.shape))
-        if self._packed is None or stamp != self._packed_from:
-            with torch.inference_mode(False), torch.no_grad():  # a plain tensor, usable in any mode
-                self._packed = torch.ops.mkldnn._reorder_linear_weight(source.detach(), None)
-            self._packed_from = stamp
-        return self._packed
+        """The oneDNN-packed copy of the weight."""
+        return self._copy("_packed", lambda w: torch.ops.mkldnn._reorder_linear_weight(w, None))
 
     def _streamed_weight(self) -> StreamWeight:
-        """The `stream_linear` layout of the weight, made again when the weight changed."""
+        """The `stream_linear` layout of the weight."""
+        return self._copy("_streamed", lambda w: _stream_kernel().pack(w))
+
+    def _copy(self, name: str, make):
+        """The copy of the weight held in attribute `name` (its stamp in `name + "_from"`), made by `make`
+        at first use and again when the weight was replaced or changed in place."""
         source = self.weight
         stamp = (source.data_ptr(), source._version, tuple(source.shape))
-        if self._streamed is None or stamp != self._streamed_from:
-            with torch.inference_mode(False), torch.no_grad():
-                self._streamed = _stream_kernel().pack(source)
-            self._streamed_from = stamp
-        return self._streamed
+        if getattr(self, name) is None or stamp != getattr(self, name + "_from"):
+            with torch.inference_mode(False), torch.no_grad():  # a plain tensor, usable in any mode
+                setattr(self, name, make(source.detach()))
+            setattr(self, name + "_from", stamp)
+        return getattr(self, name)
 
 
+@cache  # the import statement is not free, and this runs for every small product
 def _stream_kernel():
     """`specframe_kernels.stream_linear`, imported at first use: `import specframe` loads no other package
     of this distribution (`tests/test_registry.py`)."""
