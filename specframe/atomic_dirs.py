@@ -11,14 +11,21 @@ module holds what both need to do that safely when several processes run at once
   belong to no live process (a live one would hold the lock), so they are leftovers of a killed run.
 - `follow_umask(tree)`: `tempfile.mkdtemp` creates directories with mode 0700; published results get the
   modes the user's umask asks for, like any other file they create.
+
+Single files that several processes update (suffix caches, calibrations, acceptance counts, benchmark
+records) use the same pieces: `locked_update(path)` holds the file's lock for a read-merge-write and first
+removes the temporaries of killed writes, and `write_atomically(path, text)` publishes a whole new file
+with the umask's modes.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -27,6 +34,7 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 STALE_INODE_RETRIES = 5  # a finishing holder unlinks the lock file: retry on the new one a few times
+FILE_LOCK_WAIT = 60.0  # seconds to wait for another writer of a file: updates hold its lock briefly
 
 
 @contextmanager
@@ -148,6 +156,76 @@ def follow_umask(tree: Path) -> None:
             os.chmod(path, (0o777 if executable else 0o666) & ~mask)
 
 
-def temp_name_pattern(prefix: str) -> str:
-    """A regex for the names `tempfile.mkdtemp(prefix=prefix)` creates (its random part is [a-z0-9_])."""
-    return re.escape(prefix) + r"[a-z0-9_]+"
+def follow_umask_file(path: Path) -> None:
+    """Give the file `path` the mode a plain `open` would have (`tempfile.mkstemp` makes it 0600)."""
+    os.chmod(path, 0o666 & ~current_umask())
+
+
+def temp_name_pattern(prefix: str, suffix: str = "") -> str:
+    """A regex for the names `tempfile.mkdtemp(prefix=prefix, suffix=suffix)` (or `mkstemp`) creates (its
+    random part is [a-z0-9_])."""
+    return re.escape(prefix) + r"[a-z0-9_]+" + re.escape(suffix)
+
+
+def exchange(a: Path, b: Path) -> bool:
+    """Swap the entries `a` and `b` (both must exist) in one atomic step, so that a reader opening either
+    name never finds nothing there; False where the system or file system cannot (Linux's `renameat2`
+    with RENAME_EXCHANGE, since 3.15, on most local file systems), and nothing was changed."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    renameat2 = getattr(libc, "renameat2", None)  # glibc >= 2.28
+    if renameat2 is None:
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):  # not supported here
+        return False
+    raise OSError(code, os.strerror(code), str(a), None, str(b))
+
+
+def file_lock(path: Path) -> Path:
+    """The lock a writer of the file `path` holds (`.NAME.lock` beside it, removed on release)."""
+    return path.parent / f".{path.name}.lock"
+
+
+def temp_file_pattern(path: Path) -> re.Pattern[str]:
+    """Names of the temporary files `write_atomically(path, ...)` makes: `NAME.<random>.tmp`."""
+    return re.compile(temp_name_pattern(f"{path.name}.", ".tmp"))
+
+
+@contextmanager
+def locked_update(path: Path, busy: Callable[[], Exception], what: str, *,
+                  wait: float = FILE_LOCK_WAIT) -> Iterator[None]:
+    """Hold the lock of the file `path` for the block (waiting up to `wait` seconds for another writer),
+    after removing the temporary files of writes that were killed (a live writer would hold the lock).
+
+    Writers re-read the file inside the block and merge what they add into what they find, so that no
+    process overwrites what another wrote since it last read the file.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    waiting = f"specframe: waiting for another process writing {what} ({file_lock(path)})"
+    with exclusive(file_lock(path), busy, wait=wait, waiting=waiting):
+        remove_stale(path.parent, temp_file_pattern(path), f"temporary files of {what}")
+        yield
+
+
+def write_atomically(path: Path, text: str | bytes) -> None:
+    """Replace `path` with a file holding `text` (bytes as they are, a string as UTF-8): written to a
+    temporary file beside it, given the modes of the umask, then renamed over it, so a reader sees the
+    old file or the new one, whole. Call it inside `locked_update(path, ...)` when other processes may
+    write `path` too."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb" if isinstance(text, bytes) else "w",
+                       encoding=None if isinstance(text, bytes) else "utf-8") as f:
+            f.write(text)
+        follow_umask_file(Path(tmp))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -7,6 +7,7 @@ import functools
 import inspect
 import json
 import time
+import warnings
 from collections.abc import Callable
 from typing import Optional
 
@@ -70,7 +71,8 @@ def generate(
     ids = encode_prompt(target, prompt, chat)
     if compare:
         warm_up(decoder, target, chat)  # both sides timed warm: a cold first forward costs about 0.7 s
-    result = decoder.generate(ids, max_new_tokens=max_new_tokens, stop=stop or ())
+    with warnings.catch_warnings(record=True) as caught:  # e.g. a cache that could not be saved:
+        result = decoder.generate(ids, max_new_tokens=max_new_tokens, stop=stop or ())  # after the text
     report = {"text": result.text, "new_tokens": len(result.tokens), "finish_reason": result.finish_reason,
               **{k: v for k, v in result.metrics.to_dict().items() if k != "new_tokens"},
               "pipeline": {"drafter": drafter, "tree": tree, "verifier": verifier, "backend": backend,
@@ -81,6 +83,8 @@ def generate(
         typer.echo(json.dumps(report, indent=2))
     else:
         print_report(report)
+    for warning in caught:
+        warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
 
 
 def calibrate(
@@ -97,10 +101,12 @@ def calibrate(
     import torch
 
     from specframe.adaptive.calibration import cached_cost, cost_key, cost_path
-    from specframe.models import load_target
+    from specframe.models import check_writable_dir, load_target, specframe_home
     from specframe.pipeline import assemble, check_specs
 
     check_specs(backend=backend)  # before the model loads
+    check_writable_dir(specframe_home() / "costs", "the calibration directory",
+                       "set SPECFRAME_HOME to a writable directory (calibrations are stored under it)")
     if threads is not None:
         torch.set_num_threads(threads)
     target = load_target(model, device=device, dtype=dtype)

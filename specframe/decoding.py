@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numbers
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -12,10 +13,10 @@ import numpy as np
 from specframe.adaptive.planner import AdaptivePlanner, FixedPlanner, make_adaptive_planner, parse_budget
 from specframe.cost import CostModel
 from specframe.devices import synchronizer
-from specframe.errors import ConfigurationError, PromptError
+from specframe.errors import ConfigurationError, PromptError, SpecframeWarning
 from specframe.interfaces import BuildContext
 from specframe.metrics import DecodeMetrics, PhaseTimer, now, peak_memory_bytes, reset_peak_memory
-from specframe.models import Target
+from specframe.models import Target, check_writable_dir
 from specframe.pipeline import Pipeline, assemble
 from specframe.records import DraftContext, DraftProposal, StepEvent, StepOutcome
 from specframe.registry import PluginRegistry, get_registry
@@ -53,6 +54,9 @@ class SpeculativeDecoder:
         # For budget="auto": where the acceptance counts persist across decoders (read at the first
         # request, written after each); None keeps them for this decoder only.
         self.acceptance_file = None if acceptance_file is None else Path(acceptance_file)
+        if self.acceptance_file is not None:  # before any work, not when the first request is done
+            check_writable_dir(self.acceptance_file.parent, "the acceptance_file directory",
+                               "pass an acceptance_file in a writable directory (its lock goes there too)")
         self.progress = progress  # show the one-time cost calibration of budget="auto"
         # On an accelerator, wait for the device after every phase of a step so each is charged its own
         # work; False skips those waits (faster: totals stay right, the per-phase split is not measured).
@@ -93,7 +97,12 @@ class SpeculativeDecoder:
         text = tokenizer.decode(tokens, skip_special_tokens=True) if tokenizer is not None else None
         result = GenerationResult(tokens, text, reason, metrics)
         if self.acceptance_file is not None and isinstance(self.planner, AdaptivePlanner):
-            self.planner.acceptance.save(self.acceptance_file)
+            try:
+                self.planner.acceptance.save(self.acceptance_file)
+            except (OSError, ConfigurationError) as err:  # the result stands: warn, save with the next
+                warnings.warn(SpecframeWarning(
+                    f"the acceptance counts could not be saved to {self.acceptance_file} ({err}); they are "
+                    "kept and saved after the next request"), stacklevel=2)
         hook.on_decode_end(decoder=self, result=result)
         return result
 

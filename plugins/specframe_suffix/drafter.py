@@ -23,6 +23,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import warnings
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,9 +32,11 @@ from importlib.metadata import PackageNotFoundError, version
 import numpy as np
 
 from specframe import ConfigurationError, DraftContext, Drafter, DrafterCapabilities, DraftProposal, ScoreKind
+from specframe.errors import SpecframeWarning
 from specframe.records import StepOutcome
 from specframe.tokenizer_identity import TokenizerIdentity
-from specframe_suffix.store import load_responses, resolve_cache, save_responses
+from specframe_suffix.store import (SuffixCacheError, append_responses, check_writable, load_responses,
+                                   resolve_cache)
 
 SUPPORTED = "0.3.0"  # the arctic-inference version whose internals (the two native trees) are read
 INSTALL = (f'`make setup`, or: pip install "nanobind==2.9.2" cmake ninja setuptools wheel "protobuf>=5.29" '
@@ -154,6 +157,9 @@ class SuffixDrafter(Drafter):
         self.cache_path = None if cache is None else resolve_cache(cache)
         stored = [] if self.cache_path is None else load_responses(self.cache_path, self.identity,
                                                                     self.cache_label)
+        if self.cache_path is not None:
+            check_writable(self.cache_path)  # before any work, not when the first response is saved
+        self._unsaved: list[list[int]] = []  # responses not yet in the cache file, oldest first
         self.library = cache_class(max_tree_depth=self.max_depth, max_cached_requests=self.max_cached)
         check_internals(self.library, tree_class)
         self.finished: deque[list[int]] = deque(maxlen=self.max_cached)  # responses kept, oldest first
@@ -266,8 +272,7 @@ class SuffixDrafter(Drafter):
         self._request, self._pending, self._known = None, [], np.zeros(0, np.int32)
         if self.max_cached and response:
             self.finished.append(response)
-        if self.cache_path is not None:
-            save_responses(self.cache_path, self.identity, list(self.finished))
+            self._save(response)
 
     def remember(self, prompt: Sequence[int], response: Sequence[int]) -> None:
         """Keep `response` among the earlier responses, as `finish` keeps a request this drafter saw (a
@@ -277,8 +282,25 @@ class SuffixDrafter(Drafter):
         if not (self.max_cached and len(response)):
             return
         self._replay([int(t) for t in response])
-        if self.cache_path is not None:
-            save_responses(self.cache_path, self.identity, list(self.finished))
+        self._save(self.finished[-1])
+
+    def _save(self, response: list[int]) -> None:
+        """With `cache=`, add `response` (and any an earlier save failed to write) to the cache file. A
+        failure only warns: the request's result is there already, and the responses stay in memory to
+        be saved with the next one."""
+        if self.cache_path is None:
+            return
+        self._unsaved = [*self._unsaved, response][-self.max_cached:]
+        try:
+            append_responses(self.cache_path, self.identity, self._unsaved, self.max_cached, self.cache_label)
+        except (OSError, SuffixCacheError) as err:
+            reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+            warnings.warn(SpecframeWarning(
+                f"drafter 'suffix': could not save {len(self._unsaved)} response(s) to the cache "
+                f"{self.cache_path} ({reason}); they stay in memory and are saved with the next request "
+                "(free space or fix the directory's permissions)"), stacklevel=2)
+            return
+        self._unsaved = []
 
     def stats(self) -> dict:
         """Responses and tokens kept, and the library's estimate of its trees' memory (walks every tree:

@@ -10,8 +10,9 @@ across processes, specframe keeps the responses of finished requests (oldest fir
 A drafter opening the file replays the responses into the library's cache. A file written for another
 tokenizer, by a newer specframe, or damaged is refused with a message saying how to clear it, and is
 never overwritten: the user decides. Writes are atomic (a temporary file in the same directory, then
-`os.replace`), so a crash or a concurrent reader never sees half a file; two processes writing the same
-cache keep the responses of the last one to finish a request.
+`os.replace`), so a crash or a concurrent reader never sees half a file. A writer holds the cache's lock,
+re-reads the file and appends its new responses to what it finds, so two processes sharing a cache keep
+the responses of both; it also removes the temporary files of writes that were killed.
 """
 
 from __future__ import annotations
@@ -19,12 +20,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from specframe import ConfigurationError
-from specframe.models import specframe_home
+from specframe.atomic_dirs import FILE_LOCK_WAIT, file_lock, locked_update, write_atomically
+from specframe.models import check_writable_dir, specframe_home
 from specframe.tokenizer_identity import TokenizerIdentity
 
 FORMAT = 1
@@ -138,15 +139,27 @@ def load_responses(path: Path, identity: TokenizerIdentity, label: str) -> list[
     return stored.responses
 
 
-def save_responses(path: Path, identity: TokenizerIdentity, responses: list[list[int]]) -> None:
-    """Write the cache atomically: a temporary file in the same directory, then `os.replace`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    payload = {"format": FORMAT, "tokenizer": identity.to_json(), "responses": responses}
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(payload, f, separators=(",", ":"))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+def check_writable(path: Path) -> None:
+    """Refuse, before any work, a cache whose directory cannot hold it (read-only, or a file in the way):
+    the file, its lock and its temporary files are all written there."""
+    check_writable_dir(path.parent, "the suffix cache directory",
+                       f"give cache= a name with SPECFRAME_HOME set to a writable directory, or a path "
+                       f"in one (the cache {path.name}, its lock and its temporary files go there)")
+
+
+def append_responses(path: Path, identity: TokenizerIdentity, new: list[list[int]], keep: int,
+                     label: str) -> None:
+    """Add the responses `new` to the cache at `path`, keeping the newest `keep` of all it then holds.
+
+    Under the cache's lock the file is read again, so responses another process saved since this one
+    loaded the cache stay in it; a file that became damaged or another tokenizer's is refused
+    (`SuffixCacheError`) and left as it is. The new file replaces the old one atomically."""
+    def busy() -> SuffixCacheError:
+        return SuffixCacheError(f"suffix cache '{path}' stayed locked by another process for "
+                                f"{FILE_LOCK_WAIT:g} s ({file_lock(path)}); if no specframe process is "
+                                "running, delete that lock file")
+
+    with locked_update(path, busy, f"suffix cache '{path}'"):
+        responses = (load_responses(path, identity, label) + new)[-keep:] if keep else []
+        payload = {"format": FORMAT, "tokenizer": identity.to_json(), "responses": responses}
+        write_atomically(path, json.dumps(payload, separators=(",", ":")))

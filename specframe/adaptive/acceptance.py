@@ -17,13 +17,13 @@ output for the step being chosen, so selecting trees with it keeps every verifie
 from __future__ import annotations
 
 import json
-import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from specframe.atomic_dirs import FILE_LOCK_WAIT, file_lock, locked_update, write_atomically
 from specframe.errors import ConfigurationError, SpecframeWarning
 from specframe.records import DraftProposal, ScoreKind
 
@@ -118,6 +118,7 @@ class AcceptanceModel:
         size = GROUPS * DEPTHS * SCORE_BUCKETS
         self.fine = np.zeros((2, size))  # [accepted, tried] per fine key
         self.coarse = np.zeros((2, SCORE_BUCKETS))  # [accepted, tried] per score bucket
+        self._saved = (self.fine.copy(), self.coarse.copy())  # the counts already in the file (`save`)
 
     @property
     def observations(self) -> int:
@@ -149,13 +150,21 @@ class AcceptanceModel:
     # --- persistence -------------------------------------------------------------------------------
 
     def save(self, path: Path) -> None:
-        """Write the counts as JSON, atomically (a crash leaves the previous file whole; two processes
-        saving at once each write their own temporary file, and the last rename wins)."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"format": FORMAT, "strength": self.strength,
-                                   "fine": self.fine.tolist(), "coarse": self.coarse.tolist()}))
-        tmp.replace(path)
+        """Add the counts learned since the last `load` or `save` to those in the file, and write it as
+        JSON, atomically (a crash leaves the previous file whole). The file is read again under its lock,
+        so two processes sharing it add up their counts instead of the last one replacing the other's."""
+        def busy() -> ConfigurationError:
+            return ConfigurationError(f"acceptance file {path} stayed locked by another process for "
+                                      f"{FILE_LOCK_WAIT:g} s ({file_lock(path)}); if no specframe process "
+                                      "is running, delete that lock file")
+
+        with locked_update(path, busy, f"acceptance file '{path}'"):
+            stored = type(self).load(path)
+            fine = stored.fine + self.fine - self._saved[0]
+            coarse = stored.coarse + self.coarse - self._saved[1]
+            write_atomically(path, json.dumps({"format": FORMAT, "strength": self.strength,
+                                               "fine": fine.tolist(), "coarse": coarse.tolist()}))
+        self._saved = (self.fine.copy(), self.coarse.copy())
 
     @classmethod
     def load(cls, path: Path) -> AcceptanceModel:
@@ -181,4 +190,5 @@ class AcceptanceModel:
                 stacklevel=2)
             return model
         model.strength, model.fine, model.coarse = strength, fine, coarse
+        model._saved = (fine.copy(), coarse.copy())
         return model

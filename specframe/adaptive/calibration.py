@@ -25,8 +25,10 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from specframe.atomic_dirs import FILE_LOCK_WAIT, file_lock, locked_update, write_atomically
 from specframe.cost import MeasuredCost
 from specframe.devices import synchronizer
+from specframe.errors import ConfigurationError
 from specframe.interfaces import StateBackend
 from specframe.packed_linear import linear_kernel
 from specframe.tree import TokenTree
@@ -152,17 +154,29 @@ def cached_cost(backend: StateBackend, options: dict | None = None, refresh: boo
     cost = calibrate(backend, progress=progress)
     try:
         write_cost(path, key, cost)
-    except OSError:
+    except (OSError, ConfigurationError):
         pass
     return cost
 
 
 def write_cost(path: Path, key: dict, cost: MeasuredCost) -> None:
-    """Store `cost` under `key` at `path`, atomically (a reader sees the old file or the new one)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{time.time_ns()}.tmp")
-    tmp.write_text(json.dumps({"key": key, **asdict(cost)}, indent=1, default=str))
-    tmp.replace(path)
+    """Store `cost` under `key` at `path`, atomically (a reader sees the old file or the new one), under
+    the file's lock, which also clears the temporary files of killed writes. Two processes calibrating
+    the same keys measured the same thing: the last one's numbers are kept."""
+    def busy() -> ConfigurationError:
+        return ConfigurationError(f"calibration {path} stayed locked by another process for "
+                                  f"{FILE_LOCK_WAIT:g} s ({file_lock(path)}); if no specframe process is "
+                                  "running, delete that lock file")
+
+    with locked_update(path, busy, f"calibration '{path}'"):
+        write_atomically(path, json.dumps({"key": key, **asdict(cost)}, indent=1, default=str))
+
+
+def stored_min_rows(backend: StateBackend) -> int | None:
+    """The rows that the stored calibration of `backend` chose to pad its forwards to, measured
+    (`probe_padding`), or None where there is none: what a backend with `auto_padding` runs with."""
+    cost = stored_cost(backend)
+    return cost.min_rows if cost is not None and cost.padding_s else None
 
 
 def stored_cost(backend: StateBackend, options: dict | None = None) -> MeasuredCost | None:
