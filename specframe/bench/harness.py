@@ -11,7 +11,7 @@ import torch
 
 from specframe.errors import ConfigurationError
 from specframe.kinds import ComponentKind
-from specframe.models import Target
+from specframe.models import Target, check_writable_dir
 from specframe.metrics import clock_name
 from specframe.registry import PluginRegistry, get_registry
 from specframe.sampling import SamplingParams
@@ -19,8 +19,8 @@ from specframe.sampling import SamplingParams
 from specframe.bench.methods import MethodSpec, resolve_methods
 from specframe.bench.peers import PeerSpec, parse_peers
 from specframe.bench.report import KEEP, write_reports
-from specframe.bench.runner import (BenchRun, build_runners, check_counts, check_run_args, check_settings,
-                                    run_bench)
+from specframe.bench.runner import (BenchRun, bench_lock, build_runners, check_counts, check_run_args,
+                                    check_settings, run_bench)
 from specframe.bench.suites import BenchPrompt, load_suite
 
 
@@ -127,10 +127,11 @@ def bench_settings(model: dict, suite: str | list[BenchPrompt], max_new_tokens: 
 
 def start_out(out: Path, settings: dict, fresh: bool) -> None:
     """Create `out` (emptied of earlier records with `fresh`) and record or check the settings."""
+    check_writable_dir(out, "--out", "pass an --out directory you can write to")
     if fresh:
-        for name in ("records.jsonl", "settings.json"):
-            (out / name).unlink(missing_ok=True)
-    out.mkdir(parents=True, exist_ok=True)
+        with bench_lock(out):
+            for name in ("records.jsonl", "settings.json"):
+                (out / name).unlink(missing_ok=True)
     check_settings(out, settings)
 
 

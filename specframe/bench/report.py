@@ -15,7 +15,8 @@ import json
 import statistics
 from pathlib import Path
 
-from specframe.bench.runner import BenchRun
+from specframe.atomic_dirs import write_atomically
+from specframe.bench.runner import BenchRun, bench_lock
 
 OVERALL = "overall"
 KEEP = ("all", "fastest")  # which repeats the tables aggregate: see the module docstring
@@ -213,6 +214,7 @@ def write_reports(run: BenchRun, out: Path, settings: dict, header: str = "", ke
                 "kind": type(r).__name__} for r in run.runners]
     payload = {"settings": settings, "methods": methods, "categories": table,
                "mismatches": [vars(m) for m in run.mismatches], "records": run.records}
-    (out / "results.json").write_text(json.dumps(payload, indent=1), "utf-8")
-    (out / "results.md").write_text(markdown(table, run, header), "utf-8")
+    with bench_lock(out):  # shards of one run may finish at once: each file is one writer's, whole
+        write_atomically(out / "results.json", json.dumps(payload, indent=1))
+        write_atomically(out / "results.md", markdown(table, run, header))
     return table

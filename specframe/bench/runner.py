@@ -6,24 +6,29 @@ cost of running first or after a given method hit all methods alike. One warm-up
 on a prompt of no suite, runs before any timing and is not recorded. Sampled runs with `--seed S` draw
 repeat r with seed S + r in every method: the repeats are n different samples of each prompt.
 
-Every finished (method, question, turn, repeat) is appended at once to `records.jsonl`; a rerun with the
-same `--out` skips what is there, so an interrupted run resumes where it stopped; a drafter that remembers
-earlier requests (`suffix`) is handed the skipped requests' recorded outputs (`Drafter.remember`), so that
-the requests still to run find the memory an uninterrupted run would have left them. The output of every
-lossless method is compared token for token with its baseline's output on the same turn (greedy only);
-a difference is printed at once and collected in the results.
+Every finished (method, question, turn, repeat) is appended at once to `records.jsonl`, under the lock of
+`--out` (`bench_lock`), so that shards running into one directory never interleave their lines; a rerun
+with the same `--out` skips what is there, so an interrupted run resumes where it stopped; a drafter that
+remembers earlier requests (`suffix`) is handed the skipped requests' recorded outputs
+(`Drafter.remember`), so that the requests still to run find the memory an uninterrupted run would have
+left them. The output of every lossless method is compared token for token with its baseline's output on
+the same turn (greedy only); a difference is printed at once and collected in the results.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tqdm import tqdm
 
+from specframe.atomic_dirs import FILE_LOCK_WAIT, exclusive, remove_stale, temp_name_pattern, write_atomically
 from specframe.decoding import SpeculativeDecoder
 from specframe.errors import ConfigurationError, SpecframeError, SpecframeWarning
 from specframe.kinds import DEFAULT_COMPONENTS, ComponentKind
@@ -148,19 +153,46 @@ class Mismatch:
                 f"baseline ...{self.baseline_text!r} vs method ...{self.method_text!r}")
 
 
+@contextmanager
+def bench_lock(out: Path) -> Iterator[None]:
+    """Hold the lock of the benchmark directory `out` for one update of its files (a record appended, the
+    settings checked and written, the reports written). Shards of a suite may run into one `--out` at
+    once: each update is short, so a writer waits for the others."""
+    lock = out / ".bench.lock"
+
+    def busy() -> ConfigurationError:
+        return ConfigurationError(f"{out} stayed locked by another bench run for {FILE_LOCK_WAIT:g} s "
+                                  f"({lock}); if no specframe process is running, delete that lock file")
+
+    with exclusive(lock, busy, wait=FILE_LOCK_WAIT, waiting=f"specframe: waiting for another bench run "
+                   f"writing to {out} ({lock})"):
+        yield
+
+
+# Temporary files of the reports and settings `write_atomically` writes into --out.
+OUT_TEMPORARIES = re.compile("|".join(temp_name_pattern(f"{name}.", ".tmp")
+                                      for name in ("settings.json", "results.json", "results.md")))
+
+
 class RecordStore:
-    """Append-only JSONL of finished runs, keyed by (method, question, turn, repeat)."""
+    """Append-only JSONL of finished runs, keyed by (method, question, turn, repeat).
+
+    Records are appended under the directory's lock, after checking that `settings.json` still holds the
+    settings it held when the store was opened: a run started meanwhile into the same directory with
+    other settings would otherwise mix its records with this one's."""
 
     def __init__(self, path: Path):
         self.path = path
         self.records: dict[tuple, dict] = {}
-        if path.exists():
-            text = path.read_text("utf-8", errors="replace")  # records are ASCII: damage fails to parse
-            if text and not text.endswith("\n"):
-                with path.open("a", encoding="utf-8") as f:
-                    f.write("\n")  # end a line cut short, so the next record starts on its own line
-            for record in parse_records(text, path):
-                self.records[self.key(record)] = record
+        with bench_lock(path.parent):
+            self.settings = _settings_in(path.parent)
+            if path.exists():
+                text = path.read_text("utf-8", errors="replace")  # records are ASCII: damage fails to parse
+                if text and not text.endswith("\n"):
+                    with path.open("a", encoding="utf-8") as f:
+                        f.write("\n")  # end a line cut short, so the next record starts on its own line
+                for record in parse_records(text, path):
+                    self.records[self.key(record)] = record
 
     @staticmethod
     def key(record: dict) -> tuple:
@@ -173,9 +205,22 @@ class RecordStore:
         return self.records.get((method, qid, turn, repeat))
 
     def add(self, record: dict) -> None:
+        line = json.dumps(record) + "\n"
+        with bench_lock(self.path.parent):
+            if _settings_in(self.path.parent) != self.settings:
+                raise ConfigurationError(
+                    f"{self.path.parent / 'settings.json'} was replaced while this run was writing to "
+                    f"{self.path.parent} (another bench run with other settings, or --fresh, started "
+                    "there): run one benchmark per --out, or shards of one run with the same settings")
+            with self.path.open("a", encoding="utf-8") as f:
+                f.write(line)
         self.records[self.key(record)] = record
-        with self.path.open("a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
+
+
+def _settings_in(out: Path) -> dict | None:
+    """The settings recorded in `out/settings.json`, None when there are none."""
+    path = out / "settings.json"
+    return read_settings(path) if path.exists() else None
 
 
 def read_records(path: Path) -> list[dict]:
@@ -247,16 +292,19 @@ def check_settings(out: Path, settings: dict) -> None:
     """Refuse to resume into a directory holding records made with other settings; record the settings
     otherwise. A `settings.json` with no records beside it binds nothing (a run that failed before its
     first record, e.g. on a bad option, leaves one), so it is simply replaced."""
-    path = out / "settings.json"
-    if path.exists() and len(RecordStore(out / "records.jsonl")):
-        old = read_settings(path)
-        changed = {k: (old.get(k), v) for k, v in settings.items() if old.get(k) != v}
-        if changed:
-            raise ConfigurationError(
-                f"{out} holds results made with other settings ({changed}, as (old, new)); "
-                "resume with the same settings, or pass another --out (or --fresh to start over)")
-    else:
-        path.write_text(json.dumps(settings, indent=2), "utf-8")
+    path, records = out / "settings.json", out / "records.jsonl"
+    with bench_lock(out):
+        remove_stale(out, OUT_TEMPORARIES, f"temporary files in {out}")
+        recorded = records.exists() and parse_records(records.read_text("utf-8", "replace"), records)
+        if path.exists() and recorded:
+            old = read_settings(path)
+            changed = {k: (old.get(k), v) for k, v in settings.items() if old.get(k) != v}
+            if changed:
+                raise ConfigurationError(
+                    f"{out} holds results made with other settings ({changed}, as (old, new)); "
+                    "resume with the same settings, or pass another --out (or --fresh to start over)")
+        else:
+            write_atomically(path, json.dumps(settings, indent=2))
 
 
 def read_settings(path: Path) -> dict:
