@@ -35,7 +35,8 @@ SPECFRAME = Path(sys.executable).with_name("specframe")
 WORDS = 63
 
 # Runs the real CLI; GATE pauses the build inside its lock (in the first `write_source`) until RELEASE
-# exists; KILL_AT_PUBLISH kills the process between the two renames of `publish`.
+# exists; KILL_AT_PUBLISH kills the process between the two renames of `publish` where the system has no
+# atomic swap of directories (the swap is turned off).
 WRAPPER = """
 import os, signal, sys, time
 from pathlib import Path
@@ -51,6 +52,7 @@ if mode == "gate":
         return original(*args, **kwargs)
     build.write_source = write_source
 elif mode == "kill-at-publish":
+    build.exchange = lambda a, b: False
     rename = Path.rename
     def killing_rename(self, target):
         result = rename(self, target)

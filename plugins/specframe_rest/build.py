@@ -23,7 +23,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 import specframe
-from specframe.atomic_dirs import exclusive, follow_umask, remove_stale, temp_name_pattern
+from specframe.atomic_dirs import exchange, exclusive, follow_umask, remove_stale, temp_name_pattern
 from specframe.models import check_writable_dir
 from specframe.metrics import peak_memory_bytes
 from specframe_rest.datastore import (
@@ -209,8 +209,16 @@ def _existing(out: Path, identity: TokenizerIdentity, append: bool, overwrite: b
 
 
 def publish(tmp: Path, out: Path) -> None:
-    """Move the finished store into place; an older store is replaced only after the new one is complete."""
-    if out.exists():
+    """Move the finished store into place; an older store is replaced only after the new one is complete.
+
+    The replacement is one atomic swap of the two directories where the system allows it (`exchange`),
+    so a reader opening `out` meanwhile finds the old store or the new one, never none. Elsewhere the old
+    store is moved aside first; a build killed between the two renames leaves it in `.NAME.old-*`, from
+    where the next build puts it back (`recover`).
+    """
+    if out.exists() and exchange(tmp, out):
+        shutil.rmtree(tmp, ignore_errors=True)  # now the old store
+    elif out.exists():
         trash = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
         out.rename(trash / "store")
         tmp.rename(out)
