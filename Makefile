@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 EXTRAS ?= rest,suffix,stream,test,bench,docs,triton,ray
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test bench results results-render clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -32,6 +32,14 @@ test: setup
 
 bench: setup
 	$(PY) -m pytest benchmarks --benchmark-only
+
+# docs/results: run benchmarks/plan.toml's `specframe bench` runs into results/records (gitignored; a
+# complete run is kept), then render the tables into the pages; results-render only renders.
+results: setup
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) benchmarks/results.py
+
+results-render: setup
+	$(PY) benchmarks/results.py --render-only
 
 clean:
 	rm -rf $(VENV)

@@ -8,7 +8,7 @@ padding of small trees), so the table shows the kernels' own costs. Reports the 
 and as a multiple of the same kernel's plain step (0 nodes), on the process CPU clock (`--clock cpu`, for
 a shared machine) or wall time.
 
-    OMP_NUM_THREADS=1 python benchmarks/cpu_linear.py --threads 1 --clock cpu --out docs/results/cpu-linear
+    OMP_NUM_THREADS=1 python benchmarks/cpu_linear.py --threads 1 --clock cpu --out results/cpu-linear
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ own, as every step of a decode does. Reports the median per cell in ms and the b
 over the concatenating one's, on the process CPU clock (`--clock cpu`, for a shared machine) or wall
 time.
 
-    OMP_NUM_THREADS=2 python benchmarks/kv_cache.py --threads 2 --clock wall --out docs/results/kv-cache
+    OMP_NUM_THREADS=2 python benchmarks/kv_cache.py --threads 2 --clock wall --out results/kv-cache
 """
 
 from __future__ import annotations

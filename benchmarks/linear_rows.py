@@ -15,7 +15,7 @@ random float32 weights, to tell whether another way to multiply would move that 
 Each shape runs over as many distinct layers as fit in 600 MB, so weights come from memory as in a real
 forward. Wall clock, best of `--repeats`; run it on an otherwise idle machine.
 
-    OMP_NUM_THREADS=1 python benchmarks/linear_rows.py --threads 1 --out docs/results/linear-rows
+    OMP_NUM_THREADS=1 python benchmarks/linear_rows.py --threads 1 --out results/linear-rows
 """
 
 from __future__ import annotations

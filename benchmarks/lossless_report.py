@@ -1,7 +1,7 @@
 """Tabulate the exact-law evidence behind the lossless claims: every check of tests/test_lossless_power.py
 and tests/test_lossless_e2e.py, with N, chi-square, p-value and total variation against its noise level.
 
-    OMP_NUM_THREADS=1 python benchmarks/lossless_report.py --out docs/results/lossless.md
+    OMP_NUM_THREADS=1 python benchmarks/lossless_report.py --out docs/results/exact-law.md
 
 Same scenarios, seeds and run counts as the tests, so the numbers are the ones CI checks (about 6 minutes
 on one core). Progress goes to stderr.
@@ -89,7 +89,7 @@ def e2e_tables(tmp: Path) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("docs/results/lossless.md"))
+    parser.add_argument("--out", type=Path, default=Path("docs/results/exact-law.md"))
     args = parser.parse_args()
     torch.set_num_threads(1)
     start = time.perf_counter()

@@ -2,7 +2,7 @@
 enumerated law of a tiny target in every scenario of `specframe.testing.law` (p >= 1e-4, 20,000 seeded
 two-token decodes each), and every mutant in `lossless_mutants.py` is rejected at p < 1e-6 in the
 scenario aimed at it. Seeds are fixed, so every outcome is deterministic; the p-values and total
-variations are tabulated in docs/results/lossless.md (`benchmarks/lossless_report.py`).
+variations are tabulated in docs/results/exact-law.md (`benchmarks/lossless_report.py`).
 """
 
 from __future__ import annotations

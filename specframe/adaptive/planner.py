@@ -373,7 +373,7 @@ class AdaptivePlanner(CostAtContext):
 
 # Default cap of `budget="auto"`. The planner rarely keeps more than 16 nodes on a CPU, but long copies
 # (extraction, translation, code) pay past 16: replayed, 24 raised tau 1-3 % over 16 on Spec-Bench,
-# HumanEval and best-of-8, and 32 added nothing (docs/results/adaptive.md, run 13).
+# HumanEval and best-of-8, and 32 added nothing (docs/results/conclusions.md).
 AUTO_CAP = 24
 
 

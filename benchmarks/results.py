@@ -1,0 +1,320 @@
+"""Run the benchmark plan and render the result pages: what `make results` and `make results-render` do.
+
+    python benchmarks/results.py                 # every run of benchmarks/plan.toml, then the pages
+    python benchmarks/results.py --render-only   # the pages from the records already in results/records
+    python benchmarks/results.py --runs code-cpu # only these runs (then every page)
+
+Each run is `specframe bench ARGS --out results/records/NAME` (resumed if stopped; skipped once complete)
+with a `machine.json` beside it. A page keeps its prose; only the text between
+`<!-- results:begin NAME -->` and `<!-- results:end NAME -->` is rewritten, from the records alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import importlib.metadata
+import json
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PLAN = ROOT / "benchmarks" / "plan.toml"
+RECORDS = ROOT / "results" / "records"
+PACKAGES = ("specframe", "torch", "transformers")
+
+
+# ---------------------------------------------------------------- running
+
+
+def machine() -> dict:
+    """The machine and package versions a run is taken with."""
+    import torch
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    cpu = platform.processor() or platform.machine()
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                   if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    versions = {"python": platform.python_version()}
+    versions.update({p: importlib.metadata.version(p) for p in PACKAGES})
+    return {"machine": f"{cpu}, {os.cpu_count()} cores" + (f", {gpu}" if gpu else ""), "versions": versions}
+
+
+def run_plan(plan: dict, records: Path, only: list[str] | None) -> None:
+    """Run each planned `specframe bench` into `records/NAME`; a GPU run is skipped without a GPU."""
+    import torch
+
+    runs = {n: r for n, r in plan["runs"].items() if not only or n in only}
+    for i, (name, run) in enumerate(runs.items(), 1):
+        out = records / name
+        print(f"[{i}/{len(runs)}] {name}: {run['about']}", flush=True)
+        if (out / "results.json").exists():
+            print(f"    complete in {out}; delete that folder to measure it again", flush=True)
+            continue
+        if run.get("gpu") and not torch.cuda.is_available():
+            print("    skipped: needs a CUDA GPU", flush=True)
+            continue
+        command = ["specframe", "bench", *run["args"], "--out", str(out)]
+        print("    " + shlex.join(command), flush=True)
+        subprocess.run(command, check=True, stdout=subprocess.DEVNULL)  # its progress bar goes to stderr
+        (out / "machine.json").write_text(json.dumps(machine(), indent=1), "utf-8")
+
+
+# ---------------------------------------------------------------- loading
+
+
+def load_run(folder: Path) -> dict | None:
+    """A bench output folder as {settings, methods, categories, records, machine}; None if absent.
+
+    A run stopped before its tables has records.jsonl and settings.json only: its overall table is then
+    computed here as `specframe bench` would, each method against the baseline of its own backend."""
+    from specframe.bench.report import method_stats
+
+    about = folder / "machine.json"
+    extra = json.loads(about.read_text("utf-8")) if about.exists() else {}
+    if (folder / "results.json").exists():
+        return {**json.loads((folder / "results.json").read_text("utf-8")), "machine": extra}
+    if not (folder / "records.jsonl").exists():
+        return None
+    lines = (folder / "records.jsonl").read_text("utf-8").splitlines()
+    records = [json.loads(line) for line in lines if line]
+    labels = list(dict.fromkeys(r["method"] for r in records))
+    bases = [label for label in labels if label.startswith("baseline")]
+
+    def baseline_of(label: str) -> str | None:
+        if label in bases:
+            return None
+        backend = label.split("@")[0].rsplit("+", 1)[-1]
+        return f"baseline[{backend}]" if f"baseline[{backend}]" in bases else bases[0]
+
+    by_label = {label: [r for r in records if r["method"] == label] for label in labels}
+    table = {}
+    for label in labels:
+        base = baseline_of(label)
+        keyed = None if base is None else {(r["qid"], r["turn"], r["repeat"]): r for r in by_label[base]}
+        table[label] = {**method_stats(by_label[label], keyed), "mismatches": None}
+    settings = json.loads((folder / "settings.json").read_text("utf-8"))
+    methods = [{"label": label, "baseline": baseline_of(label)} for label in labels]
+    return {"settings": settings, "methods": methods, "categories": {"overall": table}, "records": records,
+            "mismatches": None, "machine": extra}
+
+
+def overall(run: dict) -> dict:
+    """The run's overall table ({method: stats}): a one-category run has that category's."""
+    categories = run["categories"]
+    return categories.get("overall") or next(iter(categories.values()))
+
+
+def identical(run: dict) -> dict[str, tuple[int, int] | None]:
+    """(turns compared with the baseline, mismatching turns) per method; None where not checked."""
+    if run["settings"].get("temperature"):
+        return {}
+    base_tokens = {}
+    for r in run.get("records", []):
+        if r["method"].startswith("baseline"):
+            base_tokens[(r["method"], r["qid"], r["turn"], r["repeat"])] = r["tokens"]
+    counts: dict[str, list[int]] = {}
+    baseline = {m["label"]: m.get("baseline") for m in run["methods"]}
+    for r in run.get("records", []):
+        base = baseline.get(r["method"])
+        key = (base, r["qid"], r["turn"], r["repeat"])
+        if base is None or key not in base_tokens:
+            continue
+        seen = counts.setdefault(r["method"], [0, 0])
+        seen[0] += 1
+        seen[1] += r["tokens"] != base_tokens[key]
+    return {m: tuple(c) for m, c in counts.items()}
+
+
+# ---------------------------------------------------------------- rendering
+
+
+def per_turn_ratio(run: dict, method: str, reference: str) -> float | None:
+    """Mean over turns of (tokens/s of `method`) / (tokens/s of `reference`) on the same turn."""
+    ref = {(r["qid"], r["turn"], r["repeat"]): r["metrics"]["tokens_per_s"]
+           for r in run.get("records", []) if r["method"] == reference}
+    ratios = [r["metrics"]["tokens_per_s"] / ref[k] for r in run.get("records", []) if r["method"] == method
+              for k in [(r["qid"], r["turn"], r["repeat"])] if ref.get(k)]
+    return statistics.fmean(ratios) if ratios else None
+
+
+def num(value: float | None, digits: int = 2, suffix: str = "") -> str:
+    return "-" if value is None else f"{value:.{digits}f}{suffix}"
+
+
+def rows_of(run: dict, patterns: list[str] | None) -> dict:
+    table = overall(run)
+    if not patterns:
+        return table
+    return {m: s for m, s in table.items() if any(fnmatch.fnmatchcase(m, p) for p in patterns)}
+
+
+def provenance(run: dict) -> list[str]:
+    """The lines under a table: machine and versions, settings, command."""
+    s, extra = run["settings"], run.get("machine", {})
+    versions = ", ".join(f"{k} {v}" for k, v in extra.get("versions", {}).items()) or "versions not recorded"
+    timing = ("fastest of the repeats" if s.get("keep") == "fastest"
+              else "one timed run per turn" if s.get("repeats") == 1 else "mean over repeats")
+    setting = (f"{s.get('model')}, {s.get('suite')}, {s.get('limit') or 'all'} per category, "
+               f"{s.get('max_new_tokens')} new tokens, {s.get('dtype') or 'float32'}, "
+               f"{s.get('device') or 'cpu'}, {s.get('threads')} thread(s), {s.get('clock') or 'wall'} clock, "
+               f"{timing}")
+    command = s.get("command") or extra.get("command") or "not recorded with these records"
+    return [f"Machine: {extra.get('machine', 'not recorded with these records')}; {versions}.  ",
+            f"Settings: {setting}.  ", f"Command: `{command}`"]
+
+
+def noise_line(run: dict, control: str | None) -> str:
+    table = overall(run)
+    if not control or control not in table:
+        return ("Noise floor: these records have no control row (a method that decodes exactly like the "
+                "baseline); read differences under about 5 % as noise.")
+    spread = [c[control]["speedup"]["mean"] for c in run["categories"].values() if control in c]
+    low, high = min(spread), max(spread)
+    cats = f", {low:.2f}-{high:.2f}x across categories" if len(spread) > 1 else ""
+    return (f"Noise floor: `{control}` decodes exactly like the baseline and measured "
+            f"{table[control]['speedup']['mean']:.2f}x overall{cats}.")
+
+
+def speed_table(runs: list[dict], spec: dict) -> list[str]:
+    run = runs[0]
+    ref = spec.get("reference")
+    checked = identical(run)
+    head = ["method", "speedup", *([f"vs {ref} (per turn)"] if ref else []), "tau", "tokens/s", "mean tree",
+            "turns < 0.9x", "identical to plain"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for label, s in sorted(rows_of(run, spec.get("rows")).items(), key=lambda kv: -kv[1]["speedup"]["mean"]):
+        same = checked.get(label)
+        cells = [f"`{label}`", num(s["speedup"]["mean"], 2, "x"),
+                 *([num(per_turn_ratio(run, label, ref), 2, "x")] if ref else []), num(s["tau"]),
+                 num(s["tokens_per_s"]["mean"], 1), num(s.get("mean_tree_size"), 1),
+                 "-" if s.get("slow_turns") is None else f"{100 * s['slow_turns']:.0f} %",
+                 "-" if same is None else f"{same[0] - same[1]} of {same[0]} turns"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines + ["", *provenance(run), "", noise_line(run, spec.get("control"))]
+
+
+def categories_table(runs: list[dict], spec: dict) -> list[str]:
+    run = runs[0]
+    cats = [c for c in run["categories"] if c != "overall"]
+    labels = list(rows_of(run, spec.get("rows")))
+    lines = ["| method | " + " | ".join(cats) + " |", "|---|" + "---|" * len(cats)]
+    for label in labels:
+        cells = [num(run["categories"][c].get(label, {}).get("speedup", {}).get("mean")) for c in cats]
+        lines.append(f"| `{label}` | " + " | ".join(cells) + " |")
+    return lines
+
+
+def choice_table(runs: list[dict], spec: dict) -> list[str]:
+    ref = spec.get("reference")
+    lines = [f"| workload | use | speedup over plain | vs {ref or '-'} (per turn) | runner-up | records |",
+             "|---|---|---|---|---|---|"]
+    for name, run in zip(spec["runs"], runs):
+        if run is None:
+            lines.append(f"| {spec['workloads'][name]} | no records | - | - | - | - |")
+            continue
+        lossless = {m["label"] for m in run["methods"]
+                    if m.get("baseline") and not m["label"].startswith("hf-")}
+        ranked = sorted(((s["speedup"]["mean"], m) for m, s in rows_of(run, spec.get("rows")).items()
+                         if m in lossless), reverse=True)
+        (best_speed, best), (second_speed, second) = ranked[0], ranked[1]
+        vs = per_turn_ratio(run, best, ref) if ref and ref in overall(run) else None
+        s = run["settings"]
+        where = f"{s.get('suite')}, {s.get('device') or 'cpu'}, {s.get('threads')} thread(s)"
+        lines.append(f"| {spec['workloads'][name]} | `{best}` | {best_speed:.2f}x | {num(vs, 2, 'x')} "
+                     f"| `{second}` {second_speed:.2f}x | {where} |")
+    return lines
+
+
+def memory_table(runs: list[dict], spec: dict) -> list[str]:
+    lines = ["| records | method | peak memory | over plain | drafter's own memory |",
+             "|---|---|---|---|---|"]
+    for name, run in zip(spec["runs"], runs):
+        if run is None:
+            continue
+        table = rows_of(run, spec.get("rows"))
+        base = next((s["peak_memory_bytes"] for m, s in table.items() if m.startswith("baseline")), None)
+        kind = "GPU, allocated by torch" if str(run["settings"].get("device", "")).startswith("cuda") \
+            else "CPU, process peak"
+        for label, s in table.items():
+            peak = s.get("peak_memory_bytes")
+            over = None if peak is None or base is None else round((peak - base) / 2**20) or 0.0
+            own = (s.get("drafter_stats") or {}).get("memory_bytes")
+            lines.append(f"| {name} ({kind}) | `{label}` | {num(peak and peak / 2**20, 0, ' MiB')} "
+                         f"| {num(over, 0, ' MiB')} | {num(own and own / 2**20, 1, ' MiB')} |")
+    return lines
+
+
+def lossless_table(runs: list[dict], spec: dict) -> list[str]:
+    lines = ["| records | methods compared | turns compared | turns identical to plain |",
+             "|---|---|---|---|"]
+    for name, run in zip(spec["runs"], runs):
+        if run is None:
+            lines.append(f"| {name} | no records | - | - |")
+            continue
+        checked = identical(run)
+        turns = sum(c[0] for c in checked.values())
+        same = sum(c[0] - c[1] for c in checked.values())
+        lines.append(f"| {name} ({run['settings'].get('suite')}, {run['settings'].get('device') or 'cpu'}) "
+                     f"| {len(checked)} | {turns} | {same} |")
+    return lines
+
+
+KINDS = {"speed": speed_table, "categories": categories_table, "choice": choice_table,
+         "memory": memory_table, "lossless": lossless_table}
+
+
+def render_table(spec: dict, records: Path) -> list[str]:
+    runs = [load_run(records / name) for name in spec["runs"]]
+    if spec["kind"] != "choice" and all(r is None for r in runs):
+        return [f"No records yet for {', '.join(spec['runs'])}: run `make results`."]
+    if spec["kind"] in ("speed", "categories"):
+        if runs[0] is None:
+            return [f"No records yet for {spec['runs'][0]}: run `make results`."]
+    return KINDS[spec["kind"]](runs, spec)
+
+
+def replace_block(text: str, name: str, body: list[str]) -> str:
+    begin, end = f"<!-- results:begin {name} -->", f"<!-- results:end {name} -->"
+    if begin not in text or end not in text:
+        raise SystemExit(f"error: the page has no '{begin}' ... '{end}' markers for table '{name}'")
+    head, rest = text.split(begin, 1)
+    return head + begin + "\n" + "\n".join(body) + "\n" + end + rest.split(end, 1)[1]
+
+
+def render(plan: dict, records: Path) -> list[Path]:
+    pages: dict[Path, str] = {}
+    for spec in plan["tables"]:
+        page = ROOT / spec["page"]
+        text = pages.get(page) or page.read_text("utf-8")
+        pages[page] = replace_block(text, spec["name"], render_table(spec, records))
+        print(f"rendered {spec['name']} into {spec['page']}", flush=True)
+    for page, text in pages.items():
+        page.write_text(text, "utf-8")
+    return list(pages)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--render-only", action="store_true", help="render the pages from existing records")
+    parser.add_argument("--runs", help="comma list of plan runs to measure (default: all)")
+    parser.add_argument("--records", type=Path, default=RECORDS, help="records folder (default: %(default)s)")
+    parser.add_argument("--plan", type=Path, default=PLAN, help="benchmark plan (default: %(default)s)")
+    args = parser.parse_args(argv)
+    plan = tomllib.loads(args.plan.read_text("utf-8"))
+    if not args.render_only:
+        run_plan(plan, args.records, args.runs.split(",") if args.runs else None)
+    render(plan, args.records)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
