@@ -123,5 +123,5 @@ for drafter, tree in (("pld", "chain"), ("pld(matches=4)", "trie"), ("rest(live=
 print(baseline.text)
 
 # %% [markdown]
-# The measured speedups, tau and quality of both layer ratios are in `docs/results/hybrid.md`; the recipe
+# The measured speedups, tau and quality of both layer ratios are in `docs/results/conclusions.md`; the recipe
 # and how to reproduce it in the how-to "Distil a hybrid target".

@@ -81,9 +81,34 @@ def test_nav_lists_every_page_and_every_page_exists():
     config = (ROOT / "mkdocs.yml").read_text()
     nav = set(re.findall(r":\s+([\w/.-]+\.md)\s*$", config, flags=re.M))
     pages = {str(p.relative_to(DOCS)) for p in DOCS.rglob("*.md")}
-    generated = {p for p in pages if p.startswith("results/")}  # bench output, excluded from the site
     assert nav <= pages, f"in the nav but missing: {sorted(nav - pages)}"
-    assert pages - generated <= nav, f"pages missing from the nav: {sorted(pages - generated - nav)}"
+    assert pages <= nav, f"pages missing from the nav: {sorted(pages - nav)}"
+
+
+def test_strict_build_refuses_dead_links():
+    """`validation` raises every link check to a warning, which `strict: true` turns into a failure:
+    mkdocs' defaults leave a dead link at INFO, which even a strict build lets through."""
+    import yaml
+
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
+    assert config["strict"] is True
+    checks = config["validation"]
+    for key in ("omitted_files", "absolute_links", "unrecognized_links", "anchors"):
+        assert checks[key] == "warn", key
+    for key in ("omitted_files", "not_found", "absolute_links"):
+        assert checks["nav"][key] == "warn", f"nav.{key}"
+    for key in ("not_found", "absolute_links", "unrecognized_links", "anchors"):
+        assert checks["links"][key] == "warn", f"links.{key}"
+
+
+def test_docs_stay_small():
+    """Measured data lives in git history and in the gitignored results/records, not in docs/."""
+    committed = subprocess.run(["git", "ls-files", "-s", "docs"], cwd=ROOT, capture_output=True, text=True)
+    if committed.returncode:
+        pytest.skip("not a git checkout")
+    size = sum((ROOT / line.split("\t", 1)[1]).stat().st_size for line in committed.stdout.splitlines()
+               if (ROOT / line.split("\t", 1)[1]).exists())
+    assert size < 2 * 2**20, f"docs/ holds {size / 2**20:.1f} MiB of tracked files; keep it under 2 MiB"
 
 
 def test_the_tutorial_drafter_is_lossless(tiny_target):
@@ -99,6 +124,57 @@ def test_the_tutorial_drafter_is_lossless(tiny_target):
     prompts = [repetitive_prompt(tiny_target.vocab_size, 40, seed=s) for s in (0, 1)]
     check_lossless(decoder, prompts, 40, "tutorial BigramDrafter")
     assert decoder.generate(prompts[0], max_new_tokens=40).metrics.steps < 40  # it does draft
+
+
+def test_the_tutorial_verifier_passes_the_conformance_checks(tiny_target):
+    """The code of 'Write a verifier' runs as printed: lossless greedy paths, the sampled law, lossless
+    decoding, and (capped) not maximal."""
+    text = (DOCS / "tutorials" / "write-a-verifier.md").read_text()
+    block = next(b for b in re.findall(r"```python\n(.*?)```", text, flags=re.S) if "class CappedMatch" in b)
+    namespace: dict = {}
+    exec(compile(block, "write-a-verifier.md", "exec"), namespace)
+    from specframe.testing import (
+        check_lossless, check_verifier_greedy, check_verifier_law, make_decoder, repetitive_prompt,
+    )
+
+    verifier = namespace["CappedMatchVerifier"]
+    check_verifier_greedy(verifier(max_accept=2), np.random.default_rng(0))
+    with pytest.raises(AssertionError, match="accepted 2 of the"):
+        check_verifier_greedy(verifier(max_accept=2), np.random.default_rng(0), maximal=True)
+    check_verifier_law(verifier(max_accept=1), runs=2000)
+    prompts = [repetitive_prompt(tiny_target.vocab_size, 40, seed=0)]
+    check_lossless(make_decoder(tiny_target, "pld(matches=3)", "trie", verifier, "kv"), prompts, 40,
+                   "tutorial CappedMatchVerifier")
+
+
+def tutorial_names(page: str) -> set[str]:
+    """The plugin and component names a tutorial tells its reader to register."""
+    text = (DOCS / "tutorials" / page).read_text()
+    names = set(re.findall(r"^\s+name = \"([^\"]+)\"", text, flags=re.M))
+    names |= set(re.findall(r'change its `name` line to `name = "([^"]+)"`', text))
+    entry_points = re.search(r"\[project\.entry-points\.specframe\]\n(.*?)```", text, flags=re.S)
+    if entry_points:
+        names |= set(re.findall(r"^([\w-]+) =", entry_points.group(1), flags=re.M))
+    return names
+
+
+@pytest.mark.parametrize("page", ["first-drafter-plugin.md", "write-a-verifier.md"])
+def test_tutorial_names_cannot_clash_with_anything_shipped(page):
+    """A reader who follows a tutorial word for word installs a plugin beside specframe's own plugins and
+    the example plugin; a shared name would get one of them refused."""
+    from importlib.metadata import entry_points
+
+    from specframe.registry import PluginRegistry
+
+    example = ROOT / "examples" / "specframe-example-plugin" / "src" / "specframe_example"
+    shipped = set(re.findall(r'^\s+name = "([^"]+)"', "".join(p.read_text() for p in example.glob("*.py")),
+                             flags=re.M))
+    registry = PluginRegistry()
+    shipped |= {name for kind in registry.registers for name in registry.names(kind)}
+    shipped |= {ep.name for ep in entry_points(group="specframe")} | {"example"}
+    names = tutorial_names(page)
+    assert names, f"found no names in {page}"
+    assert not names & shipped, f"{page} registers names that specframe or its example plugin use"
 
 
 def test_the_tutorial_backend_passes_the_conformance_checks(tiny_target):

@@ -40,7 +40,7 @@ def test_it_computes_what_linear_computes(rows, features_in, features_out, bias,
 def test_each_row_gets_the_bits_it_gets_alone(features_in, features_out):
     """What makes a tree forward's linears reproduce plain steps: row r of a product of m rows equals the
     product of row r alone, for every m up to `MAX_ROWS`. (oneDNN's float32 kernels do not: on the AMD EPYC
-    of `docs/results/linear-rows/`, 89 % of the 1536-input layer's outputs for one row differ in their last
+    of the linear-rows measurement, 89 % of the 1536-input layer's outputs for one row differ in their last
     bits from the same row multiplied among others; this test fails on them.)"""
     torch.manual_seed(0)
     weight, bias = torch.randn(features_out, features_in), torch.randn(features_out)

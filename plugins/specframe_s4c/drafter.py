@@ -27,7 +27,7 @@ the target runs on oneDNN-packed float32 weights (the CPU default) and the CPU m
 natively, else in the target's dtype; `target` keeps the target's. Drafts only ever decide what is
 proposed, so the output stays the target's; a sampled draft's q is the distribution its tokens were
 drawn from, whatever dtype computed it. On SmolLM2 bfloat16 drafted the same trees in 12 % less time
-(`docs/results/adaptive.md`, run 20): the rest is per-call work.
+(`docs/results/conclusions.md`): the rest is per-call work.
 """
 
 from __future__ import annotations

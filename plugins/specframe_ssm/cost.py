@@ -22,7 +22,7 @@ from specframe.cost import CostModel, PaddedCost
 # Fits of one `score` call (process CPU seconds, 1 thread, float32) measured with
 #   python benchmarks/measure_ssm_tree.py --layers 4 --hybrid-layers 10 --threads 1 --time cpu
 # on random models with Mamba2-2.7B layer dims (d_model 2560, 80 x 64 heads, N 128, vocab 50288), full
-# binary trees of N = 3..63 packed nodes after a 128-token prefix (docs/results/ssm-tree.md).
+# binary trees of N = 3..63 packed nodes after a 128-token prefix (docs/results/conclusions.md).
 # kind -> (coefficients, highest power first; layers of the measured model)
 REFERENCE_FITS = {
     "ssm-tree": {"ssm": ((6.442e-3, 1.384e-1), 4), "hybrid": ((8.633e-5, 7.029e-3, 2.849e-1), 10)},

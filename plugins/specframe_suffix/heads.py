@@ -12,7 +12,7 @@ the heads can be trusted and keeps their nodes only where they pay.
 The heads always draft their top-k tokens (never samples), so the merged forest is deterministic and
 is verified like any copied draft (greedy, or sample-and-match when the request samples). On
 SmolLM2-135M on a CPU one head costs 6-7 % of a plain step and returns about 3 % more tokens per step,
-so no preset uses it (`docs/explanation/suffix-decoding.md`, `docs/results/suffix.md`).
+so no preset uses it (`docs/explanation/suffix-decoding.md`, `docs/results/conclusions.md`).
 """
 
 from __future__ import annotations
