@@ -73,21 +73,59 @@ def _humaneval() -> list[BenchPrompt]:
             for task, problem in read_problems().items()]
 
 
+EXAMPLE = '{"question_id": 1, "category": "qa", "turns": ["Name three colors."]}'
+
+
 def _parse_jsonl(lines: list[str], source: str) -> list[BenchPrompt]:
-    prompts = []
+    """The questions of a JSONL suite, checked field by field; an id used twice is refused, since results
+    are keyed by id and a second question would be skipped as already run."""
+    prompts, first_line = [], {}
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
-        try:
-            row = json.loads(line)
-            turns = tuple(str(t) for t in row["turns"])
-            prompts.append(BenchPrompt(str(row["question_id"]), str(row.get("category", "all")), turns))
-        except (json.JSONDecodeError, KeyError, TypeError) as err:
-            raise PromptError(f"{source}, line {number}: expected a JSON object with 'question_id' and "
-                              f"'turns' (a list of strings): {err}") from None
-        if not turns or not all(t.strip() for t in turns):
-            raise PromptError(f"{source}, line {number}: question {row['question_id']} has an empty turn")
+        where = f"{source}, line {number}"
+        prompt = _question(line, where)
+        if prompt.qid in first_line:
+            raise PromptError(f"{where}: question_id {prompt.qid} is already used on line "
+                              f"{first_line[prompt.qid]}: give every question its own id")
+        first_line[prompt.qid] = number
+        prompts.append(prompt)
     return prompts
+
+
+def _question(line: str, where: str) -> BenchPrompt:
+    """One suite line: an object with an integer or string `question_id`, an optional string `category`
+    and `turns`, a non-empty list of non-empty strings. Nothing is converted: a wrong type is refused."""
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as err:
+        raise PromptError(f"{where}: not valid JSON ({err}); write one object per line, "
+                          f"e.g. {EXAMPLE}") from None
+    if not isinstance(row, dict):
+        raise PromptError(f"{where}: expected a JSON object, got {_shown(row)}; e.g. {EXAMPLE}")
+    for name in ("question_id", "turns"):
+        if name not in row:
+            raise PromptError(f"{where}: field '{name}' is missing; e.g. {EXAMPLE}")
+    qid, category, turns = row["question_id"], row.get("category", "all"), row["turns"]
+    if isinstance(qid, bool) or not isinstance(qid, (int, str)) or not str(qid).strip():
+        raise PromptError(f"{where}: field 'question_id' must be an integer or a non-empty string, "
+                          f"got {_shown(qid)}")
+    if not isinstance(category, str) or not category.strip():
+        raise PromptError(f"{where}: field 'category' must be a non-empty string, got {_shown(category)}")
+    if not isinstance(turns, list) or not turns:
+        raise PromptError(f"{where}: field 'turns' must be a non-empty list of strings (one per user turn), "
+                          f"got {_shown(turns)}")
+    for i, turn in enumerate(turns):
+        if not isinstance(turn, str) or not turn.strip():
+            problem = "is empty" if isinstance(turn, str) else f"must be a string, got {_shown(turn)}"
+            raise PromptError(f"{where}: field 'turns', item {i} of question {qid}, {problem}")
+    return BenchPrompt(str(qid), category, tuple(turns))
+
+
+def _shown(value: object) -> str:
+    """A JSON value as it was written, shortened, for an error message."""
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _limit_per_category(prompts: list[BenchPrompt], limit: int | None) -> list[BenchPrompt]:
