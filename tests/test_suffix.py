@@ -283,6 +283,7 @@ def test_a_cache_for_another_tokenizer_is_refused_and_kept(tiny, prompts, home):
 
 
 @pytest.mark.parametrize("content,message", [
+    ('{"format": 1, "tokenizer": {"name": "x", "fingerp', "not valid JSON"),
     ('{"format": 1, "responses": [[1, 2', "not valid JSON"),
     ('[1, 2, 3]', "not a specframe suffix cache"),
     ('{"format": 1, "tokenizer": {"name": "x"}, "responses": []}', "tokenizer"),
@@ -291,11 +292,16 @@ def test_a_cache_for_another_tokenizer_is_refused_and_kept(tiny, prompts, home):
     ('{"format": 2, "tokenizer": {}, "responses": []}', "newer than the format 1"),
 ])
 def test_damaged_or_newer_caches_are_refused_and_kept(tiny, tmp_path, content, message):
+    """A file that starts like a cache is one: the error offers `cache clear`. Any other is not offered
+    for deletion, since `cache clear` would refuse it."""
     path = tmp_path / "mine.json"
     path.write_text(content)
     with pytest.raises(SuffixCacheError, match=message) as err:
         SuffixDrafter(tiny, cache=str(path))
-    assert f"specframe cache clear {path}" in str(err.value)
+    if content.startswith(('{"format": 1, "tokenizer"', '{"format": 2, "tokenizer"')):
+        assert f"specframe cache clear {path}" in str(err.value)
+    else:
+        assert "`specframe cache clear` will not delete it" in str(err.value)
     assert path.read_text() == content
 
 
@@ -425,7 +431,7 @@ def test_cache_info_and_clear(tiny, prompts, home):
 
     for name in ("chat", "code"):
         decoder(tiny, f"suffix(cache={name!r})").generate(prompts[0][0], max_new_tokens=8)
-    (home / "broken.json").write_text("{")
+    (home / "broken.json").write_text('{"format": 1, "tokenizer": {"na')  # a cache cut short
     runner, app = CliRunner(), build_app()
     listing = runner.invoke(app, ["cache", "info"])
     assert listing.exit_code == 0, listing.output

@@ -75,19 +75,30 @@ def clear(
     cache: Optional[str] = typer.Argument(None, help="Cache name or file to delete."),
     all_caches: bool = typer.Option(False, "--all", help="Delete every named cache."),
 ) -> None:
-    """Delete a cache (damaged ones included), or every named cache with --all."""
-    from specframe_suffix.store import cache_home, missing_cache, resolve_cache
+    """Delete a cache (damaged ones included), or every named cache with --all. Only files that start
+    like a suffix cache are deleted: any other file is refused, or with --all left in place and named."""
+    from specframe_suffix.store import (SuffixCacheError, cache_home, is_cache_file, missing_cache,
+                                        resolve_cache)
 
     if (cache is None) == (not all_caches):
         raise typer.BadParameter("give a cache NAME or PATH, or --all (not both)")
+    kept = []
     if all_caches:
-        files = sorted(cache_home().glob("*.json")) + sorted(cache_home().glob("*.json.*.tmp"))
+        named = sorted(cache_home().glob("*.json"))
+        kept = [path for path in named if not is_cache_file(path)]
+        files = [path for path in named if path not in kept] + sorted(cache_home().glob("*.json.*.tmp"))
     else:
         path = resolve_cache(cache)
         if not path.is_file():
             raise missing_cache(cache, path)
+        if not is_cache_file(path):
+            raise SuffixCacheError(
+                f"{path} is not a suffix cache: it does not start like one ({{\"format\": N, \"tokenizer\": "
+                "...}), so `specframe cache clear` will not delete it; delete it yourself if you mean to")
         files = [path]
     for path in files:
         path.unlink(missing_ok=True)
     typer.echo(f"deleted {len(files)} cache file{'s' if len(files) != 1 else ''}"
                + (f" from {cache_home()}" if all_caches else f": {files[0]}"))
+    if kept:
+        typer.echo(f"left alone, not suffix caches: {', '.join(p.name for p in kept)}")

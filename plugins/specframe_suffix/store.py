@@ -63,6 +63,28 @@ def clear_hint(label: str) -> str:
     return f"`specframe cache clear {label}`"
 
 
+# What every file `save_responses` writes starts with, damaged or not: `{"format": N, "tokenizer": ...`.
+_CACHE_START = re.compile(rb'\s*\{\s*"format"\s*:\s*\d+\s*,\s*"tokenizer"\s*:')
+
+
+def is_cache_file(path: Path) -> bool:
+    """Whether `path` starts like a suffix cache: the proof `specframe cache clear` asks for before
+    deleting a file, so that a damaged cache can go but no other JSON file the user points at."""
+    try:
+        with open(path, "rb") as f:
+            return _CACHE_START.match(f.read(256)) is not None
+    except OSError:
+        return False
+
+
+def remedy(path: Path, label: str | None = None) -> str:
+    """What to do about a cache file that cannot be used: clear it, when it is one."""
+    if is_cache_file(path):
+        return f"delete it with {clear_hint(label or str(path))}"
+    return ("give another cache name or path (this file does not start like a suffix cache, so "
+            "`specframe cache clear` will not delete it)")
+
+
 def missing_cache(label: str, path: Path) -> SuffixCacheError:
     """The error for a cache that does not exist, listing the named ones."""
     known = ", ".join(sorted(p.stem for p in cache_home().glob(f"*{SUFFIX}"))) or "(none)"
@@ -85,28 +107,25 @@ class CacheFile:
 
 def read_cache(path: Path, label: str | None = None) -> CacheFile:
     """Parse and check the cache file at `path`; `label` (the name the user gave) goes into the hints."""
-    hint = clear_hint(label or str(path))
+    hint = remedy(path, label)
     where = f"suffix cache '{path}'"
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise SuffixCacheError(f"{where} is not valid JSON ({err}): the file is damaged; delete it with "
-                               f"{hint} (or use another cache name)") from None
+        raise SuffixCacheError(f"{where} is not valid JSON ({err}): the file is damaged; {hint}") from None
     if not isinstance(data, dict) or "format" not in data:
-        raise SuffixCacheError(f"{where} is not a specframe suffix cache (no \"format\" field); delete it "
-                               f"with {hint} or use another cache name")
+        raise SuffixCacheError(f"{where} is not a specframe suffix cache (no \"format\" field): {hint}")
     version = data["format"]
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-        raise SuffixCacheError(f"{where} has an invalid format {version!r}: the file is damaged; "
-                               f"delete it with {hint}")
+        raise SuffixCacheError(f"{where} has an invalid format {version!r}: the file is damaged; {hint}")
     if version > FORMAT:
         raise SuffixCacheError(f"{where} has format {version}, newer than the format {FORMAT} this specframe "
-                               f"reads: upgrade specframe, or delete the cache with {hint}")
+                               f"reads: upgrade specframe, or {hint}")
     identity = _identity(data.get("tokenizer"), where, hint)
     responses = data.get("responses")
     if not isinstance(responses, list) or not all(_is_ids(r, identity.vocab_size) for r in responses):
         raise SuffixCacheError(f"{where}: \"responses\" must be lists of token ids in [0, "
-                               f"{identity.vocab_size}): the file is damaged; delete it with {hint}")
+                               f"{identity.vocab_size}): the file is damaged; {hint}")
     return CacheFile(path, identity, responses)
 
 
@@ -115,7 +134,7 @@ def _identity(value, where: str, hint: str) -> TokenizerIdentity:
     if not (isinstance(value, dict) and all(isinstance(value.get(k), t) for k, t in fields.items())
             and not isinstance(value["vocab_size"], bool) and value["vocab_size"] > 0):
         raise SuffixCacheError(f"{where}: \"tokenizer\" must hold name, fingerprint and vocab_size: the file "
-                               f"is damaged; delete it with {hint}")
+                               f"is damaged; {hint}")
     return TokenizerIdentity(**{k: value[k] for k in fields})
 
 
