@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import errno
+import os
+
 
 class SpecframeError(Exception):
     """Base class of every error specframe raises on purpose."""
@@ -49,3 +52,18 @@ class ModelLoadError(SpecframeError):
 
 class SpecframeWarning(UserWarning):
     """Warnings specframe emits itself (tests turn them into errors)."""
+
+
+FULL_DISK = (errno.ENOSPC, errno.EDQUOT)
+
+
+def io_failure(err: Exception, fix: str) -> str:
+    """A failed read or write in words, for the error that replaces it: the system's reason and file, and
+    `fix`, preceded by freeing space when the disk is full. `err` is an `OSError` or an error that carries
+    one in its text (safetensors' `SafetensorError`: "IoError(Os { code: 28, ... })")."""
+    text = " ".join(str(err).split())
+    reason = err.strerror if isinstance(err, OSError) and err.strerror else text
+    if getattr(err, "filename", None):
+        reason += f": {err.filename}"
+    full = getattr(err, "errno", None) in FULL_DISK or any(os.strerror(code) in text for code in FULL_DISK)
+    return f"{reason}; {'free some space on that disk, or ' if full else ''}{fix}"

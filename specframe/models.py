@@ -26,7 +26,7 @@ import torch
 from specframe.attention import chosen_attention, use_cpu_attention
 from specframe.atomic_dirs import exclusive, follow_umask, remove_stale, temp_name_pattern
 from specframe.devices import native_dtype, resolve_device, resolve_dtype
-from specframe.errors import ConfigurationError, ModelLoadError, SpecframeWarning
+from specframe.errors import ConfigurationError, ModelLoadError, SpecframeWarning, io_failure
 from specframe.exact_attention import EXACT_ROWS
 from specframe.hub import hub_snapshot, looks_like_hub_id
 
@@ -173,6 +173,8 @@ def _convert_once(source: str, out: Path, recipe=None) -> None:
             file=sys.stderr,
             flush=True,
         )
+    from safetensors import SafetensorError
+
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:
         if recipe is None:
@@ -184,6 +186,9 @@ def _convert_once(source: str, out: Path, recipe=None) -> None:
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)
+    except (OSError, SafetensorError) as err:  # a full disk, mostly
+        raise ModelLoadError(f"converting '{source}' into {out} failed: " + io_failure(
+            err, "point SPECFRAME_HOME at a disk with room for it")) from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

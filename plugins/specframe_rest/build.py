@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 
 import specframe
 from specframe.atomic_dirs import exchange, exclusive, follow_umask, remove_stale, temp_name_pattern
+from specframe.errors import io_failure
 from specframe.models import check_writable_dir
 from specframe.metrics import peak_memory_bytes
 from specframe_rest.datastore import (
@@ -69,7 +70,11 @@ def build_datastore(
     with exclusive(lock_file(out), lambda: _busy(out)):
         recover(out)
         old = _existing(out, identity, append, overwrite)
-        return _build(out, old, sources, target, identity, progress, start)
+        try:
+            return _build(out, old, sources, target, identity, progress, start)
+        except OSError as err:  # a full disk, mostly: the temporary store is gone, the old one kept
+            raise DatastoreError(f"building datastore '{out}' failed: "
+                                 + io_failure(err, "build it into another --out")) from None
 
 
 def lock_file(out: Path) -> Path:

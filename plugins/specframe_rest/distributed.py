@@ -30,6 +30,7 @@ from tqdm.auto import tqdm
 
 import specframe
 from specframe.atomic_dirs import exclusive, follow_umask, remove_stale, temp_name_pattern
+from specframe.errors import io_failure
 from specframe.models import check_writable_dir
 from specframe.ray_support import import_ray, ray_session
 from specframe_rest.build import build_datastore, lock_file, publish, recover
@@ -56,6 +57,7 @@ from specframe_rest.sources import (
     Source,
     TextFiles,
     TokenDocuments,
+    decode_line,
 )
 
 SHARD_FIELDS = ("name", "n_tokens", "n_documents", "header_sha256")  # a manifest's entry for each shard
@@ -92,7 +94,11 @@ def build_sharded_datastore(
         recover(out)
         previous = existing_manifest(out, identity, append, overwrite)
         build = Build(parts, target, identity, ray, ray_cpus, progress, start, [s.spec for s in sources])
-        return build.extend(out, previous) if previous else build.create(out)
+        try:
+            return build.extend(out, previous) if previous else build.create(out)
+        except OSError as err:  # a full disk, mostly (a shard's own build names its failure itself)
+            raise DatastoreError(f"building datastore '{out}' failed: "
+                                 + io_failure(err, "build it into another --out")) from None
 
 
 def busy(out: Path) -> DatastoreBusyError:
@@ -397,4 +403,4 @@ class JsonlLines(JsonlTexts):
         with open(self.path, "rb") as f:
             f.seek(self.offset)
             for done in range(1, self.total + 1):
-                yield self.first + done, f.readline().decode("utf-8")
+                yield self.first + done, decode_line(f.readline(), self.path, self.first + done)

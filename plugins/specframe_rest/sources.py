@@ -82,8 +82,9 @@ class JsonlTexts(Source):
 
     def numbered_lines(self) -> Iterator[tuple[int, str]]:
         """(line number in the file, line) of every line this source reads: here, all of them."""
-        with open(self.path, encoding="utf-8") as f:
-            yield from enumerate(f, 1)
+        with open(self.path, "rb") as f:
+            for number, raw in enumerate(f, 1):
+                yield number, decode_line(raw, self.path, number)
 
     def batches(self) -> Iterator[tuple[list, int]]:
         docs, size, done = [], 0, 0
@@ -110,6 +111,17 @@ class TokenDocuments(Source):
         for start in range(0, len(self.documents), 256):
             chunk = self.documents[start : start + 256]
             yield [np.asarray(d, dtype=np.int64) for d in chunk], start + len(chunk)
+
+
+def decode_line(raw: bytes, path: Path, number: int) -> str:
+    """Line `number` of the JSONL file `path` as text; a line that is not UTF-8 is named."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise DatastoreError(
+            f"datastore source '{path}', line {number}: not UTF-8 text ({err.reason} at byte {err.start}); "
+            "JSON files are UTF-8: convert it (e.g. `iconv -f latin1 -t utf-8`)"
+        ) from None
 
 
 def parse_line(line: str, path: Path, number: int) -> object:
