@@ -116,8 +116,11 @@ def calibrate(
     rows = [{"nodes": n, "flat_ms": 1000 * f, "chain_ms": 1000 * c, "flat_ratio": f / cost.flat_s[0],
              "flat_us_per_context_token": 1e6 * k}
             for n, f, c, k in zip(cost.sizes, cost.flat_s, cost.chain_s, slopes)]
+    padding = padding_line(cost)
     if as_json:
-        typer.echo(json.dumps({"path": str(path), "context": cost.context, "costs": rows}, indent=2))
+        typer.echo(json.dumps({"path": str(path), "context": cost.context, "costs": rows,
+                               "min_rows": cost.min_rows, "padding_ms": [1000 * t for t in cost.padding_s]},
+                              indent=2))
         return
     from rich.console import Console
     from rich.table import Table
@@ -132,7 +135,21 @@ def calibrate(
         table.add_row(str(r["nodes"]), f"{r['flat_ms']:.1f}", f"{r['chain_ms']:.1f}",
                       f"{r['flat_ratio']:.2f}", f"{r['flat_us_per_context_token']:.1f}")
     Console().print(table)
+    if padding:
+        typer.echo(padding)
     typer.echo(f"stored in {path}")
+
+
+def padding_line(cost) -> str | None:
+    """What the calibration measured to choose whether the backend pads its forwards, if it did."""
+    if not cost.padding_s:
+        return None
+    from specframe.devices import CPU_MIN_ROWS
+
+    alone, padded = (1000 * t for t in cost.padding_s)
+    choice = f"are padded to {cost.min_rows} rows" if cost.min_rows > 1 else "are not padded"
+    return (f"a plain step took {alone:.1f} ms alone and {padded:.1f} ms padded to {CPU_MIN_ROWS} rows: "
+            f"this backend's forwards {choice}")
 
 
 def check_text(text: str, what: str) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import bisect
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -76,6 +76,10 @@ class MeasuredCost(CostModel):
     context: int = 0  # tokens the trees attended to (cached ones and the root); 0: not recorded
     flat_slope: tuple[float, ...] = ()  # extra seconds per context token, by size (empty: no slope)
     chain_slope: tuple[float, ...] = ()
+    min_rows: int = 1  # rows the backend padded every forward to while measured (1: none)
+    # A plain step's seconds alone and padded to `specframe.devices.CPU_MIN_ROWS` rows, where the
+    # calibration measured both to choose `min_rows` (`specframe.devices.padded_rows`); empty: not measured.
+    padding_s: tuple[float, ...] = ()
 
     def at_context(self, context: int) -> MeasuredCost:
         """The curves at `context` tokens, along the measured slopes (itself without slopes)."""
@@ -84,7 +88,7 @@ class MeasuredCost(CostModel):
         shift = max(context, 0) - self.context  # below the measured context: at most halve (noisy slopes)
         flat = tuple(max(t + shift * k, t / 2) for t, k in zip(self.flat_s, self.flat_slope))
         chain = tuple(max(t + shift * k, t / 2) for t, k in zip(self.chain_s, self.chain_slope))
-        return MeasuredCost(self.sizes, flat, chain, context, self.flat_slope, self.chain_slope)
+        return replace(self, flat_s=flat, chain_s=chain, context=context)
 
     def step_seconds(self, nodes: int, depth: int = 0) -> float:
         # In plain Python: the planner asks for single sizes several times a step, and numpy's

@@ -5,10 +5,13 @@ model's own dtype on an accelerator and uses float32 on the CPU (half precision 
 on most CPUs, and the lossless checks compare against float32 references there). Both refuse what this
 machine cannot do with a message that says what it has instead.
 
-`forward_min_rows` gives the rows a state backend pads every forward to on a device (its `min_rows`).
+`forward_min_rows` gives the rows a state backend pads every forward to on a device (its `min_rows`):
+on a CPU, what the backend's calibration measured to be no slower for this model (`padded_rows`).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
@@ -75,22 +78,45 @@ def native_dtype(config) -> torch.dtype | None:
     return value if isinstance(value, torch.dtype) else None
 
 
-def forward_min_rows(value: int | None, device: torch.device, backend: str, linear: str = "onednn") -> int:
-    """Rows a state backend pads every forward to (its `min_rows` option): `value`, checked, or by default
-    `CPU_MIN_ROWS` on a CPU and 1 (no padding) elsewhere or where the model's linears are `linear="stream"`
-    (`specframe.packed_linear.linear_kernel`).
+def forward_min_rows(value: int | None, device: torch.device, backend: str, linear: str = "onednn", *,
+                     calibrated: Callable[[], int | None] = lambda: None,
+                     pads_uncalibrated: bool = False) -> int:
+    """Rows a state backend pads every forward to (its `min_rows` option): `value`, checked; or by default
+    1 (no padding) off the CPU and where the model's linears are `linear="stream"`
+    (`specframe.packed_linear.linear_kernel`); on a CPU, what `calibrated()` returns, the rows that the
+    backend's stored calibration chose for this model (`padded_rows`), and without a calibration
+    `CPU_MIN_ROWS` where the backend `pads_uncalibrated` (it is known to gain), else 1.
 
     On a CPU, oneDNN's and the BLAS's 1- and 2-row matrix products stream the weights more slowly than
-    their 4-row ones, so a padded plain step is faster than an unpadded one (measured by
-    `benchmarks/plain_padding.py`; docs/explanation/metrics-and-costs.md). `stream_linear` reads the
-    weights at one speed for 1 to 4 rows, so padding would only add work.
+    their 4-row ones, so a padded plain step of an attention model (SmolLM2) is faster than an unpadded
+    one (measured by `benchmarks/plain_padding.py`; docs/explanation/metrics-and-costs.md). Where other
+    work grows with the rows (a Bamba-style model's tree scan on `ssm-tree` doubled a plain step's time
+    at hidden size 1024), padding is a loss, so it is measured per model, not assumed.
+    `stream_linear` reads the weights at one speed for 1 to 4 rows, so padding would only add work.
     """
-    if value is None:
-        return CPU_MIN_ROWS if device.type == "cpu" and linear != "stream" else 1
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigurationError(
-            f"backend {backend!r}: min_rows must be an integer >= 1 (1: no padding), got {value!r}")
-    return value
+    if value is not None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigurationError(
+                f"backend {backend!r}: min_rows must be an integer >= 1 (1: no padding), got {value!r}")
+        return value
+    if not pads_by_measurement(value, device, linear):
+        return 1
+    measured = calibrated()
+    if measured is not None:
+        return measured
+    return CPU_MIN_ROWS if pads_uncalibrated else 1
+
+
+def pads_by_measurement(value: int | None, device: torch.device, linear: str = "onednn") -> bool:
+    """Whether a backend given `min_rows=value` leaves padding to what calibration measures: no value
+    given, on a CPU, with linears that are not `stream` (see `forward_min_rows`)."""
+    return value is None and device.type == "cpu" and linear != "stream"
+
+
+def padded_rows(one_row_s: float, padded_s: float, rows: int = CPU_MIN_ROWS) -> int:
+    """The rows to pad every forward to, given a plain step's measured seconds alone (`one_row_s`) and
+    padded to `rows` rows (`padded_s`): `rows` where padding was no slower, else 1 (no padding)."""
+    return rows if padded_s <= one_row_s else 1
 
 
 def synchronize(device: torch.device) -> None:

@@ -16,7 +16,8 @@ stream the weights more slowly than its 4-row one (SmolLM2 at one thread on an I
 plain step 57.2 ms, padded to 4 rows 51.7: `benchmarks/plain_padding.py`). So every forward, a plain
 step (the root alone) included, is padded with throwaway rows up to `min_rows` (see
 docs/explanation/metrics-and-costs.md). Nothing attends to the padding and its logits and cache rows are
-dropped, so results are unchanged.
+dropped, so results are unchanged. Whether a CPU pads is measured for the model by its calibration
+(`specframe.devices.forward_min_rows`); without one, `kv` pads, as measured for SmolLM2.
 
 A CPU target in bfloat16 computes each row of a forward exactly as a plain step would
 (`specframe.exact_attention`) only up to `exact_rows(model)` rows (measured on the CPU: 64 with packed
@@ -34,7 +35,8 @@ import torch
 
 import specframe
 from specframe import BackendCapabilities, StateBackend, TargetScores, TokenTree
-from specframe.devices import forward_min_rows
+from specframe.adaptive.calibration import stored_min_rows
+from specframe.devices import forward_min_rows, pads_by_measurement
 from specframe.errors import ConfigurationError, UnknownComponentError
 from specframe.exact_attention import exact_rows
 from specframe.packed_linear import linear_kernel
@@ -75,7 +77,10 @@ class KVCacheBackend(StateBackend):
         self.model = target.model
         self.cache_kind = cache
         # Rows (root + nodes) a tree forward is padded to: see the module docstring. 1 turns padding off.
-        self.min_rows = forward_min_rows(min_rows, target.device, self.name, linear_kernel(target.model))
+        linear = linear_kernel(target.model)
+        self.auto_padding = pads_by_measurement(min_rows, target.device, linear)  # decided by calibration
+        self.min_rows = forward_min_rows(min_rows, target.device, self.name, linear, pads_uncalibrated=True,
+                                         calibrated=lambda: stored_min_rows(self))
         self._max_rows: dict[int, int | None] = {}  # `exact_rows(model)` by torch's thread count
         self._fixed_rows: tuple[int | None] | None = None
         self.cache = None
@@ -115,7 +120,7 @@ class KVCacheBackend(StateBackend):
         self._fixed_rows = (rows,)
 
     def cost_options(self) -> dict:
-        return {"min_rows": self.min_rows, "cache": self.cache_kind}
+        return {"min_rows": "auto" if self.auto_padding else self.min_rows, "cache": self.cache_kind}
 
     @property
     def committed_length(self) -> int:

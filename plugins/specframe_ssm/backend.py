@@ -16,7 +16,8 @@ import numpy as np
 import torch
 
 from specframe import BackendCapabilities, CostModel, StateBackend, TargetScores, TokenTree
-from specframe.devices import forward_min_rows
+from specframe.adaptive.calibration import stored_min_rows
+from specframe.devices import forward_min_rows, pads_by_measurement
 from specframe.errors import ConfigurationError, UnsupportedModelError
 from specframe.packed_linear import linear_kernel
 from specframe_ssm import cache as cache_ops
@@ -121,7 +122,8 @@ class SSMTreeBackend(SSMBackendBase):
     """Packed-tree verification on Mamba2, gated DeltaNet and hybrid models (STree). Options: `commit` =
     "replay" or "closed" (how the recurrent state absorbs the accepted path), `scan` = "auto", "torch" or
     "triton" (the Mamba2 tree scan), `min_rows` (rows every forward is padded to, a plain step included,
-    as the `kv` backend pads: 4 on a CPU, 1 elsewhere; 1 turns padding off).
+    as the `kv` backend pads; by default on a CPU 4 where the calibration measured that no slower for the
+    model, else 1, and 1 elsewhere: `specframe.devices.forward_min_rows`; 1 turns padding off).
 
     The padding is a chain of throwaway nodes after the tree's last node: no tree node has it among its
     ancestors, so neither attention nor the tree scan carries it into a real row, and `commit` reads only
@@ -138,7 +140,12 @@ class SSMTreeBackend(SSMBackendBase):
             raise ConfigurationError(f"backend 'ssm-tree': scan must be one of {list(SCANS)}, got {scan!r}")
         super().__init__(target, want_hidden=want_hidden)
         self.commit_rule, self.scan = commit, scan
-        self.min_rows = forward_min_rows(min_rows, target.device, self.name, linear_kernel(target.model))
+        linear = linear_kernel(target.model)
+        self.auto_padding = pads_by_measurement(min_rows, target.device, linear)  # decided by calibration
+        # The scan's work grows with the rows: without a calibration, not padded (it doubled a plain step
+        # of a Bamba-style model at hidden size 1024, one thread).
+        self.min_rows = forward_min_rows(min_rows, target.device, self.name, linear,
+                                         calibrated=lambda: stored_min_rows(self))
         widths = {m.conv_kernel_size for m in self.layout.mixers.values()}
         if len(widths) != 1:
             raise UnsupportedModelError(
@@ -148,7 +155,7 @@ class SSMTreeBackend(SSMBackendBase):
     def cost_options(self) -> dict:
         """The commit rule and the scan change what a step costs: each is calibrated apart."""
         return {**super().cost_options(), "commit": self.commit_rule, "scan": self.scan,
-                "min_rows": self.min_rows}
+                "min_rows": "auto" if self.auto_padding else self.min_rows}
 
     @torch.inference_mode()
     def score(self, tree: TokenTree) -> TargetScores:

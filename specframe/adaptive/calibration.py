@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from specframe.atomic_dirs import FILE_LOCK_WAIT, file_lock, locked_update, write_atomically
 from specframe.cost import MeasuredCost
-from specframe.devices import synchronizer
+from specframe.devices import CPU_MIN_ROWS, padded_rows, synchronizer
 from specframe.errors import ConfigurationError
 from specframe.interfaces import StateBackend
 from specframe.packed_linear import linear_kernel
@@ -37,9 +37,10 @@ SIZES = (0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32)
 PROMPT_TOKENS = 256  # a typical prompt plus part of an answer: the cache the tree attends to
 LONG_PROMPT_TOKENS = 1024  # a long one (RAG, summaries): the second point of each size's context slope
 ROUNDS = 5
-FORMAT = 8  # 2: kv pads small trees to 4 rows on CPU; 3: the key holds the linear kernel and backend options;
+FORMAT = 9  # 2: kv pads small trees to 4 rows on CPU; 3: the key holds the linear kernel and backend options;
 # 4: and the attention implementation; 5: the fastest of 5 rounds (was the median of 3); 6: context slopes;
-# 7: kv pads plain steps to 4 rows on CPU as well; 8: sizes 5 and 7 measured (oneDNN's cost jumps at 7 rows)
+# 7: kv pads plain steps to 4 rows on CPU as well; 8: sizes 5 and 7 measured (oneDNN's cost jumps at 7 rows);
+# 9: whether a backend pads on the CPU is measured (`probe_padding`) and stored as `min_rows`
 
 
 def calibrate(backend: StateBackend, sizes=SIZES, rounds: int = ROUNDS, progress: bool = True,
@@ -49,8 +50,17 @@ def calibrate(backend: StateBackend, sizes=SIZES, rounds: int = ROUNDS, progress
     context holds it) for the slopes in the context length. Slopes come out at least 0 and non-decreasing
     in size: attention's work never shrinks as the context or the tree grows, so anything else is noise.
 
+    A backend that leaves its padding to measurement (`auto_padding`: `specframe.devices.forward_min_rows`)
+    first times a plain step alone and padded (`probe_padding`), pads from then on only if padding was
+    no slower, and is measured as it will run; the choice is stored with the costs (`min_rows`).
+
     Leaves the backend prefilled with a synthetic prompt: prefill again before decoding.
     """
+    padding: tuple[float, ...] = ()
+    if getattr(backend, "auto_padding", False):
+        padding = probe_padding(backend, rounds=rounds, seed=seed)
+        backend.min_rows = padded_rows(*padding, CPU_MIN_ROWS)
+    measured = {"min_rows": getattr(backend, "min_rows", 1), "padding_s": padding}
     prompts = sorted({prompt_room(backend.target, sizes, n) for n in (PROMPT_TOKENS, LONG_PROMPT_TOKENS)})
     curves = []
     for prompt in prompts:
@@ -59,11 +69,34 @@ def calibrate(backend: StateBackend, sizes=SIZES, rounds: int = ROUNDS, progress
         curves.append(tuple(tuple(fastest[(n, shape)] for n in sizes) for shape in ("flat", "chain")))
     (flat, chain), context = curves[0], prompts[0] + 1  # the cached prompt and the tree's root
     if len(prompts) == 1:
-        return MeasuredCost(tuple(sizes), flat, chain, context)
+        return MeasuredCost(tuple(sizes), flat, chain, context, **measured)
     span = prompts[1] - prompts[0]
     flat_slope, chain_slope = (non_decreasing([max((b - a) / span, 0.0) for a, b in zip(near, far)])
                                for near, far in zip(curves[0], curves[1]))
-    return MeasuredCost(tuple(sizes), flat, chain, context, flat_slope, chain_slope)
+    return MeasuredCost(tuple(sizes), flat, chain, context, flat_slope, chain_slope, **measured)
+
+
+def probe_padding(backend: StateBackend, rows: int = CPU_MIN_ROWS, rounds: int = ROUNDS,
+                  seed: int = 0) -> tuple[float, float]:
+    """Seconds of a plain step (the root alone) of `backend` after a prompt of `PROMPT_TOKENS`, run alone
+    and padded to `rows` rows (its `min_rows` set to 1, then to `rows`), alternately, the fastest of
+    `rounds` each after a warm-up. Leaves `min_rows` at `rows`: the caller chooses (`padded_rows`)."""
+    target = backend.target
+    room = prompt_room(target, (rows,), PROMPT_TOKENS)
+    ids = np.random.default_rng(seed).integers(0, target.vocab_size, room + 1)
+    backend.prefill(ids.tolist())
+    plain = probe_tree(0, "flat", ids)
+    sync = synchronizer(target.device) or (lambda: None)
+    times: dict[int, list[float]] = {1: [], rows: []}
+    for _ in range(rounds + 1):  # the first round warms up
+        for padded, seconds in times.items():
+            backend.min_rows = padded
+            sync()
+            start = time.perf_counter()
+            backend.score(plain)
+            sync()
+            seconds.append(time.perf_counter() - start)
+    return min(times[1][1:]), min(times[rows][1:])
 
 
 def non_decreasing(values: list[float]) -> tuple[float, ...]:
@@ -194,12 +227,19 @@ def read_cost(path: Path, key: dict | None = None) -> MeasuredCost | None:
             return None
         floats = {name: tuple(float(t) for t in data[name])
                   for name in ("flat_s", "chain_s", "flat_slope", "chain_slope")}
-        cost = MeasuredCost(tuple(int(n) for n in data["sizes"]), context=int(data["context"]), **floats)
+        padding = {"min_rows": int(data.get("min_rows", 1)),
+                   "padding_s": tuple(float(t) for t in data.get("padding_s", ()))}
+        cost = MeasuredCost(tuple(int(n) for n in data["sizes"]), context=int(data["context"]), **floats,
+                            **padding)
     except (OSError, ValueError, KeyError, TypeError):
         return None
     n = len(cost.sizes)
     if n < 2 or len(cost.flat_s) != n or len(cost.chain_s) != n:
         return None
     if len(cost.flat_slope) != len(cost.chain_slope) or len(cost.flat_slope) not in (0, n):
+        return None
+    if cost.padding_s and (len(cost.padding_s) != 2 or cost.min_rows not in (1, CPU_MIN_ROWS)):
+        return None  # a padding choice is 1 or CPU_MIN_ROWS rows, from two timings (`probe_padding`)
+    if cost.min_rows < 1:
         return None
     return cost
