@@ -15,13 +15,16 @@ class ConfigurationError(SpecframeError, ValueError):
 
 
 class UnknownComponentError(SpecframeError, KeyError):
-    """A plugin name that no installed plugin registered."""
+    """A plugin name that no installed plugin registered, or (`unavailable` says why) that only a plugin
+    which failed to load provides."""
 
-    def __init__(self, kind: str, name: str, known: list[str], note: str = ""):
+    def __init__(self, kind: str, name: str, known: list[str], note: str = "", unavailable: str = ""):
         self.kind, self.name, self.known = kind, name, known
         listing = ", ".join(sorted(known)) or "(none registered)"
+        lead = f"{kind} '{name}' is not available: {unavailable}." if unavailable else \
+            f"unknown {kind} '{name}'."
         super().__init__(
-            f"unknown {kind} '{name}'. Known {kind}s: {listing}. "
+            f"{lead} Known {kind}s: {listing}. "
             + (f"Note: {note}. " if note else "")
             + "Run `specframe plugins` to see what is installed."
         )

@@ -9,8 +9,10 @@ which always load: the core names their components itself.
 from __future__ import annotations
 
 import ast
+import difflib
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any
@@ -18,7 +20,9 @@ from typing import Any
 import pluggy
 
 from specframe import hookspecs
-from specframe.errors import ConfigurationError, DuplicateComponentError, UnknownComponentError
+from specframe.errors import (
+    ConfigurationError, DuplicateComponentError, SpecframeError, UnknownComponentError,
+)
 from specframe.extensions import CliOption, ModelRecipe, Preset
 from specframe.interfaces import Drafter, StateBackend, TreeBuilder, Verifier
 from specframe.kinds import ComponentKind
@@ -32,27 +36,33 @@ KINDS = {ComponentKind.DRAFTER: Drafter, ComponentKind.TREE_BUILDER: TreeBuilder
 
 
 class ComponentRegister:
-    """Name -> class for one kind of component. Refuses duplicates, names the known ones on a miss."""
+    """Name -> class for one kind of component. Refuses duplicates, names the known ones on a miss, and
+    explains a name that a refused plugin would have provided."""
 
-    def __init__(self, kind: str, base: type):
+    def __init__(self, kind: str, base: type, label: Callable[[str], str] = lambda p: f"plugin '{p}'",
+                 note: Callable[[], str] = lambda: ""):
         self.kind, self.base = kind, base
+        self._label, self._note = label, note  # how a plugin is named; what limited loading
         self._classes: dict[str, Any] = {}
         self._owner: dict[str, str] = {}
+        self._unavailable: dict[str, SpecframeError] = {}  # name -> why asking for it fails
 
     def add(self, item: Any, plugin: str = "?") -> str:
-        name = self._checked_name(item, plugin)
+        name = self.name_of(item, plugin)
         if name in self._classes and self._classes[name] is not item:
-            old = self._classes[name]
-            raise DuplicateComponentError(
-                f"{self.kind} name '{name}' is registered twice: by {self._describe(old)} "
-                f"(plugin '{self._owner[name]}') and by {self._describe(item)} "
-                f"(plugin '{plugin}'). Rename one, or limit loading with SPECFRAME_LOAD_PLUGINS."
-            )
+            raise DuplicateComponentError(self._clash(name, item, plugin)
+                                          + " Rename one, or limit loading with SPECFRAME_LOAD_PLUGINS.")
         self._classes[name] = item
         self._owner[name] = plugin
         return name
 
-    def _checked_name(self, cls: Any, plugin: str) -> str:
+    def _clash(self, name: str, item: Any, plugin: str) -> str:
+        old = self._classes[name]
+        return (f"{self.kind} name '{name}' is registered twice: by {self._describe(old)} "
+                f"({self._label(self._owner[name])}) and by {self._describe(item)} ({self._label(plugin)}).")
+
+    def name_of(self, cls: Any, plugin: str) -> str:
+        """The name `cls` registers under; raises `TypeError` when it is no registrable class."""
         if not (isinstance(cls, type) and issubclass(cls, self.base)):
             raise TypeError(f"plugin '{plugin}' registered {cls!r} as a {self.kind}, "
                             f"but it is not a subclass of {self.base.__name__}")
@@ -65,15 +75,36 @@ class ComponentRegister:
     def _describe(cls: Any) -> str:
         return f"{cls.__module__}.{cls.__qualname__}"
 
+    def refused(self, item: Any, plugin: str, why: str, protected: Callable[[str], bool]) -> None:
+        """Remember that the refused `plugin` would have registered `item`, so that asking for its name
+        fails saying why rather than "unknown". A name another plugin holds becomes ambiguous: asking for
+        it raises `DuplicateComponentError` naming both, unless `protected(owner)` (the core's defaults)."""
+        try:
+            name = self.name_of(item, plugin)
+        except (TypeError, AttributeError):
+            return
+        if name in self._classes:
+            if self._classes[name] is not item and not protected(self._owner[name]):
+                self._unavailable[name] = DuplicateComponentError(
+                    self._clash(name, item, plugin) + f" {self._label(plugin)} was refused and "
+                    f"{self._label(self._owner[name])} loaded, so '{name}' would mean whichever loaded "
+                    "first; uninstall or rename one, or choose one with SPECFRAME_LOAD_PLUGINS.")
+            return
+        self._unavailable.setdefault(name, UnknownComponentError(
+            self.kind, name, list(self._classes),
+            unavailable=f"{self._label(plugin)} provides it but was not loaded: {why}"))
+
     def remove(self, name: str) -> None:
         self._classes.pop(name, None)
         self._owner.pop(name, None)
 
     def get(self, name: str) -> type:
+        if name in self._unavailable:
+            raise self._unavailable[name]
         try:
             return self._classes[name]
         except KeyError:
-            raise UnknownComponentError(self.kind, name, list(self._classes), _loading_note()) from None
+            raise UnknownComponentError(self.kind, name, list(self._classes), self._note()) from None
 
     def names(self) -> list[str]:
         return sorted(self._classes)
@@ -88,11 +119,11 @@ class ComponentRegister:
 class RecordRegister(ComponentRegister):
     """Name -> record (a `Preset` by name, a `CliOption` by flag), with the same refusals."""
 
-    def __init__(self, kind: str, record: type, key: str):
-        super().__init__(kind, record)
+    def __init__(self, kind: str, record: type, key: str, **labels: Any):
+        super().__init__(kind, record, **labels)
         self.key = key
 
-    def _checked_name(self, item: Any, plugin: str) -> str:
+    def name_of(self, item: Any, plugin: str) -> str:
         if not isinstance(item, self.base):
             raise TypeError(f"plugin '{plugin}' registered {item!r} as a {self.kind}, but it is not a "
                             f"specframe.{self.base.__name__}")
@@ -109,10 +140,11 @@ class PluginRegistry:
     def __init__(self) -> None:
         self.pm = pluggy.PluginManager(hookspecs.PROJECT)
         self.pm.add_hookspecs(hookspecs)
-        self.registers = {kind: ComponentRegister(kind, base) for kind, base in KINDS.items()}
-        self._presets = RecordRegister("preset", Preset, "name")
-        self._cli_options = RecordRegister("command-line option", CliOption, "flag")
-        self._models = RecordRegister("model alias", ModelRecipe, "name")
+        labels = {"label": self._label, "note": self._loading_note}
+        self.registers = {kind: ComponentRegister(kind, base, **labels) for kind, base in KINDS.items()}
+        self._presets = RecordRegister("preset", Preset, "name", **labels)
+        self._cli_options = RecordRegister("command-line option", CliOption, "flag", **labels)
+        self._models = RecordRegister("model alias", ModelRecipe, "name", **labels)
         self._loaded = False
         self.distributions: dict[str, str] = {}  # plugin name -> "dist==version"
         self.failures: dict[str, str] = {}  # plugin name -> why it could not be loaded
@@ -120,8 +152,16 @@ class PluginRegistry:
     # --- loading -----------------------------------------------------------------------------------
 
     def register_plugin(self, plugin: Any, name: str | None = None) -> None:
-        """Add a plugin object (a module or class with hookimpls) directly, e.g. in tests or notebooks."""
-        self.pm.register(plugin, name=name)
+        """Add a plugin object (a module or class with hookimpls) directly, e.g. in tests or notebooks.
+
+        Raises `ConfigurationError` for a hook implementation no hook specification matches (a misspelled
+        hook name), and once loading has happened, the registration's own errors (a duplicate name)."""
+        name = self.pm.register(plugin, name=name)
+        try:
+            self._check_hooks(name)
+        except ConfigurationError:
+            self.pm.unregister(name=name)
+            raise
         if self._loaded:
             self._collect([self.pm.get_name(plugin) or name or repr(plugin)], strict=True)
 
@@ -140,47 +180,85 @@ class PluginRegistry:
             skipped = allow is not None and ep.name not in allow and not _provides_defaults(ep)
             if skipped or self.pm.has_plugin(ep.name):
                 continue
-            try:
-                self.pm.register(ep.load(), name=ep.name)
-            except Exception as err:  # a broken plugin must not take the others down
-                self.failures[ep.name] = f"{type(err).__name__}: {err}"
-                continue
             dist = ep.dist
             self.distributions[ep.name] = f"{dist.name}=={dist.version}" if dist else "?"
+            try:
+                self.pm.register(ep.load(), name=ep.name)
+                self._check_hooks(ep.name)
+            except Exception as err:  # a broken plugin must not take the others down
+                if self.pm.has_plugin(ep.name):
+                    self.pm.unregister(name=ep.name)
+                self.failures[ep.name] = f"{type(err).__name__}: {err}"
         self._loaded = True
         self._collect([name for name, _ in self.pm.list_name_plugin()])
+
+    def _check_hooks(self, plugin: str) -> None:
+        """Refuse a plugin implementing a hook that no specification declares, such as a misspelled
+        `register_drafterz`: pluggy keeps such an implementation without calling it (its
+        `PluginManager.check_pending` finds them), so the plugin would load and register nothing."""
+        specified = [name for name in vars(self.pm.hook) if self.pm.hook.__dict__[name].has_spec()]
+        for hook_name, caller in vars(self.pm.hook).items():
+            if hook_name.startswith("_") or caller.has_spec():
+                continue
+            if any(impl.plugin_name == plugin and not impl.optionalhook for impl in caller.get_hookimpls()):
+                close = difflib.get_close_matches(hook_name, specified, n=1)
+                hint = f"did you mean '{close[0]}'? " if close else ""
+                raise ConfigurationError(
+                    f"plugin '{plugin}' implements '{hook_name}', which is no specframe hook: {hint}the "
+                    f"hooks are {', '.join(sorted(specified))} (see docs/reference/hooks.md)")
 
     def _collect(self, plugin_names: list[str], strict: bool = False) -> None:
         """Call the registration hooks of the named plugins, remembering which plugin gave what.
 
         A plugin whose registration fails (a duplicate name, a class of the wrong kind, a malformed
-        preset) is removed whole and recorded in `failures`, or with `strict` the error is raised after
-        the removal.
+        preset) is removed whole and recorded in `failures`, and the names it would have registered are
+        remembered, so that asking for one says why it is missing; with `strict` the error is raised
+        after the removal.
         """
         for name in plugin_names:
+            offered: list[tuple[ComponentRegister, Any]] = []
             added: list[tuple[ComponentRegister, str]] = []
             try:
-                self._register_components(name, added)
+                self._call_registration_hooks(name, offered)
+                for register, item in offered:
+                    added.append((register, register.add(item, name)))
             except Exception as err:
                 for register, item in added:
                     register.remove(item)
                 self.pm.unregister(name=name)
                 if strict:
                     raise
-                self.failures[name] = f"{type(err).__name__}: {err}"
+                why = f"{type(err).__name__}: {err}"
+                self.failures[name] = why
+                for register, item in offered:
+                    register.refused(item, name, why, protected=lambda owner: owner in DEFAULT_PLUGINS)
 
-    def _register_components(self, plugin: str, added: list[tuple[ComponentRegister, str]]) -> None:
-        """Run `plugin`'s registration hooks; every (register, name) it registers is appended to `added`."""
+    def _call_registration_hooks(self, plugin: str, offered: list[tuple[ComponentRegister, Any]]) -> None:
+        """Run `plugin`'s registration hooks; every (register, item) it offers is appended to `offered`."""
         hooks = [(kind.registration_hook, self.registers[kind]) for kind in KINDS]
         hooks += [("register_presets", self._presets), ("register_cli_options", self._cli_options),
                   ("register_models", self._models)]
         for hook_name, target in hooks:
             def register(item, _target=target):
-                added.append((_target, _target.add(item, plugin)))
+                offered.append((_target, item))
 
             for impl in getattr(self.pm.hook, hook_name).get_hookimpls():
                 if impl.plugin_name == plugin:
                     impl.function(register=register)
+
+    def _label(self, plugin: str) -> str:
+        """How messages name a plugin: its entry point and, when installed, its distribution."""
+        dist = self.distributions.get(plugin)
+        return f"plugin '{plugin}' ({dist})" if dist and dist != "?" else f"plugin '{plugin}'"
+
+    def _loading_note(self) -> str:
+        """What limited or broke plugin loading, for unknown-name errors ('' when nothing did)."""
+        notes = []
+        wanted = os.environ.get("SPECFRAME_LOAD_PLUGINS")
+        if wanted is not None:
+            notes.append(f"SPECFRAME_LOAD_PLUGINS={wanted!r} limits which plugins load; unset it to load all")
+        notes += [f"{self._label(p)} failed to load ({why})" for p, why in sorted(self.failures.items())]
+        return "; ".join(notes)
 
     def call_each(self, hook_name: str, **kwargs: Any) -> None:
         """Call every implementation of a hook; one that raises is recorded in `failures` (with the hook's
@@ -259,17 +337,6 @@ _registry: PluginRegistry | None = None
 def _provides_defaults(ep) -> bool:
     """Whether entry point `ep` is one of this distribution's plugins providing the core's defaults."""
     return ep.name in DEFAULT_PLUGINS and ep.dist is not None and ep.dist.name == DISTRIBUTION
-
-
-def _loading_note() -> str:
-    """What limited or broke plugin loading, for unknown-name errors ('' when nothing did)."""
-    notes = []
-    wanted = os.environ.get("SPECFRAME_LOAD_PLUGINS")
-    if wanted is not None:
-        notes.append(f"SPECFRAME_LOAD_PLUGINS={wanted!r} limits which plugins load; unset it to load all")
-    failures = _registry.failures if _registry is not None else {}
-    notes += [f"plugin '{name}' failed to load ({why})" for name, why in sorted(failures.items())]
-    return "; ".join(notes)
 
 
 def get_registry() -> PluginRegistry:

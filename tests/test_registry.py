@@ -138,3 +138,67 @@ def test_entry_point_discovery_of_an_installed_package(tmp_path):
     entry = next(p for p in described["plugins"] if p["name"] == "thirdparty")
     assert entry["version"] == "sf-thirdparty==1.2.3"
     assert entry["components"] == {"drafters": ["echo-last"]}
+
+
+def _plugin_registering(**hooks):
+    """A plugin object whose hooks register the given classes: `register_drafters=[cls, ...]`."""
+    def implementation(classes):
+        @specframe.hookimpl
+        def hook(register):
+            for cls in classes:
+                register(cls)
+        return staticmethod(hook)
+
+    return type("Plugin", (), {name: implementation(classes) for name, classes in hooks.items()})
+
+
+def _drafter(name: str, module: str) -> type:
+    return type(f"{module.title()}Drafter", (specframe.Drafter,),
+                {"name": name, "__module__": module, "propose": lambda self, context: None})
+
+
+def _installed(monkeypatch, *plugins):
+    """Make `plugins`, (entry point, distribution, plugin object) triples, look installed after the
+    real ones."""
+    from importlib.metadata import entry_points
+    from types import SimpleNamespace
+
+    fakes = [SimpleNamespace(name=ep, dist=SimpleNamespace(name=dist, version="0.1"), load=lambda p=p: p)
+             for ep, dist, p in plugins]
+    monkeypatch.setattr("specframe.registry.entry_points", lambda group: [*entry_points(group=group), *fakes])
+
+
+def test_a_clash_is_reported_where_the_contested_name_is_used(monkeypatch):
+    """Two installed plugins register drafter 'twin': asking for it names both plugins (entry point and
+    distribution) and both classes, and the refused plugin's other components say why they are missing."""
+    tree = type("SecondTree", (specframe.TreeBuilder,), {"name": "second-tree", "build": lambda *a: None})
+    first = _plugin_registering(register_drafters=[_drafter("twin", "first_mod")])
+    second = _plugin_registering(register_drafters=[_drafter("twin", "second_mod")],
+                                 register_tree_builders=[tree])
+    _installed(monkeypatch, ("first", "first-dist", first), ("second", "second-dist", second))
+    registry = PluginRegistry()
+    with pytest.raises(DuplicateComponentError) as clash:
+        registry.get("drafter", "twin")
+    for part in ("first_mod.First_ModDrafter", "second_mod.Second_ModDrafter",
+                 "plugin 'first' (first-dist==0.1)", "plugin 'second' (second-dist==0.1)"):
+        assert part in str(clash.value)
+    with pytest.raises(UnknownComponentError) as missing:
+        registry.get("tree builder", "second-tree")
+    message = str(missing.value)
+    assert message.startswith("tree builder 'second-tree' is not available: plugin 'second' "
+                              "(second-dist==0.1) provides it but was not loaded")
+    assert "'twin' is registered twice" in message
+    assert "unknown" not in message and registry.get("drafter", "pld")  # everything else works
+
+
+def test_a_misspelled_hook_is_a_failure_not_a_silent_empty_plugin(monkeypatch):
+    typo = _plugin_registering(register_drafterz=[_drafter("typo", "typo_mod")])
+    _installed(monkeypatch, ("typo", "typo-dist", typo))
+    registry = PluginRegistry()
+    assert "'register_drafterz', which is no specframe hook: did you mean 'register_drafters'?" \
+        in registry.describe()["failed"]["typo"]
+    assert "typo" not in [p["name"] for p in registry.describe()["plugins"]]
+    fresh = PluginRegistry()
+    with pytest.raises(ConfigurationError, match="did you mean 'register_drafters'"):
+        fresh.register_plugin(typo, name="typo")
+    assert not fresh.pm.has_plugin("typo")
