@@ -6,7 +6,6 @@ from __future__ import annotations
 import functools
 import inspect
 import json
-import time
 import warnings
 from collections.abc import Callable
 from typing import Optional
@@ -14,7 +13,8 @@ from typing import Optional
 import typer
 
 from specframe.bench.cli import bench_command
-from specframe.cli_common import device_option, dtype_option, model_option, phase_timing_option
+from specframe.cli_common import (clock_option, device_option, dtype_option, model_option,
+                                  phase_timing_option, set_timing, threads_option)
 from specframe.decoding import DEFAULT_BUDGET
 from specframe.errors import SpecframeError
 from specframe.extensions import CliOption, applied
@@ -48,8 +48,13 @@ def generate(
     top_p: float = typer.Option(1.0, "--top-p"),
     top_k: int = typer.Option(0, "--top-k", help="0 = off."),
     seed: Optional[int] = typer.Option(None, help="Seed for a reproducible sampled run."),
-    compare: bool = typer.Option(False, help="Also run transformers' own generate and compare (both "
-                                 "sides warmed up first, untimed)."),
+    compare: bool = typer.Option(False, help="Also run transformers' own generate and compare: both sides "
+                                 "warmed up first, untimed, then --repeats timed runs of each."),
+    repeats: int = typer.Option(5, min=1, help="With --compare: timed runs of each side, alternating which "
+                                "goes first, so a drift of the machine hits both; the median and range are "
+                                "shown."),
+    threads: Optional[int] = threads_option(),
+    clock: str = clock_option(),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     phase_timing: bool = phase_timing_option(),
 ) -> None:
@@ -65,20 +70,31 @@ def generate(
     check_stop_strings(stop or [])
     parse_budget(budget)  # before the model loads
     check_specs(drafter, tree, verifier, backend)
+    set_timing(threads, clock, device)
     target = load_target(model, device=device, dtype=dtype)
-    decoder = SpeculativeDecoder.from_names(target, drafter, tree, verifier, backend, budget=budget,
-                                            sampling=sampling, phase_timing=phase_timing)
+
+    def make_decoder() -> SpeculativeDecoder:
+        return SpeculativeDecoder.from_names(target, drafter, tree, verifier, backend, budget=budget,
+                                             sampling=sampling, phase_timing=phase_timing)
+
     ids = encode_prompt(target, prompt, chat)
-    if compare:
-        warm_up(decoder, target, chat)  # both sides timed warm: a cold first forward costs about 0.7 s
     with warnings.catch_warnings(record=True) as caught:  # e.g. a cache that could not be saved:
-        result = decoder.generate(ids, max_new_tokens=max_new_tokens, stop=stop or ())  # after the text
+        if compare:  # printed after the text
+            from specframe.bench.runner import WARMUP_PROMPT
+            from specframe.compare import compare_with_transformers
+
+            warmup_ids = encode_prompt(target, WARMUP_PROMPT, chat)
+            comparison = compare_with_transformers(target, make_decoder, ids, warmup_ids, max_new_tokens,
+                                                   stop or (), sampling, repeats)
+            result = comparison.pop("result")
+        else:
+            result = make_decoder().generate(ids, max_new_tokens=max_new_tokens, stop=stop or ())
     report = {"text": result.text, "new_tokens": len(result.tokens), "finish_reason": result.finish_reason,
               **{k: v for k, v in result.metrics.to_dict().items() if k != "new_tokens"},
               "pipeline": {"drafter": drafter, "tree": tree, "verifier": verifier, "backend": backend,
                            "budget": budget}}
     if compare:
-        report.update(compare_with_transformers(target, ids, result, max_new_tokens, sampling))
+        report.update(comparison)
     if as_json:
         typer.echo(json.dumps(report, indent=2))
     else:
@@ -124,17 +140,20 @@ def calibrate(
         return
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     where = target.device if target.device.type != "cpu" else f"{torch.get_num_threads()} thread(s)"
-    table = Table(title=f"step cost: {target.name} on '{backend}', {where}, "
-                  f"{str(next(target.model.parameters()).dtype).removeprefix('torch.')}, "
-                  f"{cost.context} tokens of context")
+    console = Console()
+    console.print(Text(f"step cost: {target.name} on '{backend}', {where}, "
+                       f"{str(next(target.model.parameters()).dtype).removeprefix('torch.')}, "
+                       f"{cost.context} tokens of context", style="bold"))  # a line, not a wrapped title
+    table = Table()
     for column in ("tree nodes", "flat tree ms", "chain ms", "flat / empty", "flat: us per context token"):
         table.add_column(column, justify="right")
     for r in rows:
         table.add_row(str(r["nodes"]), f"{r['flat_ms']:.1f}", f"{r['chain_ms']:.1f}",
                       f"{r['flat_ratio']:.2f}", f"{r['flat_us_per_context_token']:.1f}")
-    Console().print(table)
+    console.print(table)
     if padding:
         typer.echo(padding)
     typer.echo(f"stored in {path}")
@@ -195,63 +214,51 @@ def encode_prompt(target, prompt: str, chat: bool) -> list[int]:
     return list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
 
 
-def warm_up(decoder, target, chat: bool) -> None:
-    """Run the bench's warm-up prompt through `decoder` and through transformers' `generate`, untimed, so
-    that neither side of `--compare` pays the process's first forwards (kernel set-up, allocations)."""
-    import torch
-
-    from specframe.bench.runner import WARMUP_PROMPT, WARMUP_TOKENS
-
-    ids = encode_prompt(target, WARMUP_PROMPT, chat)
-    decoder.generate(ids, max_new_tokens=WARMUP_TOKENS)
-    input_ids = torch.tensor([ids], device=target.device)
-    with torch.inference_mode():
-        target.model.generate(input_ids, attention_mask=torch.ones_like(input_ids),
-                              max_new_tokens=WARMUP_TOKENS, do_sample=False)
-
-
-def compare_with_transformers(target, ids: list[int], result, max_new_tokens: int, sampling) -> dict:
-    """Run `model.generate` with the same settings in this process; report speed and identity."""
-    import torch
-
-    kwargs = {"do_sample": False} if sampling.greedy else {
-        "do_sample": True, "temperature": sampling.temperature, "top_p": sampling.top_p,
-        "top_k": sampling.top_k or None}
-    input_ids = torch.tensor([ids], device=target.device)
-    if sampling.seed is not None:
-        torch.manual_seed(sampling.seed)
-    start = time.perf_counter()
-    with torch.inference_mode():
-        out = target.model.generate(input_ids, attention_mask=torch.ones_like(input_ids),
-                                    max_new_tokens=max_new_tokens, **kwargs)
-    wall = time.perf_counter() - start
-    baseline = out[0, len(ids):].tolist()
-    baseline_tps = len(baseline) / wall
-    return {"baseline": "transformers.generate", "baseline_tokens_per_s": baseline_tps,
-            "baseline_wall_s": wall, "speedup": result.metrics.tokens_per_s / baseline_tps,
-            "identical": baseline == result.tokens if sampling.greedy else None}
-
-
 def print_report(report: dict) -> None:
+    """The text, then the metrics as a table under a title line of its own (a long pipeline spec would
+    wrap inside a narrow table's title), then any note on the comparison."""
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     console = Console()
     console.print(report["text"], markup=False, highlight=False)
     parts = [str(v) for k, v in report["pipeline"].items() if k != "budget"]
-    table = Table(title="specframe " + "+".join(parts))
+    console.print(Text("specframe " + "+".join(parts), style="bold"))
+    table = Table()
     table.add_column("metric")
     table.add_column("value", justify="right")
+    repeated = "repeats" in report  # --compare: the run of median speed, with the range over repeats
+    speed = f"{report['tokens_per_s']:.1f}"
     rows = [("new tokens", report["new_tokens"]), ("steps", report["steps"]), ("tau", f"{report['tau']:.2f}"),
-            ("alpha", f"{report['alpha']:.2f}"), ("tokens/s", f"{report['tokens_per_s']:.1f}"),
+            ("alpha", f"{report['alpha']:.2f}"),
+            (f"tokens/s (median of {report['repeats']})", speed + span(report["tokens_per_s_range"], ".1f"))
+            if repeated else ("tokens/s", speed),
             ("wall s", f"{report['wall_s']:.2f}")]
     rows += [(f"ms/step {k}", f"{v:.2f}") for k, v in report["time_per_step_ms"].items()]
-    if "speedup" in report:
-        rows += [("transformers tokens/s", f"{report['baseline_tokens_per_s']:.1f}"),
-                 ("speedup", f"{report['speedup']:.2f}x"), ("identical", str(report["identical"]))]
+    if report.get("fallback_steps"):  # a verifier using draft probabilities fell back on some steps
+        reasons = ", ".join(f"{reason}: {n}" for reason, n in report["fallbacks"].items())
+        rows.append(("verified by", f"sample-and-match on {report['fallback_steps']} of {report['steps']} "
+                     f"steps ({reasons}), {report['pipeline']['verifier']} on the rest"))
+    if repeated:
+        base = f"{report['baseline_tokens_per_s']:.1f}" + span(report["baseline_tokens_per_s_range"], ".1f")
+        rows += [(f"transformers tokens/s (median of {report['repeats']})", base),
+                 ("speedup (median)",
+                  f"{report['speedup']:.2f}x" + span(report["speedup_range"], ".2f", "x")),
+                 ("noise (transformers' spread)", f"±{100 * report['noise']:.0f} %"),
+                 ("clock", f"{report['clock']}, {report['threads']} thread(s)"),
+                 ("identical", str(report["identical"]) if "identical" in report else "n/a (sampled)")]
     for name, value in rows:
         table.add_row(name, str(value))
     console.print(table)
+    if report.get("note"):
+        console.print(Text("note: " + report["note"], style="yellow"))
+
+
+def span(values: list[float], spec: str, unit: str = "") -> str:
+    """' (range a-b)' for a [min, max] pair."""
+    low, high = values
+    return f" (range {low:{spec}}{unit}-{high:{spec}}{unit})"
 
 
 def core_app(options: list[CliOption] = ()) -> typer.Typer:

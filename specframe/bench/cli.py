@@ -7,7 +7,8 @@ from typing import Optional
 
 import typer
 
-from specframe.cli_common import device_option, dtype_option, model_option, phase_timing_option
+from specframe.cli_common import (clock_option, device_option, dtype_option, model_option,
+                                  phase_timing_option, set_timing, threads_option)
 
 
 def bench_command(
@@ -42,43 +43,34 @@ def bench_command(
     temperature: float = typer.Option(0.0, help="0 = greedy (outputs then checked against the baseline)."),
     seed: Optional[int] = typer.Option(None, help="Seed for sampled runs: repeat r samples with seed + r "
                                        "(the repeats are n samples of each question) in every method."),
-    threads: Optional[int] = typer.Option(None, min=1, help="torch intra-op threads (default: torch's "
-                                          "choice). On a busy machine 1 thread times far more steadily."),
-    clock: str = typer.Option("wall", help="wall, or cpu: this process's CPU time, which other processes on "
-                              "a shared CPU do not inflate (needs --threads 1 and --device cpu)."),
+    threads: Optional[int] = threads_option(),
+    clock: str = clock_option(),
     plots: bool = typer.Option(True, help="Write PNG plots (needs matplotlib)."),
     fresh: bool = typer.Option(False, help="Discard earlier records in --out instead of resuming."),
+    # In --ray's help, "\\[" keeps rich from reading "[ray]" as markup and dropping it.
     ray: Optional[str] = typer.Option(None, help="Run the questions as Ray work: 'local' (a Ray instance on "
-                                      "this machine) or the ADDRESS of a cluster. Needs "
-                                      "pip install 'specframe[ray]'."),
-    ray_workers: int = typer.Option(2, "--ray-workers", help="Ray actors, each with its own copy of the "
-                                    "model and --threads torch threads (default 1 under --ray)."),
+                                      "this machine) or the ADDRESS of a cluster. Needs the 'ray' extra: "
+                                      "pip install 'specframe\\[ray]'."),
+    ray_workers: int = typer.Option(2, "--ray-workers", help="Ray actors under --ray, each with its own copy "
+                                    "of the model and --threads torch threads (--threads then defaults to "
+                                    "1)."),
     list_methods: bool = typer.Option(False, "--list-methods", help="Print the presets and exit."),
 ) -> None:
     """Benchmark speculative methods against plain decoding and transformers, Spec-Bench style."""
     from specframe.bench.harness import check_options, run_benchmark
-    from specframe.bench.methods import usable_presets
     from specframe.models import check_writable_dir, load_target
     from specframe.registry import get_registry
     from specframe.sampling import SamplingParams
 
     if list_methods:
-        registry = get_registry()
-        usable = usable_presets(registry)
-        for name, preset in registry.presets.items():
-            status = "usable" if name in usable else "missing components"
-            typer.echo(f"{name:16} {preset.spec:36} {status:20} (plugin '{registry.presets.owner(name)}')")
+        typer.echo(preset_listing(get_registry()))
         return
     if ray is not None:
         from specframe.bench.distributed import require_ray
 
         require_ray()  # a clear error before anything else when Ray is missing
         threads = 1 if threads is None else threads
-    if threads is not None:
-        import torch
-
-        torch.set_num_threads(threads)
-    check_clock(clock, threads, device)
+    set_timing(threads, clock, device)
     sampling = SamplingParams(temperature=temperature, seed=seed)
     check_writable_dir(out, "--out", "pass a writable directory with --out")  # before loading the model
     check_options(suite, _split(methods), peers=peers, limit=limit, shard=shard, max_turns=turns,
@@ -105,18 +97,16 @@ def bench_command(
         raise typer.Exit(3)
 
 
-def check_clock(clock: str, threads: int | None, device: str) -> None:
-    """Use `clock` for every timing; CPU time measures a request only on one thread of a CPU."""
-    from specframe.devices import resolve_device
-    from specframe.errors import ConfigurationError
-    from specframe.metrics import CLOCKS, set_clock
+def preset_listing(registry) -> str:
+    """The presets as aligned columns: name, pipeline spec, whether its plugins are installed, its plugin."""
+    from specframe.bench.methods import usable_presets
 
-    if clock not in CLOCKS:
-        raise ConfigurationError(f"--clock must be one of {', '.join(CLOCKS)}, got {clock!r}")
-    if clock == "cpu" and (threads != 1 or resolve_device(device).type != "cpu"):
-        raise ConfigurationError("--clock cpu needs --threads 1 and the CPU (--device cpu): CPU time adds up "
-                                 "all threads' time and misses an accelerator's work")
-    set_clock(clock)
+    usable = usable_presets(registry)
+    rows = [("preset", "pipeline", "status", "plugin")]
+    rows += [(name, preset.spec, "usable" if name in usable else "missing components",
+              registry.presets.owner(name)) for name, preset in registry.presets.items()]
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[3] for row in rows)
 
 
 def _split(methods: str) -> list[str]:
