@@ -8,7 +8,7 @@ import torch
 
 import specframe
 from specframe import DrawMethod, ScoreKind, StepOutcome
-from specframe.errors import ConfigurationError
+from specframe.errors import ConfigurationError, UnsupportedModelError
 from specframe.testing import DrafterConformance, reference_greedy, repetitive_prompt, tiny_target
 from specframe_draft.drafter import (
     DraftModelDrafter, check_same_tokenizer, common_prefix, forest_from_picks, truncated_model,
@@ -78,6 +78,19 @@ def test_bad_options_and_tokenizers_are_clear_errors():
     with pytest.raises(ConfigurationError, match="does not share the tokenizer"):
         check_same_tokenizer(target, other)
     assert common_prefix([1, 2, 3], [1, 2, 4, 5]) == 2 and common_prefix([], [1]) == 0
+
+
+@pytest.mark.parametrize("kind", ["mamba2", "bamba"])
+def test_self_speculation_on_a_recurrent_target_is_refused_clearly(kind):
+    """A KV-cache crop cannot roll back the first layers of a Mamba2 or Bamba target: refused, naming what
+    would draft instead, before the truncation (which used to fail setting the config's layer types)."""
+    from ssm_models import tiny_ssm_target
+
+    target = tiny_ssm_target(kind)
+    with pytest.raises(UnsupportedModelError, match=r"draft-model\(layers=1\) cannot draft .*(e\.g\. pld)"):
+        DraftModelDrafter(target, layers=1)
+    with pytest.raises(UnsupportedModelError, match="tiny-" + kind):
+        specframe.SpeculativeDecoder.from_names(target, "draft-model(layers=1)", backend="ssm-tree")
 
 
 @pytest.mark.parametrize("tree", ["chain", "static", "static(preset=cartesian, widths=(2, 2, 2))",

@@ -58,6 +58,7 @@ class DraftModelDrafter(Drafter):
         self.num_tokens, self.topk, self.draw = int(num_tokens), int(topk), check_draw("draft-model", draw)
         self.shares_target = layers is not None
         if layers is not None:
+            check_layers_croppable(target, int(layers))
             self.model = truncated_model(target, int(layers))
         else:
             draft = specframe.load_target(model, dtype=next(target.model.parameters()).dtype,
@@ -175,6 +176,19 @@ def check_croppable(draft: specframe.Target) -> None:
             f"draft-model: '{draft.name}' cannot be a draft model: the drafter rolls its state back by "
             f"cropping a KV cache after every step, so it needs an attention-only model, and {reason}. "
             "Pick an attention-only draft model of the target's family, or draft-model(layers=N)")
+
+
+def check_layers_croppable(target: specframe.Target, layers: int) -> None:
+    """The target's own first layers draft only when cropping a KV cache rolls them back exactly: when the
+    `kv` backend serves the target (attention-only, of a verified family)."""
+    reason = specframe.get_registry().get(specframe.ComponentKind.BACKEND, "kv").unsupported_reason(target)
+    if reason:
+        raise UnsupportedModelError(
+            f"draft-model(layers={layers}) cannot draft with the first layers of '{target.name}': the "
+            "drafter rolls its state back by cropping a KV cache after every step, which serves only "
+            "attention-only models of the families the 'kv' backend is verified on, and the 'kv' backend "
+            f"refuses this one ({reason}). Draft with a drafter that runs no target layers (e.g. pld), or "
+            "with draft-model(model=DIR), an attention-only model that shares the target's tokenizer")
 
 
 def check_same_tokenizer(target: specframe.Target, draft: specframe.Target) -> None:
