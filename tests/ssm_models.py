@@ -40,16 +40,17 @@ _DELTA = dict(hidden_size=32, intermediate_size=48, num_attention_heads=4, num_k
 
 
 def tiny_ssm_target(kind: str = "mamba2", *, groups: int = 2, conv: int = 4, dt_min: float = 0.0,
-                seed: int = 0) -> Target:
+                    dt_max: float = float("inf"), seed: int = 0) -> Target:
     """A tiny random target of family `kind` ("mamba2", "bamba", "nemotronh", or the gated DeltaNet hybrids
-    "qwen3_next" and "olmo_hybrid", where `groups` is the key head count), float32, eval mode."""
+    "qwen3_next" and "olmo_hybrid", where `groups` is the key head count), float32, eval mode. Mamba2-type
+    mixers clamp their time steps to (`dt_min`, `dt_max`) in multi-token forwards."""
     torch.manual_seed(seed)
     # A wide init so that every layer, the SSM ones included, moves the logits visibly.
     common = dict(vocab_size=VOCAB, hidden_size=32, initializer_range=0.2)
     if kind == "mamba2":
         config = Mamba2Config(**common, num_hidden_layers=3, num_heads=4, head_dim=16, state_size=8,
                               n_groups=groups, expand=2, conv_kernel=conv, chunk_size=8,
-                              time_step_limit=(dt_min, float("inf")))
+                              time_step_limit=(dt_min, dt_max))
         model = Mamba2ForCausalLM(config)
     elif kind == "bamba":
         config = BambaConfig(**common, num_hidden_layers=4, attn_layer_indices=[1, 3], mamba_n_heads=4,
@@ -127,10 +128,10 @@ def tiny_ssm_target(kind: str = "mamba2", *, groups: int = 2, conv: int = 4, dt_
     else:
         raise ValueError(kind)
     _randomize_ssm(model, seed)
-    if kind != "mamba2" and dt_min:
+    if kind != "mamba2" and (dt_min or dt_max != float("inf")):
         for m in model.modules():
             if hasattr(m, "time_step_limit"):
-                m.time_step_limit = (dt_min, float("inf"))
+                m.time_step_limit = (dt_min, dt_max)
     model.eval()
     return Target(model=model, tokenizer=None, name=f"tiny-{kind}")
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 from ssm_models import (
-    VOCAB, path_reference, run_sequence, state_tensors, tiny_ssm_target,
+    VOCAB, make_repetitive, path_reference, run_sequence, state_tensors, tiny_ssm_target,
 )
 from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -105,9 +105,7 @@ def check_commit(target: Target, backend: str, tree: TokenTree, node: int, promp
     for name in want:
         torch.testing.assert_close(got[name], want[name], atol=atol, rtol=atol, msg=name)
     next_logits = b.score(TokenTree.empty()).logits[0]
-    # Two tokens, not one: transformers' single-token Mamba2 step ignores time_step_limit (no dt clamp),
-    # its multi-token scan applies it; row 0 of a 2-token run is the clamped next-token output.
-    want_next = run_sequence(target.model, want_cache, b.committed_length, [bonus, 0])[0]
+    want_next = run_sequence(target.model, want_cache, b.committed_length, [bonus])[0]  # a one-token step
     torch.testing.assert_close(next_logits, want_next, atol=atol, rtol=atol)
 
 
@@ -172,15 +170,48 @@ def test_group_counts_and_conv_widths(kind, groups, conv):
     check_commit(target, "ssm-tree", tree, node=7)
 
 
+@torch.inference_mode()
+def stepwise_logits(model, prompt: list[int], tokens: list[int]) -> torch.Tensor:
+    """(1 + m, V) logits as `generate` computes them: the prompt in one forward (its last row), then each
+    of `tokens` in a forward of its own."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    rows = [run_sequence(model, cache, 0, prompt)[-1]]
+    for i, token in enumerate(tokens):
+        rows.append(run_sequence(model, cache, len(prompt) + i, [token])[0])
+    return torch.stack(rows)
+
+
 @pytest.mark.parametrize("kind", ["mamba2", "bamba"])
-def test_dt_clamp_with_a_lower_bound(kind):
-    clamped = tiny_ssm_target(kind, dt_min=0.6, seed=3)
-    free = tiny_ssm_target(kind, seed=3)
-    tree = make_tree(TREES["several roots"])
-    _, scores = check_scores(clamped, "ssm-tree", tree)
-    _, free_scores = check_scores(free, "ssm-tree", tree)
-    assert not torch.allclose(scores.logits, free_scores.logits, atol=1e-4)  # the clamp does bind
-    check_commit(clamped, "ssm-tree", tree, node=6)
+@pytest.mark.parametrize("limit", [(0.6, float("inf")), (0.0, 0.3)], ids=["lower", "upper"])
+def test_a_dt_limit_is_applied_as_plain_greedy_decoding_applies_it(kind, limit):
+    """transformers clamps dt to `time_step_limit` in a multi-token forward (the prompt) but not in its
+    one-token step (each new token, as `generate` feeds them): ssm-tree scores and commits as `generate`
+    decodes, and its output equals `generate`'s."""
+    target = make_repetitive(tiny_ssm_target(kind, dt_min=limit[0], dt_max=limit[1], seed=3))
+    free = make_repetitive(tiny_ssm_target(kind, seed=3))
+    prompt, tree = [5, 9, 3, 7, 11, 2, 8, 9, 3, 7], make_tree(TREES["shallow"])
+    backend = backend_cls("ssm-tree")(target)
+    backend.prefill(prompt)
+    first = backend.score(tree)
+    for path in tree.paths:
+        want = stepwise_logits(target.model, prompt, tree.tokens[path].tolist())
+        torch.testing.assert_close(first.logits[packed_path(path)], want, atol=ATOL, rtol=ATOL)
+    path, bonus = tree.path_to(3), 13
+    backend.commit(first, path, bonus)
+    history = [*tree.tokens[path].tolist(), bonus]
+    second = backend.score(tree)
+    for path in tree.paths:
+        want = stepwise_logits(target.model, prompt, history + tree.tokens[path].tolist())[len(history):]
+        torch.testing.assert_close(second.logits[packed_path(path)], want, atol=ATOL, rtol=ATOL)
+        unclamped = stepwise_logits(free.model, prompt, history + tree.tokens[path].tolist())[len(history):]
+        assert not torch.allclose(want, unclamped, atol=1e-3)  # the clamp binds in the prompt
+    ids = torch.tensor([prompt])
+    generated = target.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=16,
+                                      do_sample=False, pad_token_id=0)[0, len(prompt):].tolist()
+    decoder = SpeculativeDecoder.from_names(target, "pld", backend="ssm-tree", budget=4)
+    assert decoder.generate(prompt, 16).tokens == generated
 
 
 @pytest.mark.parametrize("kind", ["mamba2", "bamba", *DELTA_FAMILIES, *MAMBA1_FAMILIES, *SHORT_CONV_FAMILIES])

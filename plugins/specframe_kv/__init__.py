@@ -24,10 +24,16 @@ A CPU target in bfloat16 computes each row of a forward exactly as a plain step 
 linears on the development CPU, 32 with torch's own): a larger tree is scored by
 several forwards of at most that many rows each, in order, each reading the rows before it from the
 cache. The limit is measured again when torch's thread count changes, as kernels depend on it.
+
+The backend serves only the model families it has been shown to serve exactly (`VERIFIED_MODEL_TYPES`):
+a layer that keeps state outside its keys/values (RWKV's time mixing, xLSTM's matrix memory) is not
+rolled back by cropping, and a model without typed layers cannot say it has one. A refusal recommends
+another backend only when that backend accepts the model.
 """
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from typing import Literal, get_args
 
 import numpy as np
@@ -43,6 +49,13 @@ from specframe.packed_linear import linear_kernel
 
 # Layer types whose only state is the KV cache (attention) or that have no state at all (NemotronH blocks).
 CACHELESS_TYPES = {"full_attention", "sliding_attention", "mlp", "moe"}
+# Attention-only families (`config.model_type`) whose tree scores equal plain forwards and whose commits
+# leave the state of the plain run: tests/test_kv_admission.py proves each on a tiny random model.
+VERIFIED_MODEL_TYPES = ("cohere", "gemma", "gpt2", "granite", "llama", "mistral", "olmo2", "phi", "phi3",
+                        "qwen2", "qwen3", "smollm3", "stablelm", "starcoder2")
+# Set while `kv` asks another backend whether it serves a model, so that backend asking back gets kv's
+# own refusal instead of a question that never ends.
+_CONSULTING: ContextVar[bool] = ContextVar("kv_consulting", default=False)
 # The `cache` option: append in place (specframe.kv_cache), or transformers' torch.cat per step.
 CacheKind = Literal["buffer", "concat"]
 CACHES = get_args(CacheKind)
@@ -57,12 +70,36 @@ def _recurrent_reason(target, recurrent: list[str]) -> str:
     from what ssm-tree serves: transformers types them all "linear_attention" (LFM2's are "conv").
     """
     lead = f"it has recurrent layers ({recurrent}) whose state cannot be rolled back by cropping a KV cache"
+    reason = _tree_backend_reason(target)
+    if reason is None:
+        return f"{lead}; use the 'ssm-tree' backend"
+    return f"{lead}; {reason or 'no installed backend serves recurrent layers'}"
+
+
+def _unverified_reason(target, model_type: str) -> str:
+    """Why `kv` refuses a family it has no evidence for, and which backend serves it, if any."""
+    lead = (f"its model type '{model_type}' is not one of the attention-only families the 'kv' backend is "
+            f"verified to serve exactly ({', '.join(VERIFIED_MODEL_TYPES)}): its layers may keep state that "
+            "cropping a KV cache does not roll back")
+    if _CONSULTING.get():
+        return lead
+    reason = _tree_backend_reason(target)
+    if reason is None:
+        return f"{lead}; use the 'ssm-tree' backend"
+    return f"{lead}; the 'ssm-tree' backend cannot serve it either, so no installed backend serves it yet"
+
+
+def _tree_backend_reason(target) -> str | None:
+    """The refusal of `target` by 'ssm-tree': None when it serves it, "" when it is not installed."""
     try:
         tree_backend = specframe.get_registry().get("backend", "ssm-tree")
     except UnknownComponentError:
-        return f"{lead}; no installed backend serves recurrent layers"
-    reason = tree_backend.unsupported_reason(target)
-    return f"{lead}; use the 'ssm-tree' backend" if reason is None else f"{lead}; {reason}"
+        return ""
+    token = _CONSULTING.set(True)
+    try:
+        return tree_backend.unsupported_reason(target)
+    finally:
+        _CONSULTING.reset(token)
 
 
 class KVCacheBackend(StateBackend):
@@ -95,8 +132,13 @@ class KVCacheBackend(StateBackend):
         recurrent = sorted(set(layer_types) - CACHELESS_TYPES)
         if recurrent:
             return _recurrent_reason(target, recurrent)
-        if getattr(target.config, "sliding_window", None) and "sliding_attention" in layer_types:
-            return "sliding-window attention layers are not supported yet"
+        model_type = getattr(target.config, "model_type", "")
+        if model_type not in VERIFIED_MODEL_TYPES:
+            return _unverified_reason(target, model_type)
+        window = getattr(target.config, "sliding_window", None)
+        if window and (not layer_types or "sliding_attention" in layer_types):
+            return (f"its attention looks back over a sliding window of {window} tokens, which the tree mask "
+                    "does not apply; no backend serves sliding-window attention yet")
         cache = DynamicCache(config=target.config)
         if any(not hasattr(layer, "keys") for layer in getattr(cache, "layers", [])):
             return "its cache layers do not hold plain keys/values"

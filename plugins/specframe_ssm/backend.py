@@ -15,14 +15,15 @@ from typing import Literal, get_args
 import numpy as np
 import torch
 
+import specframe
 from specframe import BackendCapabilities, CostModel, StateBackend, TargetScores, TokenTree
 from specframe.adaptive.calibration import stored_min_rows
 from specframe.devices import forward_min_rows, pads_by_measurement
-from specframe.errors import ConfigurationError, UnsupportedModelError
+from specframe.errors import ConfigurationError, UnknownComponentError, UnsupportedModelError
 from specframe.packed_linear import linear_kernel
 from specframe_ssm import cache as cache_ops
 from specframe_ssm.cost import default_cost_model
-from specframe_ssm.layout import inspect_layout, unsupported_reason
+from specframe_ssm.layout import NO_BACKEND, NO_RECURRENT, inspect_layout, unsupported_reason
 from specframe_ssm.mixer import COMMIT_RULES, FAMILIES, TreeRun, tree_forward_mode
 from specframe_ssm.tree_ops import conv_window_index
 
@@ -47,10 +48,12 @@ class SSMBackendBase(StateBackend):
         self.cache = None
         self._committed = 0
         self._pending: int | None = None
+        self._prompt_root = False  # whether the pending token is the prompt's last
 
     @classmethod
     def unsupported_reason(cls, target) -> str | None:
-        return unsupported_reason(target.model)
+        reason = unsupported_reason(target.model)
+        return f"{reason}; {_attention_only_advice(target)}" if reason == NO_RECURRENT else reason
 
     def cost_model(self) -> CostModel:
         """The calibration stored for this backend on this machine (`specframe calibrate`), else the
@@ -88,6 +91,7 @@ class SSMBackendBase(StateBackend):
     def prefill(self, ids: list[int]) -> None:
         self.cache = self._new_cache()
         self._committed, self._pending = 0, int(ids[-1])
+        self._prompt_root = True  # the pending token is the prompt's last (see `TreeRun.clamped_rows`)
         if len(ids) > 1:
             self._append_chain(ids[:-1], logits_to_keep=1)
 
@@ -102,6 +106,17 @@ class SSMBackendBase(StateBackend):
         out = self._forward(ids, positions, self.cache, mask, **extra)
         self._committed = prefix + len(tokens)
         return out
+
+
+def _attention_only_advice(target) -> str:
+    """Where a model without recurrent layers can go: 'kv' when it serves the model, else nowhere."""
+    try:
+        kv = specframe.get_registry().get("backend", "kv")
+    except UnknownComponentError:
+        return "no installed backend serves attention-only models"
+    if kv.unsupported_reason(target) is None:
+        return "use the 'kv' backend for attention-only models"
+    return f"the 'kv' backend refuses it too (it says why), so {NO_BACKEND}"
 
 
 def chain_allowed(prefix: int, length: int, batch: int, device) -> torch.Tensor:
@@ -175,7 +190,7 @@ class SSMTreeBackend(SSMBackendBase):
         parents = torch.from_numpy(tree.packed_parents)  # (T,)
         run = TreeRun(mask=ancestors, conv_index=conv_window_index(parents, self.conv_width).to(device),
                       states={i: cache_ops.ssm_state(self.cache, m) for i, m in self.layout.mixers.items()},
-                      scan_impl=self.scan, parents=parents)
+                      scan_impl=self.scan, parents=parents, clamped_rows=int(self._prompt_root))
         mask = None
         if self.layout.hybrid:
             allowed = torch.ones(1, len(tree) + 1, prefix + len(tree) + 1, dtype=torch.bool, device=device)
@@ -199,5 +214,5 @@ class SSMTreeBackend(SSMBackendBase):
         start = self._committed
         cache_ops.compact_kv(self.cache, self.layout.attention, start, [start + i for i in packed])
         self._committed = start + len(packed)
-        self._pending = int(bonus)
+        self._pending, self._prompt_root = int(bonus), False
 

@@ -20,6 +20,10 @@ import torch
 MIXER_ATTRIBUTES = ("in_proj", "conv1d", "dt_bias", "A_log", "D", "norm", "out_proj", "num_heads", "head_dim",
                     "n_groups", "ssm_state_size", "intermediate_size", "conv_dim", "conv_kernel_size",
                     "time_step_limit", "layer_idx")
+# The Mamba2-type mixer classes whose tree forward the test-suite proves equal to the model's own forward
+# (tests/test_ssm_backends.py: Mamba2, Bamba, NemotronH, GraniteMoeHybrid, Falcon-H1, Zamba2).
+MAMBA2_MIXERS = ("Mamba2Mixer", "BambaMixer", "NemotronHMamba2Mixer", "GraniteMoeHybridMambaLayer",
+                 "FalconH1Mixer", "Zamba2MambaMixer")
 # Mixers with extra scaling inside the mixer: the tree forward reproduces it for these classes only.
 EXTRA_SCALING = ("mup_vector", "ssm_in_multiplier")
 SCALED_MIXERS = ("FalconH1Mixer",)
@@ -46,6 +50,9 @@ MAMBA2, MAMBA1, DELTA_RULE, SHORT_CONV, OTHER = "mamba2", "mamba1", "delta-rule"
 MAMBA1_MIXERS = ("MambaMixer", "FalconMambaMixer", "JambaMambaMixer")
 DELTA_RULE_MARKS = ("DeltaNet", "DeltaAttention")  # Qwen3NextGatedDeltaNet, KimiLinearDeltaAttention
 NO_BACKEND = "no backend serves it yet"
+# The refusal of a model without recurrent layers; the backend adds whether 'kv' serves it.
+NO_RECURRENT = ("it has no Mamba2 layers, nor any other recurrent layer ssm-tree serves (Mamba-1, gated "
+                "DeltaNet, LFM2 short convolutions)")
 # What each kind other than Mamba2 is ({cls}: its module class) and why neither 'kv' nor 'ssm-tree' serves it.
 UNSERVED = {
     MAMBA1: ("a Mamba-1 selective scan ({cls})",
@@ -172,6 +179,9 @@ def _mixer_reason(name: str, module: torch.nn.Module) -> str | None:
     if extra and kind not in SCALED_MIXERS:
         return (f"layer '{name}' ({kind}) scales its SSM inputs ({extra}), which the tree scan does not do; "
                 f"{NO_BACKEND}")
+    if kind not in MAMBA2_MIXERS:
+        return (f"layer '{name}' ({kind}) is a Mamba2-type mixer of a class the tree scan has not been "
+                f"verified on (verified: {', '.join(MAMBA2_MIXERS)}); {NO_BACKEND}")
     return None
 
 
@@ -181,14 +191,15 @@ def _no_recurrent_module_reason(layer_types: list[str]) -> str:
     if recurrent:  # MiniMax lightning attention, RecurrentGemma's RG-LRU: typed, but no module we know
         return (f"its layers of type {recurrent} hold no recurrent module the tree scan recognises; "
                 f"{NO_BACKEND}")
-    return "it has no Mamba2 layers; use the 'kv' backend for attention-only models"
+    return NO_RECURRENT
 
 
 def unsupported_reason(model: torch.nn.Module) -> str | None:
     """Why the SSM backends cannot run `model`, naming the offending layer and what it is; None when they can.
 
     Every refusal of a model with recurrent layers says "no backend serves it yet": the `kv` backend
-    recommends 'ssm-tree' only when this returns None, and passes the explanation on otherwise.
+    recommends 'ssm-tree' only when this returns None, and passes the explanation on otherwise. A model
+    without recurrent layers gets `NO_RECURRENT`, to which the backend adds whether 'kv' serves it.
     """
     layers = recurrent_layers(model)
     for name, module, kind in layers:

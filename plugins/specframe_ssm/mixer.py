@@ -48,6 +48,10 @@ class TreeRun:
     states: dict[int, tuple[torch.Tensor, torch.Tensor | None]]  # layer -> (conv (Cd, K), state or None)
     scan_impl: str = "auto"
     parents: torch.Tensor | None = None  # (T,) packed parents, -1 for the root (the Mamba-1 scan walks them)
+    # Rows whose Mamba2 time steps are clamped to the mixer's `time_step_limit`: 1 when the root is the
+    # prompt's last token (plain decoding feeds it with the prompt, in one clamped forward), else 0 (it
+    # feeds every new token alone, in its unclamped one-token step).
+    clamped_rows: int = 0
     saved: dict[int, object] = field(default_factory=dict)  # layer -> its family's saved nodes
 
 
@@ -74,7 +78,7 @@ def tree_mixer_forward(mixer, run: TreeRun, hidden_states: torch.Tensor, *args, 
                     run.conv_index, act)  # (T, Cd)
     x, B, C = xbc.split([d_inner, G * N, G * N], dim=-1)
     x, B, C = x.reshape(T, H, P), B.reshape(T, G, N), C.reshape(T, G, N)
-    dt = discretize(dt_raw, mixer.dt_bias, mixer.time_step_limit)  # (T, H)
+    dt = discretize(dt_raw, mixer.dt_bias, mixer.time_step_limit, run.clamped_rows)  # (T, H)
     y = tree_scan(x, dt, mixer_A(mixer), B, C, mixer.D, run.mask, h0, impl=run.scan_impl)  # (T, H, P) fp32
     run.saved[mixer.layer_idx] = SavedNodes(xbc=xbc_raw, x=x, B=B, dt=dt)
     if getattr(mixer, "mamba_rms_norm", True):

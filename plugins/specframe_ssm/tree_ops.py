@@ -48,10 +48,17 @@ def tree_conv(xbc: torch.Tensor, conv: torch.Tensor, weight: torch.Tensor, bias:
     return act(out)
 
 
-def discretize(dt_raw: torch.Tensor, dt_bias: torch.Tensor, limit: tuple[float, float]) -> torch.Tensor:
-    """(T, H) time steps: clamp(softplus(dt_raw + dt_bias), *limit), as transformers' chunk scan does."""
+def discretize(dt_raw: torch.Tensor, dt_bias: torch.Tensor, limit: tuple[float, float],
+               clamped: int | None = None) -> torch.Tensor:
+    """(T, H) time steps softplus(dt_raw + dt_bias), the first `clamped` rows (None: all) clamped to
+    `limit`.
+
+    transformers clamps in its multi-token scan but not in its one-token step, so a row is clamped
+    only where plain decoding, which feeds the prompt in one forward and every new token alone, would.
+    """
     dt = torch.nn.functional.softplus(dt_raw.float() + dt_bias.float())  # (T, H)
-    return torch.clamp(dt, min=limit[0], max=limit[1])
+    rows = dt.shape[0] if clamped is None else clamped
+    return torch.cat([torch.clamp(dt[:rows], min=limit[0], max=limit[1]), dt[rows:]])
 
 
 def commit_conv(conv: torch.Tensor, xbc_path: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,100 @@
+"""Which models the `kv` backend admits: every family in `VERIFIED_MODEL_TYPES` is proven here on a tiny
+random model (tree logits equal plain forwards, commits leave the plain run's state); any other family,
+a recurrent one above all (RWKV, xLSTM), is refused, and no refusal sends the user to a backend that
+refuses the model too."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from specframe import SpeculativeDecoder, Target, UnsupportedModelError, get_registry
+from specframe.testing.checks import check_backend_scores
+from specframe_kv import VERIFIED_MODEL_TYPES, KVCacheBackend
+
+VOCAB = 64
+_SMALL = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, initializer_range=0.2, pad_token_id=None,
+              bos_token_id=None, eos_token_id=None)
+RECOMMENDS = re.compile(r"use the '([\w-]+)' backend")
+
+
+def tiny_model(model_type: str, **overrides) -> Target:
+    config = AutoConfig.for_model(model_type, **{**_SMALL, **overrides})
+    if model_type == "mistral":
+        config.sliding_window = overrides.get("sliding_window")  # on by default: refused (see below)
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config).eval()
+    return Target(model, None, f"tiny-{model_type}")
+
+
+def tiny_recurrent(kind: str) -> Target:
+    """Tiny RWKV and xLSTM models: attention-free, with states outside any KV cache and no layer types."""
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        if kind == "rwkv":
+            model = transformers.RwkvForCausalLM(transformers.RwkvConfig(
+                vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, attention_hidden_size=32,
+                intermediate_size=64, context_length=128))
+        else:
+            model = transformers.xLSTMForCausalLM(transformers.xLSTMConfig(
+                vocab_size=VOCAB, hidden_size=32, embedding_dim=32, num_hidden_layers=2, num_blocks=2,
+                num_heads=2, chunk_size=8, max_inference_chunksize=16))
+    return Target(model.eval(), None, f"tiny-{kind}")
+
+
+def check_recommendations(target: Target) -> None:
+    """Every backend's refusal recommends only backends that accept the model."""
+    for name in ("kv", "ssm-tree", "ssm-unrolled"):
+        reason = get_registry().get("backend", name).unsupported_reason(target) or ""
+        for other in RECOMMENDS.findall(reason):
+            assert get_registry().get("backend", other).unsupported_reason(target) is None, \
+                f"{name} sends {target.name} to {other}: {reason}"
+
+
+@pytest.mark.parametrize("model_type", VERIFIED_MODEL_TYPES)
+def test_every_verified_family_is_served_exactly(model_type):
+    target = tiny_model(model_type)
+    assert KVCacheBackend.unsupported_reason(target) is None
+    check_backend_scores(KVCacheBackend, target, list(range(3, 20)), np.random.default_rng(0), trees=3)
+
+
+@pytest.mark.parametrize("kind", ["rwkv", "xlstm"])
+def test_recurrent_models_without_layer_types_are_refused_and_sent_nowhere(kind):
+    """RWKV and xLSTM keep state outside a KV cache: kv used to serve RWKV with wrong tokens and crash on
+    xLSTM, after ssm-tree had sent both to it."""
+    target = tiny_recurrent(kind)
+    reason = KVCacheBackend.unsupported_reason(target)
+    assert f"model type '{kind}'" in reason and "llama" in reason
+    assert "no installed backend serves it" in reason
+    assert not RECOMMENDS.search(reason), reason
+    tree_reason = get_registry().get("backend", "ssm-tree").unsupported_reason(target)
+    assert "'kv' backend refuses it too" in tree_reason and "no backend serves it yet" in tree_reason
+    check_recommendations(target)
+    for backend in ("kv", "ssm-tree"):
+        with pytest.raises(UnsupportedModelError, match=f"tiny-{kind}"):
+            SpeculativeDecoder.from_names(target, "pld", backend=backend)
+
+
+def test_an_unverified_attention_family_is_refused_by_name():
+    target = tiny_model("llama")
+    target.model.config.model_type = "future_attention"
+    reason = KVCacheBackend.unsupported_reason(target)
+    assert "'future_attention'" in reason and "no installed backend serves it yet" in reason
+    check_recommendations(target)
+
+
+def test_a_sliding_window_without_layer_types_is_refused():
+    target = tiny_model("mistral", sliding_window=16)
+    assert "sliding window of 16 tokens" in KVCacheBackend.unsupported_reason(target)
+
+
+def test_an_attention_only_model_is_sent_to_kv_by_ssm_tree():
+    reason = get_registry().get("backend", "ssm-tree").unsupported_reason(tiny_model("qwen3"))
+    assert "use the 'kv' backend" in reason
