@@ -40,16 +40,19 @@ class TestDynamic(TreeBuilderConformance):
 
 class TestSampleMatch(VerifierConformance):
     component = "sample-match"
+    maximal = True
     law_runs = 2000  # a smoke run: test_lossless_power.py checks the first-party verifiers at 20,000
 
 
 class TestRejection(VerifierConformance):
     component = "rejection"
+    maximal = True
     law_runs = 2000
 
 
 class TestTypical(VerifierConformance):
     component = "typical"  # lossy when sampling: only its greedy behaviour and paths are checked
+    maximal = True
 
 
 class _SSMTarget:

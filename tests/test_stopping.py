@@ -66,6 +66,6 @@ def test_a_long_output_is_not_decoded_whole(tokenizer, monkeypatch):
 
 
 def test_stop_strings_need_a_tokenizer():
-    decoder = specframe.SpeculativeDecoder.from_names(tiny_target(seed=0), "pld", budget=4)
+    decoder = specframe.SpeculativeDecoder.from_names(tiny_target(seed=0, tokenizer=False), "pld", budget=4)
     with pytest.raises(ConfigurationError, match="has no tokenizer"):
         decoder.generate([1, 2, 3], max_new_tokens=4, stop=["x"])

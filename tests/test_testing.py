@@ -22,6 +22,7 @@ class TestPromptLookupConformance(DrafterConformance):
 
 class TestNoneDrafterConformance(DrafterConformance):
     component = "none"
+    proposes = False  # the plain drafter: decoding without speculation
 
 
 class TestChainConformance(TreeBuilderConformance):
@@ -34,6 +35,7 @@ class TestFirstNodesConformance(TreeBuilderConformance):
 
 class TestGreedyConformance(VerifierConformance):
     component = "greedy"
+    maximal = True
 
 
 class TestKVConformance(BackendConformance):
@@ -92,6 +94,48 @@ def test_tree_builder_law_check_passes_chain_and_catches_a_builder_that_picks_by
 def test_greedy_check_catches_a_biased_verifier():
     with pytest.raises(AssertionError, match="declared lossless"):
         checks.check_verifier_greedy(AlwaysFirstChild(), np.random.default_rng(0))
+
+
+class FirstNodeOnly(Verifier):
+    """Lossless but not maximal: accepts at most the first node the target agrees with."""
+
+    name = "first-node-only"
+    capabilities = VerifierCapabilities(lossless=True)
+
+    def verify(self, tree, scores, sampling):
+        best = int(scores.logits[0].argmax())
+        child = tree.child(-1, best)
+        if child is None:
+            return VerifyResult([], best)
+        return VerifyResult([child], int(scores.logits[child + 1].argmax()))
+
+
+def test_a_lossless_verifier_may_accept_less_but_is_not_maximal():
+    suite = type("Suite", (VerifierConformance,), {"component": FirstNodeOnly})()
+    suite.test_greedy_paths(np.random.default_rng(0))  # lossless: passes
+    with pytest.raises(pytest.skip.Exception):
+        suite.test_greedy_paths_are_longest(np.random.default_rng(0))  # maximal is opt-in
+    with pytest.raises(AssertionError, match="accepted 1 of the [2-9]"):
+        checks.check_verifier_greedy(FirstNodeOnly(), np.random.default_rng(0), maximal=True)
+
+
+class Silent(specframe.Drafter):
+    """Proposes nothing, ever: lossless by construction, useless as a drafter."""
+
+    name = "silent"
+
+    def propose(self, context):
+        return specframe.DraftProposal.empty()
+
+
+def test_a_drafter_that_never_proposes_is_flagged(tiny_target, tiny_prompt):
+    suite = type("Suite", (DrafterConformance,), {"component": Silent})()
+    suite.test_lossless_with_branching_tree(tiny_target, [tiny_prompt])  # passes: nothing to get wrong
+    with pytest.raises(AssertionError, match="drafter 'silent' proposed nothing in [0-9]+ steps"):
+        suite.test_proposes_drafts(tiny_target, [tiny_prompt])
+    opted_out = type("Suite", (DrafterConformance,), {"component": Silent, "proposes": False})()
+    with pytest.raises(pytest.skip.Exception):
+        opted_out.test_proposes_drafts(tiny_target, [tiny_prompt])
 
 
 def test_backend_check_catches_a_backend_that_ignores_the_tree_mask(tiny_target, tiny_prompt):
@@ -164,6 +208,17 @@ def test_markov_trees_carry_the_q_their_tokens_were_drawn_from():
         assert torch.equal(tree.draft_probs[i], q)
     scores = problem.scores(tree)
     assert isinstance(scores, TargetScores) and scores.logits.shape == (len(tree) + 1, problem.vocab_size)
+
+
+def test_the_tiny_target_has_a_tiny_offline_tokenizer(tiny_target):
+    tokenizer = tiny_target.tokenizer
+    assert len(tokenizer) == tiny_target.vocab_size == 96 and tokenizer.eos_token_id is None
+    text = "def fib(n):\n    return n"
+    assert tokenizer.decode(tokenizer(text)["input_ids"]) == text
+    decoder = specframe.SpeculativeDecoder.from_names(tiny_target, "pld", budget=4)
+    result = decoder.generate(text, max_new_tokens=8, stop=["zzz"])
+    assert len(result.tokens) == 8 and result.text == tokenizer.decode(result.tokens)
+    assert specframe.testing.tiny_target(seed=0, tokenizer=False).tokenizer is None
 
 
 def test_reference_greedy_matches_transformers_generate(tiny_target, tiny_prompt):

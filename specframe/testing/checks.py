@@ -190,9 +190,11 @@ def check_lossless(decoder: SpeculativeDecoder, prompts: Sequence[Sequence[int]]
 
 
 def check_verifier_greedy(verifier: Verifier, rng: np.random.Generator, vocab_size: int = 16,
-                          trials: int = 200, need_probs: bool = False) -> None:
-    """On random trees and logits at temperature 0: a valid path, the argmax walk's tokens, inputs
-    untouched."""
+                          trials: int = 200, need_probs: bool = False, *, maximal: bool = False) -> None:
+    """On random trees and logits at temperature 0: a valid path and the inputs untouched; for a verifier
+    declared lossless, every emitted token (the accepted path, then the bonus) is the one plain greedy
+    decoding emits there. With `maximal`, the path must also be the longest the target agrees with (the
+    whole argmax walk through the tree): lossless allows accepting less, at a cost in speed only."""
     name = type(verifier).name
     sampler = Sampler(SamplingParams())
     for _ in range(trials):
@@ -207,12 +209,17 @@ def check_verifier_greedy(verifier: Verifier, rng: np.random.Generator, vocab_si
         check_result(result, tree, vocab_size, name)
         if not torch.equal(logits, before_logits) or not np.array_equal(tree.tokens, before_tokens):
             _fail(f"verifier '{name}' modified the tree or the scores it was given")
-        if type(verifier).capabilities.lossless:
-            emitted = [int(t) for t in tree.tokens[result.path]] + [result.bonus]
-            expected = _argmax_walk(tree, logits)
-            if emitted != expected:
-                _fail(f"verifier '{name}' is declared lossless but at temperature 0 emitted {emitted} where "
-                      f"plain greedy decoding emits {expected}")
+        emitted = [int(t) for t in tree.tokens[result.path]] + [int(result.bonus)]
+        expected = _argmax_walk(tree, logits)
+        if type(verifier).capabilities.lossless and emitted != expected[:len(emitted)]:
+            k = next(i for i, (a, b) in enumerate(zip(emitted + [None], expected)) if a != b)
+            _fail(f"verifier '{name}' is declared lossless but at temperature 0 emitted {emitted}, where "
+                  f"plain greedy decoding emits {expected[:len(emitted)]} (token {k} differs)")
+        if maximal and len(emitted) < len(expected):
+            _fail(f"verifier '{name}' accepted {len(result.path)} of the {len(expected) - 1} tree nodes the "
+                  f"target agrees with at temperature 0 (emitted {emitted}, the longest agreeing path gives "
+                  f"{expected}); a lossless verifier may stop early, so leave `maximal` off if that is "
+                  "intended")
 
 
 def check_result(result, tree: TokenTree, vocab_size: int, name: str) -> None:

@@ -2,7 +2,8 @@
 
 Fixtures:
 
-- `tiny_target`: a random two-layer Llama (vocabulary 96, no tokenizer), shared by the session.
+- `tiny_target`: a random two-layer Llama (vocabulary 96) with a character-level tokenizer over printable
+  ASCII (`specframe.testing.targets.tiny_tokenizer`, built offline), shared by the session.
 - `tiny_prompt`: 40 token ids in which a phrase recurs, so copy-based drafters have something to find.
 - `specframe_registry`: a fresh `PluginRegistry` loaded from the installed entry points, isolated from
   the process-wide one, for tests that register plugins of their own.

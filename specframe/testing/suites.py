@@ -71,9 +71,16 @@ class _Conformance:
 
 
 class DrafterConformance(_Conformance):
-    """Checks for a `Drafter`: well-formed proposals during real decoding, lossless with chains and trees."""
+    """Checks for a `Drafter`: well-formed proposals during real decoding, lossless with chains and trees,
+    and at least one non-empty proposal on the fixture's repetitive prompts.
+
+    A drafter that proposes nothing is lossless by construction, so the losslessness checks alone would
+    pass it. Set `proposes = False` for a drafter that legitimately proposes nothing in this setting (the
+    plain drafter `none`, or one that needs trained weights or a datastore the fixtures do not give it).
+    """
 
     kind, base = ComponentKind.DRAFTER, Drafter
+    proposes: ClassVar[bool] = True
 
     def _checked(self, decoder, target):
         """Wrap `propose` so every proposal made while decoding is checked."""
@@ -103,6 +110,17 @@ class DrafterConformance(_Conformance):
         self._checked(decoder, target)
         checks.check_lossless(decoder, prompts, self.max_new_tokens, f"drafter '{self.cls.name}' + first-n")
 
+    def test_proposes_drafts(self, target, prompts):
+        if not self.proposes:
+            pytest.skip(f"drafter '{self.cls.name}' is declared to propose nothing here (proposes = False)")
+        decoder = self.decoder(target, tree="chain")
+        seen = self._checked(decoder, target)
+        decoder.generate(list(prompts[0]), max_new_tokens=self.max_new_tokens)
+        assert any(seen), (
+            f"drafter '{self.cls.name}' proposed nothing in {len(seen)} steps on a prompt in which a phrase "
+            "recurs: it can never speed decoding up. Fix `propose`, or set `proposes = False` in the suite "
+            "if proposing nothing on a tiny random model is intended")
+
 
 class TreeBuilderConformance(_Conformance):
     """Checks for a `TreeBuilder`: trees within budget, closed under parents, that follow the proposal;
@@ -127,16 +145,27 @@ class TreeBuilderConformance(_Conformance):
 class VerifierConformance(_Conformance):
     """Checks for a `Verifier`: valid paths, greedy losslessness, and the sampled law when lossless.
 
-    The law check runs every scenario of `specframe.testing.law` with `law_runs` seeded decodes each
-    (20,000 by default: enough to catch a 1 % bias; see `docs/explanation/lossless-sampling.md`).
+    Lossless means every token a verifier emits is one the target would produce there; it may accept
+    fewer draft tokens than the target agrees with (that costs speed, not correctness). Set
+    `maximal = True` to also check that at temperature 0 it accepts the longest path the target agrees
+    with. The law check runs every scenario of `specframe.testing.law` with `law_runs` seeded decodes
+    each (20,000 by default: enough to catch a 1 % bias; see `docs/explanation/lossless-sampling.md`).
     """
 
     kind, base = ComponentKind.VERIFIER, Verifier
     law_runs: ClassVar[int] = 20_000
+    maximal: ClassVar[bool] = False
 
     def test_greedy_paths(self, rng):
         verifier = self.cls(**self.all_options)
         checks.check_verifier_greedy(verifier, rng, need_probs=self.cls.capabilities.needs_draft_probs)
+
+    def test_greedy_paths_are_longest(self, rng):
+        if not self.maximal:
+            pytest.skip(f"verifier '{self.cls.name}' is not declared maximal (maximal = True)")
+        verifier = self.cls(**self.all_options)
+        checks.check_verifier_greedy(verifier, rng, need_probs=self.cls.capabilities.needs_draft_probs,
+                                     maximal=True)
 
     def test_sampling_follows_the_target_distribution(self):
         caps = self.cls.capabilities

@@ -15,9 +15,27 @@ import torch
 from specframe.models import Target
 
 
+# The tiny tokenizer's vocabulary: one token per character, printable ASCII then the newline (96 ids).
+CHARACTERS = [chr(c) for c in range(32, 127)] + ["\n"]
+
+
+def tiny_tokenizer():
+    """A character-level transformers tokenizer over printable ASCII and the newline: token i is
+    `CHARACTERS[i]`, 96 ids, no special tokens, no EOS. Built in memory, nothing is downloaded. Other
+    characters are dropped when encoding. It gives tests text prompts, stop strings and decoded text."""
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(CHARACTERS)}, merges=[]))
+    backend.decoder = decoders.Fuse()  # concatenate characters, no spaces between tokens
+    return PreTrainedTokenizerFast(tokenizer_object=backend)
+
+
 def tiny_target(seed: int = 0, *, vocab_size: int = 96, hidden_size: int = 32, layers: int = 2,
-                max_context: int = 512) -> Target:
-    """A random Llama with grouped-query attention and no tokenizer (pass token ids).
+                max_context: int = 512, tokenizer: bool = True) -> Target:
+    """A random Llama with grouped-query attention and, when `vocab_size` is 96 and `tokenizer` is True,
+    the character-level `tiny_tokenizer` (so text prompts work; its text is random characters). With
+    `tokenizer=False`, or another vocabulary size, it has no tokenizer: pass token ids.
 
     Weights are drawn with a large initializer range so that logits are well separated: an argmax that
     flips under 1e-6 of float noise would make a lossless comparison meaningless. It has no EOS token,
@@ -34,7 +52,8 @@ def tiny_target(seed: int = 0, *, vocab_size: int = 96, hidden_size: int = 32, l
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config).eval()
-    return Target(model=model, tokenizer=None, name=f"tiny-llama-{seed}")
+    words = tiny_tokenizer() if tokenizer and vocab_size == len(CHARACTERS) else None
+    return Target(model=model, tokenizer=words, name=f"tiny-llama-{seed}")
 
 
 def repetitive_prompt(vocab_size: int, length: int = 48, seed: int = 0) -> list[int]:
