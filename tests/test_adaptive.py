@@ -675,3 +675,29 @@ def test_scaled_cost_by_size_agrees_with_itself_and_extends_its_last_entry():
     assert np.allclose(scaled.many(nodes, nodes), expected)
     assert [scaled.step_seconds(int(n)) for n in nodes] == pytest.approx(list(expected))
     assert ScaledCost(base, 2.0).step_seconds(3) == pytest.approx(8.0)  # no sizes given: the factor alone
+
+
+def test_first_use_calibration_is_announced_in_one_line_and_measures_slopes_on_flat_trees_only(
+        tiny, tmp_path, monkeypatch, capsys):
+    """Piped output gets one line saying what runs and for how long, no progress bar redraws; the longer
+    context is timed on flat trees at `SLOPE_SIZES` alone (what keeps a first calibration short)."""
+    from specframe import assemble
+    from specframe.adaptive import calibration
+
+    monkeypatch.setenv("SPECFRAME_HOME", str(tmp_path))
+    backend = assemble(tiny).backend
+    seen, score = [], backend.score
+
+    def counted(tree):
+        seen.append((backend.committed_length + 1, len(tree), bool(len(tree)) and tree.parents[-1] >= 0))
+        return score(tree)
+
+    monkeypatch.setattr(backend, "score", counted)
+    cost = calibration.cached_cost(backend, progress=True)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "\r" not in err
+    assert err.startswith(f"calibrating step cost for {tiny.name} on kv (once per machine/model, ~")
+    long_context = [(n, chain) for context, n, chain in seen if context > calibration.PROMPT_TOKENS + 1]
+    assert long_context and not any(chain for _, chain in long_context)
+    assert {n for n, _ in long_context} == set(calibration.slope_sizes(calibration.SIZES))
+    assert cost.chain_slope == cost.flat_slope and len(cost.flat_slope) == len(calibration.SIZES)

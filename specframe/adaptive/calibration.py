@@ -7,9 +7,10 @@ context length (a tree's nodes attend to every cached token). The fastest round,
 machine timing noise only ever adds time (another process, an interrupt), so the minimum is the stablest
 estimate of what a size costs, and the decoder scales it to what its real steps take (the speed the
 adaptive planner learns; see "Why the fastest of five" in docs/explanation/adaptive-speculation.md).
-`cached_cost` returns a stored calibration for the same keys, measuring one (with progress; on the
-development CPU 21-25 s at two threads and up to 35 s at one on a slow day, model loading included) when
-there is none; `specframe calibrate` refreshes it.
+The slopes are measured on flat trees at `SLOPE_SIZES` only, which keeps a calibration of SmolLM2-135M
+on a CPU to about 10 s. `cached_cost` returns a stored calibration for the same keys, measuring one when
+there is none (announced in one line with its expected time; a progress bar only on a terminal);
+`specframe calibrate` refreshes it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import hashlib
 import json
 import platform
 import time
+import sys
 from dataclasses import asdict
 from pathlib import Path
 
@@ -38,6 +40,7 @@ PROMPT_TOKENS = 256  # a typical prompt plus part of an answer: the cache the tr
 LONG_PROMPT_TOKENS = 1024  # a long one (RAG, summaries): the second point of each size's context slope
 ROUNDS = 5
 FORMAT = 9  # 2: kv pads small trees to 4 rows on CPU; 3: the key holds the linear kernel and backend options;
+SLOPE_SIZES = (0, 1, 2, 4, 8, 16, 24, 32)  # where the context slope is measured (`calibrate`)
 # 4: and the attention implementation; 5: the fastest of 5 rounds (was the median of 3); 6: context slopes;
 # 7: kv pads plain steps to 4 rows on CPU as well; 8: sizes 5 and 7 measured (oneDNN's cost jumps at 7 rows);
 # 9: whether a backend pads on the CPU is measured (`probe_padding`) and stored as `min_rows`
@@ -62,18 +65,46 @@ def calibrate(backend: StateBackend, sizes=SIZES, rounds: int = ROUNDS, progress
         backend.min_rows = padded_rows(*padding, CPU_MIN_ROWS)
     measured = {"min_rows": getattr(backend, "min_rows", 1), "padding_s": padding}
     prompts = sorted({prompt_room(backend.target, sizes, n) for n in (PROMPT_TOKENS, LONG_PROMPT_TOKENS)})
-    curves = []
-    for prompt in prompts:
-        times = round_times(backend, sizes, rounds, progress=progress, seed=seed, prompt_tokens=prompt)
-        fastest = {key: float(np.min(t)) for key, t in times.items()}
-        curves.append(tuple(tuple(fastest[(n, shape)] for n in sizes) for shape in ("flat", "chain")))
-    (flat, chain), context = curves[0], prompts[0] + 1  # the cached prompt and the tree's root
+    times = round_times(backend, sizes, rounds, progress=progress, seed=seed, prompt_tokens=prompts[0])
+    fastest = {key: float(np.min(t)) for key, t in times.items()}
+    flat, chain = (tuple(fastest[(n, shape)] for n in sizes) for shape in ("flat", "chain"))
+    context = prompts[0] + 1  # the cached prompt and the tree's root
     if len(prompts) == 1:
         return MeasuredCost(tuple(sizes), flat, chain, context, **measured)
     span = prompts[1] - prompts[0]
-    flat_slope, chain_slope = (non_decreasing([max((b - a) / span, 0.0) for a, b in zip(near, far)])
-                               for near, far in zip(curves[0], curves[1]))
-    return MeasuredCost(tuple(sizes), flat, chain, context, flat_slope, chain_slope, **measured)
+    # The slopes: flat trees only, at fewer sizes, interpolated between them. A tree's nodes attend to the
+    # context whatever its shape (stored calibrations measured chain and flat slopes alike within noise),
+    # and the slope grows smoothly with the nodes; this halves the calibration's time.
+    grid = slope_sizes(sizes)
+    far = round_times(backend, grid, rounds, shapes=("flat",), progress=progress, seed=seed,
+                      prompt_tokens=prompts[1])
+    at_grid = [max((float(np.min(far[(n, "flat")])) - fastest[(n, "flat")]) / span, 0.0) for n in grid]
+    slope = non_decreasing(np.interp(sizes, grid, at_grid).tolist())
+    return MeasuredCost(tuple(sizes), flat, chain, context, slope, slope, **measured)
+
+
+def slope_sizes(sizes) -> tuple[int, ...]:
+    """The sizes among `sizes` whose context slope `calibrate` measures: `SLOPE_SIZES`, and the ends."""
+    return tuple(n for n in sizes if n in SLOPE_SIZES or n in (min(sizes), max(sizes)))
+
+
+def expected_seconds(backend: StateBackend, sizes=SIZES, rounds: int = ROUNDS) -> float:
+    """About how long `calibrate` takes: its forwards, priced by timing a plain step and the largest tree
+    once each (after a warm-up) and interpolating between them by size."""
+    target = backend.target
+    room = prompt_room(target, sizes, PROMPT_TOKENS)
+    ids = np.random.default_rng(0).integers(0, target.vocab_size, room + 1)
+    backend.prefill(ids.tolist())
+    small, large = probe_tree(min(sizes), "flat", ids), probe_tree(max(sizes), "flat", ids)
+    backend.score(large)
+    seconds = []
+    for tree in (small, large):
+        start = time.perf_counter()
+        backend.score(tree)
+        seconds.append(time.perf_counter() - start)
+    per_size = np.interp(sizes, [min(sizes), max(sizes)], seconds)  # (len(sizes),)
+    slope_grid = np.interp(slope_sizes(sizes), [min(sizes), max(sizes)], seconds)
+    return rounds * (2 * float(per_size.sum()) + 1.3 * float(slope_grid.sum()))  # longer context: dearer
 
 
 def probe_padding(backend: StateBackend, rows: int = CPU_MIN_ROWS, rounds: int = ROUNDS,
@@ -128,7 +159,7 @@ def round_times(backend: StateBackend, sizes=SIZES, rounds: int = ROUNDS, shapes
     times: dict[tuple[int, str], list[float]] = {key: [] for key in trees}
     sync = synchronizer(target.device) or (lambda: None)  # CUDA and MPS queue work: wait for it
     steps = tqdm(total=rounds * len(trees), desc=f"calibrating step cost ({room} cached tokens)",
-                 disable=not progress, unit="forward", leave=False)
+                 disable=not progress or not sys.stderr.isatty(), unit="forward", leave=False)
     for _ in range(rounds):
         for key, tree in trees.items():
             sync()
@@ -185,6 +216,9 @@ def cached_cost(backend: StateBackend, options: dict | None = None, refresh: boo
         if cost is not None:
             return cost
     cost = calibrate(backend, progress=progress)
+    if progress:
+        print(f"calibrating step cost for {backend.target.name} on {backend.name} (once per machine/model, "
+              f"~{expected_seconds(backend):.0f} s)", file=sys.stderr, flush=True)
     try:
         write_cost(path, key, cost)
     except (OSError, ConfigurationError):
