@@ -133,9 +133,8 @@ def test_the_compare_json_holds_the_repeats(tmp_path):
     model_dir = tmp_path / "model"
     tiny_target(seed=3, vocab_size=49152, hidden_size=32).model.save_pretrained(model_dir)
     AutoTokenizer.from_pretrained(resolve_model_dir("smollm2-135m")).save_pretrained(model_dir)
-    result = CliRunner().invoke(app, ["generate", "one two one two", "--model", str(model_dir), "--budget",
-                                      "4", "--max-new-tokens", "6", "--compare", "--repeats", "2", "--threads",
-                                      "1", "--json"])
+    args = ["--model", str(model_dir), "--budget", "4", "--max-new-tokens", "6", "--threads", "1", "--json"]
+    result = CliRunner().invoke(app, ["generate", "one two one two", "--compare", "--repeats", "2", *args])
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert data["repeats"] == 2 and data["threads"] == 1 and data["identical"] is True

@@ -1,0 +1,23 @@
+"""What a newcomer reads first: `--help` texts, `bench --list-methods`."""
+
+from __future__ import annotations
+
+from typer.testing import CliRunner
+
+from specframe.cli import app
+
+
+def test_bench_help_names_the_ray_extra_and_the_ray_workers_default_plainly():
+    help_text = CliRunner().invoke(app, ["bench", "--help"], env={"COLUMNS": "200"}).output
+    out = " ".join(help_text.replace("│", " ").split())  # rich's boxes and line breaks aside
+    assert "pip install 'specframe[ray]'" in out
+    assert "default 1 under --ray" not in out and "--threads then defaults to 1" in out
+
+
+def test_list_methods_prints_aligned_columns():
+    lines = CliRunner().invoke(app, ["bench", "--list-methods"]).output.splitlines()
+    assert lines[0].split() == ["preset", "pipeline", "status", "plugin"] and len(lines) > 2
+    for column in ("pipeline", "status", "plugin"):
+        start = lines[0].index(column)
+        assert all(line[start - 2:start] == "  " and line[start] != " " for line in lines)
+
