@@ -23,8 +23,11 @@ $(VENV)/.installed: pyproject.toml
 
 setup: $(VENV)/.installed
 
+# A class whose next methods repeat the names above them: something for the suffix drafter to copy.
+DEMO_PROMPT := class Vector:\n    def __init__(self, x, y):\n        self.x = x\n        self.y = y\n\n    def __add__(self, other):\n        return Vector(self.x + other.x, self.y + other.y)\n\n    def __sub__(self, other):\n
+
 demo: setup
-	$(VENV)/bin/specframe generate "def fibonacci(n):" --max-new-tokens 96 --compare
+	$(VENV)/bin/specframe generate "$$(printf '$(DEMO_PROMPT)')" --drafter suffix --tree trie --max-new-tokens 96 --compare
 
 test: setup
 	$(VENV)/bin/ruff check .
