@@ -21,3 +21,13 @@ def test_list_methods_prints_aligned_columns():
         start = lines[0].index(column)
         assert all(line[start - 2:start] == "  " and line[start] != " " for line in lines)
 
+
+
+def test_the_adaptive_table_explains_its_predicted_and_realised_columns():
+    from specframe.bench.report import adaptive_table
+
+    stats = {"slow_turns": 0.0, "mean_tree_size": 3.0, "drafted_per_accepted": 2.0, "drafting_skipped": 1,
+             "predicted_tokens_per_step": 1.8, "realised_tokens_per_step": 1.7, "predicted_step_ms": 30.0,
+             "realised_step_ms": 31.0, "drafter_stats": None}
+    text = "\n".join(adaptive_table({"pld@auto": stats}))
+    assert "predicted / realised" in text and "planner's expected tokens per step" in text

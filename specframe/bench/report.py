@@ -195,7 +195,10 @@ def adaptive_table(rows: dict) -> list[str]:
                      f"| {num(s['predicted_tokens_per_step'])} / {num(s['realised_tokens_per_step'])} "
                      f"| {num(s['predicted_step_ms'], 1)} / {num(s['realised_step_ms'], 1)} "
                      f"| {s['drafting_skipped']} | {memory(s.get('drafter_stats'))} |")
-    return lines + [""] if len(lines) > 2 else []
+    caption = ("*mean tree*: draft nodes scored per step; *predicted / realised* (budget `auto` only): the "
+               "planner's expected tokens per step and step time against what those steps emitted and took; "
+               "*drafting skipped*: steps the planner did not draft because drafting did not pay.")
+    return lines + ["", caption, ""] if len(lines) > 2 else []
 
 
 def memory(stats: dict | None) -> str:
