@@ -25,6 +25,9 @@
 # standard-library packages, look at what it retrieves, and decode with it.
 
 # %%
+import json
+import subprocess
+import sys
 import sysconfig
 import tempfile
 import time
@@ -34,8 +37,6 @@ import numpy as np
 
 import specframe
 from specframe import DraftContext
-from specframe_rest import build_datastore
-from specframe_rest.sources import parse_source
 
 target = specframe.load_target("smollm2-135m")
 tok = target.tokenizer
@@ -43,18 +44,22 @@ tok = target.tokenizer
 # %% [markdown]
 # ## Build a datastore
 #
-# The datastore records the tokenizer it was built with; opening it with a different tokenizer is refused.
-# From the command line the same is `specframe datastore build --source DIR --glob '*.py' --out NAME`.
+# `specframe datastore build` builds one from directories, files or the target's own answers. The datastore
+# records the tokenizer it was built with; opening it with a different tokenizer is refused.
 
 # %%
 stdlib = Path(sysconfig.get_paths()["stdlib"])
-sources = [parse_source(str(stdlib / package), glob="*.py") for package in ("json", "collections", "email")]
+sources = [arg for package in ("json", "collections", "email") for arg in ("--source", str(stdlib / package))]
 tmp = tempfile.TemporaryDirectory(prefix="specframe-rest-")  # removed when the kernel exits
 workdir = Path(tmp.name)
 start = time.perf_counter()
-header = build_datastore(workdir / "stdlib-small", sources, target, progress=False)
+subprocess.run([sys.executable, "-m", "specframe.cli", "datastore", "build", *sources, "--glob", "*.py",
+                "--out", str(workdir / "stdlib-small"), "--model", target.name], check=True)
 print(f"built in {time.perf_counter() - start:.1f} s")
-print({k: v for k, v in header.items() if not isinstance(v, (dict, list))})
+store = str(workdir / "stdlib-small")
+info = subprocess.run([sys.executable, "-m", "specframe.cli", "datastore", "info", store, "--json"],
+                      check=True, capture_output=True, text=True).stdout
+print({k: v for k, v in json.loads(info).items() if not isinstance(v, (dict, list))})
 
 # %% [markdown]
 # ## What it retrieves

@@ -23,9 +23,11 @@
 # Mamba2 + attention hybrid, as long as the backend can serve the model. Here a hybrid model that uses
 # SmolLM2's tokenizer drafts with REST, and its trees are scored with the SSM tree scan.
 #
-# No pretrained hybrid ships with this repository, so the hybrid has random weights and its text is
-# gibberish. Its acceptance rates say nothing about REST's quality on real text; the point is that the
-# pipeline assembles, runs and is lossless, and that retrieval pays off when the datastore holds the text.
+# A trained hybrid ships with specframe (`smollm2-135m-hybrid`, SmolLM2 with distilled Mamba2 layers, built
+# on first use: see notebook 12). This notebook uses a small random hybrid instead, so that it runs in
+# seconds; its text is gibberish, and its acceptance rates say nothing about REST's quality on real text.
+# The point is that the pipeline assembles, runs and is lossless, and that retrieval pays off when the
+# datastore holds the text.
 
 # %%
 import tempfile

@@ -39,7 +39,6 @@ import specframe
 from specframe_hybrid.convert import convert, replaced_layers
 from specframe_hybrid.data import code_documents, held_out_texts
 from specframe_hybrid.distill import LayerTraining, TeacherActivations, train_mixer
-from specframe_hybrid.quality import _next_token_stats
 
 torch.manual_seed(0)
 teacher = specframe.load_target("smollm2-135m", device="cpu", dtype="float32")
@@ -96,11 +95,13 @@ mamba = [i for i, kind in enumerate(hybrid.config.layer_types) if kind != "full_
 print(type(hybrid.model).__name__, "Mamba2 layers:", mamba)
 texts = held_out_texts(teacher.tokenizer, humaneval=3, per_category=1)["humaneval"]
 agree = positions = 0
-for sequence in texts:
-    mine, _ = _next_token_stats(hybrid.model, sequence)
-    theirs, _ = _next_token_stats(teacher.model, sequence)
-    agree += int((mine == theirs).sum())
-    positions += len(mine)
+with torch.inference_mode():
+    for sequence in texts:
+        ids = torch.tensor([sequence])  # (1, T)
+        mine = hybrid.model(ids, use_cache=False).logits[0].argmax(-1)  # (T,) greedy next tokens
+        theirs = teacher.model(ids, use_cache=False).logits[0].argmax(-1)  # (T,)
+        agree += int((mine == theirs).sum())
+        positions += len(mine)
 print(f"greedy agreement with SmolLM2 on {positions} positions: {agree / positions:.3f}")
 
 # %% [markdown]
