@@ -183,16 +183,17 @@ def stepwise_logits(model, prompt: list[int], tokens: list[int]) -> torch.Tensor
     return torch.stack(rows)
 
 
+@pytest.mark.parametrize("backend_name", ["ssm-tree", "ssm-unrolled"])
 @pytest.mark.parametrize("kind", ["mamba2", "bamba"])
 @pytest.mark.parametrize("limit", [(0.6, float("inf")), (0.0, 0.3)], ids=["lower", "upper"])
-def test_a_dt_limit_is_applied_as_plain_greedy_decoding_applies_it(kind, limit):
+def test_a_dt_limit_is_applied_as_plain_greedy_decoding_applies_it(kind, limit, backend_name):
     """transformers clamps dt to `time_step_limit` in a multi-token forward (the prompt) but not in its
-    one-token step (each new token, as `generate` feeds them): ssm-tree scores and commits as `generate`
-    decodes, and its output equals `generate`'s."""
+    one-token step (each new token, as `generate` feeds them): both backends score and commit as
+    `generate` decodes, and their output equals `generate`'s."""
     target = make_repetitive(tiny_ssm_target(kind, dt_min=limit[0], dt_max=limit[1], seed=3))
     free = make_repetitive(tiny_ssm_target(kind, seed=3))
     prompt, tree = [5, 9, 3, 7, 11, 2, 8, 9, 3, 7], make_tree(TREES["shallow"])
-    backend = backend_cls("ssm-tree")(target)
+    backend = backend_cls(backend_name)(target)
     backend.prefill(prompt)
     first = backend.score(tree)
     for path in tree.paths:
@@ -210,7 +211,7 @@ def test_a_dt_limit_is_applied_as_plain_greedy_decoding_applies_it(kind, limit):
     ids = torch.tensor([prompt])
     generated = target.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=16,
                                       do_sample=False, pad_token_id=0)[0, len(prompt):].tolist()
-    decoder = SpeculativeDecoder.from_names(target, "pld", backend="ssm-tree", budget=4)
+    decoder = SpeculativeDecoder.from_names(target, "pld", backend=backend_name, budget=4)
     assert decoder.generate(prompt, 16).tokens == generated
 
 

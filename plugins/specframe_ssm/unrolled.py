@@ -5,11 +5,17 @@ Shared prefixes are recomputed once per path and the committed state (SSM states
 copied per path; that redundancy is what the packed tree scan removes. Because no intermediate SSM
 state survives a batched scan, `commit` re-feeds the root and the accepted path as one chain.
 It only uses the model's own forward, so it also serves as a test oracle for `ssm-tree`.
+
+Mamba2-type mixers clamp their time steps to `time_step_limit` in transformers' multi-token forward but
+not in its one-token step. Plain greedy decoding feeds the prompt in one forward and every new token
+alone, so of the tokens this backend feeds only the prompt's last is clamped: `decoding_time_steps`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+from functools import partial
 
 import numpy as np
 import torch
@@ -17,7 +23,9 @@ import torch
 from specframe import TargetScores, TokenTree
 from specframe_ssm import cache as cache_ops
 from specframe_ssm.backend import SSMBackendBase, additive_mask, chain_allowed
-from specframe_ssm.layout import MAMBA1, inspect_layout
+from specframe_ssm.layout import MAMBA1, MAMBA2, inspect_layout
+
+UNLIMITED = (0.0, float("inf"))  # clamps nothing: a softplus is never negative
 
 
 def repeat_batch(tensor, batch: int):
@@ -36,6 +44,46 @@ def batched_copy(cache, batch: int):
                 and layer.keys.numel():
             layer.keys = repeat_batch(layer.keys, batch)  # (B, H_kv, S, d)
             layer.values = repeat_batch(layer.values, batch)
+    return out
+
+
+@contextlib.contextmanager
+def decoding_time_steps(mixers: list[torch.nn.Module], clamp_first: bool):
+    """Within the block, the Mamba2-type `mixers` clamp time steps as plain decoding does: only the first
+    token of each sequence, and only when `clamp_first` (it is the prompt's last), as if fed with the
+    prompt; every other token unclamped, as if fed alone.
+
+    Their `time_step_limit` is lifted, and with `clamp_first` a hook on `in_proj` rewrites the first
+    token's dt inputs where the limit binds, to those whose softplus is the clamped time step."""
+    limits = {m: tuple(m.time_step_limit) for m in mixers if tuple(m.time_step_limit) != UNLIMITED}
+    hooks = []
+    try:
+        for mixer, limit in limits.items():
+            mixer.time_step_limit = UNLIMITED
+            if clamp_first:
+                hooks.append(mixer.in_proj.register_forward_hook(partial(_clamp_first_dt, mixer, limit)))
+        yield
+    finally:
+        for hook in hooks:
+            hook.remove()
+        for mixer, limit in limits.items():
+            mixer.time_step_limit = limit
+
+
+def _clamp_first_dt(mixer, limit: tuple[float, float], module, args, projected: torch.Tensor) -> torch.Tensor:
+    """`in_proj`'s output (B, W, F) with the dt inputs (its last H columns) of token 0 replaced, where
+    `limit` binds, by those whose softplus after `dt_bias` is the clamped time step."""
+    heads = mixer.num_heads
+    scale = 1.0
+    if hasattr(mixer, "mup_vector"):  # Falcon-H1 scales in_proj's output before reading dt from it
+        scale = mixer.mup_vector.reshape(-1)[-heads:].float()  # (H,)
+    raw = projected[:, 0, -heads:].float() * scale + mixer.dt_bias.float()  # (B, H)
+    dt = torch.nn.functional.softplus(raw)
+    clamped = dt.clamp(min=limit[0], max=limit[1])
+    inverse = clamped + torch.log(-torch.expm1(-clamped))  # softplus(inverse) == clamped
+    wanted = (inverse - mixer.dt_bias.float()) / scale  # (B, H)
+    out = projected.clone()
+    out[:, 0, -heads:] = torch.where(clamped != dt, wanted.to(out.dtype), projected[:, 0, -heads:])
     return out
 
 
@@ -65,8 +113,9 @@ class SSMUnrolledBackend(SSMBackendBase):
         mask = None
         if self.layout.hybrid:
             mask = additive_mask(chain_allowed(prefix, width, len(paths), device), self.model.dtype)
-        out = self._forward(ids, positions, batched_copy(self.cache, len(paths)), mask,
-                            output_hidden_states=self.want_hidden)
+        with self._decoding_time_steps():
+            out = self._forward(ids, positions, batched_copy(self.cache, len(paths)), mask,
+                                output_hidden_states=self.want_hidden)
         rows, cols = self._first_occurrence(paths, len(tree) + 1)
         logits = out.logits[rows, cols].float()  # (T, V)
         hidden = out.hidden_states[-1][rows, cols] if self.want_hidden else None  # (T, D)
@@ -85,6 +134,12 @@ class SSMUnrolledBackend(SSMBackendBase):
     @torch.inference_mode()
     def commit(self, scored: TargetScores, path: list[int], bonus: int) -> None:
         self.redeem(scored)
-        self._append_chain([self._pending, *scored.tree.tokens[path].tolist()])
+        with self._decoding_time_steps():
+            self._append_chain([self._pending, *scored.tree.tokens[path].tolist()])
         cache_ops.crop_kv(self.cache, self.layout.attention, self._committed)
-        self._pending = int(bonus)
+        self._pending, self._prompt_root = int(bonus), False
+
+    def _decoding_time_steps(self):
+        """`decoding_time_steps` for this model's Mamba2-type mixers, fed the root first."""
+        mixers = [m for i, m in self.layout.mixers.items() if self.layout.kinds[i] == MAMBA2]
+        return decoding_time_steps(mixers, clamp_first=self._prompt_root)
