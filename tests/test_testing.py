@@ -226,3 +226,18 @@ def test_reference_greedy_matches_transformers_generate(tiny_target, tiny_prompt
     out = tiny_target.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=16,
                                      do_sample=False)
     assert reference_greedy(tiny_target, tiny_prompt, 16) == out[0, len(tiny_prompt):].tolist()
+
+
+@pytest.mark.parametrize("kind", ["mamba2", "bamba"])
+def test_reference_greedy_matches_generate_on_a_model_that_clamps_dt(kind):
+    """Mamba2-type mixers clamp their time steps to `time_step_limit` in a multi-token forward but not in
+    the one-token step `generate` feeds each new token to: the reference decodes as `generate` does (a
+    recomputation of the whole sequence per token clamps every token and emits other tokens here)."""
+    from ssm_models import make_repetitive, tiny_ssm_target
+
+    target = make_repetitive(tiny_ssm_target(kind, dt_max=0.3, seed=3))
+    prompt = [5, 9, 3, 7, 11, 2, 8, 9, 3, 7]
+    ids = torch.tensor([prompt])
+    out = target.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=16, do_sample=False,
+                                pad_token_id=0)
+    assert reference_greedy(target, prompt, 16) == out[0, len(prompt):].tolist()

@@ -1,12 +1,13 @@
 """Tiny random targets and plain-decoding references, for tests that must run in seconds on a CPU.
 
-The references here never touch a specframe backend: `reference_greedy` recomputes the whole sequence
-with an ordinary forward pass for every token, so a speculative decoder that matches it is lossless by
-comparison with the model itself, not with another piece of specframe.
+The references here never touch a specframe backend: `reference_greedy` decodes as transformers'
+`generate(do_sample=False)` does, with the model's own forward and cache, so a speculative decoder that
+matches it is lossless by comparison with the model itself, not with another piece of specframe.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 
 import numpy as np
@@ -81,18 +82,35 @@ def reference_hidden(target: Target, ids: Sequence[int]) -> torch.Tensor:
     return target.model(input_ids=input_ids, output_hidden_states=True).hidden_states[-1][0]
 
 
+@torch.inference_mode()
 def reference_greedy(target: Target, prompt_ids: Sequence[int], max_new_tokens: int) -> list[int]:
-    """Plain greedy decoding by full recomputation: the ground truth for losslessness.
+    """Plain greedy decoding, the ground truth for losslessness: the prompt in one forward, then each new
+    token in a forward of its own on the model's cache, as `model.generate(do_sample=False)` runs.
 
-    Stops after an EOS token (included), like `SpeculativeDecoder.generate`.
+    Not a recomputation of the whole sequence per token: a model may compute a token differently with
+    others than alone (Mamba2-type mixers clamp their time steps to `time_step_limit` in a multi-token
+    forward only), and plain decoding feeds every new token alone. Stops after an EOS token (included),
+    like `SpeculativeDecoder.generate`.
     """
+    from transformers import DynamicCache
+
+    model = target.model
+    params = inspect.signature(model.forward).parameters
+    cache_kwarg = "past_key_values" if "past_key_values" in params else "cache_params"  # Mamba2: cache_params
+    kwargs = {cache_kwarg: DynamicCache(config=model.config), "use_cache": True}
+    if "logits_to_keep" in params:
+        kwargs["logits_to_keep"] = 1
     ids = list(prompt_ids)
     new: list[int] = []
-    eos = target.eos_token_ids
+    fed = 0  # tokens in the cache
     while len(new) < max_new_tokens:
-        token = int(reference_logits(target, ids)[-1].argmax())
+        chunk = torch.tensor([ids[fed:]], device=target.device)  # (1, m)
+        if "position_ids" in params:  # as `generate` passes them (Bamba would restart at 0 without)
+            kwargs["position_ids"] = fed + torch.arange(chunk.shape[1], device=target.device)[None]  # (1, m)
+        token = int(model(input_ids=chunk, **kwargs).logits[0, -1].argmax())
+        fed = len(ids)
         ids.append(token)
         new.append(token)
-        if token in eos:
+        if token in target.eos_token_ids:
             break
     return new
