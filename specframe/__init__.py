@@ -7,30 +7,73 @@ first use. Typical use::
     result = specframe.generate("def fib(n):", drafter="pld", tree="chain", verifier="greedy")
 """
 
-from specframe.decoding import DEFAULT_BUDGET, GenerationResult, SpeculativeDecoder, generate
-from specframe.errors import (
-    CapabilityError, ConfigurationError, DuplicateComponentError, ModelLoadError, PromptError,
-    SpecframeError, UnknownComponentError, UnsupportedModelError,
-)
-from specframe.extensions import CliOption, ModelRecipe, Preset
-from specframe.hookspecs import hookimpl
-from specframe.interfaces import (
-    BackendCapabilities, BuildContext, Drafter, DrafterCapabilities, StateBackend, TreeBuilder,
-    TreeBuilderCapabilities, Verifier, VerifierCapabilities,
-)
-from specframe.cost import CostModel, PolynomialCost
-from specframe.kinds import ComponentKind
-from specframe.metrics import DecodeMetrics
-from specframe.models import Target, load_target
-from specframe.pipeline import Pipeline, assemble
-from specframe.records import (
-    DraftContext, DraftProposal, DrawMethod, ScoreKind, StepEvent, StepOutcome, TargetScores, VerifyResult,
-)
-from specframe.registry import ComponentSpec, PluginRegistry, get_registry
-from specframe.sampling import Sampler, SamplingParams
-from specframe.tree import TokenTree
+from importlib import import_module
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from specframe.decoding import DEFAULT_BUDGET, GenerationResult, SpeculativeDecoder, generate
+    from specframe.errors import (
+        CapabilityError, ConfigurationError, DuplicateComponentError, ModelLoadError, PromptError,
+        SpecframeError, UnknownComponentError, UnsupportedModelError,
+    )
+    from specframe.extensions import CliOption, ModelRecipe, Preset
+    from specframe.hookspecs import hookimpl
+    from specframe.interfaces import (
+        BackendCapabilities, BuildContext, Drafter, DrafterCapabilities, StateBackend, TreeBuilder,
+        TreeBuilderCapabilities, Verifier, VerifierCapabilities,
+    )
+    from specframe.cost import CostModel, PolynomialCost
+    from specframe.kinds import ComponentKind
+    from specframe.metrics import DecodeMetrics
+    from specframe.models import Target, load_target
+    from specframe.pipeline import Pipeline, assemble
+    from specframe.records import (
+        DraftContext, DraftProposal, DrawMethod, ScoreKind, StepEvent, StepOutcome, TargetScores,
+        VerifyResult,
+    )
+    from specframe.registry import ComponentSpec, PluginRegistry, get_registry
+    from specframe.sampling import Sampler, SamplingParams
+    from specframe.tree import TokenTree
 
 __version__ = "0.1.0"
+
+# Where each public name lives. They are imported on first use (PEP 562), so that `import specframe`, a
+# plugin's registration and `specframe --help` load neither torch nor transformers.
+_EXPORTS = {
+    "specframe.decoding": ("DEFAULT_BUDGET", "GenerationResult", "SpeculativeDecoder", "generate"),
+    "specframe.errors": ("CapabilityError", "ConfigurationError", "DuplicateComponentError", "ModelLoadError",
+                         "PromptError", "SpecframeError", "UnknownComponentError", "UnsupportedModelError"),
+    "specframe.extensions": ("CliOption", "ModelRecipe", "Preset"),
+    "specframe.hookspecs": ("hookimpl",),
+    "specframe.interfaces": ("BackendCapabilities", "BuildContext", "Drafter", "DrafterCapabilities",
+                             "StateBackend", "TreeBuilder", "TreeBuilderCapabilities", "Verifier",
+                             "VerifierCapabilities"),
+    "specframe.cost": ("CostModel", "PolynomialCost"),
+    "specframe.kinds": ("ComponentKind",),
+    "specframe.metrics": ("DecodeMetrics",),
+    "specframe.models": ("Target", "load_target"),
+    "specframe.pipeline": ("Pipeline", "assemble"),
+    "specframe.records": ("DraftContext", "DraftProposal", "DrawMethod", "ScoreKind", "StepEvent",
+                          "StepOutcome", "TargetScores", "VerifyResult"),
+    "specframe.registry": ("ComponentSpec", "PluginRegistry", "get_registry"),
+    "specframe.sampling": ("Sampler", "SamplingParams"),
+    "specframe.tree": ("TokenTree",),
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+
+
+def __getattr__(name: str):
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module 'specframe' has no attribute '{name}'")
+    value = getattr(import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_MODULE_OF])
+
 
 __all__ = [
     "assemble", "BackendCapabilities", "BuildContext", "CapabilityError", "CliOption", "ComponentKind",

@@ -15,10 +15,9 @@ import typer
 from specframe.bench.cli import bench_command
 from specframe.cli_common import (clock_option, device_option, dtype_option, model_option,
                                   phase_timing_option, set_timing, threads_option)
-from specframe.decoding import DEFAULT_BUDGET
 from specframe.errors import SpecframeError
 from specframe.extensions import CliOption, applied
-from specframe.kinds import DEFAULT_COMPONENTS, ComponentKind
+from specframe.kinds import DEFAULT_BUDGET, DEFAULT_COMPONENTS, ComponentKind
 from specframe.registry import PluginRegistry
 
 

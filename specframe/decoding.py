@@ -15,6 +15,7 @@ from specframe.cost import CostModel
 from specframe.devices import synchronizer
 from specframe.errors import ConfigurationError, PromptError, SpecframeWarning
 from specframe.interfaces import BuildContext
+from specframe.kinds import DEFAULT_BUDGET
 from specframe.metrics import DecodeMetrics, PhaseTimer, now, peak_memory_bytes, reset_peak_memory
 from specframe.models import Target, check_writable_dir
 from specframe.pipeline import Pipeline, assemble
@@ -23,10 +24,6 @@ from specframe.registry import PluginRegistry, get_registry
 from specframe.sampling import Sampler, SamplingParams
 from specframe.stopping import StopStrings
 from specframe.tree import TokenTree
-
-# Tree nodes per step: "auto" keeps, every step, the subtree expected to emit the most tokens per second,
-# up to 24 nodes (docs/explanation/adaptive-speculation.md); a number fills that many every step.
-DEFAULT_BUDGET = "auto"
 
 
 @dataclass

@@ -12,20 +12,24 @@ on a CPU, what the backend's calibration measured to be no slower for this model
 from __future__ import annotations
 
 from collections.abc import Callable
-
-import torch
+from typing import TYPE_CHECKING
 
 from specframe.errors import ConfigurationError
+
+if TYPE_CHECKING:  # torch is imported where it is used: the CLI's help text needs none of it
+    import torch
 
 DEVICE_HELP = "auto (CUDA, else MPS, else CPU), cpu, cuda, cuda:INDEX or mps."
 DTYPE_HELP = "auto (the model's own dtype on an accelerator, float32 on CPU), float32, bfloat16 or float16."
 CPU_MIN_ROWS = 4  # see `forward_min_rows`
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
-          "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16",  # names of torch dtypes
+          "fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 def resolve_device(spec: str | torch.device | None = "auto") -> torch.device:
     """The torch device for `spec`, checked to exist on this machine."""
+    import torch
+
     if isinstance(spec, torch.device):
         spec = str(spec)
     text = (spec or "auto").strip().lower()
@@ -58,6 +62,8 @@ def resolve_dtype(spec: str | torch.dtype | None, device: torch.device,
                   native: torch.dtype | None = None) -> torch.dtype:
     """The dtype to load weights in: `spec`, or for auto `native` (the checkpoint's) on an accelerator
     and float32 on the CPU."""
+    import torch
+
     if isinstance(spec, torch.dtype):
         return spec
     text = (spec or "auto").strip().lower().removeprefix("torch.")
@@ -67,14 +73,17 @@ def resolve_dtype(spec: str | torch.dtype | None, device: torch.device,
         return native
     if text not in DTYPES:
         raise ConfigurationError(f"unknown dtype {spec!r}: use {DTYPE_HELP}")
-    return DTYPES[text]
+    return getattr(torch, DTYPES[text])
 
 
 def native_dtype(config) -> torch.dtype | None:
     """The dtype a checkpoint's config declares (`dtype`, formerly `torch_dtype`), if any."""
+    import torch
+
     value = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
     if isinstance(value, str):
-        value = DTYPES.get(value.removeprefix("torch."))
+        name = DTYPES.get(value.removeprefix("torch."))
+        value = getattr(torch, name) if name else None
     return value if isinstance(value, torch.dtype) else None
 
 
@@ -121,6 +130,8 @@ def padded_rows(one_row_s: float, padded_s: float, rows: int = CPU_MIN_ROWS) -> 
 
 def synchronize(device: torch.device) -> None:
     """Wait for the device's queued work, so a wall-clock reading includes it (no-op on the CPU)."""
+    import torch
+
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     elif device.type == "mps":
@@ -133,5 +144,7 @@ def synchronizer(device: torch.device):
 
 
 def _mps_available() -> bool:
+    import torch
+
     backend = getattr(torch.backends, "mps", None)
     return bool(backend is not None and backend.is_available())

@@ -28,3 +28,6 @@ class ComponentKind(str, enum.Enum):
 DEFAULT_COMPONENTS = {ComponentKind.DRAFTER: "pld", ComponentKind.TREE_BUILDER: "chain",
                       ComponentKind.VERIFIER: "greedy", ComponentKind.BACKEND: "kv"}
 PLAIN_DRAFTER = "none"
+# Tree nodes per step: "auto" keeps, every step, the subtree expected to emit the most tokens per second,
+# up to 24 nodes (docs/explanation/adaptive-speculation.md); a number fills that many every step.
+DEFAULT_BUDGET = "auto"

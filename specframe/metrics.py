@@ -22,8 +22,10 @@ import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 PHASES = ("draft", "tree", "forward", "verify", "commit", "other")
 # The clock every timing of this process reads (`set_clock`): wall time, or this process's CPU time, which
@@ -52,6 +54,8 @@ def now() -> float:
 def reset_peak_memory(device: torch.device | str = "cpu") -> None:
     """Start a new peak for `peak_memory_bytes` on a CUDA device, so it reports one request's peak; the
     process's peak resident set size (other devices) cannot be reset."""
+    import torch
+
     if torch.device(device).type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
 
@@ -59,6 +63,8 @@ def reset_peak_memory(device: torch.device | str = "cpu") -> None:
 def peak_memory_bytes(device: torch.device | str = "cpu") -> int:
     """Peak accelerator memory for CUDA devices (since the last `reset_peak_memory`), else the process's
     peak resident set size."""
+    import torch
+
     if torch.device(device).type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -14,11 +14,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from specframe.forest import Forest
 
 if TYPE_CHECKING:
+    import torch
+
     from specframe.sampling import Sampler
     from specframe.tree import TokenTree
 

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal, get_args
-
-import torch
+from typing import TYPE_CHECKING, Literal, get_args
 
 from specframe.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    import torch
 
 
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed accepts
@@ -95,6 +96,8 @@ def argmax(logits: torch.Tensor) -> int:
     `torch.argmax` gives it. On the CPU numpy's vectorised argmax is used: over SmolLM2's 49152 logits it
     takes 4 us where torch's takes 43 (one thread), and the greedy verifier reduces one row per emitted
     token."""
+    import torch
+
     if logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.float64) and logits.dim() == 1:
         return int(logits.detach().numpy().argmax())
     return int(logits.argmax())
@@ -104,6 +107,8 @@ class Sampler:
     """Turns target logits into the processed distribution p and draws from it with a seeded generator."""
 
     def __init__(self, params: SamplingParams | None = None, device: str | torch.device = "cpu"):
+        import torch
+
         self.params = params or SamplingParams()
         self.device = torch.device(device)
         self.generator = torch.Generator(device=self.device)
@@ -126,6 +131,8 @@ class Sampler:
         `sample` and the greedy verifier). top-k keeps every token tied with the k-th; top-p keeps the
         smallest set of most likely tokens whose mass reaches top_p (always at least one token).
         """
+        import torch
+
         logits = logits.float()
         if self.greedy:
             return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
@@ -144,6 +151,8 @@ class Sampler:
 
     def uniform(self) -> float:
         """One number from U[0, 1), from this request's generator."""
+        import torch
+
         return float(torch.rand((), generator=self.generator, device=self.device, dtype=torch.float64))
 
     def draw(self, probs: torch.Tensor) -> int:
@@ -151,6 +160,8 @@ class Sampler:
 
         Tokens with zero probability are never drawn.
         """
+        import torch
+
         cdf = probs.to(torch.float64).cumsum(-1)  # (V,)
         total = cdf[-1]
         if not total > 0:
@@ -167,6 +178,8 @@ class Sampler:
         Row r gives the distinct tokens in the order they were first drawn: the order the `rejection`
         verifier needs (see `DrawMethod`). Draws come from the drafting generator, not the verifier's.
         """
+        import torch
+
         draws = torch.multinomial(probs.float(), n, replacement=True,
                                   generator=self.draft_generator)  # (R, n)
         return [list(dict.fromkeys(row)) for row in draws.tolist()]

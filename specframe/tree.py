@@ -10,12 +10,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from collections.abc import Callable
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from specframe.forest import Forest
 from specframe.records import DraftProposal, DrawMethod
+
+if TYPE_CHECKING:
+    import torch
 
 SAMPLED_DRAWS = (DrawMethod.SAMPLED, DrawMethod.SAMPLED_WITHOUT_REPLACEMENT)
 
@@ -54,7 +57,7 @@ class TokenTree(Forest):
         draw = proposal.draw
         if draw in SAMPLED_DRAWS and not draw_order_prefix:
             draw = DrawMethod.RETRIEVED
-        probs = None if proposal.draft_probs is None else proposal.draft_probs[torch.from_numpy(keep)]
+        probs = None if proposal.draft_probs is None else proposal.draft_probs[keep.tolist()]
         return cls(proposal.tokens[keep], proposal.kept_parents(keep), probs, draw, origin=keep)
 
     def subtree(self, keep: np.ndarray | list[int]) -> TokenTree:
@@ -62,7 +65,7 @@ class TokenTree(Forest):
         matching: a cut chosen after the draws is no draw-order prefix (see `from_proposal`)."""
         keep = np.sort(np.asarray(keep, dtype=np.int64))
         draw = DrawMethod.RETRIEVED if self.draw in SAMPLED_DRAWS else self.draw
-        probs = None if self.draft_probs is None else self.draft_probs[torch.from_numpy(keep)]
+        probs = None if self.draft_probs is None else self.draft_probs[keep.tolist()]
         origin = None if self.origin is None else self.origin[keep]
         return TokenTree(self.tokens[keep], self.kept_parents(keep), probs, draw, origin=origin)
 
