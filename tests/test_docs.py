@@ -111,6 +111,28 @@ def test_docs_stay_small():
     assert size < 2 * 2**20, f"docs/ holds {size / 2**20:.1f} MiB of tracked files; keep it under 2 MiB"
 
 
+# A lab notebook's references ("run 38's outputs", "runs 33-37", "issue 16", "stop 12", "since commit
+# `e8e98cf`"), which a reader cannot follow: a page states the finding as it stands (git keeps the
+# history). "runs 5 times" and "runs 20,000 decodes" are not such references.
+NOTEBOOK_REFERENCE = re.compile(r"\b(?:[Rr]uns?|[Ii]ssues?|[Ss]tops?) #?\d{1,3}(?:-\d{1,3})?\b"
+                                r"(?![,.]?\d| times)|\bcommit `?[0-9a-f]{7}")
+
+
+def test_notebook_reference_pattern():
+    for text in ("over run 38's outputs", "runs 33-37", "issue 16's workload", "stop 12", "commit `e8e98cf`"):
+        assert NOTEBOOK_REFERENCE.search(text), text
+    for text in ("each side runs 5 times", "runs 20,000 seeded decodes", "a run of 128 tokens"):
+        assert not NOTEBOOK_REFERENCE.search(text), text
+
+
+@pytest.mark.parametrize("page", ["README.md", *sorted(str(p.relative_to(ROOT)) for p in DOCS.rglob("*.md"))])
+def test_user_docs_name_no_runs_issues_or_commits(page):
+    lines = (ROOT / page).read_text().splitlines()
+    found = [f"{page}:{n}: {line.strip()}" for n, line in enumerate(lines, 1)
+             if NOTEBOOK_REFERENCE.search(line)]
+    assert not found, "say what is true now, not when it was found:\n" + "\n".join(found)
+
+
 def test_the_tutorial_drafter_is_lossless(tiny_target):
     """The code of 'Write your first drafter plugin' runs as printed and decodes losslessly."""
     text = (DOCS / "tutorials" / "first-drafter-plugin.md").read_text()
