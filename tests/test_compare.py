@@ -7,6 +7,7 @@ import json
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from specframe import compare
 from specframe.sampling import SamplingParams
@@ -41,7 +42,8 @@ def run_compare(monkeypatch, ours: list[float], theirs: list[float], tau: float 
         built.append(FakeDecoder(log, ours, tau))
         return built[-1]
 
-    report = compare.compare_with_transformers(None, make_decoder, [1], [2], 3, (),
+    float32 = SimpleNamespace(model=torch.nn.Linear(1, 1))  # no half-precision note
+    report = compare.compare_with_transformers(float32, make_decoder, [1], [2], 3, (),
                                                sampling or SamplingParams(), repeats=len(ours) - 1)
     return report, log, built
 

@@ -1,6 +1,7 @@
 """Peers run in the same process on the same prompts: Hugging Face transformers' own decoding.
 
-- `hf-generate`: `model.generate`, greedy (Spec-Bench's baseline).
+- `hf-generate`: `model.generate`, greedy (Spec-Bench's baseline). With `split_prompt` (what
+  `specframe generate --compare` runs) it reads the prompt as specframe does (`prompt_cache`).
 - `hf-pld(num_tokens=10)`: transformers prompt lookup (`prompt_lookup_num_tokens`).
 - `hf-assisted(layers=8, num_tokens=4)`: transformers assisted generation with a draft model. No separate
   small model sharing the tokenizer is available offline, so the assistant is the target's own first
@@ -86,8 +87,10 @@ class PeerRunner:
 
     lossless = True  # greedy transformers decoding, with or without assistance, is plain greedy decoding
 
-    def __init__(self, target: Target, spec: PeerSpec, sampling: SamplingParams, baseline: str = "baseline"):
+    def __init__(self, target: Target, spec: PeerSpec, sampling: SamplingParams, baseline: str = "baseline",
+                 split_prompt: bool = False):
         self.target, self.spec, self.label, self.baseline = target, spec, spec.label, baseline
+        self.split_prompt = split_prompt  # read the prompt as specframe does, where possible: `prompt_cache`
         self.kwargs: dict = {"do_sample": False} if sampling.greedy else {
             "do_sample": True, "temperature": sampling.temperature, "top_p": sampling.top_p,
             "top_k": sampling.top_k or None}
@@ -113,9 +116,12 @@ class PeerRunner:
             torch.cuda.reset_peak_memory_stats(device)  # the peak of this request, not of the process
         synchronize(device)
         start = now()
+        kwargs = dict(self.kwargs)
+        if self.split_prompt and splits_prompt(self.target.model):
+            kwargs["past_key_values"] = prompt_cache(self.target.model, input_ids)
         out = self.target.model.generate(
             input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_new_tokens,
-            streamer=clock, pad_token_id=eos[0] if eos else None, **self.kwargs)  # (1, P + new)
+            streamer=clock, pad_token_id=eos[0] if eos else None, **kwargs)  # (1, P + new)
         synchronize(device)  # generate syncs every step to test for a stop; this charges the last one
         wall = now() - start
         tokens = out[0, len(prompt_ids):].tolist()
@@ -131,3 +137,31 @@ class PeerRunner:
                         "time_per_step_ms"):
             record[unknown] = None  # not observable from outside transformers
         return tokens, record
+
+
+def splits_prompt(model: torch.nn.Module) -> bool:
+    """Whether `prompt_cache` can serve `model`: its layers are attention only, so their state is plain keys
+    and values that a cache made apart from `generate` can hold."""
+    from transformers import DynamicCache
+
+    types = getattr(model.config, "layer_types", None) or ()
+    if set(types) - {"full_attention", "sliding_attention"}:
+        return False
+    return all(hasattr(layer, "keys") for layer in getattr(DynamicCache(config=model.config), "layers", ()))
+
+
+def prompt_cache(model: torch.nn.Module, input_ids: torch.Tensor):
+    """transformers' cache of all but the last token of `input_ids` (1, P), read in one forward as
+    specframe's backends read a prompt, so that `generate` reads the last token in a one-row step, as
+    specframe's first step does (for a model that `splits_prompt`; None for a one-token prompt).
+
+    Read with the rest of the prompt, the last token gets other bits in bfloat16: a prompt of more than
+    64 tokens goes to torch's attention kernel, and a row of a larger product may round differently
+    (`specframe.exact_attention`), so greedy outputs can part from the first new token."""
+    from transformers import DynamicCache
+
+    if input_ids.shape[1] < 2:
+        return None
+    cache = DynamicCache(config=model.config)
+    model(input_ids=input_ids[:, :-1], past_key_values=cache, use_cache=True, logits_to_keep=1)
+    return cache
