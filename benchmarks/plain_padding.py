@@ -1,9 +1,10 @@
 """What padding a plain step to 4 rows saves: a backend's plain step, one row against four.
 
 A plain step (the root alone, no draft) is one row. On the CPUs measured, oneDNN multiplies one row
-more slowly than four (`plugins/specframe_kv/__init__.py`), so `kv` and `ssm-tree` pad every forward,
-plain steps included, to `min_rows` (4 on the CPU) with throwaway rows. This loads the target once,
-prefills two backends, `B(min_rows=1)` and `B` (the default), with the same random tokens, and times
+more slowly than four (`plugins/specframe_kv/__init__.py`), so `kv` and `ssm-tree` can pad every
+forward, plain steps included, to `min_rows` rows with throwaway rows (on the CPU where the calibration
+measured that no slower for the model: `specframe.devices.forward_min_rows`). This loads the target once,
+prefills two backends, `B(min_rows=1)` and `B(min_rows=4)`, with the same random tokens, and times
 plain steps of both, alternating, on the process CPU clock (`--clock cpu`, for a shared machine) or wall
 time. Each step is committed, so the cache grows as in decoding. Prints the median step of each and
 their ratio.
@@ -38,7 +39,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
     target = specframe.load_target(args.model, device="cpu")
-    specs = (f"{args.backend}(min_rows=1)", args.backend)
+    specs = (f"{args.backend}(min_rows=1)", f"{args.backend}(min_rows=4)")
     backends = {spec: assemble(target, backend=spec).backend for spec in specs}
     ids = np.random.default_rng(0).integers(0, target.vocab_size, args.prompt + 1).tolist()
     times = {spec: [] for spec in backends}
