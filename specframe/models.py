@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import pickle
 import re
 import shutil
 import sys
@@ -373,6 +374,11 @@ def load_weights(directory: Path, config, dtype: torch.dtype, hint: str) -> torc
 
     try:
         return AutoModelForCausalLM.from_pretrained(directory, config=config, dtype=dtype)
+    except pickle.UnpicklingError:  # transformers loads .bin weights with torch.load(weights_only=True)
+        raise ModelLoadError(
+            f"cannot load the model weights in {directory}: a pickled weights file (pytorch_model*.bin) "
+            "holds more than tensors, and loading it could run code, so it is refused; save the model from "
+            "a source you trust as safetensors (model.save_pretrained(DIR))") from None
     except (OSError, ValueError, TypeError, RuntimeError, EOFError, SafetensorError) as err:
         damaged = damaged_weights(directory)
         if damaged:

@@ -9,24 +9,29 @@ import random
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save
 from tqdm.auto import tqdm
 
+from specframe.atomic_dirs import write_atomically
 from specframe.errors import ConfigurationError
 from specframe_hybrid.prompts import distillation_prompts
+
+BLOCKS_FILE = "blocks.safetensors"
 
 
 def training_blocks(target, run_dir: Path, *, block: int, code_tokens: int, chat_prompts: int,
                     chat_new_tokens: int, log=print) -> torch.Tensor:
     """(N, block) token ids: the chat transcripts (prompt and the teacher's answer) first, then standard
-    library files, each document ended by EOS, joined and cut into blocks. Cached in `run_dir/blocks.pt`;
-    the answers are generated resumably (`run_dir/chat.answers.jsonl`)."""
-    cached = run_dir / "blocks.pt"
+    library files, each document ended by EOS, joined and cut into blocks. Cached in
+    `run_dir/blocks.safetensors` (a damaged cache, or one made with other settings, is made again); the
+    answers are generated resumably (`run_dir/chat.answers.jsonl`)."""
+    cached = run_dir / BLOCKS_FILE
     settings = {"block": block, "code_tokens": code_tokens, "chat_prompts": chat_prompts,
                 "chat_new_tokens": chat_new_tokens, "model": target.name}
-    if cached.is_file():
-        saved = torch.load(cached)
-        if saved["settings"] == settings:
-            return saved["blocks"]
+    blocks = cached_blocks(cached, settings, target.vocab_size)
+    if blocks is not None:
+        return blocks
     eos = min(target.eos_token_ids) if target.eos_token_ids else 0
     stream: list[int] = []
     for document in chat_transcripts(target, run_dir, chat_prompts, chat_new_tokens):
@@ -41,7 +46,23 @@ def training_blocks(target, run_dir: Path, *, block: int, code_tokens: int, chat
     blocks = torch.tensor(stream[:usable], dtype=torch.long).view(-1, block)  # (N, block)
     log(f"hybrid: {blocks.numel()} training tokens in {len(blocks)} blocks of {block} "
         f"({chat} from {chat_prompts} chat answers, the rest standard library code)")
-    torch.save({"settings": settings, "blocks": blocks}, cached)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_atomically(cached, save({"blocks": blocks}, metadata={"settings": json.dumps(settings)}))
+    return blocks
+
+
+def cached_blocks(path: Path, settings: dict, vocab_size: int) -> torch.Tensor | None:
+    """The blocks cached at `path` for `settings`, or None when there are none, or they are damaged or
+    were made with other settings (safetensors and JSON: reading the cache runs no code)."""
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            stored = json.loads((f.metadata() or {}).get("settings", "null"))
+            blocks = f.get_tensor("blocks") if stored == settings else None
+    except (SafetensorError, OSError, ValueError, RecursionError):
+        return None
+    if (blocks is None or blocks.dtype != torch.long or blocks.dim() != 2 or not len(blocks)
+            or blocks.shape[1] != settings["block"] or blocks.min() < 0 or blocks.max() >= vocab_size):
+        return None
     return blocks
 
 

@@ -3,8 +3,8 @@
 Layer-wise training fits each mixer on the teacher's inputs; in the hybrid each mixer sees the outputs of
 the mixers before it, so errors add up. This stage trains only the mixers (the teacher's layers stay
 frozen) on the KL divergence from the teacher's distribution to the hybrid's at every position of the
-training blocks. It checkpoints every few steps (`state.pt`) and resumes; the result is one file of all
-the hybrid's mixers (`mixers.safetensors`), which `assemble` loads over the layer-wise ones.
+training blocks. It checkpoints every few steps (`state.safetensors`) and resumes; the result is one file
+of all the hybrid's mixers (`mixers.safetensors`), which `assemble` loads over the layer-wise ones.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from safetensors.torch import load_file
 from tqdm.auto import tqdm
 
 from specframe.options import check_bounds
+from specframe.train_state import STATE_FILE, read_train_state, refuse_pickled_state, save_train_state
 from specframe_hybrid.distill import save_atomic
 
 CHECKPOINT_EVERY = 10
@@ -41,22 +42,34 @@ def mixer_parameters(hybrid: torch.nn.Module, layers: list[int]) -> dict[str, to
             for name, p in hybrid.model.layers[layer].mamba.named_parameters()}
 
 
+def mixer_state(hybrid: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The hybrid's trained tensors (its mixers'), as its `state_dict` names them."""
+    return {k: v for k, v in hybrid.state_dict().items() if ".mamba." in k}
+
+
 def train_end_to_end(teacher: torch.nn.Module, hybrid: torch.nn.Module, layers: list[int],
                      blocks: torch.Tensor, work: Path, settings: EndToEndTraining, log=print) -> dict:
-    """Train the mixers at `layers` of `hybrid` on KL(teacher || hybrid); resumes from `work/state.pt`.
-    Returns the first and last mean losses; leaves the trained mixers in `work/mixers.safetensors`."""
+    """Train the mixers at `layers` of `hybrid` on KL(teacher || hybrid); resumes from
+    `work/state.safetensors`. Returns the first and last mean losses; leaves the trained mixers in
+    `work/mixers.safetensors`."""
     for p in hybrid.parameters():
         p.requires_grad_(False)
     params = mixer_parameters(hybrid, layers)
     for p in params.values():
         p.requires_grad_(True)
     optimizer = torch.optim.AdamW(params.values(), lr=settings.lr, weight_decay=0.0, betas=(0.9, 0.98))
-    state_file, step, losses = work / "state.pt", 0, []
+    state_file, step, losses = work / STATE_FILE, 0, []
+    hint = "delete it to train end to end afresh"
+    refuse_pickled_state(work, hint)
     if state_file.is_file():
-        state = torch.load(state_file)
-        hybrid.load_state_dict(state["model"], strict=False)
-        optimizer.load_state_dict(state["optimizer"])
-        step, losses = state["step"], state["losses"]
+        state = read_train_state(state_file, hint)
+        weights = state.weights(mixer_state(hybrid))
+        step, losses = state.extra.get("step"), state.extra.get("losses")
+        if (not isinstance(step, int) or isinstance(step, bool) or step < 0 or not isinstance(losses, list)
+                or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in losses)):
+            raise state.error("holds a damaged step or loss history")
+        state.load_optimizer(optimizer)
+        hybrid.load_state_dict(weights, strict=False)  # the mixers only: the teacher's layers are frozen
     generator = torch.Generator().manual_seed(settings.seed + step)
     start = time.time()
     with tqdm(total=settings.steps, initial=step, desc="end to end", unit="step") as bar:
@@ -78,11 +91,7 @@ def train_end_to_end(teacher: torch.nn.Module, hybrid: torch.nn.Module, layers: 
             bar.update(1)
             bar.set_postfix(kl=f"{sum(losses[-10:]) / len(losses[-10:]):.3f}")
             if step % CHECKPOINT_EVERY == 0 or step == settings.steps:
-                work.mkdir(parents=True, exist_ok=True)
-                model_state = {k: v for k, v in hybrid.state_dict().items() if ".mamba." in k}
-                torch.save({"model": model_state, "optimizer": optimizer.state_dict(), "step": step,
-                            "losses": losses}, work / "state.tmp")
-                (work / "state.tmp").replace(state_file)
+                save_train_state(state_file, mixer_state(hybrid), optimizer, {"step": step, "losses": losses})
     save_atomic({k: p.detach().cpu() for k, p in params.items()}, work / "mixers.safetensors")
     first, last = losses[:10], losses[-10:]
     report = {"steps": step, "kl_first": sum(first) / max(1, len(first)),

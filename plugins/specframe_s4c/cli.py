@@ -21,7 +21,7 @@ def train_s4c(
     data: list[str] = typer.Option(["python-stdlib"], help="corpus: python-stdlib[:N], a dir, .jsonl, text, "
                                    "or answers:NAME (the chats of a `model:self` datastore build)"),
     out: Path = typer.Option(Path("s4c-run"),
-                             help="run directory: state.pt (resumable) and heads.safetensors"),
+                             help="run directory: state.safetensors (resumable) and heads.safetensors"),
     steps: int = typer.Option(1000, min=1, help="optimizer steps (length of the cosine schedule)"),
     max_minutes: float = typer.Option(
         None, min=0, help="stop after this many minutes (state is saved; rerun to resume)"),
@@ -33,9 +33,9 @@ def train_s4c(
                                     help="draft vocabulary size (most frequent corpus tokens); 0 = all"),
     max_tokens: int = typer.Option(None, min=1, help="use at most this many corpus tokens"),
     threads: int = typer.Option(None, min=1, help="torch CPU threads"),
-    fresh: bool = typer.Option(False, help="ignore an existing state.pt in --out"),
+    fresh: bool = typer.Option(False, help="ignore an existing training state in --out"),
 ) -> None:
-    """Train S4C draft heads; progress goes to stdout, state to OUT/state.pt every few steps."""
+    """Train S4C draft heads; progress goes to stdout, state to OUT/state.safetensors every few steps."""
     import torch
 
     import specframe
@@ -59,7 +59,7 @@ def train_s4c(
     cache.fill(target, batch=batch, log=log)  # the target's features, once (resumable)
     trainer = Trainer(target, cache, out, config, log=log)
     if not fresh and trainer.resume():
-        print(f"s4c: resumed {out / 'state.pt'} at step {trainer.step}", flush=True)
+        print(f"s4c: resumed {trainer.state_path} at step {trainer.step}", flush=True)
     left = None if max_minutes is None else max(0.0, max_minutes - (time.time() - start) / 60)
     trainer.run(max_minutes=left)
     command = "specframe " + " ".join(shlex.quote(a) for a in sys.argv[1:])

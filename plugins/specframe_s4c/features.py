@@ -25,7 +25,7 @@ class FeatureCache:
         self.dir.mkdir(parents=True, exist_ok=True)
         ids_path = self.dir / "ids.npy"
         if ids_path.is_file():
-            self.ids = np.load(ids_path)
+            self.ids = self._read_ids(ids_path)
             if blocks is not None and not np.array_equal(blocks, self.ids):
                 raise specframe.ConfigurationError(
                     f"s4c training: the feature cache in {self.dir} holds other token blocks; "
@@ -36,12 +36,48 @@ class FeatureCache:
             np.save(ids_path, blocks)
             self.ids = blocks
         meta_path = self.dir / "progress.json"
-        meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {"done": 0, "hidden": hidden}
+        meta = self._read_progress(meta_path) if meta_path.is_file() else {"done": 0, "hidden": hidden}
         self.hidden = int(meta["hidden"])
         self.done = int(meta["done"])
-        mode = "r+" if (self.dir / "features.f16").is_file() else "w+"
-        self.features = np.memmap(self.dir / "features.f16", dtype=np.float16, mode=mode,
-                                  shape=(*self.ids.shape, self.hidden))  # (B, T, H)
+        if hidden is not None and hidden != self.hidden:
+            raise specframe.ConfigurationError(
+                f"s4c training: the feature cache in {self.dir} holds features of size {self.hidden}, the "
+                f"target's are {hidden}: it was made for another model; use a new --out directory")
+        features = self.dir / "features.f16"
+        shape = (*self.ids.shape, self.hidden)  # (B, T, H)
+        if features.is_file() and features.stat().st_size != int(np.prod(shape)) * 2:
+            raise self.damaged(f"features.f16 has {features.stat().st_size} bytes, not the "
+                               f"{int(np.prod(shape)) * 2} of {shape} float16 features")
+        self.features = np.memmap(features, dtype=np.float16, mode="r+" if features.is_file() else "w+",
+                                  shape=shape)  # (B, T, H)
+
+    def damaged(self, problem: str) -> specframe.ConfigurationError:
+        return specframe.ConfigurationError(
+            f"s4c training: the feature cache in {self.dir} is damaged ({problem}); delete that directory "
+            "to compute the features again, or use a new --out directory")
+
+    def _read_ids(self, path: Path) -> np.ndarray:
+        """The cached token blocks, a (B, T) int64 array (`allow_pickle=False`: reading runs no code)."""
+        try:
+            ids = np.load(path, allow_pickle=False)
+        except (OSError, ValueError, EOFError) as err:
+            raise self.damaged(f"ids.npy is not a numpy array file: {err}") from None
+        if not isinstance(ids, np.ndarray) or ids.dtype != np.int64 or ids.ndim != 2 or 0 in ids.shape:
+            raise self.damaged(f"ids.npy holds {getattr(ids, 'dtype', type(ids))} of shape "
+                               f"{getattr(ids, 'shape', None)}, not (blocks, tokens) int64")
+        return ids
+
+    def _read_progress(self, path: Path) -> dict:
+        """`progress.json`, checked: `hidden` a positive size, `done` a block count of this cache."""
+        try:
+            meta = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError, RecursionError) as err:
+            raise self.damaged(f"progress.json is not valid JSON: {err}") from None
+        fields = [meta.get(key) if isinstance(meta, dict) else None for key in ("hidden", "done")]
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in fields) or not (
+                0 < fields[0] <= 1 << 20 and 0 <= fields[1] <= len(self.ids)):
+            raise self.damaged(f"progress.json holds {meta!r}, not a hidden size and a count of done blocks")
+        return meta
 
     def _write_progress(self) -> None:
         (self.dir / "progress.json").write_text(json.dumps({"done": self.done, "hidden": self.hidden}))

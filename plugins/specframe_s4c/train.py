@@ -24,6 +24,9 @@ import torch.nn.functional as F
 
 import specframe
 from specframe.options import check_bounds
+from specframe.train_state import (
+    STATE_FILE, read_train_state, refuse_pickled_state, save_train_state,
+)
 from specframe_s4c.features import FeatureCache
 from specframe_s4c.heads import S4CHeads, target_parts
 
@@ -96,6 +99,17 @@ def head_losses(heads: S4CHeads, target: specframe.Target, ids: torch.Tensor, fe
     return total, report
 
 
+def valid_history(history, num_heads: int) -> bool:
+    """Whether `history` is a list of step records as `Trainer.train_step` makes them."""
+    def number(value) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+    return isinstance(history, list) and all(
+        isinstance(r, dict) and number(r.get("loss")) and isinstance(r.get("heads"), list)
+        and len(r["heads"]) == num_heads
+        and all(isinstance(h, dict) and number(h.get("top1")) for h in r["heads"]) for r in history)
+
+
 class Trainer:
     """Owns heads, optimizer and the data cursor; `run` trains until `steps` or a time limit, resumably."""
 
@@ -116,29 +130,44 @@ class Trainer:
 
     @property
     def state_path(self) -> Path:
-        return self.out_dir / "state.pt"
+        return self.out_dir / STATE_FILE
 
     def resume(self) -> bool:
-        """Load `state.pt` from `out_dir` when present. True if a run was resumed."""
+        """Load the training state from `out_dir` when present (safetensors and JSON: loading it runs no
+        code). True if a run was resumed."""
+        hint = "delete it (or pass --fresh) to start afresh, or use a new --out directory"
+        refuse_pickled_state(self.out_dir, hint)
         if not self.state_path.is_file():
             return False
-        state = torch.load(self.state_path, weights_only=False)
-        if state["config"] != asdict(self.config) or len(state["order"]) != len(self.order):
+        state = read_train_state(self.state_path, hint)
+        if state.extra.get("config") != asdict(self.config):
             raise specframe.ConfigurationError(
-                f"s4c training: {self.state_path} was written with other settings or data "
-                f"({state['config']}); use a new --out directory or the same options")
-        self.heads.load_state_dict(state["heads"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.step, self.order, self.history = state["step"], state["order"], state["history"]
+                f"s4c training: {self.state_path} was written with other settings "
+                f"({state.extra.get('config')}); use a new --out directory or the same options")
+        stored_order = state.tensors.get("order")
+        if stored_order is not None and stored_order.shape != (len(self.order),):
+            raise specframe.ConfigurationError(
+                f"s4c training: {self.state_path} was written for other data ({stored_order.numel()} blocks, "
+                f"not {len(self.order)}); use a new --out directory or the same --data/--block/--max-tokens")
+        weights = state.weights(self.tensors())
+        order = weights.pop("order").numpy()
+        step, history = state.extra.get("step"), state.extra.get("history")
+        if (not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= self.config.steps
+                or not np.array_equal(np.sort(order), np.arange(len(order)))
+                or not valid_history(history, self.config.num_heads)):
+            raise state.error("holds a damaged step, history or data order")
+        state.load_optimizer(self.optimizer)
+        self.heads.load_state_dict(weights)
+        self.step, self.order, self.history = step, order, history
         return True
 
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """What the training state stores as tensors: the heads' weights and the data order."""
+        return {**self.heads.state_dict(), "order": torch.from_numpy(np.asarray(self.order, np.int64))}
+
     def save(self) -> None:
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.state_path.with_suffix(".tmp")
-        torch.save({"config": asdict(self.config), "heads": self.heads.state_dict(),
-                    "optimizer": self.optimizer.state_dict(), "step": self.step, "order": self.order,
-                    "history": self.history}, tmp)
-        tmp.replace(self.state_path)
+        save_train_state(self.state_path, self.tensors(), self.optimizer,
+                         {"config": asdict(self.config), "step": self.step, "history": self.history})
 
     def lr_at(self, step: int) -> float:
         c = self.config
