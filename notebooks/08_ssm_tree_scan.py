@@ -127,8 +127,9 @@ plt.show()
 # ## The cost model tree builders see
 #
 # Each SSM backend offers `cost_model()`: a `PolynomialCost` in the packed tree size (nodes + 1), linear
-# for pure SSM targets and quadratic with attention layers, as here (on a CPU, `ssm-tree` pads every
-# forward to 4 rows, so its default reads smaller trees at 4 rows: a `PaddedCost` around the fit). The
+# for pure SSM targets and quadratic with attention layers, as here (where `ssm-tree` pads its forwards
+# to 4 rows, on a CPU where its calibration measured that no slower, its default reads smaller trees
+# at 4 rows: a `PaddedCost` around the fit). The
 # decode loop passes it to the tree builder in `BuildContext.cost`, so a builder can stop growing a tree
 # when more nodes would not pay. The default scales fits measured on a reference CPU to the model;
 # `calibrate` refits it on this machine.
