@@ -64,9 +64,13 @@ def _size_damage(directory: Path, marker: Path) -> str | None:
     """The first file whose size differs from the one `_write_marker` recorded."""
     try:
         recorded = json.loads(marker.read_text())["files"]
-        items = [(str(name), int(size)) for name, size in recorded.items()]
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        items = list(recorded.items())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return f"{CONVERSION_MARKER} is unreadable"
+    for name, size in items:  # what `write_marker` writes: plain names in this directory, sizes in bytes
+        if not (isinstance(size, int) and not isinstance(size, bool) and size >= 0
+                and name not in ("", ".", "..") and Path(name).name == name and "\0" not in name):
+            return f"{CONVERSION_MARKER} records {name!r}: {size!r}, not a file of this directory and a size"
     for name, size in items:
         file = directory / name
         actual = file.stat().st_size if file.is_file() else None
@@ -99,9 +103,11 @@ def safetensors_damage(file: Path) -> str | None:
             return f"{file.name} is truncated inside its header ({size} bytes)"
         try:
             header = json.loads(f.read(length))
-            ends = [int(t["data_offsets"][1]) for k, t in header.items() if k != "__metadata__"]
-        except (ValueError, KeyError, TypeError, IndexError, AttributeError):
+            ends = [t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"]
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError, RecursionError):
             return f"{file.name} has a corrupt header"
+    if not all(isinstance(end, int) and not isinstance(end, bool) and end >= 0 for end in ends):
+        return f"{file.name} has a corrupt header (a data offset that is not a byte count)"
     expected = 8 + length + max(ends, default=0)
     if size != expected:
         return f"{file.name} has {size} bytes, its header says {expected}"

@@ -117,7 +117,7 @@ def info(
             "on disk",
             f"{report['bytes_on_disk'] / 2**20:,.1f} MiB, {report['bytes_per_token']:.2f} bytes/token",
         ),
-        ("built", f"{report['built_at']} in {report['build']['seconds']} s"),
+        ("built", f"{report.get('built_at')} in {report.get('build', {}).get('seconds')} s"),
         *([("shards", f"{len(report['shards'])} (sharded store)")] if "shards" in report else []),
         ("load", f"{load_s * 1e3:.1f} ms"),
         ("verified", "yes" if verify else "no (--verify)"),

@@ -171,7 +171,7 @@ def read_header(path: Path) -> dict:
         )
     try:
         header = json.loads(file.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as err:  # deep nesting: RecursionError
         raise DatastoreError(
             f"datastore '{path}': {HEADER} is not valid JSON ({err}); {BUILD_HINT}"
         ) from None
@@ -209,28 +209,85 @@ def read_header(path: Path) -> dict:
 
 HEADER_TYPES = {"separator": int, "n_positions": int, "n_tokens": int, "n_documents": int,
                 "token_dtype": str, "suffix_dtype": str, "tokenizer": dict, "sources": list, "files": dict}
-EXPECTED = {int: "an integer >= 0", str: "a numpy dtype name", dict: "an object", list: "a list"}
+EXPECTED = {int: "an integer >= 0", str: "a dtype name", dict: "an object", list: "a list"}
+TOKEN_DTYPES, SUFFIX_DTYPES = ("uint16", "uint32"), ("int32", "int64")  # all the builder ever writes
 
 
 def _check_field_types(path: Path, header: dict) -> None:
-    """Refuse a header whose fields have the wrong type (a hand-edited or corrupt file) by name."""
+    """Refuse a header whose fields have the wrong type (a hand-edited or corrupt file) by name, then one
+    whose values disagree with each other or with what the builder writes (`_check_values`)."""
     for key, kind in HEADER_TYPES.items():
         value = header[key]
-        wrong = not isinstance(value, kind) or isinstance(value, bool) or (kind is int and value < 0)
-        if not wrong and kind is str:
-            try:
-                np.dtype(value)
-            except TypeError:
-                wrong = True
-        if wrong:
+        if not isinstance(value, kind) or isinstance(value, bool) or (kind is int and value < 0):
             expected = EXPECTED[kind]
             raise DatastoreError(f"datastore '{path}': {HEADER} field \"{key}\" is {value!r}, expected "
                                  f"{expected}; the store is corrupt, {BUILD_HINT}")
+    _check_values(path, header)
+
+
+def parse_identity(value: object) -> TokenizerIdentity | None:
+    """The tokenizer identity a header records (name, fingerprint, vocab_size, each of its type), or None."""
+    kinds = {"name": str, "fingerprint": str, "vocab_size": int}
+    if not isinstance(value, dict) or set(value) != set(kinds):
+        return None
+    if not all(isinstance(value[k], t) and not isinstance(value[k], bool) for k, t in kinds.items()):
+        return None
+    return TokenizerIdentity(**value) if value["vocab_size"] > 0 else None
+
+
+def _check_values(path: Path, header: dict) -> None:
+    """Refuse a header whose values are not ones the builder writes, before any file is memory-mapped:
+    the dtypes are exactly those `token_dtype` and `suffix_dtype` choose for its counts (numpy would map
+    any dtype it parses, Python object pointers included), the counts agree, and the files are the
+    store's own."""
+    def corrupt(key: str, value: object, expected: str) -> DatastoreError:
+        return DatastoreError(f"datastore '{path}': {HEADER} field \"{key}\" is {value!r}, expected "
+                              f"{expected}; the store is corrupt, {BUILD_HINT}")
+
+    identity, sep = parse_identity(header["tokenizer"]), header["separator"]
+    if identity is None:
+        raise corrupt("tokenizer", header["tokenizer"], "an object of name, fingerprint and vocab_size")
+    if identity.vocab_size != sep:
+        raise corrupt("separator", sep, f"the vocabulary size {identity.vocab_size}")
+    if not 1 <= sep < 2**32 - 1:
+        raise corrupt("separator", sep, "a vocabulary size below 2**32 - 1")
+    n = header["n_positions"]
+    if n != header["n_tokens"] + header["n_documents"] + 1:  # SEP doc_1 SEP ... doc_D SEP
+        raise corrupt("n_positions", n, f"n_tokens + n_documents + 1 = "
+                      f"{header['n_tokens'] + header['n_documents'] + 1}")
+    for key, want in (("token_dtype", token_dtype(sep).name), ("suffix_dtype", suffix_dtype(n).name)):
+        if header[key] != want:
+            allowed = TOKEN_DTYPES if key == "token_dtype" else SUFFIX_DTYPES
+            raise corrupt(key, header[key], f"{want!r} (one of {', '.join(allowed)}, as the builder "
+                          f"writes for {'vocabulary size' if key == 'token_dtype' else 'length'} "
+                          f"{sep if key == 'token_dtype' else n})")
+    sizes = {TOKENS: n * np.dtype(header["token_dtype"]).itemsize,
+             SUFFIXES: n * np.dtype(header["suffix_dtype"]).itemsize, BUCKETS: (sep + 2) * 8}
+    files = header["files"]
+    if set(files) != set(sizes):
+        raise corrupt("files", sorted(files), f"the store's files {', '.join(sizes)}")
+    for name, meta in files.items():
+        if (not isinstance(meta, dict) or not isinstance(meta.get("sha256"), str)
+                or meta.get("bytes", sizes[name]) != sizes[name]):
+            raise corrupt(f"files.{name}", meta, f"its sha256 and its size ({sizes[name]} bytes)")
+    for i, source in enumerate(header["sources"]):
+        if not (isinstance(source, dict) and all(isinstance(source.get(k), str) for k in ("source", "kind"))
+                and all(_count(source.get(k)) for k in ("documents", "tokens"))):
+            raise corrupt(f"sources[{i}]", source, "an object with source, kind, documents and tokens")
+    build = header.get("build", {})
+    if not isinstance(build, dict) or not isinstance(build.get("seconds", 0), (int, float)):
+        raise corrupt("build", build, "an object with the build's seconds")
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _map(path: Path, name: str, dtype: str, count: int) -> np.ndarray:
     """Memory-map `count` items of `dtype` from `path/name`, refusing a file of the wrong size."""
     file = path / name
+    if dtype not in (*TOKEN_DTYPES, *SUFFIX_DTYPES, "int64"):
+        raise DatastoreError(f"datastore '{path}': {name} cannot be mapped as {dtype!r}; {BUILD_HINT}")
     dtype = np.dtype(dtype)
     expected = count * dtype.itemsize
     size = file.stat().st_size if file.is_file() else None

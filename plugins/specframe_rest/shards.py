@@ -33,7 +33,9 @@ from pathlib import Path
 import numpy as np
 
 from specframe.atomic_dirs import current_umask
-from specframe_rest.datastore import HEADER, Datastore, DatastoreError, TokenizerIdentity, file_digest
+from specframe_rest.datastore import (
+    HEADER, Datastore, DatastoreError, TokenizerIdentity, file_digest, parse_identity,
+)
 from specframe_rest.retrieval import NO_MATCH, Match, SuffixIndex, spread
 
 MANIFEST = "manifest.json"
@@ -146,6 +148,8 @@ def open_shard(path: Path, entry: dict, identity: TokenizerIdentity) -> Datastor
             path, name, f"its {HEADER} is not the one {MANIFEST} recorded: the shard was rebuilt or "
             "replaced after the manifest was written"
         )
+    if any(shard.header[key] != entry[key] for key in ("n_tokens", "n_documents")):
+        raise shard_error(path, name, f"its counts differ from those {MANIFEST} records for it")
     return shard
 
 
@@ -175,7 +179,7 @@ def read_manifest(path: Path) -> dict:
         manifest = json.loads(file.read_text())
     except FileNotFoundError:
         raise ShardError(f"no sharded datastore at '{path}' ({MANIFEST} is missing); {hint}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as err:  # deep nesting: RecursionError
         raise ShardError(
             f"sharded datastore '{path}': {MANIFEST} is not valid JSON ({err}); {hint}"
         ) from None
@@ -189,8 +193,20 @@ def read_manifest(path: Path) -> dict:
             f"1 to {MANIFEST_VERSION}: upgrade specframe, or {hint}"
         )
     _check_fields(path, manifest, MANIFEST_TYPES, "")
+    if parse_identity(manifest["tokenizer"]) is None:
+        raise ShardError(f"sharded datastore '{path}': {MANIFEST} field \"tokenizer\" is "
+                         f"{manifest['tokenizer']!r}, expected an object of name, fingerprint and "
+                         f"vocab_size; the manifest is corrupt, {hint}")
+    for i, build in enumerate(manifest["builds"]):
+        if not isinstance(build, dict) or not isinstance(build.get("seconds", 0), (int, float)):
+            raise ShardError(f"sharded datastore '{path}': {MANIFEST} field \"builds[{i}]\" is {build!r}, "
+                             f"expected an object with the build's seconds; the manifest is corrupt, {hint}")
     for i, entry in enumerate(manifest["shards"]):
         _check_fields(path, entry, SHARD_TYPES, f"shards[{i}].")
+        if entry["name"] != shard_name(i):  # never a path out of the store
+            raise ShardError(f"sharded datastore '{path}': {MANIFEST} field \"shards[{i}].name\" is "
+                             f"{entry['name']!r}, expected {shard_name(i)!r}; the manifest is corrupt, "
+                             f"{hint}")
     if not manifest["shards"]:
         raise ShardError(f"sharded datastore '{path}': {MANIFEST} lists no shards; {hint}")
     counted = {key: sum(s[key] for s in manifest["shards"]) for key in ("n_tokens", "n_documents")}

@@ -111,8 +111,11 @@ def read_cache(path: Path, label: str | None = None) -> CacheFile:
     where = f"suffix cache '{path}'"
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as err:  # deep nesting: RecursionError
         raise SuffixCacheError(f"{where} is not valid JSON ({err}): the file is damaged; {hint}") from None
+    except OSError as err:
+        raise SuffixCacheError(f"{where} cannot be read ({err.strerror or err}): give a readable cache "
+                               "file, or another cache name") from None
     if not isinstance(data, dict) or "format" not in data:
         raise SuffixCacheError(f"{where} is not a specframe suffix cache (no \"format\" field): {hint}")
     version = data["format"]

@@ -17,6 +17,7 @@ output for the step being chosen, so selecting trees with it keeps every verifie
 from __future__ import annotations
 
 import json
+import math
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -178,7 +179,7 @@ class AcceptanceModel:
             data = json.loads(path.read_text())
             fine, coarse = np.asarray(data["fine"], float), np.asarray(data["coarse"], float)
             strength = float(data["strength"])
-        except (OSError, ValueError, KeyError, TypeError) as err:
+        except (OSError, ValueError, KeyError, TypeError, ArithmeticError, RecursionError) as err:
             raise ConfigurationError(
                 f"acceptance file {path} is not one specframe wrote ({type(err).__name__}: {err}); it is "
                 "left as it is: delete it, or pass another acceptance_file") from None
@@ -189,6 +190,13 @@ class AcceptanceModel:
                 f"version writes {FORMAT}); starting from fresh counts, which replace it at the next save"),
                 stacklevel=2)
             return model
+        counts = all(np.all(np.isfinite(t)) and np.all(t >= 0) and np.all(t[0] <= t[1])
+                     for t in (fine, coarse))  # [accepted, tried] rows
+        if not (counts and math.isfinite(strength) and strength > 0):
+            raise ConfigurationError(
+                f"acceptance file {path} holds counts specframe never writes (negative, not finite, more "
+                "accepted than tried, or a strength that is not positive); it is left as it is: delete it, "
+                "or pass another acceptance_file")
         model.strength, model.fine, model.coarse = strength, fine, coarse
         model._saved = (fine.copy(), coarse.copy())
         return model

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import platform
 import time
 import sys
@@ -252,6 +253,14 @@ def stored_cost(backend: StateBackend, options: dict | None = None) -> MeasuredC
     return read_cost(cost_path(key), key)
 
 
+def plausible(cost: MeasuredCost) -> bool:
+    """Whether a stored calibration holds what `calibrate` measures: sizes increasing from 0, and times,
+    slopes and the context finite and not negative (a hand-edited or damaged file is measured again)."""
+    times = (*cost.flat_s, *cost.chain_s, *cost.flat_slope, *cost.chain_slope, *cost.padding_s)
+    return (bool(cost.sizes) and cost.sizes[0] == 0 and all(a < b for a, b in zip(cost.sizes, cost.sizes[1:]))
+            and all(math.isfinite(t) and t >= 0 for t in times) and cost.context >= 0)
+
+
 def read_cost(path: Path, key: dict | None = None) -> MeasuredCost | None:
     """The calibration stored at `path`, or None where it is missing or damaged, or, given `key`, was
     measured for other keys (another model, thread count, kernel, ...)."""
@@ -265,7 +274,9 @@ def read_cost(path: Path, key: dict | None = None) -> MeasuredCost | None:
                    "padding_s": tuple(float(t) for t in data.get("padding_s", ()))}
         cost = MeasuredCost(tuple(int(n) for n in data["sizes"]), context=int(data["context"]), **floats,
                             **padding)
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, ArithmeticError, RecursionError):
+        return None  # ArithmeticError: a number too large for a float; RecursionError: nesting too deep
+    if not plausible(cost):
         return None
     n = len(cost.sizes)
     if n < 2 or len(cost.flat_s) != n or len(cost.chain_s) != n:
