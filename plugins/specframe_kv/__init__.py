@@ -34,18 +34,17 @@ another backend only when that backend accepts the model.
 from __future__ import annotations
 
 from contextvars import ContextVar
-from typing import Literal, get_args
+from typing import TYPE_CHECKING, Literal, get_args
 
 import numpy as np
-import torch
 
 import specframe
 from specframe import BackendCapabilities, StateBackend, TargetScores, TokenTree
-from specframe.adaptive.calibration import stored_min_rows
-from specframe.devices import forward_min_rows, pads_by_measurement
+from specframe.devices import forward_min_rows, inference_mode, pads_by_measurement
 from specframe.errors import ConfigurationError, UnknownComponentError
-from specframe.exact_attention import exact_rows
-from specframe.packed_linear import linear_kernel
+
+if TYPE_CHECKING:  # torch is imported where it is used, so that registering the backend loads none
+    import torch
 
 # Layer types whose only state is the KV cache (attention) or that have no state at all (NemotronH blocks).
 CACHELESS_TYPES = {"full_attention", "sliding_attention", "mlp", "moe"}
@@ -108,6 +107,9 @@ class KVCacheBackend(StateBackend):
 
     def __init__(self, target, *, want_hidden: bool = False, min_rows: int | None = None,
                  cache: CacheKind = "buffer"):
+        from specframe.adaptive.calibration import stored_min_rows
+        from specframe.packed_linear import linear_kernel
+
         super().__init__(target, want_hidden=want_hidden)
         if cache not in CACHES:
             raise ConfigurationError(f"backend 'kv': cache must be one of {', '.join(CACHES)}, got {cache!r}")
@@ -149,6 +151,10 @@ class KVCacheBackend(StateBackend):
         """Rows one forward may take with the target's rows computed exactly (see the module docstring);
         None: any number. Measured once per torch thread count, since the kernels, and so the rows they
         keep exact, depend on it, and a program may change the count after building the backend."""
+        import torch
+
+        from specframe.exact_attention import exact_rows
+
         if self._fixed_rows is not None:
             return self._fixed_rows[0]
         threads = torch.get_num_threads()
@@ -168,8 +174,9 @@ class KVCacheBackend(StateBackend):
     def committed_length(self) -> int:
         return self._committed
 
-    @torch.inference_mode()
+    @inference_mode
     def prefill(self, ids: list[int]) -> None:
+        import torch
         from transformers import DynamicCache
 
         from specframe.kv_cache import buffered_cache
@@ -182,8 +189,10 @@ class KVCacheBackend(StateBackend):
             self.model(input_ids=prefix, past_key_values=self.cache, use_cache=True, logits_to_keep=1)
             self._committed = len(ids) - 1
 
-    @torch.inference_mode()
+    @inference_mode
     def score(self, tree: TokenTree) -> TargetScores:
+        import torch
+
         self._crop(self._committed)  # drop any earlier uncommitted scoring
         device, rows = self.target.device, len(tree) + 1
         run = tree.padded(self.min_rows - rows, self._pending)  # a plain step too: see the module docstring
@@ -210,6 +219,8 @@ class KVCacheBackend(StateBackend):
 
     def _mask(self, tree: TokenTree) -> torch.Tensor | None:
         """(1, 1, T, P + T) additive mask: the whole prefix, plus each node's ancestors and itself."""
+        import torch
+
         if len(tree) == 0 or np.all(tree.parents == np.arange(len(tree)) - 1):
             return None  # a chain is plain causal attention: let the model build its own (faster) mask
         dtype = self.model.dtype
@@ -218,8 +229,10 @@ class KVCacheBackend(StateBackend):
         mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
         return mask[None, None].to(self.target.device)
 
-    @torch.inference_mode()
+    @inference_mode
     def commit(self, scored: TargetScores, path: list[int], bonus: int) -> None:
+        import torch
+
         self.redeem(scored)  # so the cache tail still holds the rows of `scored.tree`
         start = self._committed  # the root sits here in the cache
         keep = [start] + [start + 1 + i for i in path]
@@ -239,6 +252,8 @@ class KVCacheBackend(StateBackend):
 
 
 def _cat(parts: list[torch.Tensor | None]) -> torch.Tensor | None:
+    import torch
+
     return None if parts[0] is None else torch.cat(parts)
 
 

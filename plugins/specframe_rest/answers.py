@@ -15,9 +15,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
 from tqdm.auto import tqdm
 
+from specframe.devices import inference_mode
 from specframe_rest.datastore import DatastoreError
 from specframe_rest.sources import Source, TokenDocuments, parse_line
 
@@ -126,11 +126,13 @@ class ModelAnswers(Source):
         return generate_batch(self.target, encoded, self.max_new_tokens, do_sample=False)
 
 
-@torch.inference_mode()
+@inference_mode  # torch loads on the first call: `specframe --help` reads ANSWER_BATCH
 def generate_batch(target, encoded: list[list[int]], max_new_tokens: int, **sampling) -> list[list[int]]:
     """The target's continuations of a batch of token-id prompts of any lengths, each cut before its first
     end-of-sequence token. The prompts are left-padded and the padding masked, so each continues as it
     would alone; `sampling` goes to transformers' `generate` (`do_sample`, `temperature`, ...)."""
+    import torch
+
     tokenizer, eos = target.tokenizer, target.eos_token_ids
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos, default=0)
     width = max(len(e) for e in encoded)

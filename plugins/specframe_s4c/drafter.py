@@ -33,16 +33,17 @@ drawn from, whatever dtype computed it. On SmolLM2 bfloat16 drafted the same tre
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal, get_args
+from typing import TYPE_CHECKING, Literal, get_args
 
 import numpy as np
-import torch
 
 from specframe import DraftContext, DraftProposal, Drafter, DrafterCapabilities, DrawMethod, ScoreKind
 from specframe.errors import ConfigurationError, ModelLoadError
-from specframe.packed_linear import PackedLinear, linear_kernel, native_bfloat16, pack_linear_layers
+from specframe.devices import inference_mode
 from specframe.sampling import DraftDraw, Sampler, check_draw, samples_drafts
-from specframe_s4c.heads import S4CHeads, target_parts
+
+if TYPE_CHECKING:  # torch is imported where it is used, so that registering the drafter loads none
+    import torch
 
 WEIGHTS_DIR = Path(__file__).parent / "weights"
 DEFAULT_WIDTHS = (1, 2, 1)  # head 1 on the root, head 2 on the top-2 of head 1, head 3 on the top-1 chain
@@ -63,6 +64,10 @@ class S4CDrafter(Drafter):
     def __init__(self, target, *, heads: str | None = None, topk: int = 4,
                  widths: int | tuple[int, ...] | list[int] = DEFAULT_WIDTHS, draw: DraftDraw = "auto",
                  depth: int | None = None, dtype: DraftDtype = "auto"):
+        import torch
+        from specframe.packed_linear import PackedLinear, linear_kernel, pack_linear_layers
+        from specframe_s4c.heads import S4CHeads, target_parts
+
         super().__init__(target)
         path = Path(heads) if heads else packaged_heads(target.name)
         if not heads and not path.is_file():
@@ -108,14 +113,19 @@ class S4CDrafter(Drafter):
     @classmethod
     def example_options(cls, target, workdir: str) -> dict:
         """Untrained heads for any target, saved in `workdir`: drafts are poor but verification still runs."""
+        import torch
+        from specframe_s4c.heads import S4CHeads
+
         path = Path(workdir) / f"s4c-untrained-{target.name}.safetensors"
         if not path.is_file():
             torch.manual_seed(0)
             S4CHeads(target).save(path)
         return {"heads": str(path)}
 
-    @torch.inference_mode()
+    @inference_mode
     def propose(self, context: DraftContext) -> DraftProposal:
+        import torch
+
         if context.hidden is None or context.budget < 1:
             return DraftProposal.empty()  # first step after prefill: no target feature yet
         sampled = samples_drafts(self.draw, context.sampler)
@@ -129,12 +139,14 @@ class S4CDrafter(Drafter):
         return DraftProposal(np.array(tokens), np.array(parents), np.array(scores), probs, draw,
                              ScoreKind.LOG_PROB)
 
-    @torch.inference_mode()  # also when called directly (`suffix-heads` ranks the nodes without `propose`)
+    @inference_mode  # also when called directly (`suffix-heads` ranks the nodes without `propose`)
     def expand(self, context: DraftContext, sampled: bool = False):
         """The draft forest without its q rows: (tokens, parents, cumulative log q scores, node -> row of
         the q blocks, the (n_k, Vd) q block of each head). `propose` adds the (N, V) q matrix that the
         `rejection` verifier needs; a caller that only ranks the nodes (`suffix-heads`) skips it. Needs
         `context.hidden` and a budget >= 1."""
+        import torch
+
         limit = context.budget if sampled else None  # sampled: stop at the budget, so no builder prunes
         device = self.lm_weight.device
         tokens: list[int] = []
@@ -184,6 +196,9 @@ class S4CDrafter(Drafter):
 
 def drafting_dtype(choice: str, target) -> torch.dtype:
     """The dtype the `dtype` option asks for on `target` (see the module docstring)."""
+    import torch
+    from specframe.packed_linear import linear_kernel, native_bfloat16
+
     if choice not in get_args(DraftDtype):
         raise ConfigurationError(f"s4c: dtype must be one of {', '.join(map(repr, get_args(DraftDtype)))}, "
                                  f"got {choice!r}")

@@ -10,22 +10,19 @@ closed form, option `commit`) and compacts the attention KV.
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import TYPE_CHECKING, Literal, get_args
 
 import numpy as np
-import torch
 
 import specframe
 from specframe import BackendCapabilities, CostModel, StateBackend, TargetScores, TokenTree
-from specframe.adaptive.calibration import stored_min_rows
-from specframe.devices import forward_min_rows, pads_by_measurement
+from specframe.devices import forward_min_rows, inference_mode, pads_by_measurement
 from specframe.errors import ConfigurationError, UnknownComponentError, UnsupportedModelError
-from specframe.packed_linear import linear_kernel
-from specframe_ssm import cache as cache_ops
-from specframe_ssm.cost import default_cost_model
-from specframe_ssm.layout import NO_BACKEND, NO_RECURRENT, inspect_layout, unsupported_reason
-from specframe_ssm.mixer import COMMIT_RULES, FAMILIES, TreeRun, tree_forward_mode
-from specframe_ssm.tree_ops import conv_window_index
+
+if TYPE_CHECKING:  # imported where they are used, so that registering the backends loads no torch
+    import torch
+
+    from specframe_ssm.mixer import TreeRun
 
 CommitRule = Literal["replay", "closed"]  # the keys of COMMIT_RULES (tests/test_ssm_cost.py checks)
 ScanImpl = Literal["auto", "torch", "triton"]  # specframe_kernels.tree_scan impl: auto = Triton on CUDA
@@ -39,6 +36,8 @@ class SSMBackendBase(StateBackend):
     min_rows = 1  # rows every forward is padded to (root included); 1: no padding
 
     def __init__(self, target, *, want_hidden: bool = False):
+        from specframe_ssm.layout import inspect_layout
+
         super().__init__(target, want_hidden=want_hidden)
         reason = self.unsupported_reason(target)
         if reason:
@@ -52,6 +51,8 @@ class SSMBackendBase(StateBackend):
 
     @classmethod
     def unsupported_reason(cls, target) -> str | None:
+        from specframe_ssm.layout import NO_RECURRENT, unsupported_reason
+
         reason = unsupported_reason(target.model)
         return f"{reason}; {_attention_only_advice(target)}" if reason == NO_RECURRENT else reason
 
@@ -59,6 +60,8 @@ class SSMBackendBase(StateBackend):
         """The calibration stored for this backend on this machine (`specframe calibrate`), else the
         reference CPU fit of this backend for the target's kind, scaled by its layers and width and
         padded as this backend pads small trees (`specframe_ssm.cost`)."""
+        from specframe_ssm.cost import default_cost_model
+
         return super().cost_model() or default_cost_model(self.name, self.model, self.min_rows)
 
     def cost_options(self) -> dict:
@@ -87,7 +90,7 @@ class SSMBackendBase(StateBackend):
             kwargs["attention_mask"] = mask
         return self.model(input_ids=ids, **kwargs)
 
-    @torch.inference_mode()
+    @inference_mode
     def prefill(self, ids: list[int]) -> None:
         self.cache = self._new_cache()
         self._committed, self._pending = 0, int(ids[-1])
@@ -97,6 +100,8 @@ class SSMBackendBase(StateBackend):
 
     def _append_chain(self, tokens: list[int], **extra):
         """Feed `tokens` as a plain sequence after the committed state with the unmodified model."""
+        import torch
+
         device, prefix = self.target.device, self._committed
         ids = torch.tensor([tokens], device=device)  # (1, m)
         positions = prefix + torch.arange(len(tokens), device=device)[None]  # (1, m)
@@ -110,6 +115,8 @@ class SSMBackendBase(StateBackend):
 
 def _attention_only_advice(target) -> str:
     """Where a model without recurrent layers can go: 'kv' when it serves the model, else nowhere."""
+    from specframe_ssm.layout import NO_BACKEND
+
     try:
         kv = specframe.get_registry().get("backend", "kv")
     except UnknownComponentError:
@@ -121,6 +128,8 @@ def _attention_only_advice(target) -> str:
 
 def chain_allowed(prefix: int, length: int, batch: int, device) -> torch.Tensor:
     """(B, m, P + m) bool: every row sees the prefix and the causal part of its own sequence."""
+    import torch
+
     allowed = torch.ones(batch, length, prefix + length, dtype=torch.bool, device=device)
     allowed[:, :, prefix:] = torch.tril(allowed[0, :, prefix:])
     return allowed
@@ -128,6 +137,8 @@ def chain_allowed(prefix: int, length: int, batch: int, device) -> torch.Tensor:
 
 def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """(B, 1, T, S) additive float mask from a (B, T, S) bool mask: 0 where allowed, finfo.min elsewhere."""
+    import torch
+
     mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
     mask.masked_fill_(~allowed, torch.finfo(dtype).min)
     return mask[:, None]
@@ -148,6 +159,10 @@ class SSMTreeBackend(SSMBackendBase):
 
     def __init__(self, target, *, want_hidden: bool = False, commit: CommitRule = "replay",
                  scan: ScanImpl = "auto", min_rows: int | None = None):
+        from specframe.adaptive.calibration import stored_min_rows
+        from specframe.packed_linear import linear_kernel
+        from specframe_ssm.mixer import COMMIT_RULES
+
         if commit not in COMMIT_RULES:
             raise ConfigurationError(f"backend 'ssm-tree': commit must be one of {sorted(COMMIT_RULES)}, "
                                      f"got {commit!r}")
@@ -172,7 +187,7 @@ class SSMTreeBackend(SSMBackendBase):
         return {**super().cost_options(), "commit": self.commit_rule, "scan": self.scan,
                 "min_rows": "auto" if self.auto_padding else self.min_rows}
 
-    @torch.inference_mode()
+    @inference_mode
     def score(self, tree: TokenTree) -> TargetScores:
         rows = len(tree) + 1
         out = self._run(tree.padded(self.min_rows - rows, self._pending))
@@ -182,6 +197,11 @@ class SSMTreeBackend(SSMBackendBase):
     def _run(self, tree: TokenTree) -> TargetScores:
         """The forward over the packed `tree` after the committed state: every row's logits, and in
         `state` each mixer's per-node activations, all `commit` needs to absorb any path."""
+        import torch
+        from specframe_ssm import cache as cache_ops
+        from specframe_ssm.mixer import TreeRun, tree_forward_mode
+        from specframe_ssm.tree_ops import conv_window_index
+
         cache_ops.crop_kv(self.cache, self.layout.attention, self._committed)  # drop an earlier scoring
         device, prefix = self.target.device, self._committed
         ids = torch.from_numpy(np.concatenate([[self._pending], tree.tokens]))[None].to(device)  # (1, T)
@@ -201,8 +221,12 @@ class SSMTreeBackend(SSMBackendBase):
         hidden = out.hidden_states[-1][0] if self.want_hidden else None  # (T, D)
         return TargetScores(logits=out.logits[0].float(), hidden=hidden, tree=tree, state=run)
 
-    @torch.inference_mode()
+    @inference_mode
     def commit(self, scored: TargetScores, path: list[int], bonus: int) -> None:
+        import torch
+        from specframe_ssm import cache as cache_ops
+        from specframe_ssm.mixer import FAMILIES
+
         self.redeem(scored)
         run: TreeRun = scored.state
         packed = [0] + [int(i) + 1 for i in path]  # root first, then the accepted nodes

@@ -12,12 +12,15 @@ roughly; calibrate for decisions that matter.
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from specframe import PolynomialCost
 from specframe.cost import CostModel, PaddedCost
+
+if TYPE_CHECKING:
+    import torch
 
 # Fits of one `score` call (process CPU seconds, 1 thread, float32) measured with
 #   python benchmarks/measure_ssm_tree.py --layers 4 --hybrid-layers 10 --threads 1 --time cpu
@@ -45,6 +48,8 @@ def layer_counts(model) -> tuple[int, int, float]:
 def input_width(mixer: torch.nn.Module) -> int:
     """Weights of a recurrent layer's input projections (Mamba2's in_proj; gated DeltaNet's q, k, v, gate,
     a and b projections, fused or not): every linear map but the output projection."""
+    import torch
+
     return sum(m.weight.numel() for name, m in mixer.named_children()
                if isinstance(m, torch.nn.Linear) and name not in ("out_proj", "o_proj"))
 

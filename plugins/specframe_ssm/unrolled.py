@@ -16,14 +16,16 @@ from __future__ import annotations
 import contextlib
 import copy
 from functools import partial
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from specframe import TargetScores, TokenTree
-from specframe_ssm import cache as cache_ops
+from specframe.devices import inference_mode
 from specframe_ssm.backend import SSMBackendBase, additive_mask, chain_allowed
-from specframe_ssm.layout import MAMBA1, MAMBA2, inspect_layout
+
+if TYPE_CHECKING:  # torch is imported where it is used, so that registering the backend loads none
+    import torch
 
 UNLIMITED = (0.0, float("inf"))  # clamps nothing: a softplus is never negative
 
@@ -73,6 +75,8 @@ def decoding_time_steps(mixers: list[torch.nn.Module], clamp_first: bool):
 def _clamp_first_dt(mixer, limit: tuple[float, float], module, args, projected: torch.Tensor) -> torch.Tensor:
     """`in_proj`'s output (B, W, F) with the dt inputs (its last H columns) of token 0 replaced, where
     `limit` binds, by those whose softplus after `dt_bias` is the clamped time step."""
+    import torch
+
     heads = mixer.num_heads
     scale = 1.0
     if hasattr(mixer, "mup_vector"):  # Falcon-H1 scales in_proj's output before reading dt from it
@@ -94,6 +98,8 @@ class SSMUnrolledBackend(SSMBackendBase):
 
     @classmethod
     def unsupported_reason(cls, target) -> str | None:
+        from specframe_ssm.layout import MAMBA1, inspect_layout
+
         reason = super().unsupported_reason(target)
         if reason is None and MAMBA1 in inspect_layout(target.model).kinds.values():
             return ("its Mamba-1 mixers run a multi-token forward from a zero state in transformers (their "
@@ -101,8 +107,10 @@ class SSMUnrolledBackend(SSMBackendBase):
                     "the prefix; use the 'ssm-tree' backend")
         return reason
 
-    @torch.inference_mode()
+    @inference_mode
     def score(self, tree: TokenTree) -> TargetScores:
+        import torch
+
         device, prefix = self.target.device, self._committed
         paths = [[0] + [i + 1 for i in p] for p in tree.paths] or [[0]]  # packed indices, root first
         width = max(len(p) for p in paths)
@@ -124,6 +132,8 @@ class SSMUnrolledBackend(SSMBackendBase):
     @staticmethod
     def _first_occurrence(paths: list[list[int]], size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(row, column) in the path batch where each packed node is computed first."""
+        import torch
+
         where: dict[int, tuple[int, int]] = {}
         for row, path in enumerate(paths):
             for col, node in enumerate(path):
@@ -131,8 +141,10 @@ class SSMUnrolledBackend(SSMBackendBase):
         rows, cols = zip(*(where[i] for i in range(size)))
         return torch.tensor(rows), torch.tensor(cols)
 
-    @torch.inference_mode()
+    @inference_mode
     def commit(self, scored: TargetScores, path: list[int], bonus: int) -> None:
+        from specframe_ssm import cache as cache_ops
+
         self.redeem(scored)
         with self._decoding_time_steps():
             self._append_chain([self._pending, *scored.tree.tokens[path].tolist()])
@@ -141,5 +153,7 @@ class SSMUnrolledBackend(SSMBackendBase):
 
     def _decoding_time_steps(self):
         """`decoding_time_steps` for this model's Mamba2-type mixers, fed the root first."""
+        from specframe_ssm.layout import MAMBA2
+
         mixers = [m for i, m in self.layout.mixers.items() if self.layout.kinds[i] == MAMBA2]
         return decoding_time_steps(mixers, clamp_first=self._prompt_root)

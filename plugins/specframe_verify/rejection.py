@@ -34,18 +34,23 @@ be. Such a step reports why in `VerifyResult.fallback`, and `DecodeMetrics.fallb
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from specframe import (
     DrawMethod, Sampler, SpecframeError, TargetScores, TokenTree, Verifier, VerifierCapabilities,
     VerifyResult,
 )
 
+if TYPE_CHECKING:  # torch is imported where it is used, so that registering the verifier loads none
+    import torch
+
 
 def recursive_rejection(p: torch.Tensor, children: list[int], tokens, q: torch.Tensor,
                         sampling: Sampler) -> tuple[int | None, torch.Tensor]:
     """Try `children` (node indices in draw order, tokens `tokens[c]`, all drawn from the (V,) row `q`)
     against the (V,) target distribution `p`. Returns (accepted child or None, residual distribution)."""
+    import torch
+
     remaining = q.to(device=p.device, dtype=torch.float64, copy=True)  # (V,) draft mass not yet drawn
     mass = float(remaining.sum())
     tried: set[int] = set()
@@ -87,6 +92,8 @@ class RejectionVerifier(Verifier):
     capabilities = VerifierCapabilities(lossless=True, uses_draft_probs=True, supports_sampling=True)
 
     def verify(self, tree: TokenTree, scores: TargetScores, sampling: Sampler) -> VerifyResult:
+        import torch
+
         fallback = fallback_reason(tree)
         path: list[int] = []
         node = -1  # the root

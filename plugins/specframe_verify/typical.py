@@ -20,7 +20,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import torch
 
 from specframe import (
     ConfigurationError, Sampler, TargetScores, TokenTree, Verifier, VerifierCapabilities, VerifyResult,
@@ -44,6 +43,8 @@ class TypicalVerifier(Verifier):
         self.threshold, self.alpha = threshold, alpha
 
     def verify(self, tree: TokenTree, scores: TargetScores, sampling: Sampler) -> VerifyResult:
+        import torch
+
         n = len(tree)
         if n == 0:
             return VerifyResult(path=[], bonus=sampling.sample(scores.logits[0]))

@@ -9,10 +9,14 @@ the smallest complete example of the `StateBackend` contract, and a reference fo
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
 
 from specframe import BackendCapabilities, StateBackend, TargetScores, TokenTree
+
+if TYPE_CHECKING:  # torch is imported in the methods that use it
+    import torch
 
 # Layer types a mask and position ids fully describe: attention over every earlier token, or no state.
 SERVED_TYPES = {"full_attention", "mlp", "moe"}
@@ -42,14 +46,16 @@ class RecomputeBackend(StateBackend):
     def prefill(self, ids: list[int]) -> None:
         self.committed, self.pending = [int(t) for t in ids[:-1]], int(ids[-1])
 
-    @torch.inference_mode()
     def score(self, tree: TokenTree) -> TargetScores:
+        import torch  # here, not at the top: `specframe plugins` and `--help` import this module
+
         prefix, device = len(self.committed), self.target.device
         ids = torch.tensor([self.committed + [self.pending] + tree.tokens.tolist()], device=device)  # (1, S)
         positions = np.concatenate([np.arange(prefix), prefix + tree.position_offsets])  # (S,)
-        out = self.target.model(input_ids=ids, position_ids=torch.from_numpy(positions)[None].to(device),
-                                attention_mask=self._mask(prefix, tree), use_cache=False,
-                                output_hidden_states=self.want_hidden)
+        with torch.inference_mode():
+            out = self.target.model(input_ids=ids, position_ids=torch.from_numpy(positions)[None].to(device),
+                                    attention_mask=self._mask(prefix, tree), use_cache=False,
+                                    output_hidden_states=self.want_hidden)
         logits = out.logits[0, prefix:].float()  # (T, V): the root, then node i at row i + 1
         hidden = out.hidden_states[-1][0, prefix:] if self.want_hidden else None  # (T, H)
         return self.issue(TargetScores(logits=logits, hidden=hidden, tree=tree))
@@ -57,6 +63,8 @@ class RecomputeBackend(StateBackend):
     def _mask(self, prefix: int, tree: TokenTree) -> torch.Tensor:
         """(1, 1, S, S) additive mask over S = prefix + T entries: causal, except that packed tree entries
         see each other only along ancestor paths."""
+        import torch
+
         size = prefix + len(tree) + 1
         allowed = torch.ones(size, size, dtype=torch.bool).tril()  # (S, S)
         allowed[prefix:, prefix:] = torch.from_numpy(tree.ancestor_mask)  # (T, T)
