@@ -82,5 +82,5 @@ for name, r in results.items():
 # %%
 m = results["pld"].metrics
 print("acceptance by depth:", [round(a, 2) for a in m.acceptance_by_depth])
-print("histogram of accepted drafts per step:", m.histogram)
+print("histogram of accepted drafts per step:", m.acceptance_histogram)
 print("ms per step:", {k: round(v, 2) for k, v in m.time_per_step_ms.items()})

@@ -5,7 +5,7 @@
 - alpha (acceptance rate) = accepted draft tokens / draft tokens sent to the target.
 - per-position acceptance: unconditional = steps that accepted depth d / steps; conditional = steps that
   accepted depth d / steps that accepted depth d - 1.
-- histogram[j] = steps that accepted exactly j draft tokens.
+- acceptance_histogram[j] = steps that accepted exactly j draft tokens.
 - time split per step: draft, tree, forward, verify, commit, other. On an accelerator the device is
   synchronised after each phase only with `phase_timing` on; with it off the split holds launch times
   (work is charged to whichever phase waits for it) while the totals stay right.
@@ -20,6 +20,7 @@ from __future__ import annotations
 import resource
 import sys
 import time
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -141,12 +142,20 @@ class DecodeMetrics:
         return self.new_tokens / decode if decode > 0 else 0.0
 
     @property
-    def histogram(self) -> list[int]:
+    def acceptance_histogram(self) -> list[int]:
+        """Steps that accepted exactly j draft tokens (index j); the name of the records' field too."""
         top = max(self.accepted_per_step, default=0)
         counts = [0] * (top + 1)
         for j in self.accepted_per_step:
             counts[j] += 1
         return counts
+
+    @property
+    def histogram(self) -> list[int]:
+        """Deprecated name of `acceptance_histogram`."""
+        warnings.warn("DecodeMetrics.histogram is deprecated: use DecodeMetrics.acceptance_histogram, the "
+                      "name records use", DeprecationWarning, stacklevel=2)
+        return self.acceptance_histogram
 
     @property
     def acceptance_by_depth(self) -> list[float]:
@@ -173,7 +182,7 @@ class DecodeMetrics:
             "mean_tree_size": sum(self.tree_sizes) / self.steps if self.steps else 0.0,
             "acceptance_by_depth": self.acceptance_by_depth,
             "conditional_acceptance_by_depth": self.conditional_acceptance_by_depth,
-            "acceptance_histogram": self.histogram,
+            "acceptance_histogram": self.acceptance_histogram,
             "time_s": dict(self.time), "time_per_step_ms": self.time_per_step_ms,
             "prefill_s": self.prefill_s, "wall_s": self.wall_s,
             "tokens_per_s": self.tokens_per_s, "decode_tokens_per_s": self.decode_tokens_per_s,
