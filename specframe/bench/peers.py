@@ -14,6 +14,9 @@ one verification step. Draft counts are not visible from outside, so a peer's al
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -31,6 +34,9 @@ from specframe.bench.methods import split_parts
 # Defaults: the first 8 layers (fewer on smaller models) as the assistant, 4 draft tokens per step.
 PEERS = {"hf-generate": {}, "hf-pld": {"num_tokens": 10}, "hf-assisted": {"layers": None, "num_tokens": 4}}
 DEFAULT_ASSISTANT_LAYERS = 8
+# transformers' assisted generation calls its assistant's `generate` with a `generation_config` and generation
+# arguments both, which transformers itself then warns is deprecated: nothing a user of bench can change.
+ASSISTANT_WARNING = ("transformers.generation.utils", "Passing `generation_config` together with generation-")
 
 
 @dataclass(frozen=True)
@@ -72,6 +78,29 @@ class StepClock:
         pass
 
 
+@contextmanager
+def dropped_log(logger: str, start: str) -> Iterator[None]:
+    """Within the block, `logger` drops the records whose message starts with `start`; nothing else."""
+    def keep(record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(start)
+
+    target = logging.getLogger(logger)
+    target.addFilter(keep)
+    try:
+        yield
+    finally:
+        target.removeFilter(keep)
+
+
+def without_log(function, logger: str, start: str):
+    """`function` with the records of `dropped_log(logger, start)` dropped while it runs."""
+    def run(*args, **kwargs):
+        with dropped_log(logger, start):
+            return function(*args, **kwargs)
+
+    return run
+
+
 def truncated_assistant(target: Target, layers: int | None) -> torch.nn.Module:
     """The target's first `layers` decoder layers + final norm + LM head, sharing the target's weights
     (`specframe.truncation.truncated_model`).
@@ -100,6 +129,7 @@ class PeerRunner:
         elif spec.name == "hf-assisted":
             assistant = truncated_assistant(target, spec.options["layers"])
             assistant.generation_config.num_assistant_tokens = int(spec.options["num_tokens"])
+            assistant.generate = without_log(assistant.generate, *ASSISTANT_WARNING)  # transformers calls it
             self.kwargs["assistant_model"] = assistant
 
     @torch.inference_mode()
