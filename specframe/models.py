@@ -19,6 +19,8 @@ import shutil
 import sys
 import tempfile
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -219,7 +221,8 @@ def _dequantize(source: str, tmp: Path, out: Path) -> None:
     print(f"specframe: converting {filename} once to {out} (about 20 s)...", flush=True)
     try:
         tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=filename)
-        model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=filename, dtype=torch.float32)
+        with progress_bars_on_a_terminal():
+            model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=filename, dtype=torch.float32)
     except (OSError, ValueError, KeyError, TypeError, RuntimeError) as err:
         raise ModelLoadError(f"cannot convert {gguf_dir / filename} with transformers' GGUF support: "
                              f"{_one_line(err)} (it reads llama, mistral, qwen2, phi3 and a few more "
@@ -282,7 +285,8 @@ def load_target(name: str = DEFAULT_MODEL, *, device: str | torch.device = "auto
     check_causal(config, directory)
     tokenizer = load_tokenizer(directory)
     precision = resolve_dtype(dtype, where, native_dtype(config))
-    model = load_weights(directory, config, precision, hint=_reconvert_hint(name, directory))
+    with progress_bars_on_a_terminal():  # transformers' "Loading weights"
+        model = load_weights(directory, config, precision, hint=_reconvert_hint(name, directory))
     try:
         model = model.to(where)
     except (RuntimeError, torch.OutOfMemoryError) as err:
@@ -296,6 +300,22 @@ def load_target(name: str = DEFAULT_MODEL, *, device: str | torch.device = "auto
     if where.type == "cpu":
         use_cpu_attention(model)
     return Target(model=model, tokenizer=tokenizer, name=name)
+
+
+@contextmanager
+def progress_bars_on_a_terminal() -> Iterator[None]:
+    """Within the block, transformers draws its progress bars (loading weights, converting a GGUF) only
+    when stderr is a terminal: piped into a file or a notebook, every redraw would stay as a line."""
+    from transformers.utils import logging as hf_logging
+
+    if sys.stderr.isatty() or not hf_logging.is_progress_bar_enabled():
+        yield
+        return
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.enable_progress_bar()
 
 
 def _stream_linear_runs() -> bool:

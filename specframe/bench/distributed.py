@@ -152,7 +152,7 @@ def run_benchmark_ray(target_factory: Callable[[], Target], suite: str | list[Be
             if prompt.qid in done:  # checked again, as a local resumed run does
                 mismatches += check_cell(prompt, runners, store, repeats, tokenizer, sampling.greedy)
         bar = tqdm(total=len(prompts), initial=len(prompts) - len(cells), desc="bench (ray)", unit="question",
-                   disable=not progress, file=sys.stderr, mininterval=1 if sys.stderr.isatty() else 20)
+                   disable=not progress or not sys.stderr.isatty(), file=sys.stderr, mininterval=1)
         pool = ActorPool(actors)
         by_qid = {p.qid: p for p in prompts}
         for records in pool.map_unordered(lambda actor, cell: actor.run_cell.remote(*cell), cells):

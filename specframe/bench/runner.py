@@ -351,8 +351,8 @@ def run_bench(target: Target, prompts: list[BenchPrompt], runners: list, *, repe
               for t in range(len(p.turns)) for r in runners]
     todo = [k for k in wanted if k not in store.records]
     run = BenchRun([], runners, prompts, identity_checked=check_identity)
-    bar = tqdm(total=len(wanted), initial=len(wanted) - len(todo), desc="bench", unit="gen",
-               disable=not progress, file=sys.stderr, mininterval=1 if sys.stderr.isatty() else 20)
+    bar = tqdm(total=len(wanted), initial=len(wanted) - len(todo), desc="bench", unit="gen",  # a terminal's
+               disable=not progress or not sys.stderr.isatty(), file=sys.stderr, mininterval=1)  # only
     if warmup and todo:
         busy = {k[0] for k in todo}
         # A prompt of no suite: methods that remember earlier responses (`suffix`) learn nothing from it.
