@@ -10,7 +10,9 @@ from pathlib import Path
 
 import numpy as np
 
-from specframe.adaptive.planner import AdaptivePlanner, FixedPlanner, make_adaptive_planner, parse_budget
+from specframe.adaptive.planner import (
+    AdaptivePlanner, FixedPlanner, make_adaptive_planner, parse_budget, plans_blind,
+)
 from specframe.cost import CostModel
 from specframe.devices import synchronizer
 from specframe.errors import ConfigurationError, PromptError, SpecframeWarning
@@ -18,7 +20,7 @@ from specframe.interfaces import BuildContext
 from specframe.kinds import DEFAULT_BUDGET
 from specframe.metrics import DecodeMetrics, PhaseTimer, now, peak_memory_bytes, reset_peak_memory
 from specframe.models import Target, check_writable_dir
-from specframe.pipeline import Pipeline, assemble
+from specframe.pipeline import Pipeline, assemble, check_request
 from specframe.records import DraftContext, DraftProposal, StepEvent, StepOutcome
 from specframe.registry import PluginRegistry, get_registry
 from specframe.sampling import Sampler, SamplingParams
@@ -79,6 +81,7 @@ class SpeculativeDecoder:
         stop = (stop,) if isinstance(stop, str) else tuple(stop)
         self._check_request(prompt_ids, max_new_tokens, stop)
         sampling = self.sampling if seed is None else replace(self.sampling, seed=seed)
+        check_request(self.pipeline, sampling, self.registry)  # `sampling` may have changed since assembly
         planner = self._planner()  # the first request may calibrate the cost: not part of its time
         hook = self.registry.hook
         hook.on_decode_start(decoder=self, prompt_ids=prompt_ids)
@@ -114,7 +117,7 @@ class SpeculativeDecoder:
         sync = synchronizer(self.target.device)  # None on the CPU
         phase_sync = sync if self.phase_timing else None
         drafter.reset()
-        planner.start_request()
+        planner.start_request(blind=plans_blind(self.pipeline, sampling))  # this request's sampling decides
         t0 = now()
         backend.prefill(prompt_ids)
         if sync is not None:
@@ -160,8 +163,8 @@ class SpeculativeDecoder:
         """The step planner, made once: for `budget="auto"` this measures (or loads) the backend's cost
         model, which prefills the backend with a synthetic prompt, so it runs before a request's prefill."""
         if self.planner is None and self.adaptive:
-            self.planner = make_adaptive_planner(self.pipeline, self.budget, self.sampling, self.cost,
-                                                 self.acceptance_file, self.progress, self.phase_timing)
+            self.planner = make_adaptive_planner(self.pipeline, self.budget, self.cost, self.acceptance_file,
+                                                 self.progress, self.phase_timing)
         elif self.planner is None:
             self.planner = FixedPlanner(self.budget, self.pipeline.backend.cost_model())
         return self.planner

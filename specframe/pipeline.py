@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from specframe.errors import CapabilityError, SpecframeWarning, UnsupportedModelError
@@ -28,6 +28,8 @@ class Pipeline:
     tree_builder: TreeBuilder
     verifier: Verifier
     backend: StateBackend
+    # (component classes, greedy) already found to fit: `check_request` checks each mode once
+    checked: set[tuple] = field(default_factory=set, init=False, repr=False, compare=False)
 
 
 def check_compatible(target: Target, drafter: type[Drafter], tree: type[TreeBuilder],
@@ -53,15 +55,6 @@ def check_compatible(target: Target, drafter: type[Drafter], tree: type[TreeBuil
     if v.needs_draft_probs and not t.keeps_draft_probs:
         problems.append(f"verifier '{verifier.name}' needs draft probabilities, which tree builder "
                         f"'{tree.name}' drops")
-    if (v.uses_draft_probs and d.samples_drafts and not sampling.greedy
-            and not (t.keeps_draw_order and t.keeps_draft_probs)):
-        problems.append(
-            f"tree builder '{tree.name}' chooses among the drafts that drafter '{drafter.name}' samples by "
-            f"their scores, so the kept drafts are no longer draws from q and verifier '{verifier.name}' "
-            "would be biased; with sampled drafts use a tree builder that keeps a draw-order prefix"
-            f"{trees(lambda c: c.keeps_draw_order and c.keeps_draft_probs)}, or verify "
-            f"'{tree.name}' trees with a lossless verifier that does not use q"
-            f"{verifiers(lambda c: samples_losslessly(c) and not c.uses_draft_probs)}")
     if t.needs_score_kind is not None and d.score_kind is not t.needs_score_kind:
         problems.append(f"tree builder '{tree.name}' ranks nodes by {t.needs_score_kind.value} scores, but "
                         f"drafter '{drafter.name}' scores by {d.score_kind.value}; use a tree builder that "
@@ -73,17 +66,64 @@ def check_compatible(target: Target, drafter: type[Drafter], tree: type[TreeBuil
     if t.needs_draft_probs and not d.provides_draft_probs:
         problems.append(f"tree builder '{tree.name}' expands by draft probabilities, which drafter "
                         f"'{drafter.name}' does not provide")
-    if not sampling.greedy and not v.supports_sampling:
+    problems += sampling_problems(drafter, tree, verifier, sampling, registry)
+    if problems:
+        raise CapabilityError("these components do not fit together: " + "; ".join(problems))
+    warn_if_lossy(verifier, sampling, registry, stacklevel=4)  # the caller of `assemble`
+
+
+def check_request(pipeline: Pipeline, sampling: SamplingParams,
+                  registry: PluginRegistry | None = None) -> None:
+    """Refuse (`CapabilityError`) a request whose `sampling` the components of `pipeline` cannot serve
+    losslessly, and warn where its verifier is lossy at that sampling: what `check_compatible` checks of
+    the sampling, checked again for each request, since a decoder's sampling may change after assembly.
+    Each set of component classes is checked once per mode (greedy or sampling)."""
+    classes = tuple(type(c) for c in (pipeline.drafter, pipeline.tree_builder, pipeline.verifier))
+    key = (*classes, type(pipeline.backend), sampling.greedy)
+    if key in pipeline.checked:
+        return
+    registry = registry or get_registry()
+    problems = sampling_problems(*classes, sampling, registry)
+    if problems:
+        raise CapabilityError(f"these components cannot serve a request at temperature "
+                              f"{sampling.temperature}: " + "; ".join(problems))
+    warn_if_lossy(classes[2], sampling, registry, stacklevel=5)  # the caller of `generate`
+    pipeline.checked.add(key)
+
+
+def sampling_problems(drafter: type[Drafter], tree: type[TreeBuilder], verifier: type[Verifier],
+                      sampling: SamplingParams, registry: PluginRegistry) -> list[str]:
+    """The mismatches between the component classes that depend on `sampling`, each with the registered
+    components that would fit instead."""
+    if sampling.greedy:
+        return []
+    verifiers = functools.partial(such_as, registry, ComponentKind.VERIFIER)  # hints: which would fit
+    trees = functools.partial(such_as, registry, ComponentKind.TREE_BUILDER)
+    d, t, v = drafter.capabilities, tree.capabilities, verifier.capabilities
+    problems = []
+    if v.uses_draft_probs and d.samples_drafts and not (t.keeps_draw_order and t.keeps_draft_probs):
+        problems.append(
+            f"tree builder '{tree.name}' chooses among the drafts that drafter '{drafter.name}' samples by "
+            f"their scores, so the kept drafts are no longer draws from q and verifier '{verifier.name}' "
+            "would be biased; with sampled drafts use a tree builder that keeps a draw-order prefix"
+            f"{trees(lambda c: c.keeps_draw_order and c.keeps_draft_probs)}, or verify "
+            f"'{tree.name}' trees with a lossless verifier that does not use q"
+            f"{verifiers(lambda c: samples_losslessly(c) and not c.uses_draft_probs)}")
+    if not v.supports_sampling:
         problems.append(f"verifier '{verifier.name}' is greedy only, but temperature is "
                         f"{sampling.temperature} (use a lossless sampling verifier"
                         f"{verifiers(samples_losslessly)}, or temperature 0)")
-    if problems:
-        raise CapabilityError("these components do not fit together: " + "; ".join(problems))
-    if not sampling.greedy and not v.lossless:
+    return problems
+
+
+def warn_if_lossy(verifier: type[Verifier], sampling: SamplingParams, registry: PluginRegistry,
+                  stacklevel: int) -> None:
+    if not sampling.greedy and not verifier.capabilities.lossless:
         warnings.warn(SpecframeWarning(
             f"verifier '{verifier.name}' is lossy: at temperature {sampling.temperature} the output does not "
             f"follow the target model's distribution; use a lossless verifier"
-            f"{verifiers(samples_losslessly)} for lossless sampling"), stacklevel=3)
+            f"{such_as(registry, ComponentKind.VERIFIER, samples_losslessly)} for lossless sampling"),
+            stacklevel=stacklevel)
 
 
 def samples_losslessly(capabilities: Any) -> bool:
@@ -119,13 +159,15 @@ def assemble(target: Target, drafter: Component = DEFAULT_COMPONENTS[ComponentKi
     check_compatible(target, *classes, sampling, registry)
     d, t, v, b = [(cls, {**option_defaults(kind, cls.name), **spec_options, **options.get(kind, {})})
                   for kind, (cls, spec_options) in zip(ComponentKind, parts)]
-    return Pipeline(
+    pipeline = Pipeline(
         drafter=_construct(ComponentKind.DRAFTER, *d, target),
         tree_builder=_construct(ComponentKind.TREE_BUILDER, *t),
         verifier=_construct(ComponentKind.VERIFIER, *v),
         backend=_construct(ComponentKind.BACKEND, *b, target,
                            want_hidden=d[0].capabilities.needs_hidden_states),
     )
+    pipeline.checked.add((*classes, sampling.greedy))  # requests of this mode need no second check
+    return pipeline
 
 
 def check_specs(drafter: Component = DEFAULT_COMPONENTS[ComponentKind.DRAFTER],

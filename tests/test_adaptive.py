@@ -621,6 +621,24 @@ def test_acceptance_counts_persist_across_decoders(tiny, tmp_path):
     assert second.planner.acceptance.observations > learned  # started from the first decoder's counts
 
 
+def test_each_request_is_planned_blind_or_not_by_its_own_sampling(tiny):
+    """A sampled tree verified with q is planned blind (nothing pruned by the drawn tokens); a greedy
+    request through the same decoder is not. The decoder's sampling may change between requests, so the
+    mode follows each request, not the first."""
+    from specframe import SamplingParams, SpeculativeDecoder
+    from specframe.testing.targets import repetitive_prompt
+
+    decoder = SpeculativeDecoder.from_names(tiny, "draft-model(layers=1, num_tokens=2)", "chain", "rejection",
+                                            budget="auto:4")
+    decoder.cost = PolynomialCost((0.3, 1.0))
+    modes = []
+    for temperature in (0.0, 1.0, 0.0):
+        decoder.sampling = SamplingParams(temperature, seed=0)
+        decoder.generate(repetitive_prompt(64, 16, seed=2), max_new_tokens=3)
+        modes.append(decoder.planner.draw_order_only)
+    assert modes == [False, True, False]
+
+
 def test_drafting_time_is_fitted_in_the_tokens_the_drafter_has_not_read():
     """A draft model's drafting grows with what it must read first; S4C's heads cost the same always."""
     from specframe.adaptive.planner import DraftTime

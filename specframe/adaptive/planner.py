@@ -13,7 +13,8 @@ step time.
 Lossless by construction: every decision uses the proposal and earlier steps only. When the tree is
 sampled and the verifier uses the draft probabilities, the kept nodes must not depend on the drawn
 tokens at all (`specframe.tree.draw_order_prefix`); the planner then picks the budget before the build
-from earlier steps alone and prunes nothing.
+from earlier steps alone and prunes nothing. Whether that holds depends on the request's sampling, so it
+is decided for each request (`plans_blind`, passed to `start_request`), never once per planner.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from specframe.adaptive.selection import choose_subtree
 from specframe.cost import CostModel, ScaledCost
 from specframe.errors import ConfigurationError
 from specframe.records import DraftProposal, Prediction, VerifyResult
+from specframe.sampling import SamplingParams
 from specframe.tree import TokenTree
 
 # Drafting under 5 % of a plain step always goes on (prompt lookup, retrieval, suffix trees): stopping it
@@ -200,7 +202,7 @@ class FixedPlanner(CostAtContext):
         super().__init__(cost)
         self.budget = budget
 
-    def start_request(self) -> None:
+    def start_request(self, blind: bool = False) -> None:
         pass
 
     def should_draft(self) -> bool:
@@ -220,14 +222,14 @@ class AdaptivePlanner(CostAtContext):
     """Speculate only what pays: see the module docstring. `cap` bounds the tree size."""
 
     def __init__(self, cost: CostModel, cap: int, acceptance: AcceptanceModel | None = None,
-                 draw_order_only: bool = False, drafting_grows_with_budget: bool = True,
-                 learn_speed: bool = True, matches_draws: bool = False, learn_shape: bool = SHAPE_LEARNING):
+                 drafting_grows_with_budget: bool = True, learn_speed: bool = True,
+                 matches_draws: bool = False, learn_shape: bool = SHAPE_LEARNING):
         super().__init__(cost)  # `self.cost`: the cost at this step's context (`start_step`)
         self.cap = cap
         self.learn_speed = learn_speed  # scale `cost` to the realised forward (False: take it as given)
         self.acceptance = acceptance or AcceptanceModel()
         self.matches_draws = matches_draws  # `VerifierCapabilities.matches_draws`: learn from cut nodes
-        self.draw_order_only = draw_order_only  # sampled trees verified with q: choose sizes blind
+        self.draw_order_only = False  # this request's sampled trees are verified with q: choose sizes blind
         self.per_token_drafting = drafting_grows_with_budget  # dear drafting: size the budget first
         self.position_hits = np.zeros((2, cap))  # [accepted, tried] by index position in the scored tree
         self.speed = 1.0  # realised forward time over the calibrated one, running mean (the machine today)
@@ -249,8 +251,11 @@ class AdaptivePlanner(CostAtContext):
 
     # --- before the step -----------------------------------------------------------------------------
 
-    def start_request(self) -> None:
-        """A new request: its drafter has read none of it, and its probes have earned nothing yet."""
+    def start_request(self, blind: bool = False) -> None:
+        """A new request: its drafter has read none of it, and its probes have earned nothing yet.
+        `blind` (`plans_blind` of the request's sampling): its sampled trees are verified with their q,
+        so sizes are chosen before drafting and nothing is pruned."""
+        self.draw_order_only = blind
         self._read = 0
         self.probes.start_request()
 
@@ -393,7 +398,7 @@ def parse_budget(budget: int | str) -> tuple[int, bool]:
     return cap, adaptive
 
 
-def make_adaptive_planner(pipeline, cap: int, sampling, cost: CostModel | None = None,
+def make_adaptive_planner(pipeline, cap: int, cost: CostModel | None = None,
                           acceptance_file: Path | None = None, progress: bool = True,
                           phase_timing: bool = True) -> AdaptivePlanner:
     """An `AdaptivePlanner` for `pipeline` with `cost`, by default the backend's measured cost
@@ -404,18 +409,26 @@ def make_adaptive_planner(pipeline, cap: int, sampling, cost: CostModel | None =
     phases apart (`phase_timing`: without it, an accelerator's forward phase holds only launch time); a
     `cost` passed in is taken as given (tests and simulations state costs in their own units).
 
-    Blind mode (sizes chosen before the build, nothing pruned) when the request samples, the drafter
-    samples its drafts and the verifier uses their q through a builder that keeps draw order: pruning
-    such a tree would still be lossless (`TokenTree.subtree` relabels it for sample-and-match), but it
-    would lose what rejection sampling with q gains.
+    The planner serves requests of any sampling: whether one is planned blind is `plans_blind`'s call,
+    made for each request.
     """
     from specframe.adaptive.calibration import cached_cost
 
-    d, t, v = (c.capabilities for c in (pipeline.drafter, pipeline.tree_builder, pipeline.verifier))
-    blind = (not sampling.greedy and d.samples_drafts and v.uses_draft_probs and t.keeps_draw_order)
+    d, v = (c.capabilities for c in (pipeline.drafter, pipeline.verifier))
     measured = cost is None and phase_timing
     cost = cost or cached_cost(pipeline.backend, progress=progress)
     acceptance = AcceptanceModel.load(acceptance_file) if acceptance_file is not None else None
-    return AdaptivePlanner(cost, cap, acceptance, draw_order_only=blind,
-                           drafting_grows_with_budget=d.drafting_grows_with_budget, learn_speed=measured,
-                           matches_draws=v.matches_draws)
+    return AdaptivePlanner(cost, cap, acceptance, drafting_grows_with_budget=d.drafting_grows_with_budget,
+                           learn_speed=measured, matches_draws=v.matches_draws)
+
+
+def plans_blind(pipeline, sampling: SamplingParams) -> bool:
+    """Whether a request with `sampling` through `pipeline` must be planned blind (sizes chosen before the
+    build, nothing pruned): it samples, the drafter samples its drafts and the verifier uses their q
+    through a builder that keeps draw order. Pruning such a tree by its drawn tokens' scores would bias
+    what the verifier accepts; pruning it by earlier steps alone would still be lossless
+    (`TokenTree.subtree` relabels it for sample-and-match), but would lose what rejection sampling with q
+    gains. Decided per request, from that request's sampling: a decoder's sampling may change between
+    requests."""
+    d, t, v = (c.capabilities for c in (pipeline.drafter, pipeline.tree_builder, pipeline.verifier))
+    return not sampling.greedy and d.samples_drafts and v.uses_draft_probs and t.keeps_draw_order
