@@ -45,6 +45,7 @@ class SpeculativeDecoder:
                  progress: bool = True, phase_timing: bool = True):
         self.budget, self.adaptive = parse_budget(budget)  # a fixed size, or the cap of "auto"
         self.target, self.pipeline = target, pipeline
+        # May be replaced between requests: each request is checked and planned by the sampling it runs with
         self.sampling = sampling or SamplingParams()
         self.registry = registry or get_registry()
         # For budget="auto": None measures the backend's cost once, caches it and scales it to the speed

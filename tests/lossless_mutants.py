@@ -2,7 +2,8 @@
 
 Each mutant is one fault that has shipped in speculative decoding code somewhere, paired with the
 scenario of `specframe.testing.law` aimed at it. `test_lossless_power.py` checks that every mutant scores
-p < 1e-6 there while the shipped components pass every scenario at p >= 1e-4.
+p < 1e-6 there while the shipped components pass every scenario at p >= 1e-4; the planner mutant runs
+end to end, in `test_lossless_e2e.py`.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from specframe import (
     BuildContext, DraftProposal, DrawMethod, Sampler, TargetScores, TokenTree, TreeBuilder,
     TreeBuilderCapabilities, Verifier, VerifierCapabilities, VerifyResult,
 )
+from specframe.adaptive.planner import AdaptivePlanner
 from specframe.registry import get_registry
 
 FAULTS = ("q-not-renormalised", "bonus-from-p", "uniform-q", "duplicates-not-skipped")
@@ -108,3 +110,21 @@ class KeptAllIsSampled(TreeBuilder):
 def as_ranked(proposal: DraftProposal) -> DraftProposal:
     """The same proposal labelled top-k, so the shipped builders pick by score."""
     return dataclasses.replace(proposal, draw=DrawMethod.TOPK)
+
+
+class ByScorePlanner(AdaptivePlanner):
+    """Mutant adaptive planner: plans every request as a greedy one, so it keeps or cuts sampled draft
+    nodes by their drawn tokens' scores even when the verifier then uses q (a planner whose mode was fixed
+    by a decoder's first, greedy request). A tree it keeps whole stays sampled, and whether it was kept
+    whole depends on what was drawn."""
+
+    def start_request(self, blind: bool = False) -> None:
+        super().start_request(blind=False)
+
+    @classmethod
+    def for_decoder(cls, decoder) -> ByScorePlanner:
+        """The planner `decoder` (`budget="auto"`, with a cost model given) would make, as this mutant."""
+        drafter, verifier = decoder.pipeline.drafter, decoder.pipeline.verifier
+        return cls(decoder.cost, decoder.budget, learn_speed=False,
+                   drafting_grows_with_budget=drafter.capabilities.drafting_grows_with_budget,
+                   matches_draws=verifier.capabilities.matches_draws)

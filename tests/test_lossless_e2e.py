@@ -17,7 +17,9 @@ Two kinds of combination:
   10,000 seeds.
 A mutant tree builder run the same way shows that the end-to-end law test can fail. Every combination runs
 twice: with a fixed budget, and with `budget="auto:3"` (adaptive speculation, under a cost model that makes
-trees worth scoring), whose choices must not change the law either.
+trees worth scoring), whose choices must not change the law either; a mutant planner that judges sampled
+drafts by their scores is run where its choice matters, and must fail there. A decoder whose `sampling` is
+set to T > 0 after a greedy first request must follow the law too, and refuse what T > 0 refuses.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from lossless_mutants import ByScoreChain
+from lossless_mutants import ByScoreChain, ByScorePlanner
 
 from specframe import Pipeline, PolynomialCost, SamplingParams, SpeculativeDecoder
 from specframe.errors import CapabilityError
@@ -45,6 +47,9 @@ FILTERED = SamplingParams(temperature=0.7, top_p=0.9)
 RUNS_HOT, RUNS_FILTERED, RUNS_REPLAY, RUNS_PLAIN = 3000, 2000, 300, 10_000
 BUDGETS = (BUDGET, f"auto:{BUDGET}")
 CHEAP_NODES = PolynomialCost((0.01, 1.0))  # a node costs 1 % of a step: adaptive trees keep most drafts
+# A node costs 30 % of a step: a planner that judged sampled drafts by their drawn tokens' scores would keep
+# a one-node tree about as often as it cuts it, and whether it keeps it would depend on the token drawn
+SELECTIVE = PolynomialCost((0.3, 1.0))
 
 
 @pytest.fixture(scope="module")
@@ -75,16 +80,16 @@ def combinations():
 COMBINATIONS = combinations()
 
 
-def decoder(setup, drafter: str, tree, verifier: str, backend=None, budget=BUDGET,
+def decoder(setup, drafter: str, tree, verifier: str, backend=None, budget=BUDGET, cost=CHEAP_NODES,
             **options) -> SpeculativeDecoder:
     target, table, workdir = setup
     registry = get_registry()
     d_cls = registry.get("drafter", drafter)
     tree = registry.get("tree builder", tree)() if isinstance(tree, str) else tree
     backend = backend or TableBackend(target, table=table, want_hidden=d_cls.capabilities.needs_hidden_states)
-    pipeline = Pipeline(d_cls(target, **d_cls.example_options(target, workdir), **options), tree,
+    pipeline = Pipeline(d_cls(target, **{**d_cls.example_options(target, workdir), **options}), tree,
                         registry.get("verifier", verifier)(), backend)
-    return SpeculativeDecoder(target, pipeline, budget=budget, cost=CHEAP_NODES)
+    return SpeculativeDecoder(target, pipeline, budget=budget, cost=cost)
 
 
 USES_Q = [(d, t, v, params, runs, b) for d, t, v, uses_q in COMBINATIONS if uses_q
@@ -160,6 +165,69 @@ def test_real_kv_backend_follows_the_target_law(setup, drafter, tree, options):
     counts, accepted = decoder_counts(run, PROMPT, DEPTH, 1000, FILTERED, MAX_NEW)
     result = law_test(counts, exact_law(table, FILTERED))
     assert result.pvalue >= P_PASS and accepted > 0, f"{drafter}{options}+{tree}+rejection on kv: {result}"
+
+
+# A planner that keeps or cuts sampled drafts by their drawn tokens' scores keeps nearly every node at
+# CHEAP_NODES, and at auto:3 at SELECTIVE costs it always cuts (a cut tree is verified by sample-and-match,
+# which is lossless), so it passes there: every drafter and sampling that uses q is run again where that
+# choice is made at every step, a one-node cap at SELECTIVE costs, and there the mutant must fail by far
+# while the real planner passes. With one node every draw-order builder keeps the first-drawn child, so
+# `chain` stands for `trie` and `static` (their runs are the same, seed for seed).
+CAUGHT_BY_FAR, RUNS_SELECTIVE = 1e-12, 1000
+SELECTIVE_CASES = list(dict.fromkeys((d, v, params) for d, _, v, params, _, b in USES_Q if b != BUDGET))
+
+
+@pytest.mark.parametrize("drafter,verifier,params", SELECTIVE_CASES,
+                         ids=[f"{d}+{v}-T{p.temperature}-p{p.top_p}" for d, v, p in SELECTIVE_CASES])
+def test_a_planner_that_cuts_sampled_drafts_by_score_is_caught_where_the_real_one_passes(
+        setup, drafter, verifier, params):
+    _, table, _ = setup
+    law = exact_law(table, params)
+    results = {}
+    for name in ("real", "by score"):
+        run = decoder(setup, drafter, "chain", verifier, budget="auto:1", cost=SELECTIVE)
+        if name == "by score":
+            run.planner = ByScorePlanner.for_decoder(run)
+        counts, _ = decoder_counts(run, PROMPT, DEPTH, RUNS_SELECTIVE, params, MAX_NEW)
+        results[name] = law_test(counts, law)
+    label = f"{drafter}+chain+{verifier} at {params}"
+    assert results["real"].pvalue >= P_PASS, f"{label}, real planner: {results['real']}"
+    assert results["by score"].pvalue < CAUGHT_BY_FAR, f"{label}, mutant planner: {results['by score']}"
+
+
+# --- sampling set after the decoder's first request ------------------------------------------------------
+
+SWITCHES = [("draft-model", "chain", {"num_tokens": 1}, "auto:1"),
+            ("s4c", "static", {"draw": "sample"}, "auto:1")]
+
+
+@pytest.mark.parametrize("drafter,tree,options,budget", SWITCHES,
+                         ids=[f"{d}+{t}@{b}" for d, t, _, b in SWITCHES])
+def test_sampling_set_after_a_greedy_first_request_follows_the_target_law(setup, drafter, tree, options,
+                                                                          budget):
+    """The decoder serves a greedy request first (which makes its planner), then its `sampling` is set to
+    T = 1: every request is planned by its own sampling, so the sampled trees are not pruned by score."""
+    _, table, _ = setup
+    run = decoder(setup, drafter, tree, "rejection", budget=budget, cost=SELECTIVE, **options)
+    run.generate(PROMPT, max_new_tokens=MAX_NEW)  # greedy
+    counts, accepted = decoder_counts(run, PROMPT, DEPTH, RUNS_HOT, HOT, MAX_NEW)
+    result = law_test(counts, exact_law(table, HOT))
+    assert result.pvalue >= P_PASS, f"{drafter}{options}+{tree}@{budget} after a greedy request: {result}"
+    assert accepted > RUNS_HOT / 10, f"{drafter}+{tree}: drafts were hardly accepted ({accepted})"
+
+
+@pytest.mark.parametrize("drafter,tree,verifier,match", [
+    ("draft-model(layers=1)", "beam", "rejection", "chooses among"),
+    ("pld", "chain", "greedy", "greedy only")])
+def test_a_pairing_refused_while_sampling_is_refused_after_sampling_is_switched_on(setup, drafter, tree,
+                                                                                  verifier, match):
+    run = SpeculativeDecoder.from_names(setup[0], drafter, tree, verifier, budget=BUDGET)  # greedy: fits
+    run.generate(PROMPT, max_new_tokens=MAX_NEW)
+    run.sampling = HOT
+    with pytest.raises(CapabilityError, match=match):
+        run.generate(PROMPT, max_new_tokens=MAX_NEW)
+    run.sampling = SamplingParams()
+    run.generate(PROMPT, max_new_tokens=MAX_NEW)  # greedy again: fits again
 
 
 def test_a_builder_that_picks_sampled_drafts_by_score_is_caught_end_to_end(setup):
