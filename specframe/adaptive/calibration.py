@@ -19,8 +19,8 @@ import hashlib
 import json
 import math
 import platform
-import time
 import sys
+import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -40,8 +40,8 @@ SIZES = (0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32)
 PROMPT_TOKENS = 256  # a typical prompt plus part of an answer: the cache the tree attends to
 LONG_PROMPT_TOKENS = 1024  # a long one (RAG, summaries): the second point of each size's context slope
 ROUNDS = 5
-FORMAT = 9  # 2: kv pads small trees to 4 rows on CPU; 3: the key holds the linear kernel and backend options;
 SLOPE_SIZES = (0, 1, 2, 4, 8, 16, 24, 32)  # where the context slope is measured (`calibrate`)
+FORMAT = 9  # 2: kv pads small trees to 4 rows on CPU; 3: the key holds the linear kernel and backend options;
 # 4: and the attention implementation; 5: the fastest of 5 rounds (was the median of 3); 6: context slopes;
 # 7: kv pads plain steps to 4 rows on CPU as well; 8: sizes 5 and 7 measured (oneDNN's cost jumps at 7 rows);
 # 9: whether a backend pads on the CPU is measured (`probe_padding`) and stored as `min_rows`
@@ -72,13 +72,13 @@ def calibrate(backend: StateBackend, sizes=SIZES, rounds: int = ROUNDS, progress
     context = prompts[0] + 1  # the cached prompt and the tree's root
     if len(prompts) == 1:
         return MeasuredCost(tuple(sizes), flat, chain, context, **measured)
-    span = prompts[1] - prompts[0]
     # The slopes: flat trees only, at fewer sizes, interpolated between them. A tree's nodes attend to the
     # context whatever its shape (stored calibrations measured chain and flat slopes alike within noise),
     # and the slope grows smoothly with the nodes; this halves the calibration's time.
     grid = slope_sizes(sizes)
     far = round_times(backend, grid, rounds, shapes=("flat",), progress=progress, seed=seed,
                       prompt_tokens=prompts[1])
+    span = prompts[1] - prompts[0]
     at_grid = [max((float(np.min(far[(n, "flat")])) - fastest[(n, "flat")]) / span, 0.0) for n in grid]
     slope = non_decreasing(np.interp(sizes, grid, at_grid).tolist())
     return MeasuredCost(tuple(sizes), flat, chain, context, slope, slope, **measured)
@@ -216,10 +216,10 @@ def cached_cost(backend: StateBackend, options: dict | None = None, refresh: boo
         cost = read_cost(path, key)
         if cost is not None:
             return cost
-    cost = calibrate(backend, progress=progress)
     if progress:
         print(f"calibrating step cost for {backend.target.name} on {backend.name} (once per machine/model, "
               f"~{expected_seconds(backend):.0f} s)", file=sys.stderr, flush=True)
+    cost = calibrate(backend, progress=progress)
     try:
         write_cost(path, key, cost)
     except (OSError, ConfigurationError):
