@@ -32,7 +32,7 @@ def main() -> None:
     backend = assemble(load_target(args.model)).backend
     rules = {"median of 3": [], "fastest of 5": []}
     for _ in tqdm(range(args.calibrations), desc="calibrations"):
-        times = round_times(backend, SIZES, rounds=5, shapes=("flat",), progress=False)
+        times = round_times(backend, [(n, "flat") for n in SIZES], rounds=5, progress=False)
         rounds = np.array([times[(n, "flat")] for n in SIZES]).T  # (5, sizes)
         rules["median of 3"].append(np.median(rounds[:3], axis=0))
         rules["fastest of 5"].append(rounds.min(axis=0))

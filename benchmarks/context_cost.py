@@ -42,7 +42,7 @@ def main() -> None:
                                       else "plain ms (predicted)" for n in args.sizes) + " |")
     print("|---" * (len(args.sizes) + 1) + "|")
     for prompt in tqdm(args.contexts, desc="contexts", leave=False):
-        times = round_times(backend, tuple(args.sizes), args.rounds, shapes=("flat",), progress=False,
+        times = round_times(backend, [(n, "flat") for n in args.sizes], args.rounds, progress=False,
                             prompt_tokens=prompt)
         measured = {n: float(np.min(times[(n, "flat")])) for n in args.sizes}
         here = cost.at_context(prompt + 1)

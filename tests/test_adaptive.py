@@ -298,15 +298,15 @@ def test_calibration_measures_how_a_tree_costs_more_in_a_longer_context(tiny, mo
 
     def timed_score(tree):
         size, context = len(tree), backend.committed_length + 1
-        clock[0] += 0.01 * (1 + size) + 1e-5 * size * context - (0.5 if size == 4 and context > 300 else 0)
+        clock[0] += 0.01 * (1 + size) + 1e-5 * size * context - (0.5 if size == 8 and context > 300 else 0)
 
     monkeypatch.setattr(backend, "score", timed_score)
     monkeypatch.setattr(calibration, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
-    cost = calibration.calibrate(backend, sizes=(0, 1, 4, 8), progress=False)
+    cost = calibration.calibrate(backend, sizes=(0, 2, 8, 16), progress=False)  # all in SLOPE_SIZES
     assert cost.context == calibration.PROMPT_TOKENS + 1
-    # size 4's lower time at the longer context: slope 0, not negative, then pooled with size 1's
-    np.testing.assert_allclose(cost.flat_slope, [0.0, 5e-6, 5e-6, 8e-5], atol=1e-12)
-    np.testing.assert_allclose(cost.at_context(1000).flat_s[3], 0.09 + 8e-5 * 1000)
+    # size 8's lower time at the longer context: slope 0, not negative, then pooled with size 2's
+    np.testing.assert_allclose(cost.flat_slope, [0.0, 1e-5, 1e-5, 1.6e-4], atol=1e-12)
+    np.testing.assert_allclose(cost.at_context(1000).flat_s[3], 0.17 + 1.6e-4 * 1000)
 
 
 def test_context_slopes_never_fall_with_tree_size():
@@ -719,3 +719,16 @@ def test_first_use_calibration_is_announced_in_one_line_and_measures_slopes_on_f
     assert long_context and not any(chain for _, chain in long_context)
     assert {n for n, _ in long_context} == set(calibration.slope_sizes(calibration.SIZES))
     assert cost.chain_slope == cost.flat_slope and len(cost.flat_slope) == len(calibration.SIZES)
+
+
+def test_chains_between_the_timed_sizes_scale_the_flat_tree_by_the_interpolated_ratio():
+    """A chain is timed at `CHAIN_SIZES` only: elsewhere it costs the flat tree's time (which carries the
+    kernel's jumps in the row count) times the chain-to-flat ratio interpolated between the timed sizes;
+    at 0 and 1 node a chain is the flat tree."""
+    from specframe.adaptive import calibration
+
+    sizes = (0, 1, 2, 3, 4, 5)
+    assert calibration.chain_sizes(sizes) == (2, 4, 5)
+    flat = (1.0, 1.0, 2.0, 3.0, 4.0, 10.0)
+    chain = calibration.chain_times(sizes, flat, {2: 1.0, 4: 4.0, 5: 10.0})
+    np.testing.assert_allclose(chain, [1.0, 1.0, 1.0, 3.0 * 0.75, 4.0, 10.0])

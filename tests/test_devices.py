@@ -36,8 +36,8 @@ def stub_timings(monkeypatch, alone_s: float, padded_s: float) -> list:
         probes.append(backend)
         return alone_s, padded_s
 
-    def curves(backend, sizes, rounds, **kwargs):
-        return {(n, shape): [0.01 * (1 + n)] for n in sizes for shape in ("flat", "chain")}
+    def curves(backend, keys, rounds, **kwargs):
+        return {(n, shape): [0.01 * (1 + n)] for n, shape in keys}
 
     monkeypatch.setattr(calibration, "probe_padding", probe)
     monkeypatch.setattr(calibration, "round_times", curves)

@@ -1,16 +1,16 @@
 """Measuring what a verification step costs for one target, backend, device, dtype and thread count.
 
-`calibrate` prefills a synthetic prompt and times `backend.score` on flat trees and chains of a grid of
-sizes, round-robin over the sizes so that a drift of the machine spreads over all of them, keeping the
-fastest of five rounds of each; then again after a longer prompt, which gives each size's slope in the
-context length (a tree's nodes attend to every cached token). The fastest round, because on a shared
-machine timing noise only ever adds time (another process, an interrupt), so the minimum is the stablest
-estimate of what a size costs, and the decoder scales it to what its real steps take (the speed the
-adaptive planner learns; see "Why the fastest of five" in docs/explanation/adaptive-speculation.md).
-The slopes are measured on flat trees at `SLOPE_SIZES` only, which keeps a calibration of SmolLM2-135M
-on a CPU to about 10 s. `cached_cost` returns a stored calibration for the same keys, measuring one when
-there is none (announced in one line with its expected time; a progress bar only on a terminal);
-`specframe calibrate` refreshes it.
+`calibrate` prefills a synthetic prompt and times `backend.score` on flat trees of a grid of sizes and on
+chains of a coarser one (`CHAIN_SIZES`), round-robin over them so that a drift of the machine spreads over
+all of them, keeping the fastest of five rounds of each; then again after a longer prompt, which gives
+each size's slope in the context length (a tree's nodes attend to every cached token). The fastest round,
+because on a shared machine timing noise only ever adds time (another process, an interrupt), so the
+minimum is the stablest estimate of what a size costs, and the decoder scales it to what its real steps
+take (the speed the adaptive planner learns; see "Why the fastest of five" in
+docs/explanation/adaptive-speculation.md). Chains are timed at `CHAIN_SIZES` and the slopes on flat trees
+at `SLOPE_SIZES` only, which keeps a first calibration of SmolLM2-135M on a 2-core CPU to about 10-15 s.
+`cached_cost` returns a stored calibration for the same keys, measuring one when there is none (announced
+in one line with its expected time; a progress bar only on a terminal); `specframe calibrate` refreshes it.
 """
 
 from __future__ import annotations
@@ -40,7 +40,10 @@ SIZES = (0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32)
 PROMPT_TOKENS = 256  # a typical prompt plus part of an answer: the cache the tree attends to
 LONG_PROMPT_TOKENS = 1024  # a long one (RAG, summaries): the second point of each size's context slope
 ROUNDS = 5
-SLOPE_SIZES = (0, 1, 2, 4, 8, 16, 24, 32)  # where the context slope is measured (`calibrate`)
+# Where chains are timed: a chain of 0 or 1 node is the flat tree of that size, and what a chain saves
+# next to a flat tree (its mask) changes smoothly with the size, while the row count's kernel jumps hit both.
+CHAIN_SIZES = (2, 4, 8, 16, 32)
+SLOPE_SIZES = (0, 2, 8, 16, 32)  # where the context slope is measured: it grows smoothly with the nodes
 FORMAT = 9  # 2: kv pads small trees to 4 rows on CPU; 3: the key holds the linear kernel and backend options;
 # 4: and the attention implementation; 5: the fastest of 5 rounds (was the median of 3); 6: context slopes;
 # 7: kv pads plain steps to 4 rows on CPU as well; 8: sizes 5 and 7 measured (oneDNN's cost jumps at 7 rows);
@@ -66,9 +69,12 @@ def calibrate(backend: StateBackend, sizes=SIZES, rounds: int = ROUNDS, progress
         backend.min_rows = padded_rows(*padding, CPU_MIN_ROWS)
     measured = {"min_rows": getattr(backend, "min_rows", 1), "padding_s": padding}
     prompts = sorted({prompt_room(backend.target, sizes, n) for n in (PROMPT_TOKENS, LONG_PROMPT_TOKENS)})
-    times = round_times(backend, sizes, rounds, progress=progress, seed=seed, prompt_tokens=prompts[0])
+    chains = chain_sizes(sizes)
+    keys = [(n, "flat") for n in sizes] + [(n, "chain") for n in chains]
+    times = round_times(backend, keys, rounds, progress=progress, seed=seed, prompt_tokens=prompts[0])
     fastest = {key: float(np.min(t)) for key, t in times.items()}
-    flat, chain = (tuple(fastest[(n, shape)] for n in sizes) for shape in ("flat", "chain"))
+    flat = tuple(fastest[(n, "flat")] for n in sizes)
+    chain = chain_times(sizes, flat, {n: fastest[(n, "chain")] for n in chains})
     context = prompts[0] + 1  # the cached prompt and the tree's root
     if len(prompts) == 1:
         return MeasuredCost(tuple(sizes), flat, chain, context, **measured)
@@ -76,7 +82,7 @@ def calibrate(backend: StateBackend, sizes=SIZES, rounds: int = ROUNDS, progress
     # context whatever its shape (stored calibrations measured chain and flat slopes alike within noise),
     # and the slope grows smoothly with the nodes; this halves the calibration's time.
     grid = slope_sizes(sizes)
-    far = round_times(backend, grid, rounds, shapes=("flat",), progress=progress, seed=seed,
+    far = round_times(backend, [(n, "flat") for n in grid], rounds, progress=progress, seed=seed,
                       prompt_tokens=prompts[1])
     span = prompts[1] - prompts[0]
     at_grid = [max((float(np.min(far[(n, "flat")])) - fastest[(n, "flat")]) / span, 0.0) for n in grid]
@@ -87,6 +93,21 @@ def calibrate(backend: StateBackend, sizes=SIZES, rounds: int = ROUNDS, progress
 def slope_sizes(sizes) -> tuple[int, ...]:
     """The sizes among `sizes` whose context slope `calibrate` measures: `SLOPE_SIZES`, and the ends."""
     return tuple(n for n in sizes if n in SLOPE_SIZES or n in (min(sizes), max(sizes)))
+
+
+def chain_sizes(sizes) -> tuple[int, ...]:
+    """The sizes among `sizes` at which `calibrate` times chains: `CHAIN_SIZES` and the largest, past 1."""
+    return tuple(n for n in sizes if n > 1 and (n in CHAIN_SIZES or n == max(sizes)))
+
+
+def chain_times(sizes, flat: tuple[float, ...], measured: dict[int, float]) -> tuple[float, ...]:
+    """Chain seconds at every size: measured where timed, elsewhere the flat tree's time scaled by the
+    chain-to-flat ratio interpolated between the timed sizes (1 at 0 and 1 node, where both are one tree)."""
+    flat_at = dict(zip(sizes, flat))
+    points = {n: 1.0 for n in sizes if n <= 1} | {n: t / flat_at[n] for n, t in measured.items()}
+    grid = sorted(points)
+    ratio = np.interp(sizes, grid, [points[n] for n in grid])  # (len(sizes),)
+    return tuple(measured.get(n, f * r) for n, f, r in zip(sizes, flat, ratio.tolist()))
 
 
 def expected_seconds(backend: StateBackend, sizes=SIZES, rounds: int = ROUNDS) -> float:
@@ -103,9 +124,9 @@ def expected_seconds(backend: StateBackend, sizes=SIZES, rounds: int = ROUNDS) -
         start = time.perf_counter()
         backend.score(tree)
         seconds.append(time.perf_counter() - start)
-    per_size = np.interp(sizes, [min(sizes), max(sizes)], seconds)  # (len(sizes),)
-    slope_grid = np.interp(slope_sizes(sizes), [min(sizes), max(sizes)], seconds)
-    return rounds * (2 * float(per_size.sum()) + 1.3 * float(slope_grid.sum()))  # longer context: dearer
+    priced = [np.interp(grid, [min(sizes), max(sizes)], seconds).sum()
+              for grid in (sizes, chain_sizes(sizes), slope_sizes(sizes))]
+    return rounds * float(priced[0] + priced[1] + 1.3 * priced[2])  # the longer context: dearer
 
 
 def probe_padding(backend: StateBackend, rows: int = CPU_MIN_ROWS, rounds: int = ROUNDS,
@@ -144,19 +165,18 @@ def non_decreasing(values: list[float]) -> tuple[float, ...]:
     return tuple(m for m, n in blocks for _ in range(int(n)))
 
 
-def round_times(backend: StateBackend, sizes=SIZES, rounds: int = ROUNDS, shapes=("flat", "chain"),
-                progress: bool = True, seed: int = 0,
+def round_times(backend: StateBackend, keys, rounds: int = ROUNDS, progress: bool = True, seed: int = 0,
                 prompt_tokens: int = PROMPT_TOKENS) -> dict[tuple[int, str], list[float]]:
-    """Seconds of `backend.score` per round for each (size, shape) after a synthetic prompt of
-    `prompt_tokens` (fewer where the model's context is shorter), timed round-robin over the sizes so
+    """Seconds of `backend.score` per round for each (size, shape) of `keys` after a synthetic prompt of
+    `prompt_tokens` (fewer where the model's context is shorter), timed round-robin over the keys so
     that a drift of the machine spreads over all of them (`calibrate` keeps the fastest)."""
     target = backend.target
-    room = prompt_room(target, sizes, prompt_tokens)
+    room = prompt_room(target, [n for n, _ in keys], prompt_tokens)
     ids = np.random.default_rng(seed).integers(0, target.vocab_size, room + 1)
     backend.prefill(ids.tolist())
-    trees = {(n, shape): probe_tree(n, shape, ids) for n in sizes for shape in shapes}
-    for tree in (trees[(max(sizes), shapes[0])], trees[(min(sizes), shapes[-1])]):  # warm up kernels, caches
-        backend.score(tree)
+    trees = {(n, shape): probe_tree(n, shape, ids) for n, shape in keys}
+    for key in (max(trees), min(trees)):  # warm up kernels and caches on the largest and smallest tree
+        backend.score(trees[key])
     times: dict[tuple[int, str], list[float]] = {key: [] for key in trees}
     sync = synchronizer(target.device) or (lambda: None)  # CUDA and MPS queue work: wait for it
     steps = tqdm(total=rounds * len(trees), desc=f"calibrating step cost ({room} cached tokens)",
