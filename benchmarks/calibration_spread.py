@@ -15,11 +15,11 @@ import argparse
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from specframe.adaptive.calibration import SIZES, round_times
 from specframe.models import load_target
 from specframe.pipeline import assemble
+from specframe.progress import bar as progress_bar
 
 
 def main() -> None:
@@ -31,7 +31,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     backend = assemble(load_target(args.model)).backend
     rules = {"median of 3": [], "fastest of 5": []}
-    for _ in tqdm(range(args.calibrations), desc="calibrations"):
+    for _ in progress_bar(range(args.calibrations), desc="calibrations"):
         times = round_times(backend, [(n, "flat") for n in SIZES], rounds=5, progress=False)
         rounds = np.array([times[(n, "flat")] for n in SIZES]).T  # (5, sizes)
         rules["median of 3"].append(np.median(rounds[:3], axis=0))

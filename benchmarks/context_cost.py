@@ -16,11 +16,11 @@ import argparse
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from specframe.adaptive.calibration import round_times, stored_cost
 from specframe.models import load_target
 from specframe.pipeline import assemble
+from specframe.progress import bar as progress_bar
 
 
 def main() -> None:
@@ -41,7 +41,7 @@ def main() -> None:
     print("| context | " + " | ".join(f"{n} nodes: ms, / plain (predicted; without slopes)" if n
                                       else "plain ms (predicted)" for n in args.sizes) + " |")
     print("|---" * (len(args.sizes) + 1) + "|")
-    for prompt in tqdm(args.contexts, desc="contexts", leave=False):
+    for prompt in progress_bar(args.contexts, desc="contexts", leave=False):
         times = round_times(backend, [(n, "flat") for n in args.sizes], args.rounds, progress=False,
                             prompt_tokens=prompt)
         measured = {n: float(np.min(times[(n, "flat")])) for n in args.sizes}

@@ -21,12 +21,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 import specframe
 from specframe.adaptive.calibration import probe_tree
 from specframe.packed_linear import linear_kernel
 from specframe.pipeline import assemble
+from specframe.progress import bar as progress_bar
 from specframe_kernels import stream_linear
 
 SIZES = (0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32)
@@ -51,7 +51,7 @@ def measure(args) -> dict:
         for tree in trees.values():  # warm up every shape once
             backend.score(tree)
     times = {(kernel, *key): [] for kernel in KERNELS for key in trees}
-    with tqdm(total=args.rounds * len(times), desc="timing steps", unit="forward") as bar:
+    with progress_bar(total=args.rounds * len(times), desc="timing steps", unit="forward") as bar:
         for _ in range(args.rounds):
             for key, tree in trees.items():
                 for kernel, backend in backends.items():

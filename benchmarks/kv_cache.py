@@ -21,11 +21,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 import specframe
 from specframe.adaptive.calibration import probe_tree
 from specframe.pipeline import assemble
+from specframe.progress import bar as progress_bar
 
 CACHES = {"buffer": "kv", "concat": "kv(cache='concat')"}
 SIZES = (0, 4, 8, 16)
@@ -39,7 +39,7 @@ def measure(args) -> dict:
     ids = np.random.default_rng(0).integers(0, target.config.vocab_size, max(args.contexts) + 1)
     trees = {n: probe_tree(n, "flat", ids) for n in SIZES}
     times = {(name, context, n): [] for name in CACHES for context in args.contexts for n in SIZES}
-    with tqdm(total=len(times) * args.rounds, desc="timing steps", unit="forward") as bar:
+    with progress_bar(total=len(times) * args.rounds, desc="timing steps", unit="forward") as bar:
         for context in args.contexts:
             for backend in backends.values():
                 backend.prefill(ids[:context + 1].tolist())

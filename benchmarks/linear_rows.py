@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
+from specframe.progress import bar as progress_bar
 from specframe_kernels import stream_linear
 
 # name -> (inputs, outputs, products per forward)
@@ -56,7 +56,7 @@ def product(way: str, weight: torch.Tensor):
 def measure(repeats: int) -> dict[str, dict[str, list[float]]]:
     """way -> shape -> ms per forward at each of `ROWS`."""
     out = {way: {} for way in WAYS}
-    with torch.no_grad(), tqdm(total=len(WAYS) * len(SHAPES), desc="timing", unit="shape") as bar:
+    with torch.no_grad(), progress_bar(total=len(WAYS) * len(SHAPES), desc="timing", unit="shape") as bar:
         for name, (inputs, outputs, per_forward) in SHAPES.items():
             layers = max(1, min(per_forward, int(600e6 / (inputs * outputs * 4))))
             weights = [torch.randn(outputs, inputs) for _ in range(layers)]

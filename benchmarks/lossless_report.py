@@ -16,13 +16,13 @@ import time
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import test_lossless_e2e as e2e
 import test_lossless_power as power
 
+from specframe.progress import bar as progress_bar
 from specframe.testing.exact import LogitTable, decoder_counts, exact_law, law_test
 from specframe.testing.law import RUNS, builder_scenarios
 
@@ -41,13 +41,13 @@ def direct_tables() -> list[str]:
     cases = [("rejection", s) for s in power.REJECTION] + [("sample-match", s) for s in power.SAMPLE_MATCH]
     cases += [(f"rejection behind `{b}`", s) for b in ("chain", "trie", "static")
               for s in builder_scenarios(power.component("tree builder", b), (3,))]
-    for label, case in tqdm(cases, desc="shipped components", file=sys.stderr):
+    for label, case in progress_bar(cases, desc="shipped components"):
         name = "rejection" if label.startswith("rejection") else "sample-match"
         verifier = power.component("verifier", name)
         lines.append(row(label, case.name, *stats(case.run(verifier, RUNS))))
     lines += ["", "## Mutants (each must score p < 1e-6 in the scenario aimed at it)", "",
               row("mutant", "scenario", "N", "chi2 / dof", "p", "TV", "TV noise"), row(*["---"] * 7)]
-    for label, verifier, case in tqdm(power.MUTANTS, desc="mutants", file=sys.stderr):
+    for label, verifier, case in progress_bar(power.MUTANTS, desc="mutants"):
         lines.append(row(label, case.name, *stats(case.run(verifier, RUNS))))
     return lines
 
@@ -61,7 +61,7 @@ def e2e_tables(tmp: Path) -> list[str]:
              "tokens:",
              "", row("drafter", "tree", "verifier", "sampling", "N", "chi2 / dof", "p", "TV", "TV noise"),
              row(*["---"] * 9)]
-    for d, t, v, params, runs in tqdm(e2e.USES_Q, desc="end to end, q", file=sys.stderr):
+    for d, t, v, params, runs in progress_bar(e2e.USES_Q, desc="end to end, q"):
         run = e2e.decoder(setup, d, t, v)
         counts, _ = decoder_counts(run, e2e.PROMPT, e2e.DEPTH, runs, params, e2e.MAX_NEW)
         sampling = f"T={params.temperature}, top-p={params.top_p}"

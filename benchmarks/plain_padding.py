@@ -20,11 +20,11 @@ import time
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 import specframe
 from specframe import TokenTree
 from specframe.pipeline import assemble
+from specframe.progress import bar as progress_bar
 
 
 def main() -> None:
@@ -45,7 +45,7 @@ def main() -> None:
     times = {spec: [] for spec in backends}
     for backend in backends.values():
         backend.prefill(ids)
-    for step in tqdm(range(args.steps + 3), desc="plain steps", unit="step"):
+    for step in progress_bar(range(args.steps + 3), desc="plain steps", unit="step"):
         for spec, backend in backends.items():
             start = clock()
             scored = backend.score(TokenTree.empty())

@@ -23,7 +23,6 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
-from tqdm import tqdm
 
 from specframe.adaptive.calibration import stored_cost
 from specframe.bench.methods import resolve_methods, split_parts
@@ -31,6 +30,7 @@ from specframe.bench.replay import copy_bound, open_run, replay
 from specframe.bench.runner import read_records
 from specframe.cost import MeasuredCost
 from specframe.pipeline import assemble
+from specframe.progress import bar as progress_bar
 from specframe.registry import get_registry
 
 
@@ -101,7 +101,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     costs: dict[str, MeasuredCost | None] = {}  # `--price-as` costs by backend
     runs = [(method, oracle) for method in methods for oracle in ((False, True) if args.oracle else (False,))]
-    for method, oracle in tqdm(runs, desc="replay", leave=False):
+    for method, oracle in progress_bar(runs, desc="replay", leave=False):
         if args.price_as and str(method.backend) not in costs:  # one per backend: methods share it
             costs[str(method.backend)] = repriced(target, method.backend, args.price_as)
         cost = costs.get(str(method.backend))

@@ -19,9 +19,9 @@ import json
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 import specframe
+from specframe.progress import bar as progress_bar
 from specframe_rest.answers import generate_batch
 
 
@@ -57,7 +57,7 @@ def main() -> None:
     problems = list(read_problems().values())[args.problems]
     prompts = [problem["prompt"] for problem in problems for _ in range(args.samples)]
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    with args.out.open("w") as f, tqdm(total=len(prompts), desc="sampling", unit="completion") as bar:
+    with args.out.open("w") as f, progress_bar(total=len(prompts), desc="sampling", unit="completion") as bar:
         for start in range(0, len(prompts), args.batch):
             batch = prompts[start:start + args.batch]
             for prompt, text in zip(batch, complete(target, batch, args.temperature, args.max_new_tokens)):

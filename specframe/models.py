@@ -31,6 +31,7 @@ from specframe.errors import ConfigurationError, ModelLoadError, SpecframeWarnin
 from specframe.hub import hub_snapshot, looks_like_hub_id
 
 from specframe.model_files import check_model_files, conversion_damage, damaged_weights, write_marker
+from specframe.progress import on_a_terminal
 
 if TYPE_CHECKING:  # torch is imported where it is used: plugins registering components need these helpers
     import torch
@@ -308,7 +309,7 @@ def progress_bars_on_a_terminal() -> Iterator[None]:
     when stderr is a terminal: piped into a file or a notebook, every redraw would stay as a line."""
     from transformers.utils import logging as hf_logging
 
-    if sys.stderr.isatty() or not hf_logging.is_progress_bar_enabled():
+    if on_a_terminal() or not hf_logging.is_progress_bar_enabled():
         yield
         return
     hf_logging.disable_progress_bar()

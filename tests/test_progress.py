@@ -2,13 +2,22 @@
 stay behind as a line. pytest's captured stderr is no terminal; `Terminal` stands in for one."""
 
 import io
+import re
 import sys
+from pathlib import Path
+from types import SimpleNamespace
 
+from specframe_rest.build import build_datastore
+from specframe_rest.distributed import build_sharded_datastore
+from specframe_rest.sources import TokenDocuments
 from transformers.utils import logging as hf_logging
 
 from specframe.bench import BenchPrompt, run_benchmark
 from specframe.models import load_target, progress_bars_on_a_terminal
+from specframe.progress import bar
 from specframe.testing import tiny_target
+
+ROOT = Path(__file__).resolve().parents[1]
 
 PROMPT = BenchPrompt("c1", "coding", ("def add(a, b):\n    return a + b\n",), chat=False)
 
@@ -49,3 +58,38 @@ def test_loading_weights_draws_no_bar_when_piped(tmp_path, capfd):
     capfd.readouterr()
     load_target(str(tmp_path), device="cpu")
     assert "Loading weights" not in capfd.readouterr().err
+
+
+def test_bar_draws_only_where_shown_and_on_a_terminal(monkeypatch):
+    assert bar(total=1).disable  # captured stderr: no terminal
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    assert not bar(total=1).disable
+    assert bar(total=1, show=False).disable
+    assert list(bar(range(3), show=False)) == [0, 1, 2]  # a silent bar still wraps its iterable
+
+
+def build_both(out: Path) -> None:
+    """A datastore and a sharded datastore, both with their progress bars asked for."""
+    docs = [[1, 2, 3, 4], [2, 3, 5], [7, 7, 7, 1, 2]]
+    target = SimpleNamespace(name="ids", tokenizer=None, vocab_size=50)
+    sources = [TokenDocuments("docs", "ids", documents=docs)]
+    build_datastore(out / "single", sources, target, progress=True)
+    build_sharded_datastore(out / "sharded", sources, target, shards=2, progress=True)
+
+
+def test_datastore_builds_draw_no_redraws_when_piped(tmp_path, capfd, monkeypatch):
+    build_both(tmp_path / "piped")
+    assert "\r" not in capfd.readouterr().err
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    build_both(tmp_path / "terminal")
+    assert "tokenizing docs" in terminal.getvalue() and "building 2 shards" in terminal.getvalue()
+
+
+def test_every_bar_goes_through_the_one_helper():
+    """tqdm is imported by `specframe.progress` alone, so that no bar escapes the terminal rule."""
+    files = [path for folder in ("specframe", "plugins", "benchmarks")
+             for path in (ROOT / folder).rglob("*.py")]
+    uses = sorted(str(path.relative_to(ROOT)) for path in files for line in path.read_text().splitlines()
+                  if re.match(r"\s*(from tqdm\b|import tqdm\b|from rich\.progress\b)", line))
+    assert uses == ["specframe/progress.py"]

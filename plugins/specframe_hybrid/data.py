@@ -11,10 +11,10 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save
-from tqdm.auto import tqdm
 
 from specframe.atomic_dirs import write_atomically
 from specframe.errors import ConfigurationError
+from specframe.progress import bar as progress_bar
 from specframe_hybrid.prompts import distillation_prompts
 
 BLOCKS_FILE = "blocks.safetensors"
@@ -89,7 +89,7 @@ def code_documents(tokenizer, tokens: int, seed: int = 0) -> list[list[int]]:
     files = list(parse_source("python-stdlib").files)
     random.Random(seed).shuffle(files)  # many packages, not the first few alphabetically
     documents, total = [], 0
-    with tqdm(total=tokens, desc="tokenizing code", unit="tok") as bar:
+    with progress_bar(total=tokens, desc="tokenizing code", unit="tok") as bar:
         for file in files:
             if total >= tokens:
                 break

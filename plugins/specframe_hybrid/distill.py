@@ -22,10 +22,10 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
-from tqdm.auto import tqdm
 
 from specframe.errors import ConfigurationError
 from specframe.options import check_bounds
+from specframe.progress import bar as progress_bar
 from specframe_hybrid.convert import convert, hybrid_config
 
 CHUNK_BLOCKS = 8  # training blocks per activation file
@@ -97,7 +97,7 @@ class TeacherActivations:
             hooks.append(attention.register_forward_pre_hook(keep_input, with_kwargs=True))
             hooks.append(attention.register_forward_hook(keep_output, with_kwargs=True))
         try:
-            for index in tqdm(self.missing(), desc="teacher activations", unit="chunk"):
+            for index in progress_bar(self.missing(), desc="teacher activations", unit="chunk"):
                 rows = self.blocks[index * CHUNK_BLOCKS:(index + 1) * CHUNK_BLOCKS]  # (B, T)
                 captured.clear()
                 teacher(rows.to(teacher.device), use_cache=False)
@@ -155,7 +155,7 @@ def train_mixer(mixer: torch.nn.Module, inputs: torch.Tensor, outputs: torch.Ten
                        train_y[:settings.batch].to(device).float())
     before = held_out_error()
     losses = []
-    with tqdm(range(settings.steps), desc=desc, unit="step") as bar:
+    with progress_bar(range(settings.steps), desc=desc, unit="step") as bar:
         for _ in bar:
             rows = torch.randint(len(train_x), (settings.batch,), generator=generator)
             x, y = train_x[rows].to(device).float(), train_y[rows].to(device).float()  # (B, T, hidden)

@@ -17,9 +17,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
-from tqdm.auto import tqdm
 
 from specframe.options import check_bounds
+from specframe.progress import bar as progress_bar
 from specframe.train_state import STATE_FILE, read_train_state, refuse_pickled_state, save_train_state
 from specframe_hybrid.distill import save_atomic
 
@@ -72,7 +72,7 @@ def train_end_to_end(teacher: torch.nn.Module, hybrid: torch.nn.Module, layers: 
         hybrid.load_state_dict(weights, strict=False)  # the mixers only: the teacher's layers are frozen
     generator = torch.Generator().manual_seed(settings.seed + step)
     start = time.time()
-    with tqdm(total=settings.steps, initial=step, desc="end to end", unit="step") as bar:
+    with progress_bar(total=settings.steps, initial=step, desc="end to end", unit="step") as bar:
         while step < settings.steps:
             rows = blocks[torch.randint(len(blocks), (settings.batch,), generator=generator)]  # (B, T)
             rows = rows.to(next(hybrid.parameters()).device)

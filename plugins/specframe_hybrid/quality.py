@@ -7,8 +7,8 @@ from __future__ import annotations
 import math
 
 import torch
-from tqdm.auto import tqdm
 
+from specframe.progress import bar
 from specframe_hybrid.data import held_out_texts
 
 
@@ -33,12 +33,12 @@ def measure(teacher_name: str, hybrids: list[str], *, humaneval: int = 20,
         if models[name].tokenizer.get_vocab() != teacher.tokenizer.get_vocab():
             raise specframe.ConfigurationError(f"model '{name}' has another tokenizer than '{teacher_name}'")
     texts = held_out_texts(teacher.tokenizer, humaneval=humaneval, per_category=per_category)
-    reference = {suite: [_next_token_stats(teacher.model, ids) for ids in tqdm(seqs, desc=f"teacher {suite}")]
+    reference = {suite: [_next_token_stats(teacher.model, ids) for ids in bar(seqs, desc=f"teacher {suite}")]
                  for suite, seqs in texts.items()}
     rows = [_row(teacher_name, suite, ref, ref) for suite, ref in reference.items()]
     for name, model in models.items():
         for suite, seqs in texts.items():
-            stats = [_next_token_stats(model.model, ids) for ids in tqdm(seqs, desc=f"{name} {suite}")]
+            stats = [_next_token_stats(model.model, ids) for ids in bar(seqs, desc=f"{name} {suite}")]
             rows.append(_row(name, suite, stats, reference[suite]))
     return rows
 

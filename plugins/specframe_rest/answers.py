@@ -15,9 +15,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tqdm.auto import tqdm
-
 from specframe.devices import inference_mode
+from specframe.progress import bar as progress_bar
 from specframe_rest.datastore import DatastoreError
 from specframe_rest.sources import Source, TokenDocuments, parse_line
 
@@ -87,7 +86,7 @@ class ModelAnswers(Source):
             self.cache.write_text(json.dumps({"settings": settings}) + "\n")
         with (
             open(self.cache, "a", encoding="utf-8") as f,
-            tqdm(
+            progress_bar(
                 total=len(self.prompts), initial=len(answers), desc="answering prompts", unit="prompt"
             ) as bar,
         ):

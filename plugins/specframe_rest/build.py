@@ -20,13 +20,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
-from tqdm.auto import tqdm
 
 import specframe
 from specframe.atomic_dirs import exchange, exclusive, follow_umask, remove_stale, temp_name_pattern
 from specframe.errors import io_failure
 from specframe.models import check_writable_dir
 from specframe.metrics import peak_memory_bytes
+from specframe.progress import bar as progress_bar
 from specframe_rest.datastore import (
     BUCKETS,
     FORMAT,
@@ -237,11 +237,11 @@ def write_source(source: Source, target, f, dtype: np.dtype, sep: int, out: Path
     source.prepare(target, out)
     documents = tokens = 0
     closing = np.array([sep], dtype).tobytes()
-    with tqdm(
+    with progress_bar(
         total=source.total or None,
         desc=f"tokenizing {source.spec}",
         unit=_unit(source),
-        disable=not progress,
+        show=progress,
         dynamic_ncols=True,
     ) as bar:
         for batch, done in source.batches():

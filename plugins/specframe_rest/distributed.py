@@ -26,12 +26,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
-from tqdm.auto import tqdm
 
 import specframe
 from specframe.atomic_dirs import exclusive, follow_umask, remove_stale, temp_name_pattern
 from specframe.errors import io_failure
 from specframe.models import check_writable_dir
+from specframe.progress import Bar, bar as progress_bar
 from specframe.ray_support import import_ray, ray_session
 from specframe_rest.build import build_datastore, lock_file, publish, recover
 from specframe_rest.datastore import (
@@ -152,8 +152,8 @@ class Build:
     def build_shards(self, root: Path, first: int) -> list[dict]:
         """Build part i into `root/shard-(first + i)`; one result (`build_shard`) per part, in order."""
         jobs = [(root / shard_name(first + i), part) for i, part in enumerate(self.parts)]
-        with tqdm(total=len(jobs), desc=f"building {len(jobs)} shards", unit="shard",
-                  disable=not self.progress, dynamic_ncols=True) as bar:
+        with progress_bar(total=len(jobs), desc=f"building {len(jobs)} shards", unit="shard",
+                          show=self.progress, dynamic_ncols=True) as bar:
             if self.ray is None:
                 return [finished(bar, build_shard(path, part, self.target)) for path, part in jobs]
             return build_on_ray(jobs, TokenizerTarget.of(self.target), self.ray, self.ray_cpus, bar)
@@ -183,7 +183,7 @@ class Build:
         }
 
 
-def finished(bar: tqdm, result: dict) -> dict:
+def finished(bar: Bar, result: dict) -> dict:
     """Count one finished shard on the progress bar."""
     bar.update(1)
     bar.set_postfix(last=result["name"], tokens=f"{result['n_tokens']:,}")
@@ -264,7 +264,7 @@ class TokenizerTarget:
 
 
 def build_on_ray(jobs: list[tuple[Path, list[Source]]], target: TokenizerTarget, address: str,
-                 num_cpus: int | None, bar: tqdm) -> list[dict]:
+                 num_cpus: int | None, bar: Bar) -> list[dict]:
     """Build every (directory, sources) job as a Ray task; results in job order, counted as they finish.
 
     Each task runs in a fresh worker process (`max_calls=1`), so the peak memory it reports is its own.

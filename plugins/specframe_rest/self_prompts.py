@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
 
+from specframe.progress import bar as progress_bar
 from specframe_rest.answers import ANSWER_BATCH, ModelAnswers, check_generation
 from specframe_rest.datastore import DatastoreError
 from specframe_rest.sources import Source
@@ -91,7 +91,7 @@ def write_self_prompts(target, path: Path, count: int, max_tokens: int = 96, see
     eos = sorted(target.eos_token_ids)
     seen = set(prompts)
     with open(path, "a", encoding="utf-8") as f, \
-            tqdm(total=count, initial=len(prompts), desc="writing prompts", unit="prompt") as bar:
+            progress_bar(total=count, initial=len(prompts), desc="writing prompts", unit="prompt") as bar:
         if batch == 0:
             f.write(json.dumps({"settings": settings}) + "\n")
         while len(prompts) < count:

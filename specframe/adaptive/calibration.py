@@ -26,7 +26,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from specframe.atomic_dirs import FILE_LOCK_WAIT, file_lock, locked_update, write_atomically
 from specframe.cost import MeasuredCost
@@ -34,6 +33,7 @@ from specframe.devices import CPU_MIN_ROWS, padded_rows, synchronizer
 from specframe.errors import ConfigurationError
 from specframe.interfaces import StateBackend
 from specframe.packed_linear import linear_kernel
+from specframe.progress import bar
 from specframe.tree import TokenTree
 
 SIZES = (0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32)
@@ -179,8 +179,8 @@ def round_times(backend: StateBackend, keys, rounds: int = ROUNDS, progress: boo
         backend.score(trees[key])
     times: dict[tuple[int, str], list[float]] = {key: [] for key in trees}
     sync = synchronizer(target.device) or (lambda: None)  # CUDA and MPS queue work: wait for it
-    steps = tqdm(total=rounds * len(trees), desc=f"calibrating step cost ({room} cached tokens)",
-                 disable=not progress or not sys.stderr.isatty(), unit="forward", leave=False)
+    steps = bar(total=rounds * len(trees), desc=f"calibrating step cost ({room} cached tokens)",
+                show=progress, unit="forward", leave=False)
     for _ in range(rounds):
         for key, tree in trees.items():
             sync()

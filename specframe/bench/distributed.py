@@ -22,11 +22,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from collections.abc import Callable
 
-from tqdm import tqdm
-
 from specframe.errors import ConfigurationError
 from specframe.metrics import clock_name
 from specframe.models import Target
+from specframe.progress import bar as progress_bar
 from specframe.ray_support import import_ray, ray_session
 from specframe.registry import PluginRegistry, get_registry
 from specframe.sampling import SamplingParams
@@ -151,8 +150,8 @@ def run_benchmark_ray(target_factory: Callable[[], Target], suite: str | list[Be
         for prompt in prompts:
             if prompt.qid in done:  # checked again, as a local resumed run does
                 mismatches += check_cell(prompt, runners, store, repeats, tokenizer, sampling.greedy)
-        bar = tqdm(total=len(prompts), initial=len(prompts) - len(cells), desc="bench (ray)", unit="question",
-                   disable=not progress or not sys.stderr.isatty(), file=sys.stderr, mininterval=1)
+        bar = progress_bar(total=len(prompts), initial=len(prompts) - len(cells), desc="bench (ray)",
+                           unit="question", show=progress, mininterval=1)
         pool = ActorPool(actors)
         by_qid = {p.qid: p for p in prompts}
         for records in pool.map_unordered(lambda actor, cell: actor.run_cell.remote(*cell), cells):
@@ -161,7 +160,7 @@ def run_benchmark_ray(target_factory: Callable[[], Target], suite: str | list[Be
                     store.add(record)
             found = check_cell(by_qid[records[0]["qid"]], runners, store, repeats, tokenizer, sampling.greedy)
             for mismatch in found:
-                tqdm.write(f"\033[1;31m{mismatch.describe()}\033[0m", file=sys.stderr)
+                bar.write(f"\033[1;31m{mismatch.describe()}\033[0m", file=sys.stderr)
             mismatches += found
             bar.update()
         bar.close()

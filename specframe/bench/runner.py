@@ -26,13 +26,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tqdm import tqdm
-
 from specframe.atomic_dirs import FILE_LOCK_WAIT, exclusive, remove_stale, temp_name_pattern, write_atomically
 from specframe.decoding import SpeculativeDecoder
 from specframe.errors import ConfigurationError, SpecframeError, SpecframeWarning
 from specframe.kinds import DEFAULT_COMPONENTS, ComponentKind
 from specframe.models import Target
+from specframe.progress import bar as progress_bar
 from specframe.registry import ComponentSpec, PluginRegistry
 from specframe.sampling import SamplingParams
 
@@ -351,8 +350,8 @@ def run_bench(target: Target, prompts: list[BenchPrompt], runners: list, *, repe
               for t in range(len(p.turns)) for r in runners]
     todo = [k for k in wanted if k not in store.records]
     run = BenchRun([], runners, prompts, identity_checked=check_identity)
-    bar = tqdm(total=len(wanted), initial=len(wanted) - len(todo), desc="bench", unit="gen",  # a terminal's
-               disable=not progress or not sys.stderr.isatty(), file=sys.stderr, mininterval=1)  # only
+    bar = progress_bar(total=len(wanted), initial=len(wanted) - len(todo), desc="bench", unit="gen",
+                       show=progress, mininterval=1)
     if warmup and todo:
         busy = {k[0] for k in todo}
         # A prompt of no suite: methods that remember earlier responses (`suffix`) learn nothing from it.
@@ -396,7 +395,7 @@ def run_bench(target: Target, prompts: list[BenchPrompt], runners: list, *, repe
                                            tokenizer)
                         if mismatch:
                             run.mismatches.append(mismatch)
-                            tqdm.write(f"\033[1;31m{mismatch.describe()}\033[0m", file=sys.stderr)
+                            bar.write(f"\033[1;31m{mismatch.describe()}\033[0m", file=sys.stderr)
     bar.close()
     return run
 
