@@ -15,7 +15,7 @@ import typer
 from specframe.bench.cli import bench_command
 from specframe.cli_common import (clock_option, device_option, dtype_option, model_option,
                                   phase_timing_option, set_timing, threads_option)
-from specframe.errors import SpecframeError
+from specframe.errors import ConfigurationError, SpecframeError
 from specframe.extensions import CliOption, applied
 from specframe.kinds import DEFAULT_BUDGET, DEFAULT_COMPONENTS, ComponentKind
 from specframe.registry import PluginRegistry
@@ -112,10 +112,11 @@ def calibrate(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Measure what one verification step costs by tree size and context length (what budget=auto
-    weighs) and store it."""
+    weighs) and store it. Where it cannot be stored after measuring (a full disk, a lock held too long),
+    the measurement is still printed, then an `error:` line says why, and the exit status is 2."""
     import torch
 
-    from specframe.adaptive.calibration import cached_cost, cost_key, cost_path
+    from specframe.adaptive.calibration import cost_key, cost_path, measure_cost, store_cost
     from specframe.models import check_writable_dir, load_target, specframe_home
     from specframe.pipeline import assemble, check_specs
 
@@ -126,16 +127,20 @@ def calibrate(
         torch.set_num_threads(threads)
     target = load_target(model, device=device, dtype=dtype)
     state = assemble(target, backend=backend).backend
-    cost, path = cached_cost(state, refresh=True), cost_path(cost_key(state))
+    key = cost_key(state)
+    path = cost_path(key)
+    cost = measure_cost(state)
+    unstored = store_cost(path, key, cost)
     slopes = cost.flat_slope or (0.0,) * len(cost.sizes)  # none where the model's context is too short
     rows = [{"nodes": n, "flat_ms": 1000 * f, "chain_ms": 1000 * c, "flat_ratio": f / cost.flat_s[0],
              "flat_us_per_context_token": 1e6 * k}
             for n, f, c, k in zip(cost.sizes, cost.flat_s, cost.chain_s, slopes)]
     padding = padding_line(cost)
     if as_json:
-        typer.echo(json.dumps({"path": str(path), "context": cost.context, "costs": rows,
-                               "min_rows": cost.min_rows, "padding_ms": [1000 * t for t in cost.padding_s]},
-                              indent=2))
+        typer.echo(json.dumps({"path": str(path), "stored": unstored is None, "context": cost.context,
+                               "costs": rows, "min_rows": cost.min_rows,
+                               "padding_ms": [1000 * t for t in cost.padding_s]}, indent=2))
+        check_stored(path, unstored)
         return
     from rich.console import Console
     from rich.table import Table
@@ -155,7 +160,17 @@ def calibrate(
     console.print(table)
     if padding:
         typer.echo(padding)
+    check_stored(path, unstored)
     typer.echo(f"stored in {path}")
+
+
+def check_stored(path, unstored: str | None) -> None:
+    """Refuse to end as a success a calibration that was measured but, for the reason `unstored`, not
+    stored: budget=auto would measure again on its first use."""
+    if unstored is not None:
+        raise ConfigurationError(f"the calibration above was measured but could not be stored in {path}: "
+                                 f"{unstored}, then run `specframe calibrate` again (until it is stored, "
+                                 "budget=auto measures again on first use)")
 
 
 def padding_line(cost) -> str | None:

@@ -30,7 +30,7 @@ import torch
 from specframe.atomic_dirs import FILE_LOCK_WAIT, file_lock, locked_update, write_atomically
 from specframe.cost import MeasuredCost
 from specframe.devices import CPU_MIN_ROWS, padded_rows, synchronizer
-from specframe.errors import ConfigurationError
+from specframe.errors import ConfigurationError, io_failure
 from specframe.interfaces import StateBackend
 from specframe.packed_linear import linear_kernel
 from specframe.progress import bar
@@ -236,15 +236,28 @@ def cached_cost(backend: StateBackend, options: dict | None = None, refresh: boo
         cost = read_cost(path, key)
         if cost is not None:
             return cost
+    cost = measure_cost(backend, progress)
+    store_cost(path, key, cost)
+    return cost
+
+
+def measure_cost(backend: StateBackend, progress: bool = True) -> MeasuredCost:
+    """`calibrate(backend)`, announced on stderr in one line with its expected time where `progress`."""
     if progress:
         print(f"calibrating step cost for {backend.target.name} on {backend.name} (once per machine/model, "
               f"~{expected_seconds(backend):.0f} s)", file=sys.stderr, flush=True)
-    cost = calibrate(backend, progress=progress)
+    return calibrate(backend, progress=progress)
+
+
+def store_cost(path: Path, key: dict, cost: MeasuredCost) -> str | None:
+    """`write_cost`, reporting instead of raising: None once stored, else why it could not be, in words."""
     try:
         write_cost(path, key, cost)
-    except (OSError, ConfigurationError):
-        pass
-    return cost
+    except OSError as err:
+        return io_failure(err, "set SPECFRAME_HOME to a writable directory")
+    except ConfigurationError as err:  # the file stayed locked by another process
+        return str(err)
+    return None
 
 
 def write_cost(path: Path, key: dict, cost: MeasuredCost) -> None:
