@@ -1,6 +1,6 @@
 """The target's own sampled completions of HumanEval problems, as a JSONL corpus for a datastore.
 
-A probe for issue 16 (a): does a corpus of the target's own code, sampled as best-of-n samples it
+A probe: does a corpus of the target's own code, sampled as best-of-n samples it
 (temperature 0.7, raw completion without a chat template), help `suffix` draft those samples more than
 human-written code (`python-site`) does? Problems outside the measured range are completed, `--samples`
 times each, in left-padded batches (`specframe_rest.answers.generate_batch`, as `model:` datastore

@@ -51,7 +51,7 @@ OUTLIER = 2.0
 # (drafting plus the tree's forward, over plain steps for the same tokens), and a probe starts only when
 # the request has earned what it is expected to lose (`ProbeBudget`): a draft model's probe first reads
 # every token since its last run, mid-request a few, at a new request the whole prompt (0.1-0.4 s against
-# 50 ms steps on long Spec-Bench prompts), so one probe alone may cost a request 4 % (run 25).
+# 50 ms steps on long Spec-Bench prompts), so one probe alone may cost a short request 4 %.
 PROBE_SHARE = 0.01
 PROBE_ALLOWANCE = 2.0  # plain steps a decoder's first probes may lose before any step was skipped
 # The cost model moves to the step's context every 16 tokens (on SmolLM2 at two CPU threads, 16 tokens add
@@ -151,7 +151,7 @@ class ProbeBudget:
     first probe, which may spend `PROBE_ALLOWANCE` plain steps (cold first drafts can make drafting look
     worse than it is before anything was skipped). So a probe that must first read a long prompt waits
     for a long request, and a short request is not probed at all, rather than losing several per cent
-    to one probe (run 25)."""
+    to one probe."""
 
     def __init__(self):
         self.earned_s = 0.0  # seconds probes may still lose in this request
@@ -378,7 +378,7 @@ class AdaptivePlanner(CostAtContext):
 
 # Default cap of `budget="auto"`. The planner rarely keeps more than 16 nodes on a CPU, but long copies
 # (extraction, translation, code) pay past 16: replayed, 24 raised tau 1-3 % over 16 on Spec-Bench,
-# HumanEval and best-of-8, and 32 added nothing (docs/results/conclusions.md).
+# HumanEval and best-of-8 replays, and 32 added nothing.
 AUTO_CAP = 24
 
 
