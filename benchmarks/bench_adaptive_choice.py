@@ -13,10 +13,10 @@ import time
 import numpy as np
 import pytest
 
-from specframe.adaptive.planner import AdaptivePlanner
-from specframe.cost import MeasuredCost
-from specframe.records import DraftProposal
-from specframe.tree import TokenTree
+from specframe.decode.planner import AdaptivePlanner
+from specframe.terms.cost import MeasuredCost
+from specframe.terms.records import DraftProposal
+from specframe.terms.tree import TokenTree
 
 SIZES = (4, 16, 32)
 # A CPU-like cost curve: about 65 ms for the root alone, 200 ms at 32 nodes.

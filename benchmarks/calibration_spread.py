@@ -3,7 +3,7 @@
     OMP_NUM_THREADS=1 python benchmarks/calibration_spread.py --threads 1 --calibrations 4
 
 Runs `--calibrations` calibrations of the `kv` backend in a row, each timing flat trees of every size of
-the calibration grid for 5 rounds (`specframe.adaptive.calibration.round_times`, as `calibrate` does), and
+the calibration grid for 5 rounds (`specframe.decode.calibration.round_times`, as `calibrate` does), and
 summarises each calibration two ways: the median of its first 3 rounds (the rule before) and the fastest
 of its 5 (the rule now). What the planner weighs is t(N) - t(0), so the table shows, for each N, the
 standard deviation of t(N) - t(0) across the calibrations under each rule.
@@ -16,10 +16,10 @@ import argparse
 import numpy as np
 import torch
 
-from specframe.adaptive.calibration import SIZES, round_times
-from specframe.models import load_target
-from specframe.pipeline import assemble
-from specframe.progress import bar as progress_bar
+from specframe.decode.calibration import SIZES, round_times
+from specframe.runtime.load import load_target
+from specframe.plugging.pipeline import assemble
+from specframe.support.progress import bar as progress_bar
 
 
 def main() -> None:

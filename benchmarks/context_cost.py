@@ -3,7 +3,7 @@
     OMP_NUM_THREADS=2 python benchmarks/context_cost.py --threads 2
 
 Times `score` on flat trees of a few sizes after synthetic prompts of several lengths (the fastest of
-`--rounds` rounds, round-robin, as `calibrate` does: `specframe.adaptive.calibration.round_times`), and
+`--rounds` rounds, round-robin, as `calibrate` does: `specframe.decode.calibration.round_times`), and
 prints each tree's time and its ratio to a plain step at the same context, beside what the stored
 calibration predicts there (`MeasuredCost.at_context`: two measured contexts, linear in between and past
 them) and what it predicted before it had slopes (the 256-token curve at every context). Run
@@ -17,10 +17,10 @@ import argparse
 import numpy as np
 import torch
 
-from specframe.adaptive.calibration import round_times, stored_cost
-from specframe.models import load_target
-from specframe.pipeline import assemble
-from specframe.progress import bar as progress_bar
+from specframe.decode.calibration import round_times, stored_cost
+from specframe.runtime.load import load_target
+from specframe.plugging.pipeline import assemble
+from specframe.support.progress import bar as progress_bar
 
 
 def main() -> None:

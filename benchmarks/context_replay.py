@@ -21,12 +21,12 @@ from pathlib import Path
 
 import numpy as np
 
-from specframe.adaptive.calibration import stored_cost
+from specframe.decode.calibration import stored_cost
 from specframe.bench.methods import resolve_methods, split_parts
 from specframe.bench.replay import open_run, replay
-from specframe.cost import CostModel, MeasuredCost
-from specframe.pipeline import assemble
-from specframe.registry import get_registry
+from specframe.terms.cost import CostModel, MeasuredCost
+from specframe.plugging.pipeline import assemble
+from specframe.plugging.registry import get_registry
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,12 +17,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from specframe.adaptive.calibration import calibrate, cost_key, read_cost, write_cost
+from specframe.decode.calibration import calibrate, cost_key, read_cost, write_cost
 from specframe.bench.methods import resolve_methods, split_parts
 from specframe.bench.replay import open_run, replay
-from specframe.errors import ConfigurationError
-from specframe.pipeline import assemble
-from specframe.registry import get_registry
+from specframe.terms.errors import ConfigurationError
+from specframe.plugging.pipeline import assemble
+from specframe.plugging.registry import get_registry
 
 
 def load(path: Path):

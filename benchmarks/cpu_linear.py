@@ -1,7 +1,7 @@
 """What one verification step costs with torch's linear kernel, oneDNN-packed weights and `stream_linear`.
 
 Loads the target once per CPU linear kernel (`SPECFRAME_CPU_LINEAR=torch`, `onednn` and, where the CPU
-has AVX-512, `stream`: see `specframe/packed_linear.py`), prefills each `kv` backend with the same 256
+has AVX-512, `stream`: see `specframe/runtime/packed_linear.py`), prefills each `kv` backend with the same 256
 random tokens, and times `backend.score` on chains and flat trees of every size, rounds interleaved over
 kernels and sizes so a drift of the machine spreads over all of them. `kv` runs with `min_rows=1` (no
 padding of small trees), so the table shows the kernels' own costs. Reports the median per size in ms
@@ -23,10 +23,10 @@ import numpy as np
 import torch
 
 import specframe
-from specframe.adaptive.calibration import probe_tree
-from specframe.packed_linear import linear_kernel
-from specframe.pipeline import assemble
-from specframe.progress import bar as progress_bar
+from specframe.decode.calibration import probe_tree
+from specframe.runtime.packed_linear import linear_kernel
+from specframe.plugging.pipeline import assemble
+from specframe.support.progress import bar as progress_bar
 from specframe_kernels import stream_linear
 
 SIZES = (0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32)

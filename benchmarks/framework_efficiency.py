@@ -27,10 +27,10 @@ import numpy as np
 import torch
 
 import specframe
-from specframe.adaptive.calibration import calibrate
+from specframe.decode.calibration import calibrate
 from specframe.bench.synthetic import SyntheticDrafter
-from specframe.devices import resolve_device, resolve_dtype, synchronize
-from specframe.metrics import PHASES
+from specframe.runtime.devices import resolve_device, resolve_dtype, synchronize
+from specframe.terms.metrics import PHASES
 
 DIMS = {
     "llama3-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,

@@ -1,7 +1,7 @@
 """What a verification step costs with a cache that appends in place and with transformers' `torch.cat`.
 
 Loads the target once and builds two `kv` backends on it, `kv` (the cache appends into preallocated
-buffers, `specframe/kv_cache.py`) and `kv(cache='concat')` (transformers' `DynamicLayer`, which copies
+buffers, `specframe/runtime/kv_cache.py`) and `kv(cache='concat')` (transformers' `DynamicLayer`, which copies
 the layer's whole cache at every append). For each context length it prefills both with the same random
 tokens and times `backend.score` on a plain step and on flat trees, rounds interleaved over caches and
 sizes so a drift of the machine spreads over both. A score drops the previous step's rows and appends its
@@ -23,9 +23,9 @@ import numpy as np
 import torch
 
 import specframe
-from specframe.adaptive.calibration import probe_tree
-from specframe.pipeline import assemble
-from specframe.progress import bar as progress_bar
+from specframe.decode.calibration import probe_tree
+from specframe.plugging.pipeline import assemble
+from specframe.support.progress import bar as progress_bar
 
 CACHES = {"buffer": "kv", "concat": "kv(cache='concat')"}
 SIZES = (0, 4, 8, 16)

@@ -5,7 +5,7 @@ A verification step on the CPU costs about the same for 1 to 6 rows (root includ
 how often one forward runs each (30 layers: q and o, k and v, gate and up, down; the LM head once), on
 random float32 weights, to tell whether another way to multiply would move that jump:
 
-- `onednn`: the weight packed once for oneDNN, as `specframe.packed_linear` runs it;
+- `onednn`: the weight packed once for oneDNN, as `specframe.runtime.packed_linear` runs it;
 - `onednn@16`: packed with a hint of 16 rows (`torch.ops.mkldnn._reorder_linear_weight`'s batch size);
 - `blocks of 6`: the rows multiplied 6 at a time by the packed weight (each block streams the weights);
 - `mkl`: MKL's packed product (`torch.ops.mkl._mkl_linear`), packed for 16 rows;
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from specframe.progress import bar as progress_bar
+from specframe.support.progress import bar as progress_bar
 from specframe_kernels import stream_linear
 
 # name -> (inputs, outputs, products per forward)

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import test_lossless_e2e as e2e
 import test_lossless_power as power
 
-from specframe.progress import bar as progress_bar
+from specframe.support.progress import bar as progress_bar
 from specframe.testing.exact import LogitTable, decoder_counts, exact_law, law_test
 from specframe.testing.law import RUNS, builder_scenarios
 

@@ -3,7 +3,8 @@
 A plain step (the root alone, no draft) is one row. On the CPUs measured, oneDNN multiplies one row
 more slowly than four (`plugins/specframe_kv/__init__.py`), so `kv` and `ssm-tree` can pad every
 forward, plain steps included, to `min_rows` rows with throwaway rows (on the CPU where the calibration
-measured that no slower for the model: `specframe.devices.forward_min_rows`). This loads the target once,
+measured that no slower for the model: `specframe.runtime.devices.forward_min_rows`). This loads the target
+once,
 prefills two backends, `B(min_rows=1)` and `B(min_rows=4)`, with the same random tokens, and times
 plain steps of both, alternating, on the process CPU clock (`--clock cpu`, for a shared machine) or wall
 time. Each step is committed, so the cache grows as in decoding. Prints the median step of each and
@@ -23,8 +24,8 @@ import torch
 
 import specframe
 from specframe import TokenTree
-from specframe.pipeline import assemble
-from specframe.progress import bar as progress_bar
+from specframe.plugging.pipeline import assemble
+from specframe.support.progress import bar as progress_bar
 
 
 def main() -> None:

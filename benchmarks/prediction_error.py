@@ -6,7 +6,7 @@ Decodes Spec-Bench first turns of the given categories (the longest prompts by d
 method at `auto`, records every step the planner predicted through the `on_step` hook, and prints,
 by tree size and by context length, the median of predicted / realised step time (drafting aside, as
 the cost model predicts it) and the mean |log| of that ratio. The decoder's aggregate version of the
-same comparison is `prediction_summary()` in `specframe.metrics`.
+same comparison is `prediction_summary()` in `specframe.terms.metrics`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 
 import specframe
 from specframe.bench.suites import encode_turn, load_suite
-from specframe.registry import PluginRegistry
+from specframe.plugging.registry import PluginRegistry
 
 
 class StepRecorder:

@@ -24,14 +24,14 @@ from pathlib import Path
 
 import numpy as np
 
-from specframe.adaptive.calibration import stored_cost
+from specframe.decode.calibration import stored_cost
 from specframe.bench.methods import resolve_methods, split_parts
 from specframe.bench.replay import copy_bound, open_run, replay
 from specframe.bench.runner import read_records
-from specframe.cost import MeasuredCost
-from specframe.pipeline import assemble
-from specframe.progress import bar as progress_bar
-from specframe.registry import get_registry
+from specframe.terms.cost import MeasuredCost
+from specframe.plugging.pipeline import assemble
+from specframe.support.progress import bar as progress_bar
+from specframe.plugging.registry import get_registry
 
 
 def priced_as(cost: MeasuredCost, cheap: int, up_to: int) -> MeasuredCost:

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 import specframe
-from specframe.progress import bar as progress_bar
+from specframe.support.progress import bar as progress_bar
 from specframe_rest.answers import generate_batch
 
 

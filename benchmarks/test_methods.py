@@ -24,8 +24,8 @@ from specframe.bench.methods import baseline_spec, parse_method
 from specframe.bench.peers import PeerRunner, parse_peers
 from specframe.bench.runner import PipelineRunner
 from specframe.bench.suites import encode_turn, load_suite
-from specframe.errors import SpecframeError
-from specframe.registry import ComponentSpec
+from specframe.terms.errors import SpecframeError
+from specframe.plugging.registry import ComponentSpec
 
 MODEL = os.environ.get("SPECFRAME_BENCH_MODEL", "smollm2-135m")
 NEW_TOKENS = int(os.environ.get("SPECFRAME_BENCH_TOKENS", "48"))

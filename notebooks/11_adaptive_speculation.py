@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 import specframe
-from specframe.adaptive.calibration import cached_cost
+from specframe.decode.calibration import cached_cost
 
 torch.set_num_threads(1)  # steadier timings on a shared machine
 target = specframe.load_target("smollm2-135m")

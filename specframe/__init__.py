@@ -11,53 +11,54 @@ from importlib import import_module
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from specframe.decoding import DEFAULT_BUDGET, GenerationResult, SpeculativeDecoder, generate
-    from specframe.errors import (
+    from specframe.decode.loop import DEFAULT_BUDGET, GenerationResult, SpeculativeDecoder, generate
+    from specframe.terms.errors import (
         CapabilityError, ConfigurationError, DuplicateComponentError, ModelLoadError, PromptError,
         SpecframeError, UnknownComponentError, UnsupportedModelError,
     )
-    from specframe.extensions import CliOption, ModelRecipe, Preset
-    from specframe.hookspecs import hookimpl
-    from specframe.interfaces import (
+    from specframe.contract.extensions import CliOption, ModelRecipe, Preset
+    from specframe.contract.hookspecs import hookimpl
+    from specframe.contract.interfaces import (
         BackendCapabilities, BuildContext, Drafter, DrafterCapabilities, StateBackend, TreeBuilder,
         TreeBuilderCapabilities, Verifier, VerifierCapabilities,
     )
-    from specframe.cost import CostModel, PolynomialCost
-    from specframe.kinds import ComponentKind
-    from specframe.metrics import DecodeMetrics
-    from specframe.models import Target, load_target
-    from specframe.pipeline import Pipeline, assemble
-    from specframe.records import (
+    from specframe.terms.cost import CostModel, PolynomialCost
+    from specframe.terms.kinds import ComponentKind
+    from specframe.terms.metrics import DecodeMetrics
+    from specframe.runtime.load import Target, load_target
+    from specframe.plugging.pipeline import Pipeline, assemble
+    from specframe.terms.records import (
         DraftContext, DraftProposal, DrawMethod, ScoreKind, StepEvent, StepOutcome, TargetScores,
         VerifyResult,
     )
-    from specframe.registry import ComponentSpec, PluginRegistry, get_registry
-    from specframe.sampling import Sampler, SamplingParams
-    from specframe.tree import TokenTree
+    from specframe.plugging.registry import ComponentSpec, PluginRegistry, get_registry
+    from specframe.terms.sampling import Sampler, SamplingParams
+    from specframe.terms.tree import TokenTree
 
 __version__ = "0.1.0"
 
 # Where each public name lives. They are imported on first use (PEP 562), so that `import specframe`, a
 # plugin's registration and `specframe --help` load neither torch nor transformers.
 _EXPORTS = {
-    "specframe.decoding": ("DEFAULT_BUDGET", "GenerationResult", "SpeculativeDecoder", "generate"),
-    "specframe.errors": ("CapabilityError", "ConfigurationError", "DuplicateComponentError", "ModelLoadError",
+    "specframe.decode.loop": ("DEFAULT_BUDGET", "GenerationResult", "SpeculativeDecoder", "generate"),
+    "specframe.terms.errors": ("CapabilityError", "ConfigurationError", "DuplicateComponentError",
+                               "ModelLoadError",
                          "PromptError", "SpecframeError", "UnknownComponentError", "UnsupportedModelError"),
-    "specframe.extensions": ("CliOption", "ModelRecipe", "Preset"),
-    "specframe.hookspecs": ("hookimpl",),
-    "specframe.interfaces": ("BackendCapabilities", "BuildContext", "Drafter", "DrafterCapabilities",
+    "specframe.contract.extensions": ("CliOption", "ModelRecipe", "Preset"),
+    "specframe.contract.hookspecs": ("hookimpl",),
+    "specframe.contract.interfaces": ("BackendCapabilities", "BuildContext", "Drafter", "DrafterCapabilities",
                              "StateBackend", "TreeBuilder", "TreeBuilderCapabilities", "Verifier",
                              "VerifierCapabilities"),
-    "specframe.cost": ("CostModel", "PolynomialCost"),
-    "specframe.kinds": ("ComponentKind",),
-    "specframe.metrics": ("DecodeMetrics",),
-    "specframe.models": ("Target", "load_target"),
-    "specframe.pipeline": ("Pipeline", "assemble"),
-    "specframe.records": ("DraftContext", "DraftProposal", "DrawMethod", "ScoreKind", "StepEvent",
+    "specframe.terms.cost": ("CostModel", "PolynomialCost"),
+    "specframe.terms.kinds": ("ComponentKind",),
+    "specframe.terms.metrics": ("DecodeMetrics",),
+    "specframe.runtime.load": ("Target", "load_target"),
+    "specframe.plugging.pipeline": ("Pipeline", "assemble"),
+    "specframe.terms.records": ("DraftContext", "DraftProposal", "DrawMethod", "ScoreKind", "StepEvent",
                           "StepOutcome", "TargetScores", "VerifyResult"),
-    "specframe.registry": ("ComponentSpec", "PluginRegistry", "get_registry"),
-    "specframe.sampling": ("Sampler", "SamplingParams"),
-    "specframe.tree": ("TokenTree",),
+    "specframe.plugging.registry": ("ComponentSpec", "PluginRegistry", "get_registry"),
+    "specframe.terms.sampling": ("Sampler", "SamplingParams"),
+    "specframe.terms.tree": ("TokenTree",),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 

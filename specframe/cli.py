@@ -13,17 +13,17 @@ from typing import Optional
 import typer
 
 from specframe.bench.cli import bench_command
-from specframe.cli_common import (clock_option, device_option, dtype_option, model_option,
+from specframe.kit.cli_options import (clock_option, device_option, dtype_option, model_option,
                                   phase_timing_option, set_timing, threads_option)
-from specframe.errors import ConfigurationError, SpecframeError
-from specframe.extensions import CliOption, applied
-from specframe.kinds import DEFAULT_BUDGET, DEFAULT_COMPONENTS, ComponentKind
-from specframe.registry import PluginRegistry
+from specframe.terms.errors import ConfigurationError, SpecframeError
+from specframe.contract.extensions import CliOption, applied
+from specframe.terms.kinds import DEFAULT_BUDGET, DEFAULT_COMPONENTS, ComponentKind
+from specframe.plugging.registry import PluginRegistry
 
 
 def plugins() -> None:
     """Print installed plugins, their components and versions as JSON."""
-    from specframe.registry import get_registry
+    from specframe.plugging.registry import get_registry
 
     typer.echo(json.dumps(get_registry().describe(), indent=2))
 
@@ -58,11 +58,11 @@ def generate(
     phase_timing: bool = phase_timing_option(),
 ) -> None:
     """Generate a continuation with a speculative pipeline and print it with its metrics."""
-    from specframe.adaptive.planner import parse_budget
-    from specframe.decoding import SpeculativeDecoder
-    from specframe.models import load_target
-    from specframe.pipeline import check_specs
-    from specframe.sampling import SamplingParams
+    from specframe.decode.planner import parse_budget
+    from specframe.decode.loop import SpeculativeDecoder
+    from specframe.runtime.load import load_target
+    from specframe.plugging.pipeline import check_specs
+    from specframe.terms.sampling import SamplingParams
 
     sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
     check_text(prompt, "the prompt")
@@ -80,7 +80,7 @@ def generate(
     with warnings.catch_warnings(record=True) as caught:  # e.g. a cache that could not be saved:
         if compare:  # printed after the text
             from specframe.bench.runner import WARMUP_PROMPT
-            from specframe.compare import compare_with_transformers
+            from specframe.bench.compare import compare_with_transformers
 
             warmup_ids = encode_prompt(target, WARMUP_PROMPT, chat)
             comparison = compare_with_transformers(target, make_decoder, ids, warmup_ids, max_new_tokens,
@@ -116,9 +116,9 @@ def calibrate(
     the measurement is still printed, then an `error:` line says why, and the exit status is 2."""
     import torch
 
-    from specframe.adaptive.calibration import cost_key, cost_path, measure_cost, store_cost
-    from specframe.models import check_writable_dir, load_target, specframe_home
-    from specframe.pipeline import assemble, check_specs
+    from specframe.decode.calibration import cost_key, cost_path, measure_cost, store_cost
+    from specframe.runtime.load import check_writable_dir, load_target, specframe_home
+    from specframe.plugging.pipeline import assemble, check_specs
 
     check_specs(backend=backend)  # before the model loads
     check_writable_dir(specframe_home() / "costs", "the calibration directory",
@@ -177,7 +177,7 @@ def padding_line(cost) -> str | None:
     """What the calibration measured to choose whether the backend pads its forwards, if it did."""
     if not cost.padding_s:
         return None
-    from specframe.devices import CPU_MIN_ROWS
+    from specframe.runtime.devices import CPU_MIN_ROWS
 
     alone, padded = (1000 * t for t in cost.padding_s)
     choice = f"are padded to {cost.min_rows} rows" if cost.min_rows > 1 else "are not padded"
@@ -189,7 +189,7 @@ def check_text(text: str, what: str) -> None:
     """Refuse text that is not valid UTF-8. On Linux, argv bytes that are not UTF-8 arrive as lone
     surrogates (Python's surrogateescape), which tokenizers reject with an obscure TypeError; guessing
     another encoding or replacing the bytes would silently change what the model is asked."""
-    from specframe.errors import PromptError
+    from specframe.terms.errors import PromptError
 
     try:
         text.encode("utf-8")
@@ -203,7 +203,7 @@ def check_text(text: str, what: str) -> None:
 
 def check_stop_strings(stop: list[str]) -> None:
     """Refuse empty stop strings (every text contains "", so decoding would stop after one token)."""
-    from specframe.errors import ConfigurationError
+    from specframe.terms.errors import ConfigurationError
 
     if any(s == "" for s in stop):
         raise ConfigurationError('--stop "" would stop after the first token (every text contains the empty '
@@ -214,7 +214,7 @@ def check_stop_strings(stop: list[str]) -> None:
 
 def encode_prompt(target, prompt: str, chat: bool) -> list[int]:
     """Token ids of `prompt`, wrapped in the model's chat template when `chat` is set."""
-    from specframe.errors import PromptError
+    from specframe.terms.errors import PromptError
 
     if not prompt.strip():
         raise PromptError("the prompt is empty: give some text to continue")
@@ -290,7 +290,7 @@ def build_app(registry: PluginRegistry | None = None) -> typer.Typer:
     """The `specframe` app with every plugin's options and sub-commands. A plugin that fails to load, whose
     hook raises or whose option clashes with a core one is left out and listed by `specframe plugins`;
     the rest of the CLI works."""
-    from specframe.registry import get_registry
+    from specframe.plugging.registry import get_registry
 
     registry = registry or get_registry()
     options = []
@@ -308,7 +308,7 @@ def build_app(registry: PluginRegistry | None = None) -> typer.Typer:
 
 def with_plugin_options(command: Callable, options: list[CliOption]) -> Callable:
     """`command` with `options` added to the signature typer reads; their values are applied while it runs
-    (exported environment variables, or component options: see `specframe.extensions.applied`)."""
+    (exported environment variables, or component options: see `specframe.contract.extensions.applied`)."""
     if not options:
         return command
     signature = inspect.signature(command, eval_str=True)

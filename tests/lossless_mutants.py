@@ -16,8 +16,8 @@ from specframe import (
     BuildContext, DraftProposal, DrawMethod, Sampler, TargetScores, TokenTree, TreeBuilder,
     TreeBuilderCapabilities, Verifier, VerifierCapabilities, VerifyResult,
 )
-from specframe.adaptive.planner import AdaptivePlanner
-from specframe.registry import get_registry
+from specframe.decode.planner import AdaptivePlanner
+from specframe.plugging.registry import get_registry
 
 FAULTS = ("q-not-renormalised", "bonus-from-p", "uniform-q", "duplicates-not-skipped")
 

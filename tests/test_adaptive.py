@@ -9,13 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specframe.adaptive.acceptance import (
+from specframe.decode.acceptance import (
     AcceptanceModel, NodeFeatures, conditional_scores, matched_outcomes, sibling_ranks)
-from specframe.adaptive.selection import choose_subtree, path_probabilities
-from specframe.adaptive.planner import AdaptivePlanner
-from specframe.cost import MeasuredCost, PolynomialCost, ScaledCost
-from specframe.records import DraftProposal, ScoreKind
-from specframe.tree import TokenTree
+from specframe.decode.selection import choose_subtree, path_probabilities
+from specframe.decode.planner import AdaptivePlanner
+from specframe.terms.cost import MeasuredCost, PolynomialCost, ScaledCost
+from specframe.terms.records import DraftProposal, ScoreKind
+from specframe.terms.tree import TokenTree
 
 
 @st.composite
@@ -120,7 +120,7 @@ def test_matched_outcomes_label_every_node_the_draws_decide():
 def under_confident_steps(matches_draws: bool, steps: int = 300) -> list[int]:
     """Tree sizes the planner keeps for a one-node proposal scored q = 0.05 that the target accepts 90 %
     of the time, where one node costs 0.3 of a plain step (so it pays above 30 %)."""
-    from specframe.records import VerifyResult
+    from specframe.terms.records import VerifyResult
 
     cost = MeasuredCost((0, 2), (1.0, 1.6), (1.0, 1.6))
     planner = AdaptivePlanner(cost, cap=1, learn_speed=False, matches_draws=matches_draws)
@@ -156,7 +156,7 @@ def test_acceptance_persists(tmp_path):
 
 def test_an_acceptance_file_specframe_did_not_write_is_refused_and_kept(tmp_path):
     """Saving over a file that is not an acceptance file would destroy it; an older format is replaced."""
-    from specframe.errors import ConfigurationError, SpecframeWarning
+    from specframe.terms.errors import ConfigurationError, SpecframeWarning
 
     (tmp_path / "notes.json").write_text("{not json")
     with pytest.raises(ConfigurationError, match="is not one specframe wrote.*delete it"):
@@ -225,7 +225,7 @@ def tiny():
 
 def test_calibration_is_measured_once_then_read_back(tiny, tmp_path, monkeypatch):
     from specframe import assemble
-    from specframe.adaptive import calibration
+    from specframe.decode import calibration
 
     monkeypatch.setenv("SPECFRAME_HOME", str(tmp_path))
     backend = assemble(tiny).backend
@@ -246,7 +246,7 @@ def test_calibration_is_measured_once_then_read_back(tiny, tmp_path, monkeypatch
 
 def test_a_calibration_file_reads_back_without_its_keys_but_not_under_other_keys(tmp_path):
     """`read_cost` without keys is what replays use to weigh another machine's or day's calibration."""
-    from specframe.adaptive.calibration import read_cost, write_cost
+    from specframe.decode.calibration import read_cost, write_cost
 
     slope = (0.0, 1e-4, 2e-4)
     cost = MeasuredCost((0, 4, 8), (1.0, 1.2, 1.5), (1.0, 1.1, 1.4), 257, slope, slope)
@@ -263,7 +263,7 @@ def test_calibration_keeps_the_fastest_round_so_stalls_do_not_move_it(tiny, monk
     from types import SimpleNamespace
 
     from specframe import assemble
-    from specframe.adaptive import calibration
+    from specframe.decode import calibration
 
     backend = assemble(tiny).backend
     true_s = {}  # tree size -> the time its forward takes without a stall
@@ -291,7 +291,7 @@ def test_calibration_measures_how_a_tree_costs_more_in_a_longer_context(tiny, mo
     from types import SimpleNamespace
 
     from specframe import assemble
-    from specframe.adaptive import calibration
+    from specframe.decode import calibration
 
     backend = assemble(tiny).backend
     clock = [0.0]
@@ -310,7 +310,7 @@ def test_calibration_measures_how_a_tree_costs_more_in_a_longer_context(tiny, mo
 
 
 def test_context_slopes_never_fall_with_tree_size():
-    from specframe.adaptive.calibration import non_decreasing
+    from specframe.decode.calibration import non_decreasing
 
     assert non_decreasing([3.0, 1.0, 2.0, 5.0]) == pytest.approx((2.0, 2.0, 2.0, 5.0))
     assert non_decreasing([0.0, 1.0, 1.0]) == (0.0, 1.0, 1.0)
@@ -337,9 +337,9 @@ def test_auto_is_lossless_and_follows_the_cost(tiny, drafter, tree):
 def test_expensive_drafting_that_does_not_pay_is_skipped_but_probed():
     """It starts optimistic, then drafts only as probes: spread out, still coming long after, and within
     `PROBE_SHARE` of the time."""
-    from specframe.adaptive.planner import PROBE_SHARE, AdaptivePlanner
-    from specframe.records import VerifyResult
-    from specframe.tree import TokenTree
+    from specframe.decode.planner import PROBE_SHARE, AdaptivePlanner
+    from specframe.terms.records import VerifyResult
+    from specframe.terms.tree import TokenTree
 
     planner = AdaptivePlanner(PolynomialCost((0.0, 1.0)), cap=8)  # every step takes 1 s
     drafted = []
@@ -358,9 +358,9 @@ def drafting_steps(acceptance: float, steps: int = 3000, seed: int = 0,
                    cold: tuple[float, ...] = ()) -> tuple[np.ndarray, float]:
     """A planner fed a drafter costing 0.2 of a 1 s step (its first drafts `cold` instead) whose one node
     is accepted with probability `acceptance`: (whether each step drafted, realised gain of drafting)."""
-    from specframe.adaptive.planner import AdaptivePlanner
-    from specframe.records import VerifyResult
-    from specframe.tree import TokenTree
+    from specframe.decode.planner import AdaptivePlanner
+    from specframe.terms.records import VerifyResult
+    from specframe.terms.tree import TokenTree
 
     planner = AdaptivePlanner(PolynomialCost((0.0, 1.0)), cap=8, drafting_grows_with_budget=False)
     rng = np.random.default_rng(seed)
@@ -404,9 +404,9 @@ def test_expensive_drafting_that_loses_a_little_is_mostly_off(seed):
 def probe_share(probe_cost, steps: int) -> float:
     """Run a planner whose drafting never pays, every step 1 s, a probe costing `probe_cost(step)`
     seconds of drafting; the share of the time its probes took, over the steps after the first 500."""
-    from specframe.adaptive.planner import AdaptivePlanner
-    from specframe.records import VerifyResult
-    from specframe.tree import TokenTree
+    from specframe.decode.planner import AdaptivePlanner
+    from specframe.terms.records import VerifyResult
+    from specframe.terms.tree import TokenTree
 
     planner = AdaptivePlanner(PolynomialCost((0.0, 1.0)), cap=8)
     wasted = 0.0
@@ -421,7 +421,7 @@ def probe_share(probe_cost, steps: int) -> float:
 def test_probes_of_a_very_expensive_drafter_stay_near_one_percent_of_the_time():
     """A probe whose drafting costs two plain steps (a draft model catching up) comes every 200 steps
     or so, not every 64: wasted probes would otherwise cost 3 % of the time."""
-    from specframe.adaptive.planner import PROBE_SHARE
+    from specframe.decode.planner import PROBE_SHARE
 
     assert probe_share(lambda step: 2.0, steps=5000) < 1.2 * PROBE_SHARE
 
@@ -430,7 +430,7 @@ def test_probes_whose_cost_varies_tenfold_stay_near_one_percent_of_the_time():
     """A draft model's first probe in a request reads the whole prompt (here 8 plain steps; requests of
     128 steps), later ones only the tokens since the last (0.2 steps). A running mean of probe costs
     spaced probes by the cheap ones and let them take over 3 % of the time (run 15, summarization)."""
-    from specframe.adaptive.planner import PROBE_SHARE
+    from specframe.decode.planner import PROBE_SHARE
 
     seen = set()
 
@@ -448,9 +448,9 @@ def test_a_probe_that_must_first_read_a_long_prompt_waits_rather_than_tax_every_
     plain steps. A budget that looked only at earlier losses let one such probe into many requests, 3.5 %
     of each (`draft-model@auto` 0.95x on Spec-Bench's extraction, run 25); forecast from the tokens to
     read, the probe waits until the budget holds it, which the cap of 2 plain steps never allows."""
-    from specframe.adaptive.planner import PROBE_SHARE, AdaptivePlanner
-    from specframe.records import VerifyResult
-    from specframe.tree import TokenTree
+    from specframe.decode.planner import PROBE_SHARE, AdaptivePlanner
+    from specframe.terms.records import VerifyResult
+    from specframe.terms.tree import TokenTree
 
     planner = AdaptivePlanner(PolynomialCost((0.0, 1.0)), cap=8)
     losses = []
@@ -474,9 +474,9 @@ def test_short_requests_are_not_probed_with_what_long_ones_earned():
     """Requests of 20 plain steps (1 s each; a QA answer), a drafter that never pays and costs 1.4 plain
     steps a probe (a draft model's four forwards). Earnings pooled over requests let such a probe into
     one request in seven, 6.5 % of its time; earned per request, 20 steps never pay for one."""
-    from specframe.adaptive.planner import PROBE_SHARE, AdaptivePlanner
-    from specframe.records import VerifyResult
-    from specframe.tree import TokenTree
+    from specframe.decode.planner import PROBE_SHARE, AdaptivePlanner
+    from specframe.terms.records import VerifyResult
+    from specframe.terms.tree import TokenTree
 
     planner = AdaptivePlanner(PolynomialCost((0.0, 1.0)), cap=8)
     losses = []
@@ -496,9 +496,9 @@ def test_a_machine_faster_than_its_calibration_does_not_flatter_expensive_drafti
     """The calibration says a forward takes 1 s; today it takes 0.5 s. A drafter costing 0.2 s whose
     steps emit 1.2 tokens makes 1.2 tokens per 0.7 s against a plain step's 1 per 0.5 s: a loss. Judged
     against the calibrated plain step instead, it looked like a 1.7x gain and drafting went on."""
-    from specframe.adaptive.planner import AdaptivePlanner
-    from specframe.records import VerifyResult
-    from specframe.tree import TokenTree
+    from specframe.decode.planner import AdaptivePlanner
+    from specframe.terms.records import VerifyResult
+    from specframe.terms.tree import TokenTree
 
     planner = AdaptivePlanner(PolynomialCost((0.0, 1.0)), cap=8, drafting_grows_with_budget=False)
     rng = np.random.default_rng(0)
@@ -530,7 +530,7 @@ def test_a_cost_model_passed_in_is_taken_as_given(tiny):
 def test_the_stored_calibration_is_scaled_only_when_phases_are_timed_apart(tiny, monkeypatch, phase_timing):
     """Without per-phase synchronisation an accelerator's forward phase holds launch time only: a speed
     learned from it would make every tree look nearly free."""
-    import specframe.adaptive.calibration as calibration
+    import specframe.decode.calibration as calibration
     from specframe import SpeculativeDecoder
 
     monkeypatch.setattr(calibration, "cached_cost", lambda backend, progress=True: PolynomialCost((0.0, 1.0)))
@@ -541,9 +541,9 @@ def test_the_stored_calibration_is_scaled_only_when_phases_are_timed_apart(tiny,
 def test_cheap_drafting_goes_on_even_where_it_does_not_pay():
     """A drafter costing 4 % of a plain step (a suffix tree with corpora: 1-2 ms against 50-60) is never
     switched off: that would save little and miss the next long match."""
-    from specframe.adaptive.planner import AdaptivePlanner
-    from specframe.records import VerifyResult
-    from specframe.tree import TokenTree
+    from specframe.decode.planner import AdaptivePlanner
+    from specframe.terms.records import VerifyResult
+    from specframe.terms.tree import TokenTree
 
     planner = AdaptivePlanner(PolynomialCost((0.0, 1.0)), cap=8)  # every step takes 1 s
     for _ in range(200):
@@ -557,9 +557,9 @@ def run_expensive_drafter(accepted_per_step: int, steps: int = 200, per_token: b
     """A planner fed steps of a drafter that costs 0.3 s a node and whose first `accepted_per_step`
     nodes are always accepted; every forward costs 1 s. Returns (planner, drafted flags, budgets).
     `per_token=False`: drafting costs 0.5 s whatever it proposes, and the planner is told so."""
-    from specframe.adaptive.planner import AdaptivePlanner
-    from specframe.records import VerifyResult
-    from specframe.tree import TokenTree
+    from specframe.decode.planner import AdaptivePlanner
+    from specframe.terms.records import VerifyResult
+    from specframe.terms.tree import TokenTree
 
     planner = AdaptivePlanner(PolynomialCost((0.0, 1.0)), cap=8, drafting_grows_with_budget=per_token)
     drafted, budgets = [], []
@@ -598,7 +598,7 @@ def test_a_drafter_whose_cost_does_not_grow_with_the_budget_drafts_to_the_cap():
 
 
 def test_only_draft_models_say_their_drafting_grows_with_the_budget():
-    from specframe.registry import get_registry
+    from specframe.plugging.registry import get_registry
 
     registry = get_registry()
     growing = {name for name in registry.names("drafter")
@@ -641,7 +641,7 @@ def test_each_request_is_planned_blind_or_not_by_its_own_sampling(tiny):
 
 def test_drafting_time_is_fitted_in_the_tokens_the_drafter_has_not_read():
     """A draft model's drafting grows with what it must read first; S4C's heads cost the same always."""
-    from specframe.adaptive.planner import DraftTime
+    from specframe.decode.planner import DraftTime
 
     reading, fixed = DraftTime(), DraftTime()
     for unread in (900, 2, 3, 1, 450, 2, 4):
@@ -655,8 +655,8 @@ def test_drafting_time_is_fitted_in_the_tokens_the_drafter_has_not_read():
 def test_the_adaptive_planner_moves_its_cost_with_the_context_as_steps_go_on():
     """Tracking the step's context for the probe budget must not pin the cost model to a request's
     first step (it moves every `CONTEXT_STEP` tokens)."""
-    from specframe.adaptive.planner import CONTEXT_STEP, AdaptivePlanner
-    from specframe.cost import MeasuredCost
+    from specframe.decode.planner import CONTEXT_STEP, AdaptivePlanner
+    from specframe.terms.cost import MeasuredCost
 
     sloped = MeasuredCost((0, 8), (1.0, 2.0), (1.0, 2.0), 100, (0.01, 0.01), (0.01, 0.01))
     planner = AdaptivePlanner(sloped, cap=8)
@@ -669,7 +669,7 @@ def test_the_planner_learns_each_tree_size_s_own_speed():
     """A calibration taken in a busy spell priced an 8-node chain at 3 plain steps; today it costs 1.2.
     One speed factor for every size cannot fix both: learned per size, the planner's cost comes back to
     the realised times of each size it runs."""
-    from specframe.records import VerifyResult
+    from specframe.terms.records import VerifyResult
 
     sizes = (0, 4, 8, 16)
     calibrated = MeasuredCost(sizes, (1.0, 1.5, 3.0, 4.0), (1.0, 1.5, 3.0, 4.0))
@@ -700,7 +700,7 @@ def test_first_use_calibration_is_announced_in_one_line_and_measures_slopes_on_f
     """Piped output gets one line saying what runs and for how long, no progress bar redraws; the longer
     context is timed on flat trees at `SLOPE_SIZES` alone (what keeps a first calibration short)."""
     from specframe import assemble
-    from specframe.adaptive import calibration
+    from specframe.decode import calibration
 
     monkeypatch.setenv("SPECFRAME_HOME", str(tmp_path))
     backend = assemble(tiny).backend
@@ -725,7 +725,7 @@ def test_chains_between_the_timed_sizes_scale_the_flat_tree_by_the_interpolated_
     """A chain is timed at `CHAIN_SIZES` only: elsewhere it costs the flat tree's time (which carries the
     kernel's jumps in the row count) times the chain-to-flat ratio interpolated between the timed sizes;
     at 0 and 1 node a chain is the flat tree."""
-    from specframe.adaptive import calibration
+    from specframe.decode import calibration
 
     sizes = (0, 1, 2, 3, 4, 5)
     assert calibration.chain_sizes(sizes) == (2, 4, 5)

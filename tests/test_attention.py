@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from specframe import TokenTree
-from specframe.attention import NAME, attention_for, chosen_attention, use_attention, use_cpu_attention
-from specframe.exact_attention import NAME as EXACT
-from specframe.errors import ConfigurationError
+from specframe.runtime.attention import (NAME, attention_for, chosen_attention, use_attention,
+                                         use_cpu_attention)
+from specframe.runtime.exact_attention import NAME as EXACT
+from specframe.terms.errors import ConfigurationError
 from specframe_kv import KVCacheBackend
 
 from conftest import tiny_llama

@@ -14,8 +14,8 @@ import pytest
 import specframe
 from specframe.bench import BenchPrompt, run_benchmark
 from specframe.bench import runner as bench_runner
-from specframe.errors import ConfigurationError, SpecframeError, SpecframeWarning
-from specframe.metrics import DecodeMetrics
+from specframe.terms.errors import ConfigurationError, SpecframeError, SpecframeWarning
+from specframe.terms.metrics import DecodeMetrics
 from specframe.testing import tiny_target
 
 PROMPTS = [
@@ -35,7 +35,7 @@ def target():
     """A random 2-layer Llama over SmolLM2's vocabulary, with SmolLM2's tokenizer and chat template."""
     from transformers import AutoTokenizer
 
-    from specframe.models import resolve_model_dir
+    from specframe.runtime.load import resolve_model_dir
 
     tiny = tiny_target(seed=3, vocab_size=49152, hidden_size=32)
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_dir("smollm2-135m"))
@@ -226,13 +226,13 @@ def test_the_bench_command_refuses_bad_options_before_loading_the_model(monkeypa
     """Bad input costs no model load: the options that need no model are judged first."""
     from typer.testing import CliRunner
 
-    import specframe.models
+    import specframe.runtime.load
     from specframe.cli import app
 
     def no_loading(*_, **__):
         raise AssertionError("the model was loaded before the options were checked")
 
-    monkeypatch.setattr(specframe.models, "load_target", no_loading)
+    monkeypatch.setattr(specframe.runtime.load, "load_target", no_loading)
     result = CliRunner().invoke(app, ["bench", "--out", str(tmp_path / "out"), *args])
     assert isinstance(result.exception, SpecframeError), result.output
     assert message in str(result.exception)

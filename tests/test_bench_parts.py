@@ -13,7 +13,7 @@ from specframe.bench.peers import parse_peers, truncated_assistant
 from specframe.bench.report import method_stats
 from specframe.bench.suites import BenchPrompt, load_suite
 from specframe.bench.synthetic import SyntheticDrafter
-from specframe.errors import ConfigurationError, UnknownComponentError
+from specframe.terms.errors import ConfigurationError, UnknownComponentError
 from specframe.testing import tiny_target
 
 
@@ -135,7 +135,7 @@ def test_fastest_keeps_each_turns_fastest_repeat_of_every_method_baseline_includ
 
 def test_fastest_of_repeats_is_refused_where_repeats_differ():
     from specframe.bench.harness import check_keep
-    from specframe.sampling import SamplingParams
+    from specframe.terms.sampling import SamplingParams
 
     registry = specframe.get_registry()
     specs = resolve_methods(["pld", "s4c@auto"], registry, "auto")

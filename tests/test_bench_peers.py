@@ -5,7 +5,7 @@ import logging
 from transformers.utils import logging as hf_logging
 
 from specframe.bench.peers import ASSISTANT_WARNING, PeerRunner, dropped_log, parse_peers
-from specframe.sampling import SamplingParams
+from specframe.terms.sampling import SamplingParams
 from specframe.testing.targets import tiny_target
 
 

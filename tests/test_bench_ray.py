@@ -11,7 +11,7 @@ import pytest
 import specframe
 from specframe.bench import BenchPrompt, run_benchmark
 from specframe.bench.distributed import run_benchmark_ray
-from specframe.errors import ConfigurationError
+from specframe.terms.errors import ConfigurationError
 
 ray = pytest.importorskip("ray")
 
@@ -33,7 +33,7 @@ def tiny_smollm2_target() -> specframe.Target:
     """A random 2-layer Llama over SmolLM2's vocabulary with SmolLM2's tokenizer, built alike anywhere."""
     from transformers import AutoTokenizer
 
-    from specframe.models import resolve_model_dir
+    from specframe.runtime.load import resolve_model_dir
     from specframe.testing import tiny_target
 
     tiny = tiny_target(seed=3, vocab_size=49152, hidden_size=32)

@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from specframe import cli
-from specframe.adaptive import calibration
-from specframe.cost import MeasuredCost
+from specframe.decode import calibration
+from specframe.terms.cost import MeasuredCost
 from specframe.testing import tiny_target
 
 SLOPE = (0.0, 1e-4, 2e-4)

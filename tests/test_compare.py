@@ -1,4 +1,4 @@
-"""`specframe generate --compare` (specframe/compare.py) and the generate report: repeats interleaved, a
+"""`specframe generate --compare` (specframe/bench/compare.py) and the generate report: repeats interleaved, a
 fresh decoder per repeat, medians and ranges, the noise and the notes a reader needs."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from specframe import compare
-from specframe.sampling import SamplingParams
+from specframe.terms.sampling import SamplingParams
 
 
 class FakeDecoder:
@@ -113,11 +113,12 @@ def test_the_compare_rows_show_medians_ranges_noise_and_sampled_identity(capsys,
 def test_generate_refuses_bad_timing_options_before_loading_the_model(monkeypatch, args, message):
     from typer.testing import CliRunner
 
-    import specframe.models
+    import specframe.runtime.load
     from specframe.cli import app
-    from specframe.errors import ConfigurationError
+    from specframe.terms.errors import ConfigurationError
 
-    monkeypatch.setattr(specframe.models, "load_target", lambda *a, **k: pytest.fail("loaded the model"))
+    monkeypatch.setattr(specframe.runtime.load, "load_target",
+                        lambda *a, **k: pytest.fail("loaded the model"))
     result = CliRunner().invoke(app, ["generate", "def f(x):", "--compare", *args])
     assert isinstance(result.exception, ConfigurationError) and message in str(result.exception)
 
@@ -130,7 +131,7 @@ def test_the_compare_json_holds_the_repeats(tmp_path):
     from specframe.testing import tiny_target
     from transformers import AutoTokenizer
 
-    from specframe.models import resolve_model_dir
+    from specframe.runtime.load import resolve_model_dir
 
     model_dir = tmp_path / "model"
     tiny_target(seed=3, vocab_size=49152, hidden_size=32).model.save_pretrained(model_dir)

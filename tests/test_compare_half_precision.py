@@ -11,11 +11,11 @@ import torch
 from ssm_models import tiny_ssm_target
 
 from specframe import SpeculativeDecoder, TokenTree, compare
-from specframe.attention import use_cpu_attention
+from specframe.runtime.attention import use_cpu_attention
 from specframe.bench.peers import PeerRunner, PeerSpec, prompt_cache, splits_prompt
-from specframe.exact_attention import EXACT_ROWS
-from specframe.packed_linear import native_bfloat16, pack_linear_layers
-from specframe.sampling import SamplingParams
+from specframe.runtime.exact_attention import EXACT_ROWS
+from specframe.runtime.packed_linear import native_bfloat16, pack_linear_layers
+from specframe.terms.sampling import SamplingParams
 from specframe.testing.targets import tiny_target
 from specframe_kv import KVCacheBackend
 

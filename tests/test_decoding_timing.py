@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from conftest import tiny_llama
 
-import specframe.decoding
+import specframe.decode.loop
 from specframe import SpeculativeDecoder
 from specframe.testing.targets import reference_greedy, repetitive_prompt
 
@@ -42,8 +42,8 @@ def test_phase_timing_off_gives_the_same_tokens_and_says_so(tiny, prompt):
 @pytest.mark.parametrize("on", [True, False])
 def test_the_device_is_waited_for_per_phase_only_with_phase_timing(tiny, prompt, monkeypatch, on):
     waits, resets = [], []
-    monkeypatch.setattr(specframe.decoding, "synchronizer", lambda device: lambda: waits.append(device))
-    monkeypatch.setattr(specframe.decoding, "reset_peak_memory", resets.append)
+    monkeypatch.setattr(specframe.decode.loop, "synchronizer", lambda device: lambda: waits.append(device))
+    monkeypatch.setattr(specframe.decode.loop, "reset_peak_memory", resets.append)
     decoder = SpeculativeDecoder.from_names(tiny, "pld", budget=4, phase_timing=on)
     result = decoder.generate(prompt, max_new_tokens=12)
     per_request = 2  # after the prefill, and before reading the end time

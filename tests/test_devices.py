@@ -1,5 +1,6 @@
 """Whether a backend pads its CPU forwards to `min_rows` rows: chosen by what calibration measures for the
-model (`specframe.devices.forward_min_rows`), with the timings stubbed (tests never assert wall times)."""
+model (`specframe.runtime.devices.forward_min_rows`), with the timings stubbed (tests never assert wall
+times)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ import pytest
 import torch
 from ssm_models import tiny_ssm_target
 
-from specframe.adaptive import calibration
-from specframe.cost import MeasuredCost
-from specframe.devices import CPU_MIN_ROWS, forward_min_rows, padded_rows
+from specframe.decode import calibration
+from specframe.terms.cost import MeasuredCost
+from specframe.runtime.devices import CPU_MIN_ROWS, forward_min_rows, padded_rows
 from specframe.testing.targets import tiny_target
 from specframe_kv import KVCacheBackend
 from specframe_ssm import SSMTreeBackend

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import specframe
-from specframe import hookspecs
+from specframe.contract import hookspecs
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -48,8 +48,9 @@ def test_every_hook_is_documented_with_its_exact_signature(name):
     text = HOOKS_PAGE.read_text()
     line = signature_line(name, hook_functions()[name])
     assert line in text, f"docs/reference/hooks.md must show `{line}` (the signature in hookspecs.py)"
-    members = re.search(r"::: specframe\.hookspecs\n(?:\s+.*\n)*", text).group(0)
-    assert f"- {name}\n" in members, f"add {name} to the members of `::: specframe.hookspecs` in hooks.md"
+    members = re.search(r"::: specframe\.contract\.hookspecs\n(?:\s+.*\n)*", text).group(0)
+    assert f"- {name}\n" in members, \
+        f"add {name} to the members of `::: specframe.contract.hookspecs` in hooks.md"
 
 
 def test_every_public_name_is_in_the_reference():
@@ -186,7 +187,7 @@ def test_tutorial_names_cannot_clash_with_anything_shipped(page):
     the example plugin; a shared name would get one of them refused."""
     from importlib.metadata import entry_points
 
-    from specframe.registry import PluginRegistry
+    from specframe.plugging.registry import PluginRegistry
 
     example = ROOT / "examples" / "specframe-example-plugin" / "src" / "specframe_example"
     shipped = set(re.findall(r'^\s+name = "([^"]+)"', "".join(p.read_text() for p in example.glob("*.py")),
@@ -257,6 +258,6 @@ def test_mkdocs_build_strict(tmp_path):
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     hooks_html = (site / "reference" / "hooks" / "index.html").read_text()
     for name in hook_functions():
-        assert f'id="specframe.hookspecs.{name}"' in hooks_html, f"hook {name} not rendered"
+        assert f'id="specframe.contract.hookspecs.{name}"' in hooks_html, f"hook {name} not rendered"
     cli_html = (site / "reference" / "cli" / "index.html").read_text()
     assert "specframe generate" in cli_html and "--max-new-tokens" in cli_html

@@ -8,7 +8,7 @@ import torch
 
 import specframe
 from specframe import DrawMethod, ScoreKind, StepOutcome
-from specframe.errors import ConfigurationError, UnsupportedModelError
+from specframe.terms.errors import ConfigurationError, UnsupportedModelError
 from specframe.testing import DrafterConformance, reference_greedy, repetitive_prompt, tiny_target
 from specframe_draft.drafter import (
     DraftModelDrafter, check_same_tokenizer, common_prefix, forest_from_picks, truncated_model,

@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from specframe import SpeculativeDecoder, TokenTree
-from specframe.attention import NAME as GROUPED, use_attention
-from specframe.exact_attention import EXACT_ROWS, NAME, exact_attention_forward, exact_rows
-from specframe.models import load_target
-from specframe.packed_linear import INVARIANT_ROWS, PackedLinear, invariant_rows, native_bfloat16
+from specframe.runtime.attention import NAME as GROUPED, use_attention
+from specframe.runtime.exact_attention import EXACT_ROWS, NAME, exact_attention_forward, exact_rows
+from specframe.runtime.load import load_target
+from specframe.runtime.packed_linear import INVARIANT_ROWS, PackedLinear, invariant_rows, native_bfloat16
 from specframe_kv import KVCacheBackend
 
 from conftest import tiny_llama
@@ -146,7 +146,7 @@ class RowDependentLinear(torch.nn.Linear):
 
 
 class RareOneRowLinear(RowDependentLinear):
-    """A mutant kernel as on the AMD EPYC of `specframe.packed_linear`: a row multiplied alone gets
+    """A mutant kernel as on the AMD EPYC of `specframe.runtime.packed_linear`: a row multiplied alone gets
     other bits in about one output in 6,000 (the last bit of those whose bits hash to 0 modulo 6,000)."""
 
     def exact(self) -> int:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import specframe
-from specframe.registry import PluginRegistry
+from specframe.plugging.registry import PluginRegistry
 from specframe.testing import check_lossless, make_decoder, repetitive_prompt
 
 DIST = "specframe-example-plugin"

@@ -1,4 +1,5 @@
-"""Presets and command-line options that plugins register (`specframe.extensions`), from a plugin object
+"""Presets and command-line options that plugins register (`specframe.contract.extensions`), from a plugin
+object
 registered in the test: resolved by `specframe bench --methods`, skipped or refused when unusable, listed
 by `generate --help` and applied to the environment or to the plugin's component."""
 
@@ -14,10 +15,10 @@ import specframe
 from specframe import CliOption, ComponentKind, ConfigurationError, Preset
 from specframe.bench.methods import parse_method, resolve_methods, usable_presets
 from specframe.bench.runner import build_runners
-from specframe.errors import SpecframeWarning
-from specframe.extensions import applied, option_defaults
-from specframe.registry import PluginRegistry
-from specframe.sampling import SamplingParams
+from specframe.terms.errors import SpecframeWarning
+from specframe.contract.extensions import applied, option_defaults
+from specframe.plugging.registry import PluginRegistry
+from specframe.terms.sampling import SamplingParams
 from specframe.testing import tiny_target
 
 ENV = "SPECFRAME_TEST_NOTE"
@@ -63,7 +64,7 @@ def registry(monkeypatch):
     """A fresh process registry holding the installed plugins and `ThirdParty`."""
     registry = PluginRegistry()
     registry.register_plugin(ThirdParty, name="third-party")
-    monkeypatch.setattr("specframe.registry._registry", registry)
+    monkeypatch.setattr("specframe.plugging.registry._registry", registry)
     monkeypatch.delenv(ENV, raising=False)
     SEEN.clear()
     return registry
@@ -132,7 +133,7 @@ def model_dir(tmp_path_factory):
     """A random 2-layer Llama over SmolLM2's vocabulary, saved with SmolLM2's tokenizer."""
     from transformers import AutoTokenizer
 
-    from specframe.models import resolve_model_dir
+    from specframe.runtime.load import resolve_model_dir
 
     directory = tmp_path_factory.mktemp("model")
     tiny_target(seed=3, vocab_size=49152, hidden_size=32).model.save_pretrained(directory)

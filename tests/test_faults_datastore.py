@@ -28,8 +28,8 @@ from specframe_rest.datastore import HEADER, Datastore, DatastoreBusyError
 from specframe_rest.sources import TokenDocuments
 
 from specframe import model_files, models
-from specframe.atomic_dirs import current_umask, exclusive
-from specframe.errors import ModelLoadError
+from specframe.support.atomic_dirs import current_umask, exclusive
+from specframe.terms.errors import ModelLoadError
 
 SPECFRAME = Path(sys.executable).with_name("specframe")
 WORDS = 63
@@ -219,7 +219,7 @@ def test_in_process_build_is_refused_while_the_lock_is_held(tmp_path):
 
 def test_a_build_where_nothing_can_be_written_says_so_not_that_it_is_busy(tmp_path):
     """A lock that cannot be created is not a lock held by another build (filelock reports both alike)."""
-    from specframe.errors import ConfigurationError
+    from specframe.terms.errors import ConfigurationError
 
     (tmp_path / "a-file").write_text("")
     with pytest.raises(ConfigurationError, match="cannot be a directory.*writable directory"):

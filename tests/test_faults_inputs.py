@@ -24,9 +24,9 @@ import specframe
 from specframe.bench import BenchPrompt, run_benchmark
 from specframe.bench.runner import RecordStore, check_settings
 from specframe.bench.suites import load_suite
-from specframe.errors import ConfigurationError, ModelLoadError, PromptError
-from specframe.models import check_writable_dir, load_target
-from specframe.sampling import SamplingParams
+from specframe.terms.errors import ConfigurationError, ModelLoadError, PromptError
+from specframe.runtime.load import check_writable_dir, load_target
+from specframe.terms.sampling import SamplingParams
 from specframe.testing import tiny_target
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # fixture in conftest.py
@@ -39,7 +39,7 @@ PROMPTS = [BenchPrompt("1", "qa", ("Name three colors.",))]
 def tokenizer():
     from transformers import AutoTokenizer
 
-    from specframe.models import resolve_model_dir
+    from specframe.runtime.load import resolve_model_dir
 
     return AutoTokenizer.from_pretrained(resolve_model_dir("smollm2-135m"))
 
@@ -335,8 +335,8 @@ def test_text_checks():
     ("drafter", "pld(max_ngram='four')", "option max_ngram='four' must be int"),
 ])
 def test_component_specs_are_checked_without_a_model(kind, spec, needle):
-    from specframe.errors import SpecframeError
-    from specframe.pipeline import check_specs
+    from specframe.terms.errors import SpecframeError
+    from specframe.plugging.pipeline import check_specs
 
     check_specs("pld(max_ngram=4)", "trie", "greedy", "kv")
     with pytest.raises(SpecframeError, match=needle.replace("(", r"\(").replace(")", r"\)")):
@@ -346,11 +346,12 @@ def test_component_specs_are_checked_without_a_model(kind, spec, needle):
 def test_calibrate_refuses_an_unknown_backend_before_loading_the_model(monkeypatch):
     from typer.testing import CliRunner
 
-    import specframe.models
+    import specframe.runtime.load
     from specframe.cli import app
-    from specframe.errors import UnknownComponentError
+    from specframe.terms.errors import UnknownComponentError
 
-    monkeypatch.setattr(specframe.models, "load_target", lambda *a, **k: pytest.fail("the model was loaded"))
+    monkeypatch.setattr(specframe.runtime.load, "load_target",
+                        lambda *a, **k: pytest.fail("the model was loaded"))
     result = CliRunner().invoke(app, ["calibrate", "--backend", "no-such-backend"])
     assert isinstance(result.exception, UnknownComponentError)
     usage = CliRunner().invoke(app, ["calibrate", "--threads", "0"])

@@ -21,8 +21,8 @@ from safetensors import SafetensorError
 
 from specframe import models
 from specframe.bench.suites import load_suite
-from specframe.errors import ConfigurationError, ModelLoadError, PromptError
-from specframe.registry import ComponentSpec
+from specframe.terms.errors import ConfigurationError, ModelLoadError, PromptError
+from specframe.plugging.registry import ComponentSpec
 from specframe.testing import tiny_target
 
 ENOSPC = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -212,7 +212,7 @@ def test_cache_clear_deletes_caches_only(cache_home, tmp_path):
     from typer.testing import CliRunner
 
     from specframe.cli import build_app
-    from specframe.tokenizer_identity import TokenizerIdentity
+    from specframe.support.tokenizer_identity import TokenizerIdentity
     from specframe_suffix.store import SuffixCacheError, append_responses, is_cache_file
 
     append_responses(cache_home / "chat.json", TokenizerIdentity("t", "raw-ids", 10), [[1, 2]], 8, "chat")

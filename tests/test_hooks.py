@@ -3,7 +3,7 @@
 from conftest import tiny_llama
 
 import specframe
-from specframe.registry import PluginRegistry
+from specframe.plugging.registry import PluginRegistry
 
 
 class Recorder:

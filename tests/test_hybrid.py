@@ -148,7 +148,7 @@ def fresh_registry(monkeypatch, tmp_path):
 
 
 def test_an_alias_is_built_once_then_loaded(fresh_registry):
-    from specframe.models import model_cache_dir, resolve_model_dir
+    from specframe.runtime.load import model_cache_dir, resolve_model_dir
 
     recipes = Recipes()
     fresh_registry.register_plugin(recipes, name="test-recipes")
@@ -162,7 +162,7 @@ def test_an_alias_is_built_once_then_loaded(fresh_registry):
 
 
 def test_a_failed_build_leaves_nothing_and_says_which_alias(fresh_registry):
-    from specframe.models import model_cache_dir, resolve_model_dir
+    from specframe.runtime.load import model_cache_dir, resolve_model_dir
 
     fresh_registry.register_plugin(Recipes(fail=True), name="test-recipes")
     with pytest.raises(ModelLoadError, match="cannot build model 'tiny-hybrid-alias': the recipe broke"):
@@ -179,7 +179,7 @@ def test_alias_names_that_would_read_as_something_else_are_refused(name):
 
 
 def test_unknown_model_names_list_the_recipe_aliases():
-    from specframe.models import resolve_model_dir
+    from specframe.runtime.load import resolve_model_dir
 
     with pytest.raises(ModelLoadError, match="smollm2-135m-hybrid"):
         resolve_model_dir("no-such-model-alias")

@@ -1,4 +1,5 @@
-"""`specframe.kv_cache`: a cache that appends in place holds exactly what transformers' `DynamicLayer` holds,
+"""`specframe.runtime.kv_cache`: a cache that appends in place holds exactly what transformers'
+`DynamicLayer` holds,
 through appends, crops, in-place commits and tensors swapped in from outside, and decodes identically."""
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ from hypothesis import strategies as st
 from transformers.cache_utils import DynamicLayer
 
 from specframe import TokenTree
-from specframe.errors import ConfigurationError
-from specframe.kv_cache import MIN_ROOM, BufferedLayer, buffered_cache
+from specframe.terms.errors import ConfigurationError
+from specframe.runtime.kv_cache import MIN_ROOM, BufferedLayer, buffered_cache
 from specframe_kv import KVCacheBackend
 
 from conftest import tiny_llama

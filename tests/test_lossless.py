@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import specframe
 from specframe import CapabilityError, SpeculativeDecoder, TokenTree
-from specframe.registry import get_registry
+from specframe.plugging.registry import get_registry
 
 TINY_CONFIGS = [dict(seed=0, kv_heads=2), dict(seed=1, kv_heads=4), dict(seed=2, kv_heads=1, layers=3)]
 REPETITIVE_PROMPT = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7, 3, 4, 5, 6]
@@ -57,8 +57,9 @@ def drafter_tree_pairs(target, workdir):
     for d_name, t_name in itertools.product(registry.names("drafter"), registry.names("tree builder")):
         d_cls, t_cls = registry.get("drafter", d_name), registry.get("tree builder", t_name)
         try:
-            specframe.pipeline.check_compatible(target, d_cls, t_cls, registry.get("verifier", "greedy"),
-                                                registry.get("backend", "kv"), specframe.SamplingParams())
+            specframe.plugging.pipeline.check_compatible(
+                target, d_cls, t_cls, registry.get("verifier", "greedy"), registry.get("backend", "kv"),
+                specframe.SamplingParams())
         except CapabilityError:
             continue
         yield d_name, t_name, d_cls.example_options(target, workdir)

@@ -30,9 +30,9 @@ import pytest
 from lossless_mutants import ByScoreChain, ByScorePlanner
 
 from specframe import Pipeline, PolynomialCost, SamplingParams, SpeculativeDecoder
-from specframe.errors import CapabilityError
-from specframe.pipeline import check_compatible
-from specframe.registry import get_registry
+from specframe.terms.errors import CapabilityError
+from specframe.plugging.pipeline import check_compatible
+from specframe.plugging.registry import get_registry
 from specframe.testing.exact import (
     P_CATCH, P_PASS, LogitTable, TableBackend, decoder_counts, exact_law, law_test,
 )

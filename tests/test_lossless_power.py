@@ -14,7 +14,7 @@ import pytest
 from lossless_mutants import ByScoreChain, KeptAllIsSampled, MutantRejection
 
 from specframe import DrawMethod
-from specframe.registry import get_registry
+from specframe.plugging.registry import get_registry
 from specframe.testing.drafts import Drafts, model_q
 from specframe.testing.exact import P_CATCH, P_PASS, LogitTable, exact_law, law_test
 from specframe.testing.law import (

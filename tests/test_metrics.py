@@ -2,7 +2,7 @@
 
 import pytest
 
-from specframe.metrics import DecodeMetrics
+from specframe.terms.metrics import DecodeMetrics
 
 
 def metrics_of(accepted: list[int]) -> DecodeMetrics:

@@ -12,10 +12,10 @@ from ssm_models import tiny_ssm_target
 
 import specframe
 from specframe import ConfigurationError, UnknownComponentError
-from specframe.errors import UnsupportedModelError
-from specframe.options import describe, matches
-from specframe.pipeline import check_specs
-from specframe.registry import ComponentSpec, PluginRegistry
+from specframe.terms.errors import UnsupportedModelError
+from specframe.plugging.options import describe, matches
+from specframe.plugging.pipeline import check_specs
+from specframe.plugging.registry import ComponentSpec, PluginRegistry
 from specframe.testing.targets import tiny_target
 
 
@@ -98,13 +98,13 @@ def test_a_broken_or_clashing_plugin_is_reported_and_the_others_stay_usable(monk
     real = list(entry_points(group="specframe"))
     fakes = [FakeEntryPoint(name="broken", dist=None, plugin=ImportError("No module named 'missing_dep'")),
              FakeEntryPoint(name="clash", dist=None, plugin=DuplicatePld)]
-    monkeypatch.setattr("specframe.registry.entry_points", lambda group: [*real, *fakes])
+    monkeypatch.setattr("specframe.plugging.registry.entry_points", lambda group: [*real, *fakes])
     registry = PluginRegistry()
     assert registry.get("drafter", "pld").__module__.startswith("specframe_pld")  # the first-party one
     assert {"broken", "clash"} == set(registry.failures)
     assert "missing_dep" in registry.failures["broken"] and "registered twice" in registry.failures["clash"]
     assert registry.describe()["failed"].keys() == {"broken", "clash"}
-    monkeypatch.setattr("specframe.registry._registry", registry)
+    monkeypatch.setattr("specframe.plugging.registry._registry", registry)
     with pytest.raises(UnknownComponentError, match=r"plugin 'broken' failed to load \(ImportError"):
         registry.get("drafter", "from-broken")
 
@@ -112,7 +112,7 @@ def test_a_broken_or_clashing_plugin_is_reported_and_the_others_stay_usable(monk
 def test_unknown_names_say_when_specframe_load_plugins_hides_them(monkeypatch):
     monkeypatch.setenv("SPECFRAME_LOAD_PLUGINS", "nosuch")
     registry = PluginRegistry()
-    monkeypatch.setattr("specframe.registry._registry", registry)
+    monkeypatch.setattr("specframe.plugging.registry._registry", registry)
     hint = r"Known drafters: none, pld. Note: SPECFRAME_LOAD_PLUGINS='nosuch' limits which plugins"
     with pytest.raises(UnknownComponentError, match=hint):  # the defaults' plugins load regardless
         registry.get("drafter", "rest")
@@ -128,7 +128,7 @@ def test_a_recurrent_draft_model_is_refused_when_the_drafter_is_built():
 
 def test_score_kinds_and_chain_only_backends_are_checked_at_assembly(target):
     from specframe import BackendCapabilities, CapabilityError, SamplingParams
-    from specframe.pipeline import check_compatible
+    from specframe.plugging.pipeline import check_compatible
     from specframe.testing.drafts import TinyModelDrafter
 
     registry = specframe.get_registry()

@@ -1,4 +1,5 @@
-"""`specframe.packed_linear`: linear layers over oneDNN-packed weights compute what `nn.Linear` computes,
+"""`specframe.runtime.packed_linear`: linear layers over oneDNN-packed weights compute what `nn.Linear`
+computes,
 keep the model's parameters (ties, state dicts, training) as they were, and are what `load_target` gives
 on the CPU in float32 unless `SPECFRAME_CPU_LINEAR=torch`."""
 
@@ -15,8 +16,8 @@ from hypothesis import strategies as st
 
 import specframe
 from specframe import models
-from specframe.errors import ConfigurationError
-from specframe.packed_linear import (PackedLinear, linear_kernel, native_bfloat16, onednn_available,
+from specframe.terms.errors import ConfigurationError
+from specframe.runtime.packed_linear import (PackedLinear, linear_kernel, native_bfloat16, onednn_available,
                                      pack_linear_layers)
 from specframe.testing import tiny_target
 

@@ -13,8 +13,8 @@ from specframe_rest.sources import TokenDocuments
 from transformers.utils import logging as hf_logging
 
 from specframe.bench import BenchPrompt, run_benchmark
-from specframe.models import load_target, progress_bars_on_a_terminal
-from specframe.progress import bar
+from specframe.runtime.load import load_target, progress_bars_on_a_terminal
+from specframe.support.progress import bar
 from specframe.testing import tiny_target
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -87,9 +87,9 @@ def test_datastore_builds_draw_no_redraws_when_piped(tmp_path, capfd, monkeypatc
 
 
 def test_every_bar_goes_through_the_one_helper():
-    """tqdm is imported by `specframe.progress` alone, so that no bar escapes the terminal rule."""
+    """tqdm is imported by `specframe.support.progress` alone, so that no bar escapes the terminal rule."""
     files = [path for folder in ("specframe", "plugins", "benchmarks")
              for path in (ROOT / folder).rglob("*.py")]
     uses = sorted(str(path.relative_to(ROOT)) for path in files for line in path.read_text().splitlines()
                   if re.match(r"\s*(from tqdm\b|import tqdm\b|from rich\.progress\b)", line))
-    assert uses == ["specframe/progress.py"]
+    assert uses == ["specframe/support/progress.py"]

@@ -10,8 +10,8 @@ import pytest
 
 import specframe
 from specframe import ComponentSpec, ConfigurationError, DuplicateComponentError, UnknownComponentError
-from specframe.kinds import DEFAULT_COMPONENTS, PLAIN_DRAFTER, ComponentKind
-from specframe.registry import DEFAULT_PLUGINS, PluginRegistry
+from specframe.terms.kinds import DEFAULT_COMPONENTS, PLAIN_DRAFTER, ComponentKind
+from specframe.plugging.registry import DEFAULT_PLUGINS, PluginRegistry
 
 
 class _FirstPld(specframe.Drafter):
@@ -71,7 +71,7 @@ def test_a_third_party_plugin_cannot_shadow_a_default(monkeypatch):
     from types import SimpleNamespace
 
     shadow = SimpleNamespace(name="aaa-shadow", dist=None, load=lambda: _Plugin)
-    monkeypatch.setattr("specframe.registry.entry_points",
+    monkeypatch.setattr("specframe.plugging.registry.entry_points",
                         lambda group: [shadow, *entry_points(group=group)])
     registry = PluginRegistry()
     assert registry.get("drafter", "pld").__module__ == "specframe_pld"
@@ -165,7 +165,8 @@ def _installed(monkeypatch, *plugins):
 
     fakes = [SimpleNamespace(name=ep, dist=SimpleNamespace(name=dist, version="0.1"), load=lambda p=p: p)
              for ep, dist, p in plugins]
-    monkeypatch.setattr("specframe.registry.entry_points", lambda group: [*entry_points(group=group), *fakes])
+    monkeypatch.setattr("specframe.plugging.registry.entry_points",
+                        lambda group: [*entry_points(group=group), *fakes])
 
 
 def test_a_clash_is_reported_where_the_contested_name_is_used(monkeypatch):

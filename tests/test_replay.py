@@ -12,11 +12,11 @@ from specframe.bench.methods import parse_method
 from specframe.bench.replay import Turn, accepted_path, oracle_choice, recorded_turns, replay
 from specframe.bench.runner import RECORD_METRICS
 from specframe.bench.suites import BenchPrompt
-from specframe.cost import MeasuredCost, PolynomialCost
-from specframe.errors import ConfigurationError
-from specframe.registry import get_registry
+from specframe.terms.cost import MeasuredCost, PolynomialCost
+from specframe.terms.errors import ConfigurationError
+from specframe.plugging.registry import get_registry
 from specframe.testing.targets import repetitive_prompt
-from specframe.tree import TokenTree
+from specframe.terms.tree import TokenTree
 from tests.conftest import tiny_llama
 
 FLAT = PolynomialCost((0.0, 0.01))  # 10 ms a step whatever the tree

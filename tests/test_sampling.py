@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specframe import ConfigurationError, Sampler, SamplingParams, SpeculativeDecoder
-from specframe.sampling import argmax, check_draw, samples_drafts
+from specframe.terms.sampling import argmax, check_draw, samples_drafts
 from specframe.testing.exact import law_test
 
 PROMPT = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7, 3, 4, 5, 6]

@@ -9,8 +9,8 @@ from ssm_models import make_repetitive, tiny_ssm_target
 
 import specframe
 from specframe import PolynomialCost, SpeculativeDecoder, TokenTree, TreeBuilder
-from specframe.adaptive.calibration import cost_key
-from specframe.pipeline import Pipeline
+from specframe.decode.calibration import cost_key
+from specframe.plugging.pipeline import Pipeline
 from specframe_ssm import SSMTreeBackend, SSMUnrolledBackend, calibrate, full_binary_tree
 
 PROMPT = [3, 4, 5, 6, 7, 3, 4, 5, 6, 7, 3, 4, 5, 9, 10, 11, 3, 4, 5, 6]
@@ -23,7 +23,7 @@ def no_stored_calibration(tmp_path, monkeypatch):
 
 
 def test_a_stored_calibration_takes_precedence_over_the_reference_fit():
-    from specframe.adaptive.calibration import cached_cost
+    from specframe.decode.calibration import cached_cost
 
     backend = SSMTreeBackend(tiny_ssm_target("mamba2"))
     reference = backend.cost_model()
@@ -32,7 +32,7 @@ def test_a_stored_calibration_takes_precedence_over_the_reference_fit():
 
 
 def test_options_that_change_the_step_cost_are_calibrated_apart():
-    from specframe.adaptive.calibration import cost_path
+    from specframe.decode.calibration import cost_path
 
     target = tiny_ssm_target("mamba2")
     backends = [SSMTreeBackend(target), SSMTreeBackend(target, scan="torch"),

@@ -7,8 +7,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import specframe
-from specframe.errors import ConfigurationError
-from specframe.stopping import StopStrings
+from specframe.terms.errors import ConfigurationError
+from specframe.terms.stopping import StopStrings
 from specframe.testing import tiny_target
 
 
@@ -16,7 +16,7 @@ from specframe.testing import tiny_target
 def tokenizer():
     from transformers import AutoTokenizer
 
-    from specframe.models import resolve_model_dir
+    from specframe.runtime.load import resolve_model_dir
 
     return AutoTokenizer.from_pretrained(resolve_model_dir("smollm2-135m"))
 

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 import specframe
 from specframe import models
-from specframe.errors import SpecframeWarning
-from specframe.packed_linear import PackedLinear, linear_kernel, onednn_available, pack_linear_layers
+from specframe.terms.errors import SpecframeWarning
+from specframe.runtime.packed_linear import PackedLinear, linear_kernel, onednn_available, pack_linear_layers
 from specframe.testing import tiny_target
 from specframe_kernels import stream_linear
 
@@ -140,8 +140,8 @@ def test_greedy_speculation_on_streamed_smollm2_equals_plain_greedy(monkeypatch)
 def test_backends_pad_nothing_under_the_kernel():
     """One row costs `stream_linear` no more than four, so padding would only add work (`min_rows` 1);
     under oneDNN the CPU default of 4 stays, and an explicit `min_rows` wins either way."""
-    from specframe.devices import CPU_MIN_ROWS
-    from specframe.pipeline import assemble
+    from specframe.runtime.devices import CPU_MIN_ROWS
+    from specframe.plugging.pipeline import assemble
 
     streamed, packed = tiny_target(seed=7), tiny_target(seed=7)
     pack_linear_layers(streamed.model, stream=True)

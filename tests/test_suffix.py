@@ -23,7 +23,7 @@ from specframe_suffix.store import SuffixCacheError
 from typer.testing import CliRunner
 
 from specframe import ConfigurationError, DraftContext, Pipeline, SamplingParams, SpeculativeDecoder
-from specframe.registry import get_registry
+from specframe.plugging.registry import get_registry
 from specframe.testing import DrafterConformance, reference_greedy, repetitive_prompt
 from specframe.testing.exact import P_PASS, LogitTable, TableBackend, decoder_counts, exact_law, law_test
 from specframe.testing.targets import tiny_target
@@ -135,7 +135,7 @@ def test_merge_is_a_union_scored_by_the_best_source():
 
 
 def test_groups_fit_the_labels_adaptive_speculation_learns():
-    from specframe.adaptive.acceptance import GROUPS
+    from specframe.decode.acceptance import GROUPS
 
     labels = {group_of(s, n) for s in (REQUEST, RESPONSES, CORPUS, HEADS) for n in range(0, 100)}
     assert labels == set(range(9)) and max(labels) < GROUPS

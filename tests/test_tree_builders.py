@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import specframe
 from specframe import BuildContext, ScoreKind, DraftProposal, DrawMethod
-from specframe.errors import CapabilityError, ConfigurationError
+from specframe.terms.errors import CapabilityError, ConfigurationError
 from specframe.testing import TreeBuilderConformance, check_tree, random_proposal, tiny_target
 from specframe_trees.beam import BeamTreeBuilder
 from specframe_trees.dynamic import DynamicTreeBuilder

@@ -38,13 +38,13 @@ from specframe_rest.shards import MANIFEST, ShardedDatastore, index_of
 from specframe_rest.sources import TokenDocuments
 from specframe_suffix.store import SuffixCacheError, read_cache
 
-from specframe.adaptive.acceptance import AcceptanceModel
-from specframe.adaptive.calibration import read_cost
-from specframe.cost import MeasuredCost
-from specframe.errors import ConfigurationError, ModelLoadError
-from specframe.model_files import CONVERSION_MARKER, conversion_damage, write_marker
+from specframe.decode.acceptance import AcceptanceModel
+from specframe.decode.calibration import read_cost
+from specframe.terms.cost import MeasuredCost
+from specframe.terms.errors import ConfigurationError, ModelLoadError
+from specframe.runtime.model_files import CONVERSION_MARKER, conversion_damage, write_marker
 from specframe.testing import tiny_target
-from specframe.tokenizer_identity import TokenizerIdentity
+from specframe.support.tokenizer_identity import TokenizerIdentity
 
 VOCAB = 50
 DOCS = [[1, 2, 3, 4], [2, 3, 5], [7, 7, 7, 1, 2], [4, 4, 9, 30, 2, 3]]
@@ -134,7 +134,7 @@ def s4c_trainer(run: Path):
 def test_no_planted_pickle_runs_in_s4c_training_state_or_features(tmp_path):
     from specframe_s4c.features import FeatureCache
 
-    from specframe.train_state import TrainStateError
+    from specframe.support.train_state import TrainStateError
 
     marker, run = tmp_path / "ran", tmp_path / "run"
     trainer = s4c_trainer(run)
@@ -157,7 +157,7 @@ def test_no_planted_pickle_runs_in_s4c_training_state_or_features(tmp_path):
 def test_no_planted_pickle_runs_in_hybrid_work_directories(tmp_path):
     from ssm_models import tiny_llama
 
-    from specframe.train_state import TrainStateError
+    from specframe.support.train_state import TrainStateError
     from specframe_hybrid.convert import convert
     from specframe_hybrid.data import cached_blocks
     from specframe_hybrid.end_to_end import EndToEndTraining, train_end_to_end
@@ -202,7 +202,7 @@ def test_no_planted_pickle_runs_in_datastores_caches_and_calibrations(tmp_path):
 
 
 def test_no_planted_pickle_runs_in_model_or_conversion_directories(tmp_path):
-    from specframe.models import load_target
+    from specframe.runtime.load import load_target
 
     marker = tmp_path / "ran"
     for name in ("config.json", "model.safetensors", CONVERSION_MARKER):

@@ -17,8 +17,8 @@ from specframe import (
     CapabilityError, ConfigurationError, DraftProposal, DrawMethod, Pipeline, Sampler, SamplingParams,
     SpecframeError, SpeculativeDecoder, TargetScores, TokenTree,
 )
-from specframe.errors import SpecframeWarning
-from specframe.registry import get_registry
+from specframe.terms.errors import SpecframeWarning
+from specframe.plugging.registry import get_registry
 from specframe.testing import FirstNodesTreeBuilder
 from specframe.testing.drafts import TinyModelDrafter
 

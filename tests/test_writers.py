@@ -20,8 +20,8 @@ import pytest
 from conftest import tiny_llama
 
 from specframe import ConfigurationError, SpeculativeDecoder
-from specframe.atomic_dirs import exclusive, write_atomically
-from specframe.errors import SpecframeWarning
+from specframe.support.atomic_dirs import exclusive, write_atomically
+from specframe.terms.errors import SpecframeWarning
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # fixture in conftest.py
 TESTS = Path(__file__).parent
@@ -152,7 +152,7 @@ def test_a_failed_save_keeps_the_result_and_saves_with_the_next_request(tiny, tm
 
 
 def test_acceptance_counts_of_two_writers_add_up(tmp_path):
-    from specframe.adaptive.acceptance import AcceptanceModel
+    from specframe.decode.acceptance import AcceptanceModel
 
     path = tmp_path / "acc.json"
     a, b = AcceptanceModel.load(path), AcceptanceModel.load(path)
@@ -169,9 +169,9 @@ def test_acceptance_counts_of_two_writers_add_up(tmp_path):
 
 
 def test_a_calibration_write_cleans_temporaries_and_waits_for_the_lock(tmp_path):
-    from specframe.adaptive.calibration import read_cost, write_cost
-    from specframe.atomic_dirs import file_lock
-    from specframe.cost import MeasuredCost
+    from specframe.decode.calibration import read_cost, write_cost
+    from specframe.support.atomic_dirs import file_lock
+    from specframe.terms.cost import MeasuredCost
 
     path = tmp_path / "kv-abc.json"
     (tmp_path / "kv-abc.json.dead1.tmp").write_text("{")  # a killed write's

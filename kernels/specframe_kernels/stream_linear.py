@@ -15,7 +15,8 @@ to 12 rows in registers while the weights stream past:
 
 It is C++ with AVX-512 intrinsics, built on first use by `torch.utils.cpp_extension` (about 20 s, once;
 torch caches the build) with the system compiler and ninja. `available()` says whether it can run here:
-an x86-64 CPU with AVX-512 and a build that succeeded; otherwise `specframe.packed_linear` uses oneDNN.
+an x86-64 CPU with AVX-512 and a build that succeeded; otherwise `specframe.runtime.packed_linear` uses
+oneDNN.
 `linear_reference` is the PyTorch product it is tested against.
 """
 

@@ -28,9 +28,9 @@ import specframe
 from specframe import (
     DraftContext, DraftProposal, Drafter, DrafterCapabilities, DrawMethod, ScoreKind, StepOutcome,
 )
-from specframe.errors import ConfigurationError, UnsupportedModelError
-from specframe.devices import inference_mode
-from specframe.sampling import DraftDraw, check_draw, samples_drafts
+from specframe.terms.errors import ConfigurationError, UnsupportedModelError
+from specframe.runtime.devices import inference_mode
+from specframe.terms.sampling import DraftDraw, check_draw, samples_drafts
 
 if TYPE_CHECKING:  # torch is imported where it is used, so that registering the drafter loads none
     import torch
@@ -39,7 +39,7 @@ if TYPE_CHECKING:  # torch is imported where it is used, so that registering the
 
 def truncated_model(target: specframe.Target, layers: int) -> nn.Module:
     """A causal LM made of the target's first `layers` decoder layers, final norm and LM head (shared)."""
-    from specframe.truncation import truncated_model as _truncated_model
+    from specframe.runtime.truncation import truncated_model as _truncated_model
 
     return _truncated_model(target, layers, "draft-model")
 

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from specframe.cli_common import device_option, model_option
+from specframe.kit.cli_options import device_option, model_option
 
 hybrid_app = typer.Typer(help="Distil a Llama-architecture model into a Mamba2 + attention hybrid.",
                          no_args_is_help=True)

@@ -12,9 +12,9 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save
 
-from specframe.atomic_dirs import write_atomically
-from specframe.errors import ConfigurationError
-from specframe.progress import bar as progress_bar
+from specframe.support.atomic_dirs import write_atomically
+from specframe.terms.errors import ConfigurationError
+from specframe.support.progress import bar as progress_bar
 from specframe_hybrid.prompts import distillation_prompts
 
 BLOCKS_FILE = "blocks.safetensors"

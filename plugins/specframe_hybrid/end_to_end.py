@@ -18,9 +18,9 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from specframe.options import check_bounds
-from specframe.progress import bar as progress_bar
-from specframe.train_state import STATE_FILE, read_train_state, refuse_pickled_state, save_train_state
+from specframe.plugging.options import check_bounds
+from specframe.support.progress import bar as progress_bar
+from specframe.support.train_state import STATE_FILE, read_train_state, refuse_pickled_state, save_train_state
 from specframe_hybrid.distill import save_atomic
 
 CHECKPOINT_EVERY = 10

@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from specframe.progress import bar
+from specframe.support.progress import bar
 from specframe_hybrid.data import held_out_texts
 
 

@@ -20,7 +20,7 @@ import numpy as np
 
 import specframe
 from specframe import DraftContext, DraftProposal, Drafter, DrafterCapabilities, ScoreKind
-from specframe.errors import ConfigurationError
+from specframe.terms.errors import ConfigurationError
 
 
 class NoDrafter(Drafter):

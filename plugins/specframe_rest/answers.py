@@ -15,8 +15,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specframe.devices import inference_mode
-from specframe.progress import bar as progress_bar
+from specframe.runtime.devices import inference_mode
+from specframe.support.progress import bar as progress_bar
 from specframe_rest.datastore import DatastoreError
 from specframe_rest.sources import Source, TokenDocuments, parse_line
 

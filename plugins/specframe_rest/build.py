@@ -3,7 +3,7 @@
 Everything is written into a temporary directory beside the output and renamed into place at the end, so
 an interrupted or failed build leaves no half-written datastore. A build holds a lock on its output from
 the existence check to the publish, refuses to run beside another build of the same store, and removes
-what a killed build left (see `specframe/atomic_dirs.py`). `append=True` keeps the tokens of an
+what a killed build left (see `specframe/support/atomic_dirs.py`). `append=True` keeps the tokens of an
 existing datastore (no re-tokenization) and re-indexes the whole corpus, since a suffix array cannot be
 extended in place.
 """
@@ -22,11 +22,11 @@ from pathlib import Path
 import numpy as np
 
 import specframe
-from specframe.atomic_dirs import exchange, exclusive, follow_umask, remove_stale, temp_name_pattern
-from specframe.errors import io_failure
-from specframe.models import check_writable_dir
-from specframe.metrics import peak_memory_bytes
-from specframe.progress import bar as progress_bar
+from specframe.support.atomic_dirs import exchange, exclusive, follow_umask, remove_stale, temp_name_pattern
+from specframe.terms.errors import io_failure
+from specframe.runtime.load import check_writable_dir
+from specframe.terms.metrics import peak_memory_bytes
+from specframe.support.progress import bar as progress_bar
 from specframe_rest.datastore import (
     BUCKETS,
     FORMAT,

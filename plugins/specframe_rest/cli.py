@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from specframe.cli_common import device_option, dtype_option, model_option
+from specframe.kit.cli_options import device_option, dtype_option, model_option
 from specframe_rest.answers import ANSWER_BATCH
 
 app = typer.Typer(help="Build and inspect REST retrieval datastores.", no_args_is_help=True)
@@ -49,7 +49,7 @@ def build(
     ray_cpus: Optional[int] = typer.Option(None, help="--ray local: CPUs Ray may use (default: all)."),
 ) -> None:
     """Tokenize SOURCEs with MODEL's tokenizer and index them into a datastore at OUT."""
-    from specframe.models import check_writable_dir, load_target
+    from specframe.runtime.load import check_writable_dir, load_target
     from specframe_rest.build import build_datastore
     from specframe_rest.drafter import datastore_home
     from specframe_rest.shards import is_sharded

@@ -28,11 +28,11 @@ from pathlib import Path
 import numpy as np
 
 import specframe
-from specframe.atomic_dirs import exclusive, follow_umask, remove_stale, temp_name_pattern
-from specframe.errors import io_failure
-from specframe.models import check_writable_dir
-from specframe.progress import Bar, bar as progress_bar
-from specframe.ray_support import import_ray, ray_session
+from specframe.support.atomic_dirs import exclusive, follow_umask, remove_stale, temp_name_pattern
+from specframe.terms.errors import io_failure
+from specframe.runtime.load import check_writable_dir
+from specframe.support.progress import Bar, bar as progress_bar
+from specframe.support.ray_support import import_ray, ray_session
 from specframe_rest.build import build_datastore, lock_file, publish, recover
 from specframe_rest.datastore import (
     HEADER,

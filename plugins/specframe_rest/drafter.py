@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from specframe import ConfigurationError, DraftContext, Drafter, DrafterCapabilities, DraftProposal, ScoreKind
-from specframe.models import specframe_home
+from specframe.runtime.load import specframe_home
 from specframe_rest.datastore import HEADER, Datastore, TokenizerIdentity, read_header
 from specframe_rest.retrieval import SuffixIndex, build_trie, context_continuations, top_nodes
 from specframe_rest.shards import ShardedDatastore, ShardedIndex, index_of, open_store, version_file

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from specframe.progress import bar as progress_bar
+from specframe.support.progress import bar as progress_bar
 from specframe_rest.answers import ANSWER_BATCH, ModelAnswers, check_generation
 from specframe_rest.datastore import DatastoreError
 from specframe_rest.sources import Source

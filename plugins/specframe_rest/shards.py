@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specframe.atomic_dirs import current_umask
+from specframe.support.atomic_dirs import current_umask
 from specframe_rest.datastore import (
     HEADER, Datastore, DatastoreError, TokenizerIdentity, file_digest, parse_identity,
 )

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from specframe.cli_common import device_option, dtype_option, model_option
+from specframe.kit.cli_options import device_option, dtype_option, model_option
 
 train_app = typer.Typer(help="Train drafters that need training (S4C heads).", no_args_is_help=True)
 

@@ -23,8 +23,8 @@ import torch
 import torch.nn.functional as F
 
 import specframe
-from specframe.options import check_bounds
-from specframe.train_state import (
+from specframe.plugging.options import check_bounds
+from specframe.support.train_state import (
     STATE_FILE, read_train_state, refuse_pickled_state, save_train_state,
 )
 from specframe_s4c.features import FeatureCache

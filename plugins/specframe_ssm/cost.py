@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from specframe import PolynomialCost
-from specframe.cost import CostModel, PaddedCost
+from specframe.terms.cost import CostModel, PaddedCost
 
 if TYPE_CHECKING:
     import torch

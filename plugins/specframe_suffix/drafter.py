@@ -32,9 +32,9 @@ from importlib.metadata import PackageNotFoundError, version
 import numpy as np
 
 from specframe import ConfigurationError, DraftContext, Drafter, DrafterCapabilities, DraftProposal, ScoreKind
-from specframe.errors import SpecframeWarning
-from specframe.records import StepOutcome
-from specframe.tokenizer_identity import TokenizerIdentity
+from specframe.terms.errors import SpecframeWarning
+from specframe.terms.records import StepOutcome
+from specframe.support.tokenizer_identity import TokenizerIdentity
 from specframe_suffix.store import (SuffixCacheError, append_responses, check_writable, load_responses,
                                    resolve_cache)
 

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specframe import ConfigurationError
-from specframe.atomic_dirs import FILE_LOCK_WAIT, file_lock, locked_update, write_atomically
-from specframe.models import check_writable_dir, specframe_home
-from specframe.tokenizer_identity import TokenizerIdentity
+from specframe.support.atomic_dirs import FILE_LOCK_WAIT, file_lock, locked_update, write_atomically
+from specframe.runtime.load import check_writable_dir, specframe_home
+from specframe.support.tokenizer_identity import TokenizerIdentity
 
 FORMAT = 1
 SUFFIX = ".json"

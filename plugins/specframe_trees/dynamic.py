@@ -16,7 +16,7 @@ import numpy as np
 from specframe import (
     BuildContext, DraftProposal, ScoreKind, TokenTree, TreeBuilder, TreeBuilderCapabilities,
 )
-from specframe.errors import ConfigurationError
+from specframe.terms.errors import ConfigurationError
 from specframe_trees.forest import check_forest
 
 

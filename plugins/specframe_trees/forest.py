@@ -22,7 +22,7 @@ Pipelines that pair them with `rejection` and a drafter that samples are refused
 from __future__ import annotations
 
 from specframe import DraftProposal, ScoreKind
-from specframe.errors import CapabilityError
+from specframe.terms.errors import CapabilityError
 
 
 def check_forest(proposal: DraftProposal, builder: str) -> None:

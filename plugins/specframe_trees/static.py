@@ -7,7 +7,7 @@ order given until the budget is full, so list the most valuable first; the prese
 then by the sum of their ranks.
 
 Sampled drafts: ranks count siblings in draw order (the r-th child drawn), not by score, and the nodes
-are taken in the drafter's draw order (`specframe.tree.draw_order_prefix`) while their rank path is one
+are taken in the drafter's draw order (`specframe.terms.tree.draw_order_prefix`) while their rank path is one
 of the paths or a prefix of one, a node only when every earlier-drawn sibling is kept too, until the
 budget is full. Why this keeps `rejection` lossless: whether a node is kept then depends only on the
 positions of the draws made before it, never on its token or on later draws, so the kept children of
@@ -31,8 +31,8 @@ import itertools
 from collections.abc import Sequence
 
 from specframe import BuildContext, DraftProposal, TokenTree, TreeBuilder, TreeBuilderCapabilities
-from specframe.tree import SAMPLED_DRAWS, draw_order_prefix
-from specframe.errors import ConfigurationError
+from specframe.terms.tree import SAMPLED_DRAWS, draw_order_prefix
+from specframe.terms.errors import ConfigurationError
 
 STREE_CONFIGS = {"A": (3, 4), "B": (16, 3), "C": (6, 3), "D": (4, 4), "E": (3, 5)}  # name -> (width, depth)
 

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from specframe.cli_common import (clock_option, device_option, dtype_option, model_option,
+from specframe.kit.cli_options import (clock_option, device_option, dtype_option, model_option,
                                   phase_timing_option, set_timing, threads_option)
 
 
@@ -58,9 +58,9 @@ def bench_command(
 ) -> None:
     """Benchmark speculative methods against plain decoding and transformers, Spec-Bench style."""
     from specframe.bench.harness import check_options, run_benchmark
-    from specframe.models import check_writable_dir, load_target
-    from specframe.registry import get_registry
-    from specframe.sampling import SamplingParams
+    from specframe.runtime.load import check_writable_dir, load_target
+    from specframe.plugging.registry import get_registry
+    from specframe.terms.sampling import SamplingParams
 
     if list_methods:
         typer.echo(preset_listing(get_registry()))

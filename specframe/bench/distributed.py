@@ -22,13 +22,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from collections.abc import Callable
 
-from specframe.errors import ConfigurationError
-from specframe.metrics import clock_name
-from specframe.models import Target
-from specframe.progress import bar as progress_bar
-from specframe.ray_support import import_ray, ray_session
-from specframe.registry import PluginRegistry, get_registry
-from specframe.sampling import SamplingParams
+from specframe.terms.errors import ConfigurationError
+from specframe.terms.metrics import clock_name
+from specframe.runtime.load import Target
+from specframe.support.progress import bar as progress_bar
+from specframe.support.ray_support import import_ray, ray_session
+from specframe.plugging.registry import PluginRegistry, get_registry
+from specframe.terms.sampling import SamplingParams
 
 from specframe.bench.harness import bench_settings, check_options, start_out, target_settings, write_results
 from specframe.bench.methods import resolve_methods
@@ -79,7 +79,7 @@ class BenchWorker:
 
         from specframe.bench.peers import parse_peers
         from specframe.bench.runner import build_runners, check_run_args
-        from specframe.metrics import set_clock
+        from specframe.terms.metrics import set_clock
 
         torch.set_num_threads(threads)
         set_clock(clock)

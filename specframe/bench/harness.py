@@ -9,12 +9,12 @@ from pathlib import Path
 
 import torch
 
-from specframe.errors import ConfigurationError
-from specframe.kinds import ComponentKind
-from specframe.models import Target, check_writable_dir
-from specframe.metrics import clock_name
-from specframe.registry import PluginRegistry, get_registry
-from specframe.sampling import SamplingParams
+from specframe.terms.errors import ConfigurationError
+from specframe.terms.kinds import ComponentKind
+from specframe.runtime.load import Target, check_writable_dir
+from specframe.terms.metrics import clock_name
+from specframe.plugging.registry import PluginRegistry, get_registry
+from specframe.terms.sampling import SamplingParams
 
 from specframe.bench.methods import MethodSpec, resolve_methods
 from specframe.bench.peers import PeerSpec, parse_peers

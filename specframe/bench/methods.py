@@ -13,11 +13,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
-from specframe.adaptive.planner import parse_budget
-from specframe.errors import ConfigurationError, UnknownComponentError
-from specframe.extensions import Preset
-from specframe.kinds import DEFAULT_COMPONENTS, PLAIN_DRAFTER, ComponentKind
-from specframe.registry import ComponentSpec, PluginRegistry
+from specframe.decode.planner import parse_budget
+from specframe.terms.errors import ConfigurationError, UnknownComponentError
+from specframe.contract.extensions import Preset
+from specframe.terms.kinds import DEFAULT_COMPONENTS, PLAIN_DRAFTER, ComponentKind
+from specframe.plugging.registry import ComponentSpec, PluginRegistry
 
 
 @dataclass(frozen=True)

@@ -21,13 +21,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specframe.errors import ConfigurationError
-from specframe.devices import synchronize
-from specframe.metrics import DecodeMetrics, now, peak_memory_bytes
-from specframe.models import Target
-from specframe.registry import ComponentSpec
-from specframe.sampling import SamplingParams
-from specframe.truncation import truncated_model
+from specframe.terms.errors import ConfigurationError
+from specframe.runtime.devices import synchronize
+from specframe.terms.metrics import DecodeMetrics, now, peak_memory_bytes
+from specframe.runtime.load import Target
+from specframe.plugging.registry import ComponentSpec
+from specframe.terms.sampling import SamplingParams
+from specframe.runtime.truncation import truncated_model
 
 from specframe.bench.methods import split_parts
 
@@ -103,7 +103,7 @@ def without_log(function, logger: str, start: str):
 
 def truncated_assistant(target: Target, layers: int | None) -> torch.nn.Module:
     """The target's first `layers` decoder layers + final norm + LM head, sharing the target's weights
-    (`specframe.truncation.truncated_model`).
+    (`specframe.runtime.truncation.truncated_model`).
 
     `layers=None` takes `DEFAULT_ASSISTANT_LAYERS`, or all layers but one on smaller models."""
     total = int(getattr(target.config, "num_hidden_layers", 0) or 0)
@@ -187,7 +187,7 @@ def prompt_cache(model: torch.nn.Module, input_ids: torch.Tensor):
 
     Read with the rest of the prompt, the last token gets other bits in bfloat16: a prompt of more than
     64 tokens goes to torch's attention kernel, and a row of a larger product may round differently
-    (`specframe.exact_attention`), so greedy outputs can part from the first new token."""
+    (`specframe.runtime.exact_attention`), so greedy outputs can part from the first new token."""
     from transformers import DynamicCache
 
     if input_ids.shape[1] < 2:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specframe.errors import ConfigurationError
+from specframe.terms.errors import ConfigurationError
 
 from specframe.bench.report import OVERALL
 

@@ -29,18 +29,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specframe.adaptive.calibration import stored_cost
-from specframe.adaptive.planner import SHAPE_LEARNING, AdaptivePlanner, FixedPlanner, parse_budget
+from specframe.decode.calibration import stored_cost
+from specframe.decode.planner import SHAPE_LEARNING, AdaptivePlanner, FixedPlanner, parse_budget
 from specframe.bench.methods import MethodSpec
 from specframe.bench.runner import read_records
 from specframe.bench.suites import BenchPrompt, encode_turn, load_suite
-from specframe.cost import CostModel
-from specframe.errors import ConfigurationError
-from specframe.interfaces import BuildContext
-from specframe.models import Target, load_target
-from specframe.pipeline import assemble
-from specframe.records import DraftContext, DraftProposal, StepOutcome, VerifyResult
-from specframe.tree import TokenTree
+from specframe.terms.cost import CostModel
+from specframe.terms.errors import ConfigurationError
+from specframe.contract.interfaces import BuildContext
+from specframe.runtime.load import Target, load_target
+from specframe.plugging.pipeline import assemble
+from specframe.terms.records import DraftContext, DraftProposal, StepOutcome, VerifyResult
+from specframe.terms.tree import TokenTree
 
 
 @dataclass

@@ -15,7 +15,7 @@ import json
 import statistics
 from pathlib import Path
 
-from specframe.atomic_dirs import write_atomically
+from specframe.support.atomic_dirs import write_atomically
 from specframe.bench.runner import BenchRun, bench_lock
 
 OVERALL = "overall"

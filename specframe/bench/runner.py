@@ -26,14 +26,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specframe.atomic_dirs import FILE_LOCK_WAIT, exclusive, remove_stale, temp_name_pattern, write_atomically
-from specframe.decoding import SpeculativeDecoder
-from specframe.errors import ConfigurationError, SpecframeError, SpecframeWarning
-from specframe.kinds import DEFAULT_COMPONENTS, ComponentKind
-from specframe.models import Target
-from specframe.progress import bar as progress_bar
-from specframe.registry import ComponentSpec, PluginRegistry
-from specframe.sampling import SamplingParams
+from specframe.support.atomic_dirs import (FILE_LOCK_WAIT, exclusive, remove_stale, temp_name_pattern,
+                                          write_atomically)
+from specframe.decode.loop import SpeculativeDecoder
+from specframe.terms.errors import ConfigurationError, SpecframeError, SpecframeWarning
+from specframe.terms.kinds import DEFAULT_COMPONENTS, ComponentKind
+from specframe.runtime.load import Target
+from specframe.support.progress import bar as progress_bar
+from specframe.plugging.registry import ComponentSpec, PluginRegistry
+from specframe.terms.sampling import SamplingParams
 
 from specframe.bench.methods import MethodSpec, baseline_spec
 from specframe.bench.peers import PeerRunner, PeerSpec

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from specframe.errors import ConfigurationError, PromptError
+from specframe.terms.errors import ConfigurationError, PromptError
 
 SUITES = ("humaneval", "spec-bench", "mt-bench")
 _SHIPPED = {"spec-bench": "spec_bench.jsonl", "mt-bench": "mt_bench.jsonl"}

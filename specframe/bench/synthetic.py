@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from specframe.errors import ConfigurationError
-from specframe.interfaces import Drafter
-from specframe.records import DraftContext, DraftProposal, DrawMethod
+from specframe.terms.errors import ConfigurationError
+from specframe.contract.interfaces import Drafter
+from specframe.terms.records import DraftContext, DraftProposal, DrawMethod
 
 
 class SyntheticDrafter(Drafter):

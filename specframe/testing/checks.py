@@ -12,21 +12,21 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from specframe.decoding import SpeculativeDecoder
-from specframe.cost import PolynomialCost
-from specframe.interfaces import BuildContext, Drafter, StateBackend, TreeBuilder, Verifier
-from specframe.kinds import ComponentKind
-from specframe.models import Target
-from specframe.pipeline import assemble
-from specframe.records import DraftProposal, DrawMethod, ScoreKind, TargetScores
-from specframe.registry import ComponentSpec, get_registry
-from specframe.sampling import Sampler, SamplingParams
+from specframe.decode.loop import SpeculativeDecoder
+from specframe.terms.cost import PolynomialCost
+from specframe.contract.interfaces import BuildContext, Drafter, StateBackend, TreeBuilder, Verifier
+from specframe.terms.kinds import ComponentKind
+from specframe.runtime.load import Target
+from specframe.plugging.pipeline import assemble
+from specframe.terms.records import DraftProposal, DrawMethod, ScoreKind, TargetScores
+from specframe.plugging.registry import ComponentSpec, get_registry
+from specframe.terms.sampling import Sampler, SamplingParams
 from specframe.testing.exact import spelled
 from specframe.testing.synthetic import (
     FirstNodesTreeBuilder, NoisyTargetDrafter, random_proposal, random_tree,
 )
 from specframe.testing.targets import reference_greedy, reference_hidden, reference_logits
-from specframe.tree import SAMPLED_DRAWS, TokenTree
+from specframe.terms.tree import SAMPLED_DRAWS, TokenTree
 
 KIND_OF = {Drafter: "drafter", TreeBuilder: "tree builder", Verifier: "verifier", StateBackend: "backend"}
 REFERENCE = {"first-n": FirstNodesTreeBuilder, "noisy-target": NoisyTargetDrafter}

@@ -13,8 +13,8 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from specframe.interfaces import Drafter, DrafterCapabilities
-from specframe.records import DraftContext, DraftProposal, DrawMethod, ScoreKind
+from specframe.contract.interfaces import Drafter, DrafterCapabilities
+from specframe.terms.records import DraftContext, DraftProposal, DrawMethod, ScoreKind
 from specframe.testing.exact import LogitTable, Propose, spelled
 
 QFunction = Callable[[tuple[int, ...]], np.ndarray]  # generated context -> (V,) float64 draft distribution

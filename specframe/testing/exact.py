@@ -20,10 +20,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from specframe.interfaces import BackendCapabilities, StateBackend
-from specframe.records import DraftProposal, TargetScores
-from specframe.sampling import Sampler, SamplingParams
-from specframe.tree import TokenTree
+from specframe.contract.interfaces import BackendCapabilities, StateBackend
+from specframe.terms.records import DraftProposal, TargetScores
+from specframe.terms.sampling import Sampler, SamplingParams
+from specframe.terms.tree import TokenTree
 
 P_PASS = 1e-4  # a lossless component passes when p >= P_PASS: one false alarm in 10,000 seeds per check
 P_CATCH = 1e-6  # a deliberately wrong component must score below this

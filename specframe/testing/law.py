@@ -16,16 +16,16 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specframe.interfaces import BuildContext
-from specframe.kinds import ComponentKind
-from specframe.records import DraftProposal
-from specframe.registry import get_registry
-from specframe.sampling import SamplingParams
+from specframe.contract.interfaces import BuildContext
+from specframe.terms.kinds import ComponentKind
+from specframe.terms.records import DraftProposal
+from specframe.plugging.registry import get_registry
+from specframe.terms.sampling import SamplingParams
 from specframe.testing.drafts import Drafts, adversarial_q, fixed_q, model_q
 from specframe.testing.exact import (
     P_PASS, LawTest, LogitTable, Propose, decoder_counts, exact_law, keep_all, law_test, simulate,
 )
-from specframe.tree import TokenTree
+from specframe.terms.tree import TokenTree
 
 RUNS = 20_000
 HOT = SamplingParams(temperature=1.0)

@@ -31,7 +31,7 @@ def tiny_prompt(tiny_target) -> list[int]:
 
 @pytest.fixture
 def specframe_registry():
-    from specframe.registry import PluginRegistry
+    from specframe.plugging.registry import PluginRegistry
 
     registry = PluginRegistry()
     registry.load()

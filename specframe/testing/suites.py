@@ -17,9 +17,9 @@ from typing import ClassVar
 import numpy as np
 import pytest
 
-from specframe.interfaces import Drafter, StateBackend, TreeBuilder, Verifier
-from specframe.kinds import DEFAULT_COMPONENTS, ComponentKind
-from specframe.records import DrawMethod
+from specframe.contract.interfaces import Drafter, StateBackend, TreeBuilder, Verifier
+from specframe.terms.kinds import DEFAULT_COMPONENTS, ComponentKind
+from specframe.terms.records import DrawMethod
 from specframe.testing import checks
 from specframe.testing.law import check_verifier_law
 from specframe.testing.targets import repetitive_prompt, tiny_target

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from specframe.interfaces import (
+from specframe.contract.interfaces import (
     BuildContext, Drafter, DrafterCapabilities, TreeBuilder, TreeBuilderCapabilities,
 )
-from specframe.records import DraftContext, DraftProposal, DrawMethod, ScoreKind, TargetScores
-from specframe.tree import TokenTree
+from specframe.terms.records import DraftContext, DraftProposal, DrawMethod, ScoreKind, TargetScores
+from specframe.terms.tree import TokenTree
 
 
 def random_parents(rng: np.random.Generator, n: int, max_children: int = 3) -> np.ndarray:

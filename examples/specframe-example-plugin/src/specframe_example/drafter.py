@@ -13,7 +13,7 @@ from collections import Counter, defaultdict
 import numpy as np
 
 from specframe import DraftContext, Drafter, DrafterCapabilities, DraftProposal, DrawMethod
-from specframe.errors import ConfigurationError
+from specframe.terms.errors import ConfigurationError
 
 
 class BigramDrafter(Drafter):

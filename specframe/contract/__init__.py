@@ -1,0 +1,2 @@
+"""The plugin contract: the four interfaces (Drafter, TreeBuilder, Verifier, StateBackend), the pluggy hook
+specifications, and the extension records (CLI options, model recipes, presets) plugins register."""

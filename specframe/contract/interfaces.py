@@ -1,0 +1,230 @@
+"""The four component interfaces. Plugins subclass these and register the classes through hooks.
+
+Each class has a `name` (the registry key) and declared capabilities, checked when a pipeline is
+assembled (`specframe.plugging.pipeline.assemble`), never inferred from the name.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+from specframe.terms.cost import CostModel
+from specframe.terms.records import (DraftContext, DraftProposal, ScoreKind, StepOutcome, TargetScores,
+                                     VerifyResult)
+from specframe.terms.sampling import Sampler
+from specframe.terms.tree import TokenTree
+
+if TYPE_CHECKING:
+    from specframe.runtime.load import Target
+
+
+@dataclass(frozen=True)
+class DrafterCapabilities:
+    needs_hidden_states: bool = False  # wants `DraftContext.hidden` from the target
+    provides_draft_probs: bool = False  # fills `DraftProposal.draft_probs` with the real q
+    proposes_trees: bool = False  # may propose several children per node (chain-only backends need a chain)
+    score_kind: ScoreKind = ScoreKind.RANK  # what its `DraftProposal.scores` mean
+    samples_drafts: bool = False  # may propose `DrawMethod.SAMPLED` drafts (when the request samples)
+    # Drafting time grows with the budget (a draft model runs once per draft token), so adaptive
+    # speculation sizes the budget before drafting when drafting is dear. Drafters whose cost does not
+    # depend on the budget (retrieval, heads that run once) draft to the cap; the planner then prunes.
+    drafting_grows_with_budget: bool = False
+    # Keeps what earlier requests emitted and drafts from it (a cache of responses): a benchmark's
+    # repeats of one prompt are then not alike, since later ones can copy the first one's answer.
+    remembers_requests: bool = False
+
+
+@dataclass(frozen=True)
+class TreeBuilderCapabilities:
+    needs_draft_probs: bool = False  # expands by draft distributions (beam, dynamic)
+    needs_score_kind: ScoreKind | None = None  # the proposal scores it relies on; None: any ordering
+    makes_chains: bool = False  # always returns a chain (one child per node), for chain-only backends
+    keeps_draft_probs: bool = True  # passes q of the kept nodes on to the tree
+    # Keeps, from a sampled proposal, a draw-order prefix under every node chosen without looking at the
+    # tokens (`specframe.terms.tree.draw_order_prefix`), so the tree stays `SAMPLED` and `rejection` can use
+    # q.
+    keeps_draw_order: bool = False
+
+
+@dataclass(frozen=True)
+class VerifierCapabilities:
+    lossless: bool = True  # preserves the target's (processed) distribution exactly
+    needs_draft_probs: bool = False  # refuses drafters without q
+    uses_draft_probs: bool = False  # uses q of sampled trees; other trees are verified by sample-and-match
+    supports_sampling: bool = False  # handles temperature > 0
+    # Accepts a child exactly when its token is the target's own draw at its parent (the argmax when
+    # greedy), drawn whatever the tree holds: the adaptive planner then learns from the nodes it left out
+    matches_draws: bool = False
+
+
+@dataclass(frozen=True)
+class BackendCapabilities:
+    supports_trees: bool = True  # scores branching trees, not only chains
+    provides_hidden_states: bool = False
+
+
+class Drafter(ABC):
+    """Proposes draft tokens for the next step. Constructed as `cls(target, **options)`."""
+
+    name: ClassVar[str]
+    capabilities: ClassVar[DrafterCapabilities] = DrafterCapabilities()
+
+    def __init__(self, target: Target, **options):
+        self.target = target
+        if options:
+            raise TypeError(f"drafter '{self.name}' takes no options, got {sorted(options)}")
+
+    @abstractmethod
+    def propose(self, context: DraftContext) -> DraftProposal:
+        """Candidate tokens following `context.tokens`; `DraftProposal.empty()` when there are none."""
+
+    @classmethod
+    def example_options(cls, target: Target, workdir: str) -> dict:
+        """Options that make this drafter work on any `target` (e.g. a small datastore built in `workdir`).
+
+        Used by conformance tests and demos that try every registered drafter. Default: none needed.
+        """
+        return {}
+
+    def observe(self, outcome: StepOutcome) -> None:
+        """Called after every step with what the target accepted. Default: nothing."""
+
+    def reset(self) -> None:
+        """Called before each new request. Default: nothing."""
+
+    def remember(self, prompt: Sequence[int], response: Sequence[int]) -> None:
+        """A request decoded elsewhere answered `prompt` with `response`: a resumed benchmark replays its
+        recorded requests here, so that a drafter which `remembers_requests` holds what it would have
+        held had the run not stopped. Default: nothing (a drafter without memory across requests)."""
+
+
+@dataclass(frozen=True)
+class BuildContext:
+    """What a tree builder may weigh besides the proposal, for one step.
+
+    `budget` is a cap, never a quota: a builder may return fewer nodes, the empty tree included, when
+    more would not pay. `cost` predicts the step time of a tree from its size and depth (the backend's
+    `StateBackend.cost_model()`), or is None when the backend offers none.
+    """
+
+    budget: int  # the most nodes the tree may have (>= 1)
+    cost: CostModel | None = None
+
+
+class TreeBuilder(ABC):
+    """Turns a proposal into a `TokenTree` of at most `context.budget` nodes. Constructed as
+    `cls(**options)`."""
+
+    name: ClassVar[str]
+    capabilities: ClassVar[TreeBuilderCapabilities] = TreeBuilderCapabilities()
+
+    def __init__(self, **options):
+        if options:
+            raise TypeError(f"tree builder '{self.name}' takes no options, got {sorted(options)}")
+
+    @abstractmethod
+    def build(self, proposal: DraftProposal, context: BuildContext) -> TokenTree:
+        """A tree of at most `context.budget` nodes taken from `proposal` (closed under parents)."""
+
+
+class Verifier(ABC):
+    """Decides which path of the tree the target accepts, and the bonus token after it."""
+
+    name: ClassVar[str]
+    capabilities: ClassVar[VerifierCapabilities] = VerifierCapabilities()
+
+    def __init__(self, **options):
+        if options:
+            raise TypeError(f"verifier '{self.name}' takes no options, got {sorted(options)}")
+
+    @abstractmethod
+    def verify(self, tree: TokenTree, scores: TargetScores, sampling: Sampler) -> VerifyResult:
+        """Accepted path and bonus token. Must not modify `tree` or `scores`."""
+
+
+class StateBackend(ABC):
+    """Runs the target on a packed tree and commits the accepted path to the target's state.
+
+    The backend keeps one *pending* token: the last emitted token, fed to the target as the tree root
+    in the next `score`. `prefill(ids)` processes `ids[:-1]` and makes `ids[-1]` pending;
+    `score(tree)` returns `TargetScores` that carry the tree and whatever the backend needs to commit
+    (`TargetScores.state`); `commit(scored, path, bonus)` appends the root and the accepted nodes of
+    `scored.tree` to the state and makes `bonus` pending. Only the latest `score` can be committed: a
+    new `score` discards the previous uncommitted one, and committing stale scores raises. `issue` and
+    `redeem` implement that check for any backend: `score` returns `self.issue(scores)`, `commit` starts
+    with `self.redeem(scored)`.
+    """
+
+    name: ClassVar[str]
+    capabilities: ClassVar[BackendCapabilities] = BackendCapabilities()
+
+    def __init__(self, target: Target, *, want_hidden: bool = False, **options):
+        self.target = target
+        self.want_hidden = want_hidden
+        if options:
+            raise TypeError(f"backend '{self.name}' takes no options, got {sorted(options)}")
+        self._issued: TargetScores | None = None  # what the latest `score` returned, until committed
+
+    @classmethod
+    def unsupported_reason(cls, target: Target) -> str | None:
+        """Why this backend cannot serve `target`, or None when it can."""
+        return None
+
+    def cost_model(self) -> CostModel | None:
+        """Predicted step time by tree size and depth, for tree builders (see `BuildContext`).
+
+        Default: the calibration stored for this backend, target, device, dtype and thread count
+        (`specframe calibrate`), or None. Called once per decoder, at its first request, when
+        the budget is a fixed number; with `budget="auto"` builders receive instead the cost measured for
+        this backend on this machine (`specframe.decode.calibration`), which also drives the planner.
+        """
+        from specframe.decode.calibration import stored_cost
+
+        return stored_cost(self)
+
+    def cost_options(self) -> dict:
+        """This instance's options that change what a step costs (a key of the stored calibration, so
+        `kv(min_rows=1)` and `kv` are measured apart). Default: none."""
+        return {}
+
+    @property
+    @abstractmethod
+    def committed_length(self) -> int:
+        """Tokens in the committed state, the pending root excluded."""
+
+    @abstractmethod
+    def prefill(self, ids: list[int]) -> None:
+        """Start a new sequence: process `ids[:-1]`, keep `ids[-1]` pending."""
+
+    @abstractmethod
+    def score(self, tree: TokenTree) -> TargetScores:
+        """Target logits at the root and every node. Never changes the committed state."""
+
+    @abstractmethod
+    def commit(self, scored: TargetScores, path: list[int], bonus: int) -> None:
+        """Append the root and the nodes `path` of `scored.tree` to the state; `bonus` becomes pending.
+
+        `scored` must be what the latest `score` returned, not committed yet; raise `ValueError`
+        otherwise (`redeem` does).
+        """
+
+    def issue(self, scores: TargetScores) -> TargetScores:
+        """Make `scores` the only ones `redeem` accepts and return them; earlier scores become stale.
+
+        End `score` with `return self.issue(TargetScores(logits, hidden, tree=tree, state=...))`.
+        """
+        self._issued = scores
+        return scores
+
+    def redeem(self, scored: TargetScores) -> None:
+        """Start `commit` with this: raises `ValueError` unless `scored` is what the latest `score`
+        issued and was not committed yet. Nothing is committable again until the next `score`."""
+        if scored is None or scored is not getattr(self, "_issued", None):
+            raise ValueError(
+                f"backend '{self.name}': commit() was given scores other than those of the latest score() "
+                "(a newer score() replaced them, they were committed already, or they come from another "
+                "backend); commit exactly what the latest score() returned")
+        self._issued = None

@@ -1,0 +1,2 @@
+"""The decode loop (`loop.py`: draft, build a tree, score, verify, commit) and the adaptive planner that sizes
+each step's tree from measured costs and predicted acceptance."""

@@ -1,0 +1,324 @@
+"""Measuring what a verification step costs for one target, backend, device, dtype and thread count.
+
+`calibrate` prefills a synthetic prompt and times `backend.score` on flat trees of a grid of sizes and on
+chains of a coarser one (`CHAIN_SIZES`), round-robin over them so that a drift of the machine spreads over
+all of them, keeping the fastest of five rounds of each; then again after a longer prompt, which gives
+each size's slope in the context length (a tree's nodes attend to every cached token). The fastest round,
+because on a shared machine timing noise only ever adds time (another process, an interrupt), so the
+minimum is the stablest estimate of what a size costs, and the decoder scales it to what its real steps
+take (the speed the adaptive planner learns; see "Why the fastest of five" in
+docs/explanation/adaptive-speculation.md). Chains are timed at `CHAIN_SIZES` and the slopes on flat trees
+at `SLOPE_SIZES` only: about 130 forwards, 22 s for SmolLM2-135M on a 2-core CPU whose plain step is 57 ms.
+`cached_cost` returns a stored calibration for the same keys, measuring one when there is none (announced
+in one line with its expected time; a progress bar only on a terminal); `specframe calibrate` refreshes it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import platform
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from specframe.support.atomic_dirs import FILE_LOCK_WAIT, file_lock, locked_update, write_atomically
+from specframe.terms.cost import MeasuredCost
+from specframe.runtime.devices import CPU_MIN_ROWS, padded_rows, synchronizer
+from specframe.terms.errors import ConfigurationError, io_failure
+from specframe.contract.interfaces import StateBackend
+from specframe.runtime.packed_linear import linear_kernel
+from specframe.support.progress import bar
+from specframe.terms.tree import TokenTree
+
+SIZES = (0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32)
+PROMPT_TOKENS = 256  # a typical prompt plus part of an answer: the cache the tree attends to
+LONG_PROMPT_TOKENS = 1024  # a long one (RAG, summaries): the second point of each size's context slope
+ROUNDS = 5
+# Where chains are timed: a chain of 0 or 1 node is the flat tree of that size, and what a chain saves
+# next to a flat tree (its mask) changes smoothly with the size, while the row count's kernel jumps hit both.
+CHAIN_SIZES = (2, 4, 8, 16, 32)
+SLOPE_SIZES = (0, 2, 8, 16, 32)  # where the context slope is measured: it grows smoothly with the nodes
+FORMAT = 9  # 2: kv pads small trees to 4 rows on CPU; 3: the key holds the linear kernel and backend options;
+# 4: and the attention implementation; 5: the fastest of 5 rounds (was the median of 3); 6: context slopes;
+# 7: kv pads plain steps to 4 rows on CPU as well; 8: sizes 5 and 7 measured (oneDNN's cost jumps at 7 rows);
+# 9: whether a backend pads on the CPU is measured (`probe_padding`) and stored as `min_rows`
+
+
+def calibrate(backend: StateBackend, sizes=SIZES, rounds: int = ROUNDS, progress: bool = True,
+              seed: int = 0) -> MeasuredCost:
+    """Time `backend.score` on flat trees and chains of every size in `sizes`, the fastest of `rounds`,
+    after a prompt of `PROMPT_TOKENS` and again after one of `LONG_PROMPT_TOKENS` (when the model's
+    context holds it) for the slopes in the context length. Slopes come out at least 0 and non-decreasing
+    in size: attention's work never shrinks as the context or the tree grows, so anything else is noise.
+
+    A backend that leaves its padding to measurement (`auto_padding`:
+    `specframe.runtime.devices.forward_min_rows`)
+    first times a plain step alone and padded (`probe_padding`), pads from then on only if padding was
+    no slower, and is measured as it will run; the choice is stored with the costs (`min_rows`).
+
+    Leaves the backend prefilled with a synthetic prompt: prefill again before decoding.
+    """
+    padding: tuple[float, ...] = ()
+    if getattr(backend, "auto_padding", False):
+        padding = probe_padding(backend, rounds=rounds, seed=seed)
+        backend.min_rows = padded_rows(*padding, CPU_MIN_ROWS)
+    measured = {"min_rows": getattr(backend, "min_rows", 1), "padding_s": padding}
+    prompts = sorted({prompt_room(backend.target, sizes, n) for n in (PROMPT_TOKENS, LONG_PROMPT_TOKENS)})
+    chains = chain_sizes(sizes)
+    keys = [(n, "flat") for n in sizes] + [(n, "chain") for n in chains]
+    times = round_times(backend, keys, rounds, progress=progress, seed=seed, prompt_tokens=prompts[0])
+    fastest = {key: float(np.min(t)) for key, t in times.items()}
+    flat = tuple(fastest[(n, "flat")] for n in sizes)
+    chain = chain_times(sizes, flat, {n: fastest[(n, "chain")] for n in chains})
+    context = prompts[0] + 1  # the cached prompt and the tree's root
+    if len(prompts) == 1:
+        return MeasuredCost(tuple(sizes), flat, chain, context, **measured)
+    # The slopes: flat trees only, at fewer sizes, interpolated between them. A tree's nodes attend to the
+    # context whatever its shape (stored calibrations measured chain and flat slopes alike within noise),
+    # and the slope grows smoothly with the nodes; this halves the calibration's time.
+    grid = slope_sizes(sizes)
+    far = round_times(backend, [(n, "flat") for n in grid], rounds, progress=progress, seed=seed,
+                      prompt_tokens=prompts[1])
+    span = prompts[1] - prompts[0]
+    at_grid = [max((float(np.min(far[(n, "flat")])) - fastest[(n, "flat")]) / span, 0.0) for n in grid]
+    slope = non_decreasing(np.interp(sizes, grid, at_grid).tolist())
+    return MeasuredCost(tuple(sizes), flat, chain, context, slope, slope, **measured)
+
+
+def slope_sizes(sizes) -> tuple[int, ...]:
+    """The sizes among `sizes` whose context slope `calibrate` measures: `SLOPE_SIZES`, and the ends."""
+    return tuple(n for n in sizes if n in SLOPE_SIZES or n in (min(sizes), max(sizes)))
+
+
+def chain_sizes(sizes) -> tuple[int, ...]:
+    """The sizes among `sizes` at which `calibrate` times chains: `CHAIN_SIZES` and the largest, past 1."""
+    return tuple(n for n in sizes if n > 1 and (n in CHAIN_SIZES or n == max(sizes)))
+
+
+def chain_times(sizes, flat: tuple[float, ...], measured: dict[int, float]) -> tuple[float, ...]:
+    """Chain seconds at every size: measured where timed, elsewhere the flat tree's time scaled by the
+    chain-to-flat ratio interpolated between the timed sizes (1 at 0 and 1 node, where both are one tree)."""
+    flat_at = dict(zip(sizes, flat))
+    points = {n: 1.0 for n in sizes if n <= 1} | {n: t / flat_at[n] for n, t in measured.items()}
+    grid = sorted(points)
+    ratio = np.interp(sizes, grid, [points[n] for n in grid])  # (len(sizes),)
+    return tuple(measured.get(n, f * r) for n, f, r in zip(sizes, flat, ratio.tolist()))
+
+
+def expected_seconds(backend: StateBackend, sizes=SIZES, rounds: int = ROUNDS) -> float:
+    """About how long `calibrate` takes: its forwards, priced by timing a plain step and the largest tree
+    once each (after a warm-up) and interpolating between them by size."""
+    target = backend.target
+    room = prompt_room(target, sizes, PROMPT_TOKENS)
+    ids = np.random.default_rng(0).integers(0, target.vocab_size, room + 1)
+    backend.prefill(ids.tolist())
+    small, large = probe_tree(min(sizes), "flat", ids), probe_tree(max(sizes), "flat", ids)
+    backend.score(large)
+    seconds = []
+    for tree in (small, large):
+        start = time.perf_counter()
+        backend.score(tree)
+        seconds.append(time.perf_counter() - start)
+    priced = [np.interp(grid, [min(sizes), max(sizes)], seconds).sum()
+              for grid in (sizes, chain_sizes(sizes), slope_sizes(sizes))]
+    return rounds * float(priced[0] + priced[1] + 1.3 * priced[2])  # the longer context: dearer
+
+
+def probe_padding(backend: StateBackend, rows: int = CPU_MIN_ROWS, rounds: int = ROUNDS,
+                  seed: int = 0) -> tuple[float, float]:
+    """Seconds of a plain step (the root alone) of `backend` after a prompt of `PROMPT_TOKENS`, run alone
+    and padded to `rows` rows (its `min_rows` set to 1, then to `rows`), alternately, the fastest of
+    `rounds` each after a warm-up. Leaves `min_rows` at `rows`: the caller chooses (`padded_rows`)."""
+    target = backend.target
+    room = prompt_room(target, (rows,), PROMPT_TOKENS)
+    ids = np.random.default_rng(seed).integers(0, target.vocab_size, room + 1)
+    backend.prefill(ids.tolist())
+    plain = probe_tree(0, "flat", ids)
+    sync = synchronizer(target.device) or (lambda: None)
+    times: dict[int, list[float]] = {1: [], rows: []}
+    for _ in range(rounds + 1):  # the first round warms up
+        for padded, seconds in times.items():
+            backend.min_rows = padded
+            sync()
+            start = time.perf_counter()
+            backend.score(plain)
+            sync()
+            seconds.append(time.perf_counter() - start)
+    return min(times[1][1:]), min(times[rows][1:])
+
+
+def non_decreasing(values: list[float]) -> tuple[float, ...]:
+    """The least-squares non-decreasing fit (pool adjacent violators). A larger tree never does less
+    attention per context token than a smaller one, so a slope below a smaller tree's is timing noise,
+    and left alone it could make a plain step look dearer next to a tree as the context grows."""
+    blocks: list[list[float]] = []  # [mean, count], means increasing
+    for v in values:
+        blocks.append([v, 1.0])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m2, n2), (m1, n1) = blocks.pop(), blocks.pop()
+            blocks.append([(m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2])
+    return tuple(m for m, n in blocks for _ in range(int(n)))
+
+
+def round_times(backend: StateBackend, keys, rounds: int = ROUNDS, progress: bool = True, seed: int = 0,
+                prompt_tokens: int = PROMPT_TOKENS) -> dict[tuple[int, str], list[float]]:
+    """Seconds of `backend.score` per round for each (size, shape) of `keys` after a synthetic prompt of
+    `prompt_tokens` (fewer where the model's context is shorter), timed round-robin over the keys so
+    that a drift of the machine spreads over all of them (`calibrate` keeps the fastest)."""
+    target = backend.target
+    room = prompt_room(target, [n for n, _ in keys], prompt_tokens)
+    ids = np.random.default_rng(seed).integers(0, target.vocab_size, room + 1)
+    backend.prefill(ids.tolist())
+    trees = {(n, shape): probe_tree(n, shape, ids) for n, shape in keys}
+    for key in (max(trees), min(trees)):  # warm up kernels and caches on the largest and smallest tree
+        backend.score(trees[key])
+    times: dict[tuple[int, str], list[float]] = {key: [] for key in trees}
+    sync = synchronizer(target.device) or (lambda: None)  # CUDA and MPS queue work: wait for it
+    steps = bar(total=rounds * len(trees), desc=f"calibrating step cost ({room} cached tokens)",
+                show=progress, unit="forward", leave=False)
+    for _ in range(rounds):
+        for key, tree in trees.items():
+            sync()
+            start = time.perf_counter()
+            backend.score(tree)
+            sync()
+            times[key].append(time.perf_counter() - start)
+            steps.update()
+    steps.close()
+    return times
+
+
+def prompt_room(target, sizes, prompt_tokens: int) -> int:
+    """`prompt_tokens`, or fewer where the model's context must still hold the largest tree after them."""
+    return max(1, min(prompt_tokens, target.max_context - max(sizes) - 2))
+
+
+def probe_tree(n: int, shape: str, ids: np.ndarray) -> TokenTree:
+    """A chain or a flat tree (every node a child of the root) of `n` nodes, tokens from `ids`."""
+    tokens = ids[-n:] if n else ids[:0]
+    parents = np.arange(n) - 1 if shape == "chain" else np.full(n, -1)
+    return TokenTree(tokens, parents)
+
+
+def cost_key(backend: StateBackend, options: dict | None = None) -> dict:
+    """What a calibration depends on; its hash names the cache file."""
+    target, model = backend.target, backend.target.model
+    params = sum(p.numel() for p in model.parameters())
+    config = json.dumps(model.config.to_dict(), sort_keys=True, default=str)
+    return {"format": FORMAT, "model": target.name, "parameters": params,
+            "config": hashlib.sha256(config.encode()).hexdigest()[:16],
+            "backend": backend.name, "options": sorted({**backend.cost_options(), **(options or {})}.items()),
+            "device": str(target.device), "dtype": str(next(model.parameters()).dtype),
+            "linear": linear_kernel(model), "attention": getattr(model.config, "_attn_implementation", None),
+            "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "machine": f"{platform.machine()} {platform.processor()}".strip()}
+
+
+def cost_path(key: dict) -> Path:
+    from specframe.runtime.load import specframe_home
+
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:20]
+    return specframe_home() / "costs" / f"{key['backend']}-{digest}.json"
+
+
+def cached_cost(backend: StateBackend, options: dict | None = None, refresh: bool = False,
+                progress: bool = True) -> MeasuredCost:
+    """The stored calibration for this backend's keys, measured and stored first when missing,
+    damaged or `refresh` is set. A store that cannot be written only costs a recalibration next time."""
+    key = cost_key(backend, options)
+    path = cost_path(key)
+    if not refresh:
+        cost = read_cost(path, key)
+        if cost is not None:
+            return cost
+    cost = measure_cost(backend, progress)
+    store_cost(path, key, cost)
+    return cost
+
+
+def measure_cost(backend: StateBackend, progress: bool = True) -> MeasuredCost:
+    """`calibrate(backend)`, announced on stderr in one line with its expected time where `progress`."""
+    if progress:
+        print(f"calibrating step cost for {backend.target.name} on {backend.name} (once per machine/model, "
+              f"~{expected_seconds(backend):.0f} s)", file=sys.stderr, flush=True)
+    return calibrate(backend, progress=progress)
+
+
+def store_cost(path: Path, key: dict, cost: MeasuredCost) -> str | None:
+    """`write_cost`, reporting instead of raising: None once stored, else why it could not be, in words."""
+    try:
+        write_cost(path, key, cost)
+    except OSError as err:
+        return io_failure(err, "set SPECFRAME_HOME to a writable directory")
+    except ConfigurationError as err:  # the file stayed locked by another process
+        return str(err)
+    return None
+
+
+def write_cost(path: Path, key: dict, cost: MeasuredCost) -> None:
+    """Store `cost` under `key` at `path`, atomically (a reader sees the old file or the new one), under
+    the file's lock, which also clears the temporary files of killed writes. Two processes calibrating
+    the same keys measured the same thing: the last one's numbers are kept."""
+    def busy() -> ConfigurationError:
+        return ConfigurationError(f"calibration {path} stayed locked by another process for "
+                                  f"{FILE_LOCK_WAIT:g} s ({file_lock(path)}); if no specframe process is "
+                                  "running, delete that lock file")
+
+    with locked_update(path, busy, f"calibration '{path}'"):
+        write_atomically(path, json.dumps({"key": key, **asdict(cost)}, indent=1, default=str))
+
+
+def stored_min_rows(backend: StateBackend) -> int | None:
+    """The rows that the stored calibration of `backend` chose to pad its forwards to, measured
+    (`probe_padding`), or None where there is none: what a backend with `auto_padding` runs with."""
+    cost = stored_cost(backend)
+    return cost.min_rows if cost is not None and cost.padding_s else None
+
+
+def stored_cost(backend: StateBackend, options: dict | None = None) -> MeasuredCost | None:
+    """The stored calibration for this backend's keys, or None: never measures."""
+    key = cost_key(backend, options)
+    return read_cost(cost_path(key), key)
+
+
+def plausible(cost: MeasuredCost) -> bool:
+    """Whether a stored calibration holds what `calibrate` measures: sizes increasing from 0, and times,
+    slopes and the context finite and not negative (a hand-edited or damaged file is measured again)."""
+    times = (*cost.flat_s, *cost.chain_s, *cost.flat_slope, *cost.chain_slope, *cost.padding_s)
+    return (bool(cost.sizes) and cost.sizes[0] == 0 and all(a < b for a, b in zip(cost.sizes, cost.sizes[1:]))
+            and all(math.isfinite(t) and t >= 0 for t in times) and cost.context >= 0)
+
+
+def read_cost(path: Path, key: dict | None = None) -> MeasuredCost | None:
+    """The calibration stored at `path`, or None where it is missing or damaged, or, given `key`, was
+    measured for other keys (another model, thread count, kernel, ...)."""
+    try:
+        data = json.loads(path.read_text())
+        if key is not None and json.loads(json.dumps(key, default=str)) != data["key"]:
+            return None
+        floats = {name: tuple(float(t) for t in data[name])
+                  for name in ("flat_s", "chain_s", "flat_slope", "chain_slope")}
+        padding = {"min_rows": int(data.get("min_rows", 1)),
+                   "padding_s": tuple(float(t) for t in data.get("padding_s", ()))}
+        cost = MeasuredCost(tuple(int(n) for n in data["sizes"]), context=int(data["context"]), **floats,
+                            **padding)
+    except (OSError, ValueError, KeyError, TypeError, ArithmeticError, RecursionError):
+        return None  # ArithmeticError: a number too large for a float; RecursionError: nesting too deep
+    if not plausible(cost):
+        return None
+    n = len(cost.sizes)
+    if n < 2 or len(cost.flat_s) != n or len(cost.chain_s) != n:
+        return None
+    if len(cost.flat_slope) != len(cost.chain_slope) or len(cost.flat_slope) not in (0, n):
+        return None
+    if cost.padding_s and (len(cost.padding_s) != 2 or cost.min_rows not in (1, CPU_MIN_ROWS)):
+        return None  # a padding choice is 1 or CPU_MIN_ROWS rows, from two timings (`probe_padding`)
+    if cost.min_rows < 1:
+        return None
+    return cost

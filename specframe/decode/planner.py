@@ -1,0 +1,434 @@
+"""Per-step speculation plans: how many nodes to build, which to keep, and whether to draft at all.
+
+`FixedPlanner` is the classic behaviour: fill the budget. `AdaptivePlanner` (`budget="auto"`, the
+budget then a cap) keeps, every step, the subtree with the most expected tokens per second
+(`selection.choose_subtree`) under a calibrated acceptance model and a measured cost model. When
+drafting itself is expensive, it skips drafting while drafted steps emit more slowly than plain steps;
+when, besides, drafting time grows with the budget (a draft model:
+`DrafterCapabilities.drafting_grows_with_budget`), it sizes the draft before drafting from the
+acceptance realised by position. Both
+planners record what they predicted, so the metrics can show predicted against realised tokens and
+step time.
+
+Lossless by construction: every decision uses the proposal and earlier steps only. When the tree is
+sampled and the verifier uses the draft probabilities, the kept nodes must not depend on the drawn
+tokens at all (`specframe.terms.tree.draw_order_prefix`); the planner then picks the budget before the build
+from earlier steps alone and prunes nothing. Whether that holds depends on the request's sampling, so it
+is decided for each request (`plans_blind`, passed to `start_request`), never once per planner.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from specframe.decode.acceptance import AcceptanceModel, NodeFeatures, matched_outcomes
+from specframe.decode.selection import choose_subtree
+from specframe.terms.cost import CostModel, ScaledCost
+from specframe.terms.errors import ConfigurationError
+from specframe.terms.records import DraftProposal, Prediction, VerifyResult
+from specframe.terms.sampling import SamplingParams
+from specframe.terms.tree import TokenTree
+
+# Drafting under 5 % of a plain step always goes on (prompt lookup, retrieval, suffix trees): stopping it
+# would save at most that share, while a copying drafter that is off misses the next long match.
+CHEAP_DRAFT = 0.05
+# Whether dear drafting pays is a two-armed bandit (`DraftingGain`; the reasoning and the numbers are in
+# docs/explanation/adaptive-speculation.md): a plain step's speed is known, a drafted step's is learned
+# from drafted steps, each weighing DRAFT_MEMORY as much one step later (the last ~30 steps count).
+# Drafting goes on while the gain is above 1 and, as exploration, while its upper bound (OPTIMISM
+# standard errors above it) is; skipped steps age the record, so the bound widens and probes come back.
+DRAFT_MEMORY = 0.97
+OPTIMISM = 2.0
+GAIN_SD_FLOOR = 0.3  # the per-step spread assumed at least: a few cold steps alike do not make it 0
+OPTIMISTIC_GAIN, OPTIMISTIC_STEPS = 2.0, 4.0  # the record starts with 4 steps at twice plain speed
+# A drafted step counts at most twice the time of a typical one (or of a plain step, whichever is more):
+# the first draft of a decoder compiles its kernels (S4C's heads: 88 ms, three plain steps). The probe
+# budget below counts every step in full.
+OUTLIER = 2.0
+# Exploring while the mean gain is below 1 may lose at most 1 % of the time of a request's skipped steps
+# (drafting plus the tree's forward, over plain steps for the same tokens), and a probe starts only when
+# the request has earned what it is expected to lose (`ProbeBudget`): a draft model's probe first reads
+# every token since its last run, mid-request a few, at a new request the whole prompt (0.1-0.4 s against
+# 50 ms steps on long Spec-Bench prompts), so one probe alone may cost a short request 4 %.
+PROBE_SHARE = 0.01
+PROBE_ALLOWANCE = 2.0  # plain steps a decoder's first probes may lose before any step was skipped
+# The cost model moves to the step's context every 16 tokens (on SmolLM2 at two CPU threads, 16 tokens add
+# at most 0.2 ms to a 16-node tree's 31 ms): tree selection then reuses one model for several steps.
+CONTEXT_STEP = 16
+EMA = 0.1  # weight of the newest step in the running means
+# Each tree size also learns its own realised forward over the calibrated one, beyond the machine's speed
+# as a whole: a busy spell slows sizes unevenly (a calibration on the 2-core development CPU put a plain
+# step 19-25 % and a 12-node tree 7 % above idle ones), so a calibration is off in its shape, not only its
+# level ("Each size's own speed" in docs/explanation/adaptive-speculation.md). It learns more slowly: a
+# size is seen on a share of the steps only, and a step's time is noisy.
+SHAPE_EMA = 0.05
+SHAPE_LEARNING = True  # the default of `AdaptivePlanner(learn_shape=)`; False: one factor for every size
+
+
+class DraftingGain:
+    """How much faster drafted steps emitted than plain steps would have, discounted by age: the mean
+    (a ratio of sums: emitted tokens over seconds spent, in plain steps) and an upper bound on it.
+
+    The record starts with `OPTIMISTIC_STEPS` pseudo-steps at `OPTIMISTIC_GAIN`, aged like the rest, so
+    a decoder's first drafted steps do not turn drafting off on their own: they are cold (the drafter's
+    and the target's tree-shaped kernels compile on first use: S4C's first four drafted steps took
+    1.5-4 plain steps each) and taken while acceptance and sizing are still being learned (a draft
+    model's first step drafts to the cap). A drafter that never pays then drafts ~20 steps before the
+    record says so, once per decoder."""
+
+    def __init__(self, memory: float = DRAFT_MEMORY):
+        self.memory = memory
+        self.optimism = OPTIMISTIC_STEPS  # the pseudo-steps at `OPTIMISTIC_GAIN`, discounted
+        self.tokens = 0.0  # emitted tokens of drafted steps, discounted
+        self.cost = 0.0  # their seconds spent, drafting included, in plain steps, discounted
+        self.weight = 0.0  # discounted count of drafted steps
+        self.gains = np.zeros(2)  # sums of the per-step gains and of their squares (for the spread)
+
+    def forget(self) -> None:
+        """A step passed: every drafted step recorded weighs `memory` as much."""
+        self.optimism *= self.memory
+        self.tokens *= self.memory
+        self.cost *= self.memory
+        self.weight *= self.memory
+        self.gains *= self.memory
+
+    def add(self, tokens: int, cost: float) -> None:
+        """A drafted step that emitted `tokens` in `cost` plain steps' time (clipped: `OUTLIER`)."""
+        typical = self.cost / self.weight if self.weight > 0 else 1.0
+        cost = min(cost, OUTLIER * max(typical, 1.0))
+        gain = tokens / max(cost, 1e-9)
+        self.tokens += tokens
+        self.cost += cost
+        self.weight += 1.0
+        self.gains += (gain, gain * gain)
+
+    @property
+    def mean(self) -> float:
+        """Drafted steps' speed over plain steps'."""
+        tokens = self.tokens + OPTIMISTIC_GAIN * self.optimism
+        return tokens / max(self.cost + self.optimism, 1e-12)
+
+    def upper(self) -> float:
+        """The mean plus `OPTIMISM` standard errors of the per-step gains."""
+        if self.weight <= 0:
+            return np.inf
+        average = self.gains[0] / self.weight
+        spread = max(np.sqrt(max(self.gains[1] / self.weight - average ** 2, 0.0)), GAIN_SD_FLOOR)
+        return self.mean + OPTIMISM * spread / np.sqrt(self.weight)
+
+
+class DraftTime:
+    """Drafting seconds as a + b * (tokens the drafter has not read yet), least squares over drafted
+    steps, each weighing DRAFT_MEMORY as much one drafted step later. S4C's heads cost the same each
+    step (b ~ 0); a draft model reads what it has not seen before it drafts (b > 0)."""
+
+    def __init__(self, memory: float = DRAFT_MEMORY):
+        self.memory = memory
+        self.sums = np.zeros(5)  # weighted sums of 1, u, u^2, d, d u
+
+    def add(self, unread: int, seconds: float) -> None:
+        u = float(unread)
+        self.sums = self.memory * self.sums + (1.0, u, u * u, seconds, seconds * u)
+
+    def forecast(self, unread: int) -> float:
+        n, su, suu, sd, sdu = self.sums
+        if n <= 0:
+            return 0.0
+        spread = n * suu - su * su
+        slope = max((n * sdu - su * sd) / spread, 0.0) if spread > 1e-9 * max(n * suu, 1.0) else 0.0
+        return max((sd - slope * su) / n + slope * unread, 0.0)  # a noisy fit may dip below 0
+
+
+class ProbeBudget:
+    """What probes (drafted steps taken while drafting does not pay) may still lose in this request.
+
+    Each skipped step of a request earns `PROBE_SHARE` of its time, and a probe may start only once the
+    request has earned what the probe is expected to lose: its drafting time, forecast from the tokens
+    the drafter has not read (`DraftTime`), plus the rest of a probe's loss as earlier probes showed it.
+    Its real loss is then spent. A request starts with nothing (a debt carries over), except a decoder's
+    first probe, which may spend `PROBE_ALLOWANCE` plain steps (cold first drafts can make drafting look
+    worse than it is before anything was skipped). So a probe that must first read a long prompt waits
+    for a long request, and a short request is not probed at all, rather than losing several per cent
+    to one probe."""
+
+    def __init__(self):
+        self.earned_s = 0.0  # seconds probes may still lose in this request
+        self.allowance_granted = False  # the decoder's first probes' allowance, given when first asked
+        self.rest_s = 0.0  # a probe's loss besides drafting (tree forward over the tokens it gained), mean
+        self.drafting = DraftTime()
+
+    def start_request(self) -> None:
+        self.earned_s = min(self.earned_s, 0.0)
+
+    def affords(self, unread: int, allowance_s: float) -> bool:
+        if not self.allowance_granted:
+            self.earned_s += allowance_s
+            self.allowance_granted = True
+        return self.earned_s >= self.drafting.forecast(unread) + self.rest_s
+
+    def drafted(self, unread: int, drafting_s: float) -> None:
+        self.drafting.add(unread, drafting_s)
+
+    def skipped(self, step_s: float) -> None:
+        self.earned_s += PROBE_SHARE * step_s
+
+    def probed(self, loss_s: float, drafting_s: float) -> None:
+        self.earned_s -= loss_s
+        self.rest_s += EMA * (loss_s - drafting_s - self.rest_s)
+
+
+class CostAtContext:
+    """The cost of a step at the step's context: `calibrated` holds the model over all contexts, `cost`
+    the model at the current step's (`CostModel.at_context`), moved every `CONTEXT_STEP` tokens."""
+
+    def __init__(self, cost: CostModel | None):
+        self.calibrated = self.cost = cost
+        self._context: int | None = None  # the context `cost` is at
+
+    def start_step(self, context: int) -> None:
+        """A step begins whose tree attends to `context` tokens (prompt and output so far): a tree costs
+        more next to a plain step the longer the context."""
+        if self.calibrated is not None and (self._context is None
+                                            or abs(context - self._context) >= CONTEXT_STEP):
+            self._context, self.cost = context, self.calibrated.at_context(context)
+
+
+class FixedPlanner(CostAtContext):
+    """Fill the budget every step; predict nothing. `cost` (the backend's, if any) goes to builders."""
+
+    def __init__(self, budget: int, cost: CostModel | None = None):
+        super().__init__(cost)
+        self.budget = budget
+
+    def start_request(self, blind: bool = False) -> None:
+        pass
+
+    def should_draft(self) -> bool:
+        return True
+
+    def build_budget(self, room: int) -> int:
+        return min(self.budget, room)
+
+    def choose(self, proposal: DraftProposal, tree: TokenTree) -> tuple[TokenTree, Prediction | None]:
+        return tree, None
+
+    def observe(self, tree: TokenTree, result: VerifyResult, times: dict[str, float]) -> None:
+        pass
+
+
+class AdaptivePlanner(CostAtContext):
+    """Speculate only what pays: see the module docstring. `cap` bounds the tree size."""
+
+    def __init__(self, cost: CostModel, cap: int, acceptance: AcceptanceModel | None = None,
+                 drafting_grows_with_budget: bool = True, learn_speed: bool = True,
+                 matches_draws: bool = False, learn_shape: bool = SHAPE_LEARNING):
+        super().__init__(cost)  # `self.cost`: the cost at this step's context (`start_step`)
+        self.cap = cap
+        self.learn_speed = learn_speed  # scale `cost` to the realised forward (False: take it as given)
+        self.acceptance = acceptance or AcceptanceModel()
+        self.matches_draws = matches_draws  # `VerifierCapabilities.matches_draws`: learn from cut nodes
+        self.draw_order_only = False  # this request's sampled trees are verified with q: choose sizes blind
+        self.per_token_drafting = drafting_grows_with_budget  # dear drafting: size the budget first
+        self.position_hits = np.zeros((2, cap))  # [accepted, tried] by index position in the scored tree
+        self.speed = 1.0  # realised forward time over the calibrated one, running mean (the machine today)
+        self.shape = np.ones(cap + 1)  # by tree size: its realised over calibrated forward, over `speed`
+        self.learn_shape = learn_shape  # False: `speed` alone scales every size alike
+        self.overhead_s = 0.0  # realised step time besides drafting and the forward, running mean
+        self.draft_s = 0.0  # drafting time, running mean
+        self.draft_node_s = 0.0  # drafting time per proposed node, running mean
+        self.gain = DraftingGain()  # realised speed of drafted steps over plain steps
+        self.probes = ProbeBudget()  # what probes may still lose in this request
+        self._step_context = 0  # tokens of the current step's context
+        self._read = 0  # context of this request's last drafted step: what the drafter has read
+        self._drafted = False
+        self._probing = False
+        self._proposed = 0
+        self._features: NodeFeatures | None = None
+        self._built: tuple[TokenTree, NodeFeatures] | None = None  # the tree before the cut, if cut
+        self._prediction: Prediction | None = None
+
+    # --- before the step -----------------------------------------------------------------------------
+
+    def start_request(self, blind: bool = False) -> None:
+        """A new request: its drafter has read none of it, and its probes have earned nothing yet.
+        `blind` (`plans_blind` of the request's sampling): its sampled trees are verified with their q,
+        so sizes are chosen before drafting and nothing is pruned."""
+        self.draw_order_only = blind
+        self._read = 0
+        self.probes.start_request()
+
+    def start_step(self, context: int) -> None:
+        super().start_step(context)
+        self._step_context = context
+
+    def build_budget(self, room: int) -> int:
+        """Nodes the drafter and tree builder may use: the cap, unless the size must be chosen before
+        drafting, in blind mode or when drafting is expensive and pays per token (a draft model).
+        Then the size with the most tokens per second by earlier steps, from the acceptance by index
+        position, the calibrated forward, the step overhead and the drafting time per node. Whether to
+        draft at all is `should_draft`'s call, so the size is at least 1 and probes keep learning."""
+        if not (self.draw_order_only or (self.per_token_drafting and self._expensive())):
+            return min(self.cap, room)
+        a, t = self.position_hits
+        rates = np.minimum.accumulate((a + 1.0) / (t + 2.0))  # P(over i accepted), Laplace prior
+        tokens = 1.0 + np.concatenate([[0.0], np.cumsum(rates)])  # (cap + 1,)
+        sizes = np.arange(self.cap + 1)
+        seconds = self._cost().many(sizes, sizes) + self.overhead_s + sizes * self.draft_node_s
+        best = 1 + int(np.argmax((tokens / seconds)[1:]))
+        self._prediction = Prediction(float(tokens[best]), float(seconds[best]))
+        return min(best, room)
+
+    def should_draft(self) -> bool:
+        """Draft unless drafting is expensive (over `CHEAP_DRAFT` of a plain step) and drafted steps have
+        emitted more slowly than plain ones; then probe while the gain's upper bound is above 1 (see
+        `DraftingGain`) and the request has earned what a probe is expected to lose (`ProbeBudget`)."""
+        self.gain.forget()
+        self._probing = False
+        if not self._expensive() or self.gain.mean > 1.0:
+            self._drafted = True
+        else:
+            self._probing = self._drafted = (self.gain.upper() > 1.0
+                                             and self.probes.affords(self._unread(), self._probe_allowance()))
+        return self._drafted
+
+    def choose(self, proposal: DraftProposal, tree: TokenTree) -> tuple[TokenTree, Prediction | None]:
+        """The subtree of `tree` worth scoring, with its predicted tokens and seconds."""
+        self._proposed = len(proposal)
+        if self.draw_order_only or tree.origin is None:
+            self._features = None
+            return tree, self._prediction if self.draw_order_only else None
+        self._features = NodeFeatures.of(proposal, tree.origin, tree.depth)
+        p = self.acceptance.predict(self._features)
+        choice = choose_subtree(tree.parents, tree.depth, p, self._cost(), overhead_s=self.overhead_s)
+        if len(choice.keep) < len(tree):
+            self._built = (tree, self._features)
+            self._features, tree = self._features.take(choice.keep), tree.subtree(choice.keep)
+        self._prediction = Prediction(choice.expected_tokens, choice.expected_seconds)
+        return tree, self._prediction
+
+    # --- after the step ------------------------------------------------------------------------------
+
+    def observe(self, tree: TokenTree, result: VerifyResult, times: dict[str, float]) -> None:
+        """Learn acceptance, the machine's speed, the step overhead, the drafting cost and whether
+        drafting paid. `times` holds the step's seconds by phase ("draft", "forward", the rest)."""
+        self._learn_acceptance(tree, result)
+        if len(tree):
+            self.position_hits[1, :len(tree)] += 1
+            self.position_hits[0, :result.accepted] += 1
+        calibrated = self.cost.step_seconds(len(tree), int(tree.depth.max()) if len(tree) else 0)
+        # The forward as timed, or as calibrated where the speed is not learned (see make_adaptive_planner)
+        forward = times.get("forward", calibrated) if self.learn_speed else calibrated
+        if self.learn_speed and calibrated > 0:
+            self.speed += EMA * (forward / calibrated - self.speed)
+            size = min(len(tree), self.cap)
+            self.shape[size] += SHAPE_EMA * (forward / calibrated / self.speed - self.shape[size])
+        step = sum(s for phase, s in times.items() if phase != "draft")
+        self.overhead_s += EMA * (max(step - forward, 0.0) - self.overhead_s)
+        if self._drafted:  # what did drafting cost, and did the step emit faster than a plain one?
+            drafting = times.get("draft", 0.0)
+            self.draft_s += EMA * (drafting - self.draft_s)
+            if self._proposed:
+                self.draft_node_s += EMA * (drafting / self._proposed - self.draft_node_s)
+            plain = self._seconds(0, 0)
+            self.gain.add(result.accepted + 1, (step + drafting) / plain)
+            self.probes.drafted(self._unread(), drafting)
+            self._read = self._step_context
+            if self._probing:  # its time over plain steps' for the same tokens
+                loss = step + drafting - (result.accepted + 1) * plain
+                self.probes.probed(loss, drafting)
+        else:
+            self.probes.skipped(step)
+        self._features = self._built = self._prediction = None
+        self._drafted, self._proposed = False, 0
+
+    def _learn_acceptance(self, tree: TokenTree, result: VerifyResult) -> None:
+        """Count which nodes the target accepted. Where the step matched the target's draws, the nodes
+        the cut left out count too (`matched_outcomes`): learning only from the nodes it keeps, the model
+        would never see that the ones it leaves out pay more than it thinks."""
+        if self._built is not None and (self.matches_draws or result.fallback is not None):
+            built, features = self._built
+            emitted = [*tree.tokens[result.path].tolist(), result.bonus]
+            outcomes = matched_outcomes(built.tokens, built.parents, built.depth, emitted)
+            self.acceptance.record(features, *outcomes)
+        elif self._features is not None and len(tree):
+            self.acceptance.update(self._features, tree.parents, result.path)
+
+    def _unread(self) -> int:
+        """Tokens of this step's context the drafter has not read (all of them before its first draft)."""
+        return max(self._step_context - self._read, 0)
+
+    def _probe_allowance(self) -> float:
+        return PROBE_ALLOWANCE * self._seconds(0, 0)
+
+    def _expensive(self) -> bool:
+        return self.draft_s > CHEAP_DRAFT * self._seconds(0, 0)
+
+    def _cost(self) -> CostModel:
+        """The calibrated forward cost at the speed realised steps show, and each size's own ratio to that
+        speed where the size has run (a calibration taken on a busier or quieter machine than today's is
+        off by a factor, and not the same factor for every size)."""
+        return ScaledCost(self.cost, self.speed, self.shape if self.learn_shape else np.ones(0))
+
+    def _seconds(self, nodes: int, depth: int) -> float:
+        """Predicted seconds of a step on `nodes` nodes, drafting aside."""
+        return self._cost().step_seconds(nodes, depth) + self.overhead_s
+
+
+# Default cap of `budget="auto"`. The planner rarely keeps more than 16 nodes on a CPU, but long copies
+# (extraction, translation, code) pay past 16: replayed, 24 raised tau 1-3 % over 16 on Spec-Bench,
+# HumanEval and best-of-8 replays, and 32 added nothing.
+AUTO_CAP = 24
+
+
+def parse_budget(budget: int | str) -> tuple[int, bool]:
+    """(cap, adaptive) from a budget: a node count, `"auto"` or `"auto:CAP"`."""
+    text = str(budget).strip().lower()
+    adaptive = text == "auto" or text.startswith("auto:")
+    number = (text.partition(":")[2] or str(AUTO_CAP)) if adaptive else text
+    try:
+        cap = int(number)
+    except ValueError:
+        cap = 0
+    if cap < 1:
+        raise ConfigurationError(
+            "budget must be a number of tree nodes >= 1, 'auto' or 'auto:CAP' (e.g. auto:24), "
+            f"got {budget!r}; for plain decoding use the drafter 'none'")
+    return cap, adaptive
+
+
+def make_adaptive_planner(pipeline, cap: int, cost: CostModel | None = None,
+                          acceptance_file: Path | None = None, progress: bool = True,
+                          phase_timing: bool = True) -> AdaptivePlanner:
+    """An `AdaptivePlanner` for `pipeline` with `cost`, by default the backend's measured cost
+    (calibrated on first use and cached: `specframe.decode.calibration.cached_cost`), and the
+    acceptance counts stored in `acceptance_file` when given (a missing file, or one in another version's
+    format, starts afresh; a file specframe did not write is refused rather than overwritten).
+    The stored calibration is scaled to the speed that real steps show, when the decoder times its
+    phases apart (`phase_timing`: without it, an accelerator's forward phase holds only launch time); a
+    `cost` passed in is taken as given (tests and simulations state costs in their own units).
+
+    The planner serves requests of any sampling: whether one is planned blind is `plans_blind`'s call,
+    made for each request.
+    """
+    from specframe.decode.calibration import cached_cost
+
+    d, v = (c.capabilities for c in (pipeline.drafter, pipeline.verifier))
+    measured = cost is None and phase_timing
+    cost = cost or cached_cost(pipeline.backend, progress=progress)
+    acceptance = AcceptanceModel.load(acceptance_file) if acceptance_file is not None else None
+    return AdaptivePlanner(cost, cap, acceptance, drafting_grows_with_budget=d.drafting_grows_with_budget,
+                           learn_speed=measured, matches_draws=v.matches_draws)
+
+
+def plans_blind(pipeline, sampling: SamplingParams) -> bool:
+    """Whether a request with `sampling` through `pipeline` must be planned blind (sizes chosen before the
+    build, nothing pruned): it samples, the drafter samples its drafts and the verifier uses their q
+    through a builder that keeps draw order. Pruning such a tree by its drawn tokens' scores would bias
+    what the verifier accepts; pruning it by earlier steps alone would still be lossless
+    (`TokenTree.subtree` relabels it for sample-and-match), but would lose what rejection sampling with q
+    gains. Decided per request, from that request's sampling: a decoder's sampling may change between
+    requests."""
+    d, t, v = (c.capabilities for c in (pipeline.drafter, pipeline.tree_builder, pipeline.verifier))
+    return not sampling.greedy and d.samples_drafts and v.uses_draft_probs and t.keeps_draw_order

@@ -1,0 +1,61 @@
+"""Options every model-loading command shares: `--model`, `--device`, `--dtype`, `--phase-timing`, and the
+timing options of the commands that measure speed (`--threads`, `--clock`).
+
+Factories, not shared instances, so each command owns its option objects."""
+
+from __future__ import annotations
+
+import typer
+
+from specframe.runtime.devices import DEVICE_HELP, DTYPE_HELP
+
+MODEL_HELP = ("Model: an alias (smollm2-135m), a local Hugging Face directory, a .gguf file, or a Hugging "
+              "Face id such as HuggingFaceTB/SmolLM2-360M-Instruct (from your HF cache, or downloaded "
+              "unless HF_HUB_OFFLINE is set).")
+
+
+def model_option(default: str = "smollm2-135m") -> str:
+    return typer.Option(default, help=MODEL_HELP)
+
+
+def device_option() -> str:
+    return typer.Option("auto", help=DEVICE_HELP)
+
+
+def dtype_option() -> str:
+    return typer.Option("auto", help=DTYPE_HELP)
+
+
+def phase_timing_option() -> bool:
+    return typer.Option(True, "--phase-timing/--no-phase-timing",
+                        help="Time each phase of a step (synchronises the GPU per phase); turn off for the "
+                        "fastest run: totals stay right, the per-phase split is then not measured.")
+
+
+def threads_option() -> int | None:
+    return typer.Option(None, min=1, help="torch intra-op threads (default: torch's choice). On a busy "
+                        "machine 1 thread times far more steadily.")
+
+
+def clock_option() -> str:
+    return typer.Option("wall", help="wall, or cpu: this process's CPU time, which other processes on a "
+                        "shared CPU do not inflate (needs --threads 1 and --device cpu).")
+
+
+def set_timing(threads: int | None, clock: str, device: str) -> None:
+    """Apply `--threads` and `--clock`: torch's thread count, and the clock every timing reads. CPU time
+    measures a request only on one thread of a CPU."""
+    import torch
+
+    from specframe.runtime.devices import resolve_device
+    from specframe.terms.errors import ConfigurationError
+    from specframe.terms.metrics import CLOCKS, set_clock
+
+    if clock not in CLOCKS:
+        raise ConfigurationError(f"--clock must be one of {', '.join(CLOCKS)}, got {clock!r}")
+    if clock == "cpu" and (threads != 1 or resolve_device(device).type != "cpu"):
+        raise ConfigurationError("--clock cpu needs --threads 1 and the CPU (--device cpu): CPU time adds up "
+                                 "all threads' time and misses an accelerator's work")
+    if threads is not None:
+        torch.set_num_threads(threads)
+    set_clock(clock)

