@@ -15,7 +15,7 @@ import pytest
 
 from specframe.decode.planner import AdaptivePlanner
 from specframe.terms.cost import MeasuredCost
-from specframe.terms.records import DraftProposal
+from specframe.terms.proposal import DraftProposal
 from specframe.terms.tree import TokenTree
 
 SIZES = (4, 16, 32)

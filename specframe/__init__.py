@@ -27,10 +27,8 @@ if TYPE_CHECKING:
     from specframe.terms.metrics import DecodeMetrics
     from specframe.runtime.load import Target, load_target
     from specframe.plugging.pipeline import Pipeline, assemble
-    from specframe.terms.records import (
-        DraftContext, DraftProposal, DrawMethod, ScoreKind, StepEvent, StepOutcome, TargetScores,
-        VerifyResult,
-    )
+    from specframe.terms.proposal import DraftContext, DraftProposal, DrawMethod, ScoreKind
+    from specframe.terms.records import StepEvent, StepOutcome, TargetScores, VerifyResult
     from specframe.plugging.registry import ComponentSpec, PluginRegistry, get_registry
     from specframe.terms.sampling import Sampler, SamplingParams
     from specframe.terms.tree import TokenTree
@@ -54,8 +52,8 @@ _EXPORTS = {
     "specframe.terms.metrics": ("DecodeMetrics",),
     "specframe.runtime.load": ("Target", "load_target"),
     "specframe.plugging.pipeline": ("Pipeline", "assemble"),
-    "specframe.terms.records": ("DraftContext", "DraftProposal", "DrawMethod", "ScoreKind", "StepEvent",
-                          "StepOutcome", "TargetScores", "VerifyResult"),
+    "specframe.terms.proposal": ("DraftContext", "DraftProposal", "DrawMethod", "ScoreKind"),
+    "specframe.terms.records": ("StepEvent", "StepOutcome", "TargetScores", "VerifyResult"),
     "specframe.plugging.registry": ("ComponentSpec", "PluginRegistry", "get_registry"),
     "specframe.terms.sampling": ("Sampler", "SamplingParams"),
     "specframe.terms.tree": ("TokenTree",),

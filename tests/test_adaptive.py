@@ -14,7 +14,7 @@ from specframe.decode.acceptance import (
 from specframe.decode.selection import choose_subtree, path_probabilities
 from specframe.decode.planner import AdaptivePlanner
 from specframe.terms.cost import MeasuredCost, PolynomialCost, ScaledCost
-from specframe.terms.records import DraftProposal, ScoreKind
+from specframe.terms.proposal import DraftProposal, ScoreKind
 from specframe.terms.tree import TokenTree
 
 

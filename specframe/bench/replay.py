@@ -39,7 +39,8 @@ from specframe.terms.errors import ConfigurationError
 from specframe.contract.interfaces import BuildContext
 from specframe.runtime.load import Target, load_target
 from specframe.plugging.pipeline import assemble
-from specframe.terms.records import DraftContext, DraftProposal, StepOutcome, VerifyResult
+from specframe.terms.proposal import DraftContext, DraftProposal
+from specframe.terms.records import StepOutcome, VerifyResult
 from specframe.terms.tree import TokenTree
 
 

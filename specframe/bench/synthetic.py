@@ -14,7 +14,7 @@ import numpy as np
 
 from specframe.terms.errors import ConfigurationError
 from specframe.contract.interfaces import Drafter
-from specframe.terms.records import DraftContext, DraftProposal, DrawMethod
+from specframe.terms.proposal import DraftContext, DraftProposal, DrawMethod
 
 
 class SyntheticDrafter(Drafter):

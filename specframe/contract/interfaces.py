@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from specframe.terms.cost import CostModel
-from specframe.terms.records import (DraftContext, DraftProposal, ScoreKind, StepOutcome, TargetScores,
-                                     VerifyResult)
+from specframe.terms.proposal import DraftContext, DraftProposal, ScoreKind
+from specframe.terms.records import StepOutcome, TargetScores, VerifyResult
 from specframe.terms.sampling import Sampler
 from specframe.terms.tree import TokenTree
 

@@ -26,7 +26,7 @@ import numpy as np
 
 from specframe.support.atomic_dirs import FILE_LOCK_WAIT, file_lock, locked_update, write_atomically
 from specframe.terms.errors import ConfigurationError, SpecframeWarning
-from specframe.terms.records import DraftProposal, ScoreKind
+from specframe.terms.proposal import DraftProposal, ScoreKind
 
 SCORE_BUCKETS = 10  # c in [0, 1] cut into tenths; rank scores use the sibling rank (0..9) instead
 DEPTHS = 8  # depth 8 and deeper share a bucket

@@ -21,7 +21,8 @@ from specframe.terms.kinds import DEFAULT_BUDGET
 from specframe.terms.metrics import DecodeMetrics, PhaseTimer, now, peak_memory_bytes, reset_peak_memory
 from specframe.runtime.load import Target, check_writable_dir
 from specframe.plugging.pipeline import Pipeline, assemble, check_request
-from specframe.terms.records import DraftContext, DraftProposal, StepEvent, StepOutcome
+from specframe.terms.proposal import DraftContext, DraftProposal
+from specframe.terms.records import StepEvent, StepOutcome
 from specframe.plugging.registry import PluginRegistry, get_registry
 from specframe.terms.sampling import Sampler, SamplingParams
 from specframe.terms.stopping import StopStrings

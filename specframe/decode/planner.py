@@ -27,7 +27,8 @@ from specframe.decode.acceptance import AcceptanceModel, NodeFeatures, matched_o
 from specframe.decode.selection import choose_subtree
 from specframe.terms.cost import CostModel, ScaledCost
 from specframe.terms.errors import ConfigurationError
-from specframe.terms.records import DraftProposal, Prediction, VerifyResult
+from specframe.terms.proposal import DraftProposal
+from specframe.terms.records import Prediction, VerifyResult
 from specframe.terms.sampling import SamplingParams
 from specframe.terms.tree import TokenTree
 

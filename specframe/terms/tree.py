@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from specframe.terms.forest import Forest
-from specframe.terms.records import DraftProposal, DrawMethod
+from specframe.terms.proposal import DraftProposal, DrawMethod
 
 if TYPE_CHECKING:
     import torch

@@ -18,7 +18,8 @@ from specframe.contract.interfaces import BuildContext, Drafter, StateBackend, T
 from specframe.terms.kinds import ComponentKind
 from specframe.runtime.load import Target
 from specframe.plugging.pipeline import assemble
-from specframe.terms.records import DraftProposal, DrawMethod, ScoreKind, TargetScores
+from specframe.terms.proposal import DraftProposal, DrawMethod, ScoreKind
+from specframe.terms.records import TargetScores
 from specframe.plugging.registry import ComponentSpec, get_registry
 from specframe.terms.sampling import Sampler, SamplingParams
 from specframe.testing.exact import spelled

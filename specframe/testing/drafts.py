@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from specframe.contract.interfaces import Drafter, DrafterCapabilities
-from specframe.terms.records import DraftContext, DraftProposal, DrawMethod, ScoreKind
+from specframe.terms.proposal import DraftContext, DraftProposal, DrawMethod, ScoreKind
 from specframe.testing.exact import LogitTable, Propose, spelled
 
 QFunction = Callable[[tuple[int, ...]], np.ndarray]  # generated context -> (V,) float64 draft distribution

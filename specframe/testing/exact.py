@@ -21,7 +21,8 @@ import numpy as np
 import torch
 
 from specframe.contract.interfaces import BackendCapabilities, StateBackend
-from specframe.terms.records import DraftProposal, TargetScores
+from specframe.terms.proposal import DraftProposal
+from specframe.terms.records import TargetScores
 from specframe.terms.sampling import Sampler, SamplingParams
 from specframe.terms.tree import TokenTree
 

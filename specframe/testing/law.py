@@ -18,7 +18,7 @@ import torch
 
 from specframe.contract.interfaces import BuildContext
 from specframe.terms.kinds import ComponentKind
-from specframe.terms.records import DraftProposal
+from specframe.terms.proposal import DraftProposal
 from specframe.plugging.registry import get_registry
 from specframe.terms.sampling import SamplingParams
 from specframe.testing.drafts import Drafts, adversarial_q, fixed_q, model_q

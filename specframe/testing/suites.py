@@ -19,7 +19,7 @@ import pytest
 
 from specframe.contract.interfaces import Drafter, StateBackend, TreeBuilder, Verifier
 from specframe.terms.kinds import DEFAULT_COMPONENTS, ComponentKind
-from specframe.terms.records import DrawMethod
+from specframe.terms.proposal import DrawMethod
 from specframe.testing import checks
 from specframe.testing.law import check_verifier_law
 from specframe.testing.targets import repetitive_prompt, tiny_target

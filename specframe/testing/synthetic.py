@@ -16,7 +16,8 @@ import torch
 from specframe.contract.interfaces import (
     BuildContext, Drafter, DrafterCapabilities, TreeBuilder, TreeBuilderCapabilities,
 )
-from specframe.terms.records import DraftContext, DraftProposal, DrawMethod, ScoreKind, TargetScores
+from specframe.terms.proposal import DraftContext, DraftProposal, DrawMethod, ScoreKind
+from specframe.terms.records import TargetScores
 from specframe.terms.tree import TokenTree
 
 
