@@ -388,8 +388,8 @@ def test_expensive_drafting_that_pays_a_little_stays_on_despite_noisy_steps(seed
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_cold_first_drafts_do_not_switch_drafting_off(seed):
     """A decoder's first drafts compile kernels for new shapes: S4C's first four drafted steps took 1.5-4
-    plain steps each. Counted as they came, they held a drafter that pays 1.09x off for hundreds of
-    steps (run 21)."""
+    plain steps each. Counted as they come, they would hold a drafter that pays 1.09x off for hundreds
+    of steps."""
     drafted, _ = drafting_steps(acceptance=0.31, seed=seed, cold=(3.0, 2.0, 1.0, 0.5))
     assert drafted[:300].mean() > 0.95
 
@@ -428,8 +428,9 @@ def test_probes_of_a_very_expensive_drafter_stay_near_one_percent_of_the_time():
 
 def test_probes_whose_cost_varies_tenfold_stay_near_one_percent_of_the_time():
     """A draft model's first probe in a request reads the whole prompt (here 8 plain steps; requests of
-    128 steps), later ones only the tokens since the last (0.2 steps). A running mean of probe costs
-    spaced probes by the cheap ones and let them take over 3 % of the time (run 15, summarization)."""
+    128 steps), later ones only the tokens since the last (0.2 steps), as on summarization's long prompts.
+    A running mean of probe costs would space probes by the cheap ones and let them take over 3 % of the
+    time."""
     from specframe.decode.planner import PROBE_SHARE
 
     seen = set()
@@ -445,9 +446,10 @@ def test_probes_whose_cost_varies_tenfold_stay_near_one_percent_of_the_time():
 def test_a_probe_that_must_first_read_a_long_prompt_waits_rather_than_tax_every_request():
     """A draft model that never pays, on requests of 128 plain steps (1 s each) after a 900-token prompt:
     its drafting costs 0.05 s plus 5 ms per token it has not read, so a request's first probe costs 4.55
-    plain steps. A budget that looked only at earlier losses let one such probe into many requests, 3.5 %
-    of each (`draft-model@auto` 0.95x on Spec-Bench's extraction, run 25); forecast from the tokens to
-    read, the probe waits until the budget holds it, which the cap of 2 plain steps never allows."""
+    plain steps. A budget that looks only at earlier losses lets one such probe into many requests, 3.5 %
+    of each (enough to put `draft-model@auto` at 0.95x on Spec-Bench's extraction); forecast from the
+    tokens to read, the probe waits until the budget holds it, which the cap of 2 plain steps never
+    allows."""
     from specframe.decode.planner import PROBE_SHARE, AdaptivePlanner
     from specframe.terms.records import VerifyResult
     from specframe.terms.tree import TokenTree

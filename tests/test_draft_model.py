@@ -83,7 +83,7 @@ def test_bad_options_and_tokenizers_are_clear_errors():
 @pytest.mark.parametrize("kind", ["mamba2", "bamba"])
 def test_self_speculation_on_a_recurrent_target_is_refused_clearly(kind):
     """A KV-cache crop cannot roll back the first layers of a Mamba2 or Bamba target: refused, naming what
-    would draft instead, before the truncation (which used to fail setting the config's layer types)."""
+    would draft instead, before the truncation (which would fail setting the config's layer types)."""
     from ssm_models import tiny_ssm_target
 
     target = tiny_ssm_target(kind)

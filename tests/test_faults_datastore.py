@@ -1,4 +1,4 @@
-"""Faults around datastore builds and the model cache (issue 15): concurrent builds of one store, builds and
+"""Faults around datastore builds and the model cache: concurrent builds of one store, builds and
 conversions killed mid-way, the modes of what is published, and a damaged GGUF conversion cache.
 
 The concurrency and kill tests run the real `specframe` CLI in subprocesses, with a tiny word-level

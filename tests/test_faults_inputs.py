@@ -1,4 +1,4 @@
-"""Bad input and damaged state get an `error: ...` line and exit code 2, never a traceback (issue 15).
+"""Bad input and damaged state get an `error: ...` line and exit code 2, never a traceback.
 
 Bench resume state (records, settings, suite files, --out), model directories (damaged weights, bad
 config, empty, masked LMs, an unusable SPECFRAME_HOME) and `generate` options (non-UTF-8 text, seeds

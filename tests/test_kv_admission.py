@@ -67,8 +67,8 @@ def test_every_verified_family_is_served_exactly(model_type):
 
 @pytest.mark.parametrize("kind", ["rwkv", "xlstm"])
 def test_recurrent_models_without_layer_types_are_refused_and_sent_nowhere(kind):
-    """RWKV and xLSTM keep state outside a KV cache: kv used to serve RWKV with wrong tokens and crash on
-    xLSTM, after ssm-tree had sent both to it."""
+    """RWKV and xLSTM keep state outside a KV cache: kv would serve RWKV with wrong tokens and crash on
+    xLSTM, so kv refuses both and ssm-tree does not send them to it."""
     target = tiny_recurrent(kind)
     reason = KVCacheBackend.unsupported_reason(target)
     assert f"model type '{kind}'" in reason and "llama" in reason

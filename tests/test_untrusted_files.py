@@ -487,8 +487,8 @@ def assert_error_line(result, *words: str) -> None:
 
 @pytest.mark.parametrize("dtype", ["O", "i4,i4", "V2", "U1", "float64", "int8"])
 def test_datastore_info_on_a_crafted_dtype_is_an_error_line(templates, tmp_path, monkeypatch, capsys, dtype):
-    """`"O"` used to map tokens.bin as Python object pointers (SIGSEGV); the others escaped as
-    TypeError or SystemError tracebacks, or mapped the tokens as another type."""
+    """Unchecked, `"O"` maps tokens.bin as Python object pointers (SIGSEGV); the others escape as
+    TypeError or SystemError tracebacks, or map the tokens as another type."""
     store = crafted_dtype_store(tmp_path, templates.store, dtype)
     assert_error_line(specframe_here(monkeypatch, capsys, "datastore", "info", str(store)), "token_dtype")
 
@@ -502,8 +502,8 @@ def test_datastore_and_cache_info_on_damaged_files_are_error_lines(templates, tm
 
 
 def test_the_command_exits_2_without_a_signal_in_its_own_process(templates, tmp_path):
-    """The store that used to crash the interpreter, in a separate process, where a segmentation fault
-    shows as a signal (exit -11) rather than killing the test session (one process: the command loads
-    every plugin, about 8 s of CPU)."""
+    """The store whose dtype, unchecked, would crash the interpreter, in a separate process, where a
+    segmentation fault shows as a signal (exit -11) rather than killing the test session (one process:
+    the command loads every plugin, about 8 s of CPU)."""
     crafted = crafted_dtype_store(tmp_path, templates.store, "O")
     assert_error_line(specframe("datastore", "info", str(crafted)), "token_dtype")
