@@ -1,6 +1,7 @@
 """Time of the adaptive planner's per-step choice (`budget="auto"`): node features, acceptance estimates,
-the subtree search and cutting the tree, on frequency tries of 4-32 nodes. Issue 14 asks for well under
-0.5 ms per step; `docs/explanation/adaptive-speculation.md` quotes the result.
+the subtree search and cutting the tree, on frequency tries of 4-32 nodes. Its budget is well under
+0.5 ms per step, a few percent of a small model's step on the CPU, so the choice never eats what it saves;
+`docs/explanation/adaptive-speculation.md` quotes the result.
 
     python benchmarks/bench_adaptive_choice.py               # median and p99 over 2,000 calls per size
     pytest benchmarks/bench_adaptive_choice.py --benchmark-only

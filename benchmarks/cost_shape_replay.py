@@ -1,7 +1,8 @@
 """Replay a run's outputs with the planner believing one step calibration while steps cost another.
 
-    OMP_NUM_THREADS=1 python benchmarks/cost_shape_replay.py results/s55/sb-t1 --methods 'suffix-self@auto' \\
-        --truth quiet.json --measure-truth 15 --belief ~/.cache/specframe/costs/kv-....json
+    OMP_NUM_THREADS=1 python benchmarks/cost_shape_replay.py results/records/sb-t1 \\
+        --methods 'suffix-self@auto' --truth quiet.json --measure-truth 15 \\
+        --belief ~/.cache/specframe/costs/kv-....json
 
 Every step is priced by `--truth`, a calibration file as `specframe calibrate` stores it under
 `SPECFRAME_HOME/costs/`; `--measure-truth ROUNDS` first measures it here with that many rounds (the

@@ -8,8 +8,9 @@ sources answer); each line holds the prompt and one completion (up to the first 
 `{"text": ...}`.
 
     OMP_NUM_THREADS=2 python benchmarks/self_samples_corpus.py --problems 20:164 --samples 2 \\
-        --out results/s61/self-code.jsonl
-    specframe datastore build --source results/s61/self-code.jsonl --field text --out results/s61/self-code
+        --out results/records/self-code.jsonl
+    specframe datastore build --source results/records/self-code.jsonl --field text \\
+        --out results/records/self-code
 """
 
 from __future__ import annotations

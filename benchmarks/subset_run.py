@@ -4,9 +4,9 @@ Two uses:
 
 - a run stopped part way (a timeout, a lease that ended): keep the questions every method finished, so the
   tables compare like with like;
-- a run resumed on another machine, where methods added in the second session ran the first session's
-  problems on a different machine than their baseline: keep only the problems that one session ran in full
-  (`--problems 19-39`), or only the methods both sessions ran.
+- a run resumed on another machine, where methods added on resuming timed problems whose baseline was
+  timed on the first machine: keep only the problems one machine ran for every method (`--problems 19-39`),
+  or only the methods that ran on both machines.
 
     python benchmarks/subset_run.py results/gpu/fixed results/gpu/fixed-19-39 --problems 19-39
     python benchmarks/subset_run.py results/gpu/fixed results/gpu/fixed-0-39 \
