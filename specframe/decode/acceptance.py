@@ -31,7 +31,7 @@ from specframe.terms.proposal import DraftProposal, ScoreKind
 SCORE_BUCKETS = 10  # c in [0, 1] cut into tenths; rank scores use the sibling rank (0..9) instead
 DEPTHS = 8  # depth 8 and deeper share a bucket
 GROUPS = 16  # drafter-defined groups (`DraftProposal.group`), clipped to 0..15
-FORMAT = 2  # 2: 16 groups (1: 8)
+FORMAT = 2  # raised when the tables change shape (`GROUPS` among them): a file of another format starts fresh
 
 
 @dataclass

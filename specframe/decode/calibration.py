@@ -44,10 +44,9 @@ ROUNDS = 5
 # next to a flat tree (its mask) changes smoothly with the size, while the row count's kernel jumps hit both.
 CHAIN_SIZES = (2, 4, 8, 16, 32)
 SLOPE_SIZES = (0, 2, 8, 16, 32)  # where the context slope is measured: it grows smoothly with the nodes
-FORMAT = 9  # 2: kv pads small trees to 4 rows on CPU; 3: the key holds the linear kernel and backend options;
-# 4: and the attention implementation; 5: the fastest of 5 rounds (was the median of 3); 6: context slopes;
-# 7: kv pads plain steps to 4 rows on CPU as well; 8: sizes 5 and 7 measured (oneDNN's cost jumps at 7 rows);
-# 9: whether a backend pads on the CPU is measured (`probe_padding`) and stored as `min_rows`
+# Part of `cost_key`, so of the file name: raised whenever what a calibration measures or stores changes
+# (sizes, rounds, slopes, padding), so that a stored calibration of another kind is measured again.
+FORMAT = 9
 
 
 def calibrate(backend: StateBackend, sizes=SIZES, rounds: int = ROUNDS, progress: bool = True,

@@ -258,7 +258,7 @@ def load_target(name: str = DEFAULT_MODEL, *, device: str | torch.device = "auto
     `name` is a directory, a `.gguf` file, an alias or a Hugging Face model id (`resolve_model_dir`).
     The directory is checked step by step (files present, config valid, a causal LM, weights intact), so
     each kind of bad directory gets a message that names what is wrong instead of a later, misleading one
-    (an empty directory used to be blamed on the tokenizer and sentencepiece).
+    (an empty directory would otherwise be blamed on the tokenizer and sentencepiece).
 
     On the CPU in float32 the linear layers multiply by oneDNN-packed weights
     (`specframe.runtime.packed_linear`:
