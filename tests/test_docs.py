@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import io
 import os
 import re
 import subprocess
 import sys
+import tokenize
 from pathlib import Path
 
 import numpy as np
@@ -119,11 +121,20 @@ NOTEBOOK_REFERENCE = re.compile(r"\b(?:[Rr]uns?|[Ii]ssues?|[Ss]tops?) #?\d{1,3}(
                                 r"(?![,.]?\d| times)|\bcommit `?[0-9a-f]{7}")
 
 
+# One run's own folder of outputs (`results/s61/self-code`), which a reader does not have: a usage line
+# names a neutral folder (`results/records/...`, `/tmp/...`).
+RUN_FOLDER = re.compile(r"\bresults/s\d{2,3}\b")
+
+
 def test_notebook_reference_pattern():
     for text in ("over run 38's outputs", "runs 33-37", "issue 16's workload", "stop 12", "commit `e8e98cf`"):
         assert NOTEBOOK_REFERENCE.search(text), text
     for text in ("each side runs 5 times", "runs 20,000 seeded decodes", "a run of 128 tokens"):
         assert not NOTEBOOK_REFERENCE.search(text), text
+    for text in ("--out results/s61/self-code.jsonl", "replay.py results/s55/sb-t1"):
+        assert RUN_FOLDER.search(text), text
+    for text in ("--out results/records/self-code", "results/gpu/fixed", "results/s4c-heads"):
+        assert not RUN_FOLDER.search(text), text
 
 
 @pytest.mark.parametrize("page", ["README.md", *sorted(str(p.relative_to(ROOT)) for p in DOCS.rglob("*.md"))])
@@ -132,6 +143,57 @@ def test_user_docs_name_no_runs_issues_or_commits(page):
     found = [f"{page}:{n}: {line.strip()}" for n, line in enumerate(lines, 1)
              if NOTEBOOK_REFERENCE.search(line)]
     assert not found, "say what is true now, not when it was found:\n" + "\n".join(found)
+
+
+# Where code comments and docstrings are held to the same rule as the pages. This file is left out: it
+# holds the planted references the patterns are tested on.
+CODE_FOLDERS = ("specframe", "plugins", "kernels", "benchmarks", "tests", "examples", "notebooks")
+PATTERN_FILE = Path(__file__).resolve().relative_to(ROOT).as_posix()
+PROSE_TOKENS = {tokenize.COMMENT, tokenize.STRING, getattr(tokenize, "FSTRING_MIDDLE", tokenize.STRING)}
+
+
+def prose_lines(source: str) -> list[tuple[int, str]]:
+    """(line number, text) of every line of the comments and strings of Python `source`: what a reader
+    reads beside the code. The code itself is left out: a name such as `run_21` is no reference."""
+    found = []
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type in PROSE_TOKENS:
+            found += [(token.start[0] + n, line) for n, line in enumerate(token.string.splitlines())]
+    return found
+
+
+def lab_references(name: str, source: str) -> list[str]:
+    """`name:line: text` for every comment or string line of `source` that names a run, issue, stop,
+    commit or a run's results folder."""
+    return [f"{name}:{n}: {line.strip()}" for n, line in prose_lines(source)
+            if NOTEBOOK_REFERENCE.search(line) or RUN_FOLDER.search(line)]
+
+
+def test_lab_references_are_found_in_comments_and_docstrings():
+    planted = ('"""Replay (issue 15).\n\n    python replay.py results/s55/sb-t1\n"""\n\n'
+               'steps = 1  # as in run 21\nlabel = "stop 12"\n')
+    found = [line.split(": ", 1)[0] for line in lab_references("planted.py", planted)]
+    assert found == ["planted.py:1", "planted.py:3", "planted.py:6", "planted.py:7"], found
+    clean = '"""Each side runs 5 times."""\nrun_21 = "results/records/sb-t1"  # runs 20,000 seeded decodes\n'
+    assert lab_references("clean.py", clean) == []
+
+
+def tracked_python_files(folder: str) -> list[str]:
+    """The committed .py files under `folder` (what a reader of the repository gets), this one left out."""
+    listed = subprocess.run(["git", "ls-files", "--", f"{folder}/*.py"], cwd=ROOT, capture_output=True,
+                            text=True)
+    if listed.returncode:
+        pytest.skip("not a git checkout")
+    return [name for name in listed.stdout.splitlines() if name != PATTERN_FILE and (ROOT / name).is_file()]
+
+
+@pytest.mark.parametrize("folder", CODE_FOLDERS)
+def test_code_comments_name_no_runs_issues_or_commits(folder):
+    """Comments and docstrings say why the code is as it is, never when that was found: git keeps the
+    history, and the finding as it stands is what a reader needs."""
+    found = [line for name in tracked_python_files(folder)
+             for line in lab_references(name, (ROOT / name).read_text())]
+    assert not found, "say why, not when (state the finding as it stands):\n" + "\n".join(found)
 
 
 def test_the_tutorial_drafter_is_lossless(tiny_target):
