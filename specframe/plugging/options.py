@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import collections.abc
 import inspect
-import os
 import sys
 import types
 import typing
@@ -14,15 +13,6 @@ from typing import Any
 from specframe.terms.errors import ConfigurationError
 
 INJECTED = {"self", "target", "want_hidden"}  # passed by the pipeline, not by the user
-
-
-def env_choice(env: str, choices: tuple[str, ...], what: str) -> str:
-    """The value of environment variable `env`, one of `choices` (the first when unset or empty);
-    any other value is a `ConfigurationError` naming `what` the variable chooses and the choices."""
-    value = os.environ.get(env, "").strip().lower() or choices[0]
-    if value not in choices:
-        raise ConfigurationError(f"{env}={value!r} is not a {what}: use one of {', '.join(choices)}")
-    return value
 
 
 def check_bounds(what: str, settings: object, at_least: dict[str, float] | None = None,

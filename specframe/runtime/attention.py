@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from specframe.runtime.exact_attention import NAME as EXACT
-from specframe.plugging.options import env_choice
+from specframe.support.settings import env_choice
 
 NAME = "specframe_sdpa"
 ENV = "SPECFRAME_CPU_ATTENTION"

@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from specframe.plugging.options import env_choice
+from specframe.support.settings import env_choice
 
 if TYPE_CHECKING:
     from specframe_kernels.stream_linear import StreamWeight
