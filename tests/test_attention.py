@@ -8,9 +8,8 @@ import pytest
 import torch
 
 from specframe import TokenTree
-from specframe.runtime.attention import (NAME, attention_for, chosen_attention, use_attention,
+from specframe.runtime.attention import (EXACT, NAME, attention_for, chosen_attention, use_attention,
                                          use_cpu_attention)
-from specframe.runtime.exact_attention import NAME as EXACT
 from specframe.terms.errors import ConfigurationError
 from specframe_kv import KVCacheBackend
 

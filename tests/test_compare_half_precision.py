@@ -13,7 +13,7 @@ from ssm_models import tiny_ssm_target
 from specframe import SpeculativeDecoder, TokenTree, compare
 from specframe.runtime.attention import use_cpu_attention
 from specframe.bench.peers import PeerRunner, PeerSpec, prompt_cache, splits_prompt
-from specframe.runtime.exact_attention import EXACT_ROWS
+from specframe.runtime.attention import EXACT_ROWS
 from specframe.runtime.packed_linear import native_bfloat16, pack_linear_layers
 from specframe.terms.sampling import SamplingParams
 from specframe.testing.targets import tiny_target

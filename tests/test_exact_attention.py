@@ -14,8 +14,9 @@ import pytest
 import torch
 
 from specframe import SpeculativeDecoder, TokenTree
-from specframe.runtime.attention import NAME as GROUPED, use_attention
-from specframe.runtime.exact_attention import EXACT_ROWS, NAME, exact_attention_forward, exact_rows
+from specframe.runtime.attention import (EXACT, EXACT_ROWS, exact_attention_forward, exact_rows,
+                                         use_attention)
+from specframe.runtime.attention import NAME as GROUPED
 from specframe.runtime.load import load_target
 from specframe.runtime.packed_linear import INVARIANT_ROWS, PackedLinear, invariant_rows, native_bfloat16
 from specframe_kv import KVCacheBackend
@@ -80,7 +81,7 @@ def _mismatched_rows(target, siblings: int, max_rows: int | None = -1, ids: list
 @needs_bf16
 @pytest.mark.parametrize("siblings", [0, 2])  # a chain (causal mask made by the model) and a tree
 def test_tree_rows_equal_plain_steps_bit_for_bit_in_bfloat16(smollm2_bf16, siblings):
-    assert smollm2_bf16.model.config._attn_implementation == NAME
+    assert smollm2_bf16.model.config._attn_implementation == EXACT
     assert _mismatched_rows(smollm2_bf16, siblings) == 0
 
 
@@ -90,7 +91,7 @@ def test_the_mutant_torch_attention_is_caught(smollm2_bf16):
     try:
         assert _mismatched_rows(smollm2_bf16, siblings=2) >= 3
     finally:
-        use_attention(smollm2_bf16.model, NAME)
+        use_attention(smollm2_bf16.model, EXACT)
 
 
 def _linears_exact_up_to(model, rows: int) -> None:
@@ -198,7 +199,7 @@ def test_linears_are_probed_so_a_kernel_exact_for_fewer_rows_chunks_trees():
     forward (the mutant backend) does not."""
     target = tiny_llama(seed=3, layers=2)
     target.model.to(torch.bfloat16)
-    use_attention(target.model, NAME)
+    use_attention(target.model, EXACT)
     _swap_linears(target.model, torch.nn.Linear, RowDependentLinear)
     ids = list(range(5, 30))
     with pytest.warns(UserWarning, match="3 rows per forward"):
@@ -221,7 +222,7 @@ def test_the_row_limit_follows_the_thread_count_after_the_backend_is_built():
     for the new count, not kept from the one the backend was built at."""
     target = tiny_llama(seed=3, layers=2)
     target.model.to(torch.bfloat16)
-    use_attention(target.model, NAME)
+    use_attention(target.model, EXACT)
     _swap_linears(target.model, torch.nn.Linear, ThreadDependentLinear)
     threads = torch.get_num_threads()
     try:
@@ -323,7 +324,7 @@ def test_masks_of_every_form_give_attention(form):
 def test_what_it_does_not_compute_goes_to_torch():
     """A soft-capped call (and a prefill of many rows) is passed on, not computed wrongly."""
     target = tiny_llama(seed=8)
-    use_attention(target.model, NAME)
+    use_attention(target.model, EXACT)
     query, key = torch.randn(1, 4, 2, 8), torch.randn(1, 2, 5, 8)
     with pytest.raises(ValueError, match="softcap"):  # transformers' sdpa refuses soft-capping itself
         exact_attention_forward(target.model.model.layers[0].self_attn, query, key, key, None, softcap=30.0)

@@ -130,7 +130,7 @@ def test_dtypes_auto_is_float32_on_cpu_and_the_checkpoints_elsewhere():
 
 
 # The toy model's output layer (32 inputs, 49152 outputs) keeps rows exact in bfloat16 only for small
-# products on our CPUs, and the kv backend says so (specframe.runtime.exact_attention.exact_rows).
+# products on our CPUs, and the kv backend says so (specframe.runtime.attention.exact_rows).
 @pytest.mark.filterwarnings("ignore:this model's bfloat16 linear layers")
 def test_a_model_loads_in_the_dtype_asked_for(offline_hub):
     target = specframe.load_target(REPO_ID, device="cpu", dtype="bfloat16")

@@ -22,7 +22,7 @@ dropped, so results are unchanged. Whether a CPU pads is measured for the model 
 (`specframe.runtime.devices.forward_min_rows`); without one, `kv` pads, as measured for SmolLM2.
 
 A CPU target in bfloat16 computes each row of a forward exactly as a plain step would
-(`specframe.runtime.exact_attention`) only up to `exact_rows(model)` rows (measured on the CPU: 64 with packed
+(`specframe.runtime.attention`) only up to `exact_rows(model)` rows (measured on the CPU: 64 with packed
 linears on the development CPU, 32 with torch's own): a larger tree is scored by
 several forwards of at most that many rows each, in order, each reading the rows before it from the
 cache. The limit is measured again when torch's thread count changes, as kernels depend on it.
@@ -155,7 +155,7 @@ class KVCacheBackend(StateBackend):
         keep exact, depend on it, and a program may change the count after building the backend."""
         import torch
 
-        from specframe.runtime.exact_attention import exact_rows
+        from specframe.runtime.attention import exact_rows
 
         if self._fixed_rows is not None:
             return self._fixed_rows[0]

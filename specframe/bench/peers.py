@@ -187,7 +187,7 @@ def prompt_cache(model: torch.nn.Module, input_ids: torch.Tensor):
 
     Read with the rest of the prompt, the last token gets other bits in bfloat16: a prompt of more than
     64 tokens goes to torch's attention kernel, and a row of a larger product may round differently
-    (`specframe.runtime.exact_attention`), so greedy outputs can part from the first new token."""
+    (`specframe.runtime.attention`), so greedy outputs can part from the first new token."""
     from transformers import DynamicCache
 
     if input_ids.shape[1] < 2:

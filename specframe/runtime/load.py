@@ -272,8 +272,7 @@ def load_target(name: str = DEFAULT_MODEL, *, device: str | torch.device = "auto
     both off."""
     import torch
 
-    from specframe.runtime.attention import chosen_attention, use_cpu_attention
-    from specframe.runtime.exact_attention import EXACT_ROWS
+    from specframe.runtime.attention import EXACT_ROWS, chosen_attention, use_cpu_attention
     from specframe.runtime.packed_linear import chosen_kernel, native_bfloat16, pack_linear_layers
 
     where = resolve_device(device)  # before any slow work: a bad --device fails at once

@@ -23,12 +23,12 @@ not on all CPUs with AVX-512 BF16 alone: on an AMD EPYC (Zen 4), SmolLM2's 1536-
 row by a kernel that sums in another order, and about one output in 6,000 rounds to other bfloat16 bits.
 So a layer packed with `exact_rows=n` multiplies a single row as two (the row twice, one result kept),
 and inputs of more rows, up to n, in blocks of `INVARIANT_ROWS` rows: a tree forward of up to n rows then
-computes each row as a plain step would (what `specframe.runtime.exact_attention` needs from the linears).
-Larger
-inputs (prompts, read by the same call whether decoding is speculative or not) run as one product. That
-holds for SmolLM2's shapes, not for every shape: a bfloat16 layer from 32 inputs to 49152 outputs keeps
-only 6 rows exact at two threads and 1 at one. So `invariant_rows` measures how many rows a layer keeps
-exact on the CPU it runs on, packed or not, for `specframe.runtime.exact_attention.exact_rows`.
+computes each row as a plain step would (what the exact rows of `specframe.runtime.attention` need from
+the linears). Larger inputs (prompts, read by the same call whether decoding is speculative or not) run
+as one product. That holds for SmolLM2's shapes, not for every shape: a bfloat16 layer from 32 inputs to
+49152 outputs keeps only 6 rows exact at two threads and 1 at one. So `invariant_rows` measures how many
+rows a layer keeps exact on the CPU it runs on, packed or not, for
+`specframe.runtime.attention.exact_rows`.
 
 `load_target` packs CPU float32 models by default, and bfloat16 ones where the CPU multiplies bfloat16
 natively (`bfloat16=True`, `exact_rows=EXACT_ROWS`); `SPECFRAME_CPU_LINEAR=torch` turns it off.
