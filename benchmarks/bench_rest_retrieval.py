@@ -18,9 +18,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from specframe_rest.build import build_datastore
-from specframe_rest.drafter import RestDrafter, resolve_datastore
-from specframe_rest.sources import TokenDocuments, parse_source
+from specframe_corpus.build import build_datastore
+from specframe_corpus.sources import TokenDocuments, parse_source
+from specframe_corpus.stores import resolve_datastore
+from specframe_rest.drafter import RestDrafter
 
 import specframe
 from specframe import DraftContext
@@ -31,7 +32,7 @@ SIZES = (10**5, 10**6, 10**7)
 def corpus_documents(target, store_path: Path | None, size: int) -> list[np.ndarray]:
     """Whole documents of the python-site store (else the tokenized stdlib), about `size` tokens in all."""
     if store_path is not None:
-        from specframe_rest.datastore import Datastore
+        from specframe_corpus.datastore import Datastore
 
         tokens = np.asarray(Datastore.open(store_path).tokens[: size + 1]).astype(np.int64)
         sep = target.vocab_size

@@ -3,7 +3,7 @@
 A probe: does a corpus of the target's own code, sampled as best-of-n samples it
 (temperature 0.7, raw completion without a chat template), help `suffix` draft those samples more than
 human-written code (`python-site`) does? Problems outside the measured range are completed, `--samples`
-times each, in left-padded batches (`specframe_rest.answers.generate_batch`, as `model:` datastore
+times each, in left-padded batches (`specframe_corpus.answers.generate_batch`, as `model:` datastore
 sources answer); each line holds the prompt and one completion (up to the first end-of-sequence token),
 `{"text": ...}`.
 
@@ -23,7 +23,7 @@ import torch
 
 import specframe
 from specframe.support.progress import bar as progress_bar
-from specframe_rest.answers import generate_batch
+from specframe_corpus.answers import generate_batch
 
 
 def problem_range(text: str) -> slice:

@@ -37,8 +37,8 @@ import torch
 from transformers import BambaConfig, BambaForCausalLM
 
 import specframe
-from specframe_rest import build_datastore
-from specframe_rest.sources import TokenDocuments
+from specframe_corpus import build_datastore
+from specframe_corpus.sources import TokenDocuments
 
 smollm2 = specframe.load_target("smollm2-135m")  # for its tokenizer
 

@@ -4,7 +4,7 @@ conversions killed mid-way, the modes of what is published, and a damaged GGUF c
 The concurrency and kill tests run the real `specframe` CLI in subprocesses, with a tiny word-level
 tokenizer and a one-layer Llama saved to disk, so each build takes a few seconds (mostly imports). Where a
 test needs a build to stop at a known point, the subprocess runs `specframe.cli.main` with a pause or a
-self-kill patched into `plugins/specframe_rest/build.py` (as `tests/test_cli_exit_codes.py` runs main).
+self-kill patched into `plugins/specframe_corpus/build.py` (as `tests/test_cli_exit_codes.py` runs main).
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import save_file
-from specframe_rest.build import build_datastore, lock_file, recover
-from specframe_rest.datastore import HEADER, Datastore, DatastoreBusyError
-from specframe_rest.sources import TokenDocuments
+from specframe_corpus.build import build_datastore, lock_file, recover
+from specframe_corpus.datastore import HEADER, Datastore, DatastoreBusyError
+from specframe_corpus.sources import TokenDocuments
 
 from specframe import model_files, models
 from specframe.support.atomic_dirs import current_umask, exclusive
@@ -40,7 +40,7 @@ WORDS = 63
 WRAPPER = """
 import os, signal, sys, time
 from pathlib import Path
-import specframe_rest.build as build
+import specframe_corpus.build as build
 import specframe.cli as cli
 gate, mode = sys.argv[1], sys.argv[2]
 if mode == "gate":

@@ -126,9 +126,9 @@ def ids_target(vocab: int = 50):
 
 
 def test_a_jsonl_source_that_is_not_utf8_names_its_line(tmp_path):
-    from specframe_rest.datastore import DatastoreError
-    from specframe_rest.distributed import split_sources
-    from specframe_rest.sources import parse_source
+    from specframe_corpus.datastore import DatastoreError
+    from specframe_corpus.distributed import split_sources
+    from specframe_corpus.sources import parse_source
 
     path = tmp_path / "docs.jsonl"
     path.write_bytes(b'{"text": "fine"}\n{"text": "caf\xe9"}\n')
@@ -140,10 +140,10 @@ def test_a_jsonl_source_that_is_not_utf8_names_its_line(tmp_path):
 
 
 def test_a_datastore_build_on_a_full_disk_is_an_error_and_keeps_the_old_store(tmp_path, monkeypatch):
-    from specframe_rest import build as build_module
-    from specframe_rest.build import build_datastore
-    from specframe_rest.datastore import DatastoreError
-    from specframe_rest.sources import TokenDocuments
+    from specframe_corpus import build as build_module
+    from specframe_corpus.build import build_datastore
+    from specframe_corpus.datastore import DatastoreError
+    from specframe_corpus.sources import TokenDocuments
 
     def build():
         source = TokenDocuments("docs", "ids", documents=[[1, 2, 3], [4, 5]])

@@ -7,9 +7,9 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-from specframe_rest.build import build_datastore
-from specframe_rest.distributed import build_sharded_datastore
-from specframe_rest.sources import TokenDocuments
+from specframe_corpus.build import build_datastore
+from specframe_corpus.distributed import build_sharded_datastore
+from specframe_corpus.sources import TokenDocuments
 from transformers.utils import logging as hf_logging
 
 from specframe.bench import BenchPrompt, run_benchmark

@@ -8,9 +8,9 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from specframe_rest.build import build_datastore
-from specframe_rest.datastore import HEADER, SUFFIXES, TOKENS, Datastore, DatastoreError, TokenizerIdentity
-from specframe_rest.sources import TokenDocuments, parse_source
+from specframe_corpus.build import build_datastore
+from specframe_corpus.datastore import HEADER, SUFFIXES, TOKENS, Datastore, DatastoreError, TokenizerIdentity
+from specframe_corpus.sources import TokenDocuments, parse_source
 
 DOCS = [[1, 2, 3, 4], [2, 3, 5], [7, 7, 7, 1, 2]]
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import plain_greedy, tiny_llama
-from specframe_rest.datastore import DatastoreError
+from specframe_corpus.datastore import DatastoreError
 from specframe_rest.drafter import RestDrafter
 from specframe_rest.examples import own_continuations
 
@@ -25,8 +25,8 @@ def tiny():
 
 @pytest.fixture(scope="module")
 def tiny_store(tiny, tmp_path_factory):
-    from specframe_rest.build import build_datastore
-    from specframe_rest.sources import TokenDocuments
+    from specframe_corpus.build import build_datastore
+    from specframe_corpus.sources import TokenDocuments
 
     out = tmp_path_factory.mktemp("rest") / "own"
     build_datastore(out, [TokenDocuments("own", "ids", documents=tiny[1])], tiny[0], progress=False)
@@ -123,8 +123,8 @@ def test_datastore_of_another_vocabulary_is_refused(tiny_store):
 
 @pytest.fixture(scope="module")
 def stdlib_store(smollm2, tmp_path_factory):
-    from specframe_rest.build import build_datastore
-    from specframe_rest.sources import parse_source
+    from specframe_corpus.build import build_datastore
+    from specframe_corpus.sources import parse_source
 
     root = Path(sysconfig.get_paths()["stdlib"])
     (src := tmp_path_factory.mktemp("src")).joinpath("a.py").write_text((root / "textwrap.py").read_text())
@@ -201,7 +201,7 @@ def test_model_self_writes_its_own_prompts_and_resumes(smollm2, tmp_path, monkey
     from typer.testing import CliRunner
 
     from specframe.cli import build_app
-    from specframe_rest import self_prompts
+    from specframe_corpus import self_prompts
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(self_prompts, "SAMPLE_BATCH", 4)
@@ -228,8 +228,8 @@ def test_model_self_writes_its_own_prompts_and_resumes(smollm2, tmp_path, monkey
 
 
 def test_model_self_needs_a_chat_template():
-    from specframe_rest.datastore import DatastoreError
-    from specframe_rest.self_prompts import pre_query
+    from specframe_corpus.datastore import DatastoreError
+    from specframe_corpus.self_prompts import pre_query
 
     class Plain:
         chat_template = None
@@ -239,8 +239,8 @@ def test_model_self_needs_a_chat_template():
 
 
 def test_model_self_refuses_a_count_below_one():
-    from specframe_rest.datastore import DatastoreError
-    from specframe_rest.sources import parse_source
+    from specframe_corpus.datastore import DatastoreError
+    from specframe_corpus.sources import parse_source
 
     assert parse_source("model:self", self_prompts=3).count == 3
     with pytest.raises(DatastoreError, match="--self-prompts must be at least 1, not 0"):
@@ -251,8 +251,8 @@ def test_model_self_refuses_a_count_below_one():
 @pytest.mark.parametrize(("option", "values"), [("--batch-size", {"batch_size": 0}),
                                                  ("--answer-tokens", {"max_new_tokens": -1})])
 def test_model_sources_refuse_generation_options_below_one(spec, option, values, tmp_path):
-    from specframe_rest.datastore import DatastoreError
-    from specframe_rest.sources import parse_source
+    from specframe_corpus.datastore import DatastoreError
+    from specframe_corpus.sources import parse_source
 
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(json.dumps({"prompt": "Say hi."}) + "\n")

@@ -10,10 +10,10 @@ from types import SimpleNamespace
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from specframe_rest.build import build_datastore
-from specframe_rest.datastore import Datastore
-from specframe_rest.retrieval import PAD, SuffixIndex, build_trie, context_continuations, top_nodes
-from specframe_rest.sources import TokenDocuments
+from specframe_corpus.build import build_datastore
+from specframe_corpus.datastore import Datastore
+from specframe_corpus.retrieval import PAD, SuffixIndex, build_trie, context_continuations, top_nodes
+from specframe_corpus.sources import TokenDocuments
 from specframe_trees.trie import TrieTreeBuilder
 
 from specframe import BuildContext, DraftProposal

@@ -15,12 +15,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from specframe_rest.build import build_datastore
-from specframe_rest.datastore import HEADER, TOKENS, Datastore, DatastoreError
-from specframe_rest.distributed import build_sharded_datastore, split_sources
-from specframe_rest.drafter import RestDrafter
-from specframe_rest.retrieval import Match
-from specframe_rest.shards import (
+from specframe_corpus.build import build_datastore
+from specframe_corpus.datastore import HEADER, TOKENS, Datastore, DatastoreError
+from specframe_corpus.distributed import build_sharded_datastore, split_sources
+from specframe_corpus.retrieval import Match
+from specframe_corpus.shards import (
     MANIFEST,
     ShardedDatastore,
     ShardError,
@@ -30,7 +29,8 @@ from specframe_rest.shards import (
     shard_name,
     shares,
 )
-from specframe_rest.sources import JsonlTexts, TokenDocuments, parse_source
+from specframe_corpus.sources import JsonlTexts, TokenDocuments, parse_source
+from specframe_rest.drafter import RestDrafter
 
 from specframe import DraftContext
 
@@ -182,7 +182,7 @@ def test_manifest_lists_ordinary_shards_that_add_up_to_one_store(stores):
 
 
 def test_drafter_and_info_open_a_sharded_store_like_a_single_one(stores):
-    from specframe_rest.cli import app
+    from specframe_corpus.cli import app
     from typer.testing import CliRunner
 
     drafter = RestDrafter(ids_target(), datastore=str(stores[2]))
@@ -526,7 +526,7 @@ class FakeRay:
 def test_ray_builds_keep_a_cpu_s_worth_of_tasks_in_flight_and_stop_at_a_failure(monkeypatch):
     """At most one task per CPU is in flight; after a failure no new task starts, the running ones
     finish, the failed shard's own error is raised, and nothing is cancelled."""
-    import specframe_rest.distributed as distributed
+    import specframe_corpus.distributed as distributed
     from tqdm import tqdm
 
     fake = FakeRay(cpus=2, fails=1)

@@ -224,7 +224,7 @@ def test_answers_data_are_the_targets_own_chats(tmp_path, monkeypatch):
     """`--data answers:NAME`: each answered prompt of a `model:self` build, as prompt ids + answer ids."""
     import json
 
-    from specframe_rest.answers import prompt_key
+    from specframe_corpus.answers import prompt_key
     from specframe_s4c.data import token_blocks
 
     class Letters:  # a tokenizer without a chat template: prompts are tokenized as they are

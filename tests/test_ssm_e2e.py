@@ -38,8 +38,8 @@ def plain(target) -> list[int]:
 @pytest.fixture(scope="module")
 def datastore(target, tmp_path_factory):
     """A REST datastore of the target's own greedy continuations of a few prompts, this one included."""
-    from specframe_rest.build import build_datastore
-    from specframe_rest.sources import TokenDocuments
+    from specframe_corpus.build import build_datastore
+    from specframe_corpus.sources import TokenDocuments
 
     starts = [PROMPT[:8], [1, 2, 3], [20, 30, 40, 50]]
     documents = [s + reference_greedy(target, s, 48) for s in starts]

@@ -338,8 +338,8 @@ def corpus_path(request, monkeypatch):
 
 
 def test_a_rest_corpus_is_a_third_labelled_source(tiny, prompts, tmp_path, corpus_path):
-    from specframe_rest.build import build_datastore
-    from specframe_rest.sources import TokenDocuments
+    from specframe_corpus.build import build_datastore
+    from specframe_corpus.sources import TokenDocuments
 
     prompt, expected = prompts[1]
     store = tmp_path / "corpus"
@@ -365,8 +365,8 @@ def test_both_corpus_paths_give_the_frequency_probabilities(tiny, tmp_path, corp
     """After "5 6", documents continue 7 8, 7 9 and 4, and one ends: each node is scored by the share of
     occurrences through it. The library's tree counts the occurrence at a document's end among them (the
     text may end there); the search skips it (it continues nowhere)."""
-    from specframe_rest.build import build_datastore
-    from specframe_rest.sources import TokenDocuments
+    from specframe_corpus.build import build_datastore
+    from specframe_corpus.sources import TokenDocuments
 
     documents = [[3, 5, 6, 7, 8], [1, 5, 6, 7, 9], [2, 5, 6, 4], [5, 6]]
     build_datastore(tmp_path / "c", [TokenDocuments("c", "ids", documents=documents)], tiny, progress=False)
@@ -382,8 +382,8 @@ def test_both_corpus_paths_give_the_frequency_probabilities(tiny, tmp_path, corp
 
 
 def test_several_corpora_are_each_drafted_from(tiny, prompts, tmp_path):
-    from specframe_rest.build import build_datastore
-    from specframe_rest.sources import TokenDocuments
+    from specframe_corpus.build import build_datastore
+    from specframe_corpus.sources import TokenDocuments
 
     (first, first_out), (second, second_out) = prompts[0], prompts[1]
     for name, ids in (("a", first + first_out), ("b", second + second_out)):
@@ -401,9 +401,9 @@ def test_several_corpora_are_each_drafted_from(tiny, prompts, tmp_path):
 
 
 def test_the_suffix_self_preset_says_which_datastore_is_missing_and_how_to_build_it(tiny, prompts, home):
-    from specframe_rest.build import build_datastore
-    from specframe_rest.drafter import datastore_home
-    from specframe_rest.sources import TokenDocuments
+    from specframe_corpus.build import build_datastore
+    from specframe_corpus.sources import TokenDocuments
+    from specframe_corpus.stores import datastore_home
 
     preset = get_registry().presets.get("suffix-self")
     assert "no datastore 'python-site'" in preset.unusable(tiny)

@@ -30,12 +30,12 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import save_file
-from specframe_rest.build import build_datastore
-from specframe_rest.datastore import BUCKETS, HEADER, SUFFIXES, TOKENS, Datastore, DatastoreError
-from specframe_rest.distributed import build_sharded_datastore
-from specframe_rest.retrieval import SuffixIndex
-from specframe_rest.shards import MANIFEST, ShardedDatastore, index_of
-from specframe_rest.sources import TokenDocuments
+from specframe_corpus.build import build_datastore
+from specframe_corpus.datastore import BUCKETS, HEADER, SUFFIXES, TOKENS, Datastore, DatastoreError
+from specframe_corpus.distributed import build_sharded_datastore
+from specframe_corpus.retrieval import SuffixIndex
+from specframe_corpus.shards import MANIFEST, ShardedDatastore, index_of
+from specframe_corpus.sources import TokenDocuments
 from specframe_suffix.store import SuffixCacheError, read_cache
 
 from specframe.decode.acceptance import AcceptanceModel

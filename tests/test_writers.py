@@ -242,8 +242,8 @@ def test_an_out_directory_that_cannot_be_written_is_refused_before_the_run(tmp_p
 
 def test_replacing_a_datastore_never_leaves_its_name_empty(tmp_path, monkeypatch):
     """`publish` swaps the new store in: at every rename or swap, a reader finds a whole store at `out`."""
-    import specframe_rest.build as build
-    from specframe_rest.datastore import HEADER
+    import specframe_corpus.build as build
+    from specframe_corpus.datastore import HEADER
 
     out, new = tmp_path / "ds", tmp_path / ".ds.building-x"
     for path, text in ((out, "old"), (new, "new")):

@@ -1,7 +1,8 @@
-"""specframe-rest: REST retrieval drafting (He et al., 2023) with a checked, memory-mapped datastore.
+"""specframe-rest: REST retrieval drafting (He et al., 2023) from a datastore of `specframe_corpus`.
 
-Registers the drafter `rest`, the bench presets `rest` and `rest-live`, the `--datastore` option of
-`specframe generate` and `specframe bench`, and the `specframe datastore build|info` commands. Use::
+Registers the drafter `rest`, the bench presets `rest` and `rest-live` and the `--datastore` option of
+`specframe generate` and `specframe bench`. The datastore and its `specframe datastore build|info`
+commands come from the corpus package. Use::
 
     specframe datastore build --model smollm2-135m --source python-site --out python-site
     specframe generate "def fib(n):" --drafter rest --datastore python-site --tree trie --budget 8
@@ -13,25 +14,8 @@ Importing this package imports no heavy module; the drafter's modules load on re
 from __future__ import annotations
 
 import specframe
-from specframe_rest.datastore import Datastore, DatastoreError, TokenizerIdentity
 
-__all__ = [
-    "Datastore",
-    "DatastoreError",
-    "TokenizerIdentity",
-    "build_datastore",
-    "register_cli_options",
-    "register_commands",
-    "register_drafters",
-    "register_presets",
-]
-
-
-def build_datastore(*args, **kwargs):
-    """See `specframe_rest.build.build_datastore`."""
-    from specframe_rest.build import build_datastore as build
-
-    return build(*args, **kwargs)
+__all__ = ["register_cli_options", "register_drafters", "register_presets"]
 
 
 @specframe.hookimpl
@@ -51,7 +35,7 @@ def register_presets(register):
 
 @specframe.hookimpl
 def register_cli_options(register):
-    from specframe_rest.drafter import ENV_DATASTORE
+    from specframe_corpus.stores import ENV_DATASTORE
 
     register(specframe.CliOption(
         "--datastore", help="Datastore for the rest drafter when its spec names none (sets "
@@ -60,16 +44,10 @@ def register_cli_options(register):
 
 def no_datastore(target) -> str | None:
     """Why the `rest` preset cannot run on `target`: no datastore named and no default one built for it."""
-    from specframe_rest.drafter import resolve_datastore
+    from specframe_corpus.stores import resolve_datastore
 
     if resolve_datastore(None, target) is not None:
         return None
     return ("no datastore: pass --datastore DIR (or set $SPECFRAME_DATASTORE), or build the default one with "
             "`specframe datastore build --model MODEL --source python-site --out python-site`")
 
-
-@specframe.hookimpl
-def register_commands(cli):
-    from specframe_rest.cli import app
-
-    cli.add_typer(app, name="datastore")

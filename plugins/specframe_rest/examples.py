@@ -11,9 +11,9 @@ from pathlib import Path
 
 import torch
 
-from specframe_rest.build import build_datastore
-from specframe_rest.datastore import HEADER
-from specframe_rest.sources import TextFiles, TokenDocuments
+from specframe_corpus.build import build_datastore
+from specframe_corpus.datastore import HEADER
+from specframe_corpus.sources import TextFiles, TokenDocuments
 
 EXAMPLE_MODULES = ("textwrap.py", "string.py", "functools.py", "heapq.py", "bisect.py")
 

@@ -46,8 +46,8 @@ def iter_documents(source: str, tokenizer=None) -> Iterator[str | list[int]]:
 
 def _answers(name: str, tokenizer) -> Iterator[list[int]]:
     """Prompt (in the chat template) + greedy answer ids of each answered prompt of the build `name`."""
-    from specframe_rest.answers import prompt_ids, prompt_key
-    from specframe_rest.drafter import datastore_home
+    from specframe_corpus.answers import prompt_ids, prompt_key
+    from specframe_corpus.stores import datastore_home
 
     prompts, answers = (datastore_home() / f"{name}.{part}.jsonl" for part in ("prompts", "answers"))
     if not (prompts.is_file() and answers.is_file()):

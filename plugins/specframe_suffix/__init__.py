@@ -63,12 +63,10 @@ def no_self_corpora(target) -> str | None:
 def missing_corpus(target, name: str) -> str | None:
     """Why the datastore `name` of `CORPORA` cannot serve `target`: absent, unreadable, or built for
     another tokenizer; None when it can."""
+    from specframe_corpus.datastore import HEADER, DatastoreError, read_header
+    from specframe_corpus.stores import datastore_home, target_identity
+
     build = f"build it with `{CORPORA[name]}`"
-    try:
-        from specframe_rest.datastore import HEADER, DatastoreError, read_header
-        from specframe_rest.drafter import datastore_home, target_identity
-    except ImportError:
-        return "needs the rest plugin (specframe_rest) for its datastore"
     path = datastore_home() / name
     if not (path / HEADER).is_file():
         return f"no datastore '{name}' in {datastore_home()}: {build}"

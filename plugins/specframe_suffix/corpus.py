@@ -1,14 +1,14 @@
 """A REST datastore as a static source of the `suffix` drafter (SAM-Decoding's static + dynamic split).
 
-The datastore is opened and checked against the target's tokenizer by the `rest` plugin's own code
-(`specframe_rest`). It is then searched in one of two ways, by its size:
+The datastore is opened and checked against the target's tokenizer by the shared corpus package
+(`specframe_corpus.stores`). It is then searched in one of two ways, by its size:
 
 - A small corpus (at most `TREE_TOKENS` tokens, such as the target's own answers in `self-chat`) is loaded
   into one of the library's suffix trees, each document a sequence, and drafted from as the library drafts
   from earlier responses: its native matching takes about 10 us a step, against 0.1-0.3 ms for the
   suffix-array search and trie below, and replays give the same tau. The tree costs about 360 bytes per
   token (58 MiB for `self-chat`'s 162,000), which is why large corpora are not loaded.
-- A large corpus is searched in its memory-mapped suffix array (`specframe_rest.retrieval`): the longest
+- A large corpus is searched in its memory-mapped suffix array (`specframe_corpus.retrieval`): the longest
   suffix of the text found in the corpus, the continuations of up to `SAMPLES` of its occurrences, merged
   into a frequency trie. Each continuation weighs 1 / (continuations), so a node's score is the share of
   sampled occurrences that pass through it: an estimated probability of reaching it, as the suffix trees
@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from specframe import ConfigurationError, DraftProposal
+from specframe import DraftProposal
+from specframe_corpus.retrieval import build_trie, top_nodes
+from specframe_corpus.stores import open_datastore, resolve_datastore
 
 SAMPLES = 256  # occurrences whose continuations are merged (REST's default k)
 TREE_TOKENS = 1 << 20  # corpora of at most this many tokens are loaded into a suffix tree (about 380 MiB)
@@ -35,12 +37,6 @@ class CorpusSource:
     at most `TREE_TOKENS` tokens through the library's suffix tree (`tree_class`, of depth `max_depth`)."""
 
     def __init__(self, corpus: str, target, max_depth: int, tree_class):
-        try:
-            from specframe_rest.drafter import open_datastore, resolve_datastore
-        except ImportError as err:
-            raise ConfigurationError(
-                f"suffix(corpus=...) drafts from a REST datastore and needs the rest plugin ({err}); "
-                "install specframe with its plugins, or leave corpus unset") from None
         self.store, self.index = open_datastore(resolve_datastore(corpus, target), target)
         self.n_max = max_depth
         self.tree = (load_tree(self.store.tokens, self.store.separator, tree_class(max_depth))
@@ -62,8 +58,6 @@ class CorpusSource:
 
     def _search(self, tokens: np.ndarray, budget: int, factor: float, offset: float, min_prob: float):
         """The draft from the suffix array: longest match, sampled continuations, frequency trie."""
-        from specframe_rest.retrieval import build_trie, top_nodes
-
         from specframe_suffix.drafter import CORPUS, SourceDraft
 
         match = self.index.longest_match(tokens[-self.n_max:], self.n_max, SAMPLES)

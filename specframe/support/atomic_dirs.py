@@ -1,6 +1,6 @@
 """Directories built in a temporary place and published by rename, under an exclusive lock.
 
-Datastore builds (`plugins/specframe_rest/build.py`) and the GGUF conversion cache
+Datastore builds (`plugins/specframe_corpus/build.py`) and the GGUF conversion cache
 (`specframe/runtime/load.py`)
 write into a hidden temporary directory beside their output and rename it into place when complete. This
 module holds what both need to do that safely when several processes run at once or one is killed:

@@ -18,9 +18,9 @@ from pathlib import Path
 import torch
 
 from specframe.support.progress import bar as progress_bar
-from specframe_rest.answers import ANSWER_BATCH, ModelAnswers, check_generation
-from specframe_rest.datastore import DatastoreError
-from specframe_rest.sources import Source
+from specframe_corpus.answers import ANSWER_BATCH, ModelAnswers, check_generation
+from specframe_corpus.datastore import DatastoreError
+from specframe_corpus.sources import Source
 
 MARK = "\u2063specframe-user-turn\u2063"  # a placeholder no chat template rewrites
 SAMPLE_BATCH = 32  # prompts sampled per generate call (one shared prefix, no padding)

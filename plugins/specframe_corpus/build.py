@@ -27,7 +27,7 @@ from specframe.terms.errors import io_failure
 from specframe.runtime.load import check_writable_dir
 from specframe.terms.metrics import peak_memory_bytes
 from specframe.support.progress import bar as progress_bar
-from specframe_rest.datastore import (
+from specframe_corpus.datastore import (
     BUCKETS,
     FORMAT,
     FORMAT_VERSION,
@@ -42,7 +42,7 @@ from specframe_rest.datastore import (
     suffix_dtype,
     token_dtype,
 )
-from specframe_rest.sources import Source
+from specframe_corpus.sources import Source
 
 CHUNK = 1 << 24  # items per pass when streaming large arrays
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specframe_rest.datastore import DatastoreError
+from specframe_corpus.datastore import DatastoreError
 
 TEXT_FIELDS = ("text", "content", "answer", "output", "completion", "response", "code")
 TURN_FIELDS = ("messages", "conversations", "conversation", "turns")
@@ -186,11 +186,11 @@ def parse_source(spec: str, glob: str = "**/*", field_name: str | None = None, *
         )
     self_prompts = answer_options.pop("self_prompts", 2000)
     if spec == "model:self":
-        from specframe_rest.self_prompts import SelfPrompts
+        from specframe_corpus.self_prompts import SelfPrompts
 
         return SelfPrompts.from_spec(spec, self_prompts, **answer_options)
     if spec.startswith("model:"):
-        from specframe_rest.answers import ModelAnswers
+        from specframe_corpus.answers import ModelAnswers
 
         return ModelAnswers.from_spec(spec, **answer_options)
     path = Path(spec).expanduser()

@@ -33,10 +33,10 @@ from pathlib import Path
 import numpy as np
 
 from specframe.support.atomic_dirs import current_umask
-from specframe_rest.datastore import (
+from specframe_corpus.datastore import (
     HEADER, Datastore, DatastoreError, TokenizerIdentity, file_digest, parse_identity,
 )
-from specframe_rest.retrieval import NO_MATCH, Match, SuffixIndex, spread
+from specframe_corpus.retrieval import NO_MATCH, Match, SuffixIndex, spread
 
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "specframe-rest-sharded-datastore"

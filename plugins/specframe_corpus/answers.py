@@ -17,8 +17,8 @@ from pathlib import Path
 
 from specframe.runtime.devices import inference_mode
 from specframe.support.progress import bar as progress_bar
-from specframe_rest.datastore import DatastoreError
-from specframe_rest.sources import Source, TokenDocuments, parse_line
+from specframe_corpus.datastore import DatastoreError
+from specframe_corpus.sources import Source, TokenDocuments, parse_line
 
 # Prompts answered per generate call. SmolLM2-135M at two CPU threads answered 128 prompts (160 tokens)
 # in 86 s at 8, 50 s at 32 and 52 s at 64 (peak memory 1.7, 2.1 and 2.8 GiB), the answers identical.

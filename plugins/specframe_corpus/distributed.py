@@ -33,15 +33,15 @@ from specframe.terms.errors import io_failure
 from specframe.runtime.load import check_writable_dir
 from specframe.support.progress import Bar, bar as progress_bar
 from specframe.support.ray_support import import_ray, ray_session
-from specframe_rest.build import build_datastore, lock_file, publish, recover
-from specframe_rest.datastore import (
+from specframe_corpus.build import build_datastore, lock_file, publish, recover
+from specframe_corpus.datastore import (
     HEADER,
     DatastoreBusyError,
     DatastoreError,
     TokenizerIdentity,
     file_digest,
 )
-from specframe_rest.shards import (
+from specframe_corpus.shards import (
     MANIFEST,
     MANIFEST_FORMAT,
     MANIFEST_VERSION,
@@ -52,7 +52,7 @@ from specframe_rest.shards import (
     shard_name,
     write_manifest,
 )
-from specframe_rest.sources import (
+from specframe_corpus.sources import (
     JsonlTexts,
     Source,
     TextFiles,

@@ -10,7 +10,7 @@ from typing import Optional
 import typer
 
 from specframe.kit.cli_options import device_option, dtype_option, model_option
-from specframe_rest.answers import ANSWER_BATCH
+from specframe_corpus.answers import ANSWER_BATCH
 
 app = typer.Typer(help="Build and inspect REST retrieval datastores.", no_args_is_help=True)
 
@@ -50,10 +50,10 @@ def build(
 ) -> None:
     """Tokenize SOURCEs with MODEL's tokenizer and index them into a datastore at OUT."""
     from specframe.runtime.load import check_writable_dir, load_target
-    from specframe_rest.build import build_datastore
-    from specframe_rest.drafter import datastore_home
-    from specframe_rest.shards import is_sharded
-    from specframe_rest.sources import parse_source
+    from specframe_corpus.build import build_datastore
+    from specframe_corpus.stores import datastore_home
+    from specframe_corpus.shards import is_sharded
+    from specframe_corpus.sources import parse_source
 
     sources = [
         parse_source(s, glob, field, max_new_tokens=answer_tokens, batch_size=batch_size,
@@ -67,7 +67,7 @@ def build(
     check_writable_dir(Path(destination).parent, "the directory of --out", "pass an --out in a writable one")
     target = load_target(model, device=device, dtype=dtype)  # model: sources generate with it
     if sharded:
-        from specframe_rest.distributed import build_sharded_datastore
+        from specframe_corpus.distributed import build_sharded_datastore
 
         manifest = build_sharded_datastore(destination, sources, target, shards=shards or 1, ray=ray,
                                            ray_cpus=ray_cpus, append=append, overwrite=overwrite)
@@ -94,8 +94,8 @@ def info(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Print a datastore's header, sizes and load time."""
-    from specframe_rest.drafter import resolve_datastore
-    from specframe_rest.shards import open_store
+    from specframe_corpus.stores import resolve_datastore
+    from specframe_corpus.shards import open_store
 
     start = time.perf_counter()
     store = open_store(resolve_datastore(path))
