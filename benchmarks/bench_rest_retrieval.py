@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from specframe_corpus.build import build_datastore
-from specframe_corpus.sources import TokenDocuments, parse_source
+from specframe_corpus.source_specs import parse_source
+from specframe_corpus.sources import TokenDocuments
 from specframe_corpus.stores import resolve_datastore
 from specframe_rest.drafter import RestDrafter
 

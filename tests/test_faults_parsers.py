@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import pytest
 from safetensors import SafetensorError
 
-from specframe import models
+from specframe.runtime import load
 from specframe.bench.suites import load_suite
 from specframe.terms.errors import ConfigurationError, ModelLoadError, PromptError
 from specframe.plugging.registry import ComponentSpec
@@ -128,7 +128,7 @@ def ids_target(vocab: int = 50):
 def test_a_jsonl_source_that_is_not_utf8_names_its_line(tmp_path):
     from specframe_corpus.datastore import DatastoreError
     from specframe_corpus.distributed import split_sources
-    from specframe_corpus.sources import parse_source
+    from specframe_corpus.source_specs import parse_source
 
     path = tmp_path / "docs.jsonl"
     path.write_bytes(b'{"text": "fine"}\n{"text": "caf\xe9"}\n')
@@ -176,7 +176,7 @@ def test_a_model_conversion_on_a_full_disk_is_an_error(tmp_path, monkeypatch, fa
     import transformers.modeling_utils
 
     monkeypatch.setenv("SPECFRAME_HOME", str(tmp_path / "home"))
-    monkeypatch.setattr(models, "_dequantize", lambda source, tmp, out: tiny_target(
+    monkeypatch.setattr(load, "_dequantize", lambda source, tmp, out: tiny_target(
         seed=1, vocab_size=64, hidden_size=16).model.save_pretrained(tmp))
     if failure == "safetensors":
         def save_file(*args, **kwargs):
@@ -185,13 +185,13 @@ def test_a_model_conversion_on_a_full_disk_is_an_error(tmp_path, monkeypatch, fa
     else:
         def write_marker(directory):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(directory / "marker.json"))
-        monkeypatch.setattr(models, "write_marker", write_marker)
+        monkeypatch.setattr(load, "write_marker", write_marker)
     gguf = tmp_path / "Model.Q4.gguf"
     gguf.write_bytes(b"GGUF stand-in")
     with pytest.raises(ModelLoadError, match=r"converting '.*Model.Q4.gguf' into .* failed: .*No space left "
                                              r"on device.*; free some space on that disk, or point "
                                              r"SPECFRAME_HOME at a disk"):
-        models.resolve_model_dir(str(gguf))
+        load.resolve_model_dir(str(gguf))
     assert not [p for p in (tmp_path / "home" / "models").iterdir() if p.is_dir()]  # nothing half-written
 
 

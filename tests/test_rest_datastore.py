@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from specframe_corpus.build import build_datastore
 from specframe_corpus.datastore import HEADER, SUFFIXES, TOKENS, Datastore, DatastoreError, TokenizerIdentity
-from specframe_corpus.sources import TokenDocuments, parse_source
+from specframe_corpus.source_specs import parse_source
+from specframe_corpus.sources import TokenDocuments
 
 DOCS = [[1, 2, 3, 4], [2, 3, 5], [7, 7, 7, 1, 2]]
 

@@ -124,7 +124,7 @@ def test_datastore_of_another_vocabulary_is_refused(tiny_store):
 @pytest.fixture(scope="module")
 def stdlib_store(smollm2, tmp_path_factory):
     from specframe_corpus.build import build_datastore
-    from specframe_corpus.sources import parse_source
+    from specframe_corpus.source_specs import parse_source
 
     root = Path(sysconfig.get_paths()["stdlib"])
     (src := tmp_path_factory.mktemp("src")).joinpath("a.py").write_text((root / "textwrap.py").read_text())
@@ -240,7 +240,7 @@ def test_model_self_needs_a_chat_template():
 
 def test_model_self_refuses_a_count_below_one():
     from specframe_corpus.datastore import DatastoreError
-    from specframe_corpus.sources import parse_source
+    from specframe_corpus.source_specs import parse_source
 
     assert parse_source("model:self", self_prompts=3).count == 3
     with pytest.raises(DatastoreError, match="--self-prompts must be at least 1, not 0"):
@@ -252,7 +252,7 @@ def test_model_self_refuses_a_count_below_one():
                                                  ("--answer-tokens", {"max_new_tokens": -1})])
 def test_model_sources_refuse_generation_options_below_one(spec, option, values, tmp_path):
     from specframe_corpus.datastore import DatastoreError
-    from specframe_corpus.sources import parse_source
+    from specframe_corpus.source_specs import parse_source
 
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(json.dumps({"prompt": "Say hi."}) + "\n")

@@ -29,7 +29,8 @@ from specframe_corpus.shards import (
     shard_name,
     shares,
 )
-from specframe_corpus.sources import JsonlTexts, TokenDocuments, parse_source
+from specframe_corpus.source_specs import parse_source
+from specframe_corpus.sources import JsonlTexts, TokenDocuments
 from specframe_rest.drafter import RestDrafter
 
 from specframe import DraftContext

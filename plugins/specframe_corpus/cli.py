@@ -49,11 +49,12 @@ def build(
     ray_cpus: Optional[int] = typer.Option(None, help="--ray local: CPUs Ray may use (default: all)."),
 ) -> None:
     """Tokenize SOURCEs with MODEL's tokenizer and index them into a datastore at OUT."""
-    from specframe.runtime.load import check_writable_dir, load_target
+    from specframe import load_target
+    from specframe.support.paths import check_writable_dir
     from specframe_corpus.build import build_datastore
-    from specframe_corpus.stores import datastore_home
     from specframe_corpus.shards import is_sharded
-    from specframe_corpus.sources import parse_source
+    from specframe_corpus.source_specs import parse_source
+    from specframe_corpus.stores import datastore_home
 
     sources = [
         parse_source(s, glob, field, max_new_tokens=answer_tokens, batch_size=batch_size,

@@ -1,16 +1,14 @@
 """Corpus sources for a datastore: where documents come from, as batches of text or of token ids.
 
-`parse_source` reads the `--source` argument: a directory (with a glob), a JSONL file (a text field or
-chat turns), a single text file, `python-stdlib`, `python-site`, `model:PROMPTS.jsonl` (the target's
-own answers to a prompt file, see `answers.py`) or `model:self` (the target's answers to prompts it wrote
-itself, see `self_prompts.py`). Every source yields documents in a fixed order, so a
-build is reproducible.
+`Source` is what the builder reads; here are the sources that read files (`TextFiles`, `JsonlTexts`) or
+take token ids (`TokenDocuments`). The target's own answers are sources too (`answers.py`,
+`self_prompts.py`), and `source_specs.py` turns a `--source` argument into any of them. Every source
+yields documents in a fixed order, so a build is reproducible.
 """
 
 from __future__ import annotations
 
 import json
-import sysconfig
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -161,49 +159,4 @@ def texts_of(record: object, field_name: str | None, path: Path, number: int) ->
     raise DatastoreError(
         f"datastore source '{path}', line {number}: no text in {wanted} (keys: "
         f"{', '.join(map(str, record)) or 'none'}); name the field with --field"
-    )
-
-
-def python_files(root: Path, exclude_site: bool) -> list[Path]:
-    files = sorted(p for p in root.rglob("*.py") if p.is_file())
-    if exclude_site:
-        files = [p for p in files if not {"site-packages", "dist-packages"} & set(p.relative_to(root).parts)]
-    return files
-
-
-def parse_source(spec: str, glob: str = "**/*", field_name: str | None = None, **answer_options) -> Source:
-    """The `Source` named by a `--source` argument (see the module docstring). `answer_options`
-    (`max_new_tokens`, `batch_size`) apply to `model:` sources, `self_prompts` (how many) to `model:self`."""
-    if spec == "python-stdlib":
-        root = Path(sysconfig.get_paths()["stdlib"])
-        files = python_files(root, exclude_site=True)
-        return TextFiles(spec, "python-stdlib", len(files), {"root": str(root), "files": len(files)}, files)
-    if spec == "python-site":
-        roots = sorted({Path(sysconfig.get_paths()[k]) for k in ("purelib", "platlib")})
-        files = [f for root in roots if root.is_dir() for f in python_files(root, exclude_site=False)]
-        return TextFiles(
-            spec, "python-site", len(files), {"roots": [str(r) for r in roots], "files": len(files)}, files
-        )
-    self_prompts = answer_options.pop("self_prompts", 2000)
-    if spec == "model:self":
-        from specframe_corpus.self_prompts import SelfPrompts
-
-        return SelfPrompts.from_spec(spec, self_prompts, **answer_options)
-    if spec.startswith("model:"):
-        from specframe_corpus.answers import ModelAnswers
-
-        return ModelAnswers.from_spec(spec, **answer_options)
-    path = Path(spec).expanduser()
-    if path.is_dir():
-        files = sorted(p for p in path.glob(glob) if p.is_file())
-        return TextFiles(spec, "directory", len(files), {"glob": glob, "files": len(files)}, files)
-    if path.is_file() and path.suffix in (".jsonl", ".json"):
-        with open(path, "rb") as f:
-            lines = sum(1 for _ in f)
-        return JsonlTexts(spec, "jsonl", lines, {"field": field_name}, path, field_name)
-    if path.is_file():
-        return TextFiles(spec, "file", 1, {}, [path])
-    raise DatastoreError(
-        f"datastore source '{spec}' is neither a directory, a file, python-stdlib, "
-        "python-site, model:self nor model:PROMPTS.jsonl"
     )

@@ -84,7 +84,7 @@ def chat_transcripts(target, run_dir: Path, prompts: int, new_tokens: int) -> li
 
 def code_documents(tokenizer, tokens: int, seed: int = 0) -> list[list[int]]:
     """Standard library files in a fixed shuffled order, tokenized, until `tokens` ids are collected."""
-    from specframe_corpus.sources import parse_source
+    from specframe_corpus.source_specs import parse_source
 
     files = list(parse_source("python-stdlib").files)
     random.Random(seed).shuffle(files)  # many packages, not the first few alphabetically
