@@ -29,11 +29,11 @@ class StepRecorder:
         self.context = 0
 
     @specframe.hookimpl
-    def on_decode_start(self, decoder, prompt_ids):
+    def on_decode_start(self, prompt_ids):
         self.context = len(prompt_ids)
 
     @specframe.hookimpl
-    def on_step(self, decoder, event):
+    def on_step(self, event):
         if event.prediction is not None:
             realised = sum(s for phase, s in event.times.items() if phase != "draft")
             self.rows.append((event.tree_size, self.context, event.prediction.seconds, realised))

@@ -74,7 +74,7 @@ steps = []
 
 class StepLog:
     @specframe.hookimpl
-    def on_step(self, decoder, event):
+    def on_step(self, event):
         steps.append(event)
 
 

@@ -11,7 +11,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from specframe.decode.loop import DEFAULT_BUDGET, GenerationResult, SpeculativeDecoder, generate
+    from specframe.decode.loop import DEFAULT_BUDGET, SpeculativeDecoder, generate
     from specframe.terms.errors import (
         CapabilityError, ConfigurationError, DuplicateComponentError, ModelLoadError, PromptError,
         SpecframeError, UnknownComponentError, UnsupportedModelError,
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from specframe.plugging.pipeline import Pipeline, assemble
     from specframe.terms.proposal import DraftContext, DraftProposal, DrawMethod, ScoreKind
     from specframe.terms.records import StepEvent, StepOutcome, TargetScores, VerifyResult
+    from specframe.terms.result import GenerationResult
     from specframe.plugging.registry import ComponentSpec, PluginRegistry, get_registry
     from specframe.terms.sampling import Sampler, SamplingParams
     from specframe.terms.tree import TokenTree
@@ -38,7 +39,7 @@ __version__ = "0.1.0"
 # Where each public name lives. They are imported on first use (PEP 562), so that `import specframe`, a
 # plugin's registration and `specframe --help` load neither torch nor transformers.
 _EXPORTS = {
-    "specframe.decode.loop": ("DEFAULT_BUDGET", "GenerationResult", "SpeculativeDecoder", "generate"),
+    "specframe.decode.loop": ("DEFAULT_BUDGET", "SpeculativeDecoder", "generate"),
     "specframe.terms.errors": ("CapabilityError", "ConfigurationError", "DuplicateComponentError",
                                "ModelLoadError",
                          "PromptError", "SpecframeError", "UnknownComponentError", "UnsupportedModelError"),
@@ -54,6 +55,7 @@ _EXPORTS = {
     "specframe.plugging.pipeline": ("Pipeline", "assemble"),
     "specframe.terms.proposal": ("DraftContext", "DraftProposal", "DrawMethod", "ScoreKind"),
     "specframe.terms.records": ("StepEvent", "StepOutcome", "TargetScores", "VerifyResult"),
+    "specframe.terms.result": ("GenerationResult",),
     "specframe.plugging.registry": ("ComponentSpec", "PluginRegistry", "get_registry"),
     "specframe.terms.sampling": ("Sampler", "SamplingParams"),
     "specframe.terms.tree": ("TokenTree",),

@@ -8,18 +8,19 @@ from specframe.plugging.registry import PluginRegistry
 
 class Recorder:
     def __init__(self):
-        self.events, self.starts, self.results = [], [], []
+        self.events, self.starts, self.ends, self.results = [], [], [], []
 
     @specframe.hookimpl
-    def on_decode_start(self, decoder, prompt_ids):
+    def on_decode_start(self, prompt_ids):
         self.starts.append(list(prompt_ids))
 
     @specframe.hookimpl
-    def on_step(self, decoder, event):
+    def on_step(self, event):
         self.events.append(event)
 
     @specframe.hookimpl
-    def on_decode_end(self, decoder, result):
+    def on_decode_end(self, prompt_ids, result):
+        self.ends.append(list(prompt_ids))
         self.results.append(result)
 
 
@@ -29,7 +30,7 @@ def test_observers_see_every_step():
     registry.register_plugin(recorder, name="recorder")
     decoder = specframe.SpeculativeDecoder.from_names(tiny_llama(), "pld", registry=registry)
     result = decoder.generate([4, 5, 6, 4, 5, 6, 4, 5], max_new_tokens=20)
-    assert recorder.starts == [[4, 5, 6, 4, 5, 6, 4, 5]]
+    assert recorder.starts == recorder.ends == [[4, 5, 6, 4, 5, 6, 4, 5]]
     assert recorder.results == [result]
     assert len(recorder.events) == result.metrics.steps
     assert [t for e in recorder.events for t in e.emitted] == result.tokens

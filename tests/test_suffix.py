@@ -86,7 +86,7 @@ def test_a_second_request_drafts_from_the_first_response(tiny, prompts):
     assert a.metrics.steps == b.metrics.steps > second.metrics.steps
 
 
-def test_the_hook_finishes_each_request_with_its_exact_tokens(tiny, prompts):
+def test_finish_ends_each_request_with_its_exact_tokens(tiny, prompts):
     run = decoder(tiny, "suffix(max_cached=2)")
     drafter = run.pipeline.drafter
     results = [run.generate(p, max_new_tokens=n).tokens for n in (NEW, 7, 13) for p, _ in prompts[:1]]
@@ -99,7 +99,7 @@ def test_the_hook_finishes_each_request_with_its_exact_tokens(tiny, prompts):
 def test_sources_are_labelled_in_the_proposal(tiny, prompts):
     prompt, expected = prompts[0]
     drafter = SuffixDrafter(tiny)
-    drafter.finish(expected)  # as if an earlier request had answered
+    drafter.finish(prompt, expected)  # as if an earlier request had answered
     tokens = np.array(prompt + expected[:10])
     proposal = drafter.propose(DraftContext(tokens, len(prompt), budget=8))
     assert len(proposal) and set(proposal.group.tolist()) & {3, 4, 5}  # from the earlier response
@@ -169,7 +169,7 @@ def test_heads_draft_where_nothing_was_written_before(tiny, prompts, heads_file)
     assert not len(drafter.propose(DraftContext(fresh, len(fresh) - 1, budget=8)))  # no feature yet
 
     drafter.reset()
-    drafter.finish(expected)  # an earlier response: now the suffix sources draft as well
+    drafter.finish(prompt, expected)  # an earlier response: now the suffix sources draft as well
     context = DraftContext(np.array(prompt + expected[:10]), len(prompt), budget=8, hidden=hidden)
     labels = set(drafter.propose(context).group.tolist())
     assert group_of(HEADS, 0) in labels and labels & {3, 4, 5}
@@ -181,7 +181,7 @@ def test_heads_skip_steps_a_likely_copy_covers(tiny, prompts, heads_file):
 
     prompt, expected = prompts[0]
     drafter = SuffixHeadsDrafter(tiny, heads=heads_file, heads_below=0.4, depth=2)
-    drafter.finish(expected)
+    drafter.finish(prompt, expected)
     hidden = torch.randn(tiny.model.config.hidden_size)
     proposal = drafter.propose(DraftContext(np.array(prompt + expected[:10]), len(prompt), 8, hidden))
     assert proposal.scores[proposal.parents == -1].max() > 0.4  # the earlier response is copied...
@@ -198,7 +198,7 @@ def test_suffix_heads_output_equals_plain_greedy(tiny, prompts, heads_file, budg
     assert run.pipeline.backend.want_hidden
     for prompt, expected in prompts * 2:
         assert run.generate(prompt, max_new_tokens=NEW).tokens == expected
-    assert run.pipeline.drafter._request is None  # the hook finished each request, as for `suffix`
+    assert run.pipeline.drafter._request is None  # `finish` ended each request, as for `suffix`
     assert len(run.pipeline.drafter.finished) == 4
 
 

@@ -1,9 +1,9 @@
 """specframe-suffix: SuffixDecoding (arctic-inference) as the drafter `suffix`, with a persisted cache.
 
 Registers the drafters `suffix` and `suffix-heads` (plus S4C draft heads), the bench presets `suffix`,
-`suffix-rest` and `suffix-self`, the `specframe cache info|clear` commands, and an `on_decode_end` hook
-that finishes the drafter's request after every `generate` (its response joins the cache of earlier
-responses, written to disk with `cache=`). Use::
+`suffix-rest` and `suffix-self`, and the `specframe cache info|clear` commands. The drafter's `finish`
+ends each request: its response joins the cache of earlier responses, written to disk with `cache=`.
+Use::
 
     specframe generate "def fib(n):" --drafter "suffix(cache='chat')" --tree trie
     specframe cache info
@@ -18,8 +18,8 @@ from __future__ import annotations
 import specframe
 from specframe.support.tokenizer_identity import TokenizerIdentity
 
-__all__ = ["missing_corpus", "no_corpus", "no_self_corpora", "on_decode_end", "register_commands",
-           "register_drafters", "register_presets"]
+__all__ = ["missing_corpus", "no_corpus", "no_self_corpora", "register_commands", "register_drafters",
+           "register_presets"]
 
 # The datastores of the `suffix-rest` and `suffix-self` presets, and the commands that build them.
 CORPORA = {
@@ -84,13 +84,3 @@ def register_commands(cli):
     from specframe_suffix.cli import app
 
     cli.add_typer(app, name="cache")
-
-
-@specframe.hookimpl
-def on_decode_end(decoder, result):
-    """Finish the `suffix` drafter's request with the request's exact tokens, and persist its cache."""
-    from specframe_suffix.drafter import SuffixDrafter  # loaded already: `register_drafters` imports it
-
-    drafter = decoder.pipeline.drafter
-    if isinstance(drafter, SuffixDrafter):  # `suffix` and `suffix-heads`
-        drafter.finish(result.tokens)

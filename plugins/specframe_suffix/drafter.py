@@ -210,8 +210,9 @@ class SuffixDrafter(Drafter):
         self._pending.extend(outcome.emitted)
 
     def reset(self) -> None:
-        """Called before each request: finish the previous one, if the `on_decode_end` hook did not."""
-        self.finish()
+        """Called before each request: close the previous one, if `finish` did not (a request that raised,
+        or direct use): its prompt is dropped and the tokens it emitted join the earlier responses."""
+        self._close()
 
     # --- requests in the library -------------------------------------------------------------------
 
@@ -223,7 +224,7 @@ class SuffixDrafter(Drafter):
                  or not np.array_equal(tokens[:n], self._known))
         if fresh:
             if self._request is not None:  # a new request without `reset` (direct use)
-                self.finish()
+                self._close()
             self._start(tokens[:prompt_len])
             n = prompt_len
         if len(tokens) > n:
@@ -251,7 +252,11 @@ class SuffixDrafter(Drafter):
         self._request = None
         self.finished.append(list(response))
 
-    def finish(self, tokens: Sequence[int] | None = None) -> None:
+    def finish(self, prompt: Sequence[int], response: Sequence[int]) -> None:
+        """The request ended with `response` (its exact new tokens): learn it, see `_close`."""
+        self._close(response)
+
+    def _close(self, tokens: Sequence[int] | None = None) -> None:
         """End the active request: the library drops its prompt and keeps its response among the earlier
         responses; with `cache=`, the cache file is rewritten. `tokens` (the request's new tokens, from
         `GenerationResult.tokens`) settle its exact end. A request that never proposed is recorded too."""
@@ -278,7 +283,7 @@ class SuffixDrafter(Drafter):
         """Keep `response` among the earlier responses, as `finish` keeps a request this drafter saw (a
         resumed benchmark replays its recorded requests here). The library keeps responses, not prompts;
         with `cache=`, the cache file is rewritten."""
-        self.finish()
+        self._close()
         if not (self.max_cached and len(response)):
             return
         self._replay([int(t) for t in response])

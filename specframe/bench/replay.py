@@ -219,7 +219,7 @@ def replay(target: Target, method: MethodSpec, turns: list[Turn], cost: CostMode
         stats.turn_seconds.append((plain_s, turn_s))
         finish = getattr(drafter, "finish", None)  # drafters that remember requests (suffix) close them
         if finish is not None:
-            finish(turn.tokens)
+            finish(turn.prompt_ids, turn.tokens)
     return stats
 
 

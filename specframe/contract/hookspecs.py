@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING
 
 import pluggy
 
-if TYPE_CHECKING:  # for the annotations only: importing them here would be an import cycle
+if TYPE_CHECKING:  # for the annotations only: a plugin's `specframe.hookimpl` loads neither numpy nor typer
     import typer
 
-    from specframe.decode.loop import GenerationResult, SpeculativeDecoder
     from specframe.contract.extensions import CliOption, ModelRecipe, Preset
     from specframe.terms.records import StepEvent
+    from specframe.terms.result import GenerationResult
 
 PROJECT = "specframe"
 hookspec = pluggy.HookspecMarker(PROJECT)
@@ -95,16 +95,17 @@ def register_commands(cli: typer.Typer) -> None:
 
 
 @hookspec
-def on_decode_start(decoder: SpeculativeDecoder, prompt_ids: list[int]) -> None:
+def on_decode_start(prompt_ids: list[int]) -> None:
     """Called by `SpeculativeDecoder.generate` before prefill, with the prompt's token ids. Returns nothing.
     Not firstresult."""
 
 
 @hookspec
-def on_step(decoder: SpeculativeDecoder, event: StepEvent) -> None:
+def on_step(event: StepEvent) -> None:
     """Called after every verification step with its `StepEvent`. Returns nothing. Not firstresult."""
 
 
 @hookspec
-def on_decode_end(decoder: SpeculativeDecoder, result: GenerationResult) -> None:
-    """Called with the `GenerationResult` when a request finishes. Returns nothing. Not firstresult."""
+def on_decode_end(prompt_ids: list[int], result: GenerationResult) -> None:
+    """Called when a request finishes, with its prompt's token ids and its `GenerationResult` (after the
+    drafter's `Drafter.finish`). Returns nothing. Not firstresult."""

@@ -95,6 +95,17 @@ class Drafter(ABC):
     def reset(self) -> None:
         """Called before each new request. Default: nothing."""
 
+    def finish(self, prompt: Sequence[int], response: Sequence[int]) -> None:
+        """Called once when a request this drafter drafted for ends, whatever ended it (EOS, a stop string,
+        the length limit): `prompt` holds the request's prompt ids and `response` its new tokens, exactly
+        `GenerationResult.tokens` (tokens verified past the end are not in it). A drafter with memory
+        across requests learns the response here (`suffix` adds it to its cache of earlier responses).
+        Called after the result is complete, before the `on_decode_end` observers see it.
+
+        A request that raises ends without `finish`: the next `reset` finds what the failed request left
+        and decides whether to keep it (`suffix` keeps the tokens emitted until the error) or drop it.
+        An exception `finish` raises reaches the caller of `generate`. Default: nothing."""
+
     def remember(self, prompt: Sequence[int], response: Sequence[int]) -> None:
         """A request decoded elsewhere answered `prompt` with `response`: a resumed benchmark replays its
         recorded requests here, so that a drafter which `remembers_requests` holds what it would have

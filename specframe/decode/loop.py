@@ -5,7 +5,7 @@ from __future__ import annotations
 import numbers
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -23,18 +23,11 @@ from specframe.runtime.load import Target, check_writable_dir
 from specframe.plugging.pipeline import Pipeline, assemble, check_request
 from specframe.terms.proposal import DraftContext, DraftProposal
 from specframe.terms.records import StepEvent, StepOutcome
+from specframe.terms.result import GenerationResult
 from specframe.plugging.registry import PluginRegistry, get_registry
 from specframe.terms.sampling import Sampler, SamplingParams
 from specframe.terms.stopping import StopStrings
 from specframe.terms.tree import TokenTree
-
-
-@dataclass
-class GenerationResult:
-    tokens: list[int]  # new tokens only
-    text: str | None
-    finish_reason: str  # "length", "eos" or "stop"
-    metrics: DecodeMetrics = field(default_factory=DecodeMetrics)
 
 
 class SpeculativeDecoder:
@@ -86,7 +79,7 @@ class SpeculativeDecoder:
         check_request(self.pipeline, sampling, self.registry)  # `sampling` may have changed since assembly
         planner = self._planner()  # the first request may calibrate the cost: not part of its time
         hook = self.registry.hook
-        hook.on_decode_start(decoder=self, prompt_ids=prompt_ids)
+        hook.on_decode_start(prompt_ids=prompt_ids)
         device, sync = self.target.device, synchronizer(self.target.device)
         reset_peak_memory(device)  # on CUDA the peak is this request's, not the process's
         start = now()
@@ -98,6 +91,7 @@ class SpeculativeDecoder:
         tokenizer = self.target.tokenizer
         text = tokenizer.decode(tokens, skip_special_tokens=True) if tokenizer is not None else None
         result = GenerationResult(tokens, text, reason, metrics)
+        self.pipeline.drafter.finish(prompt_ids, result.tokens)  # not timed: the request is over
         if self.acceptance_file is not None and isinstance(self.planner, AdaptivePlanner):
             try:
                 self.planner.acceptance.save(self.acceptance_file)
@@ -105,7 +99,7 @@ class SpeculativeDecoder:
                 warnings.warn(SpecframeWarning(
                     f"the acceptance counts could not be saved to {self.acceptance_file} ({err}); they are "
                     "kept and saved after the next request"), stacklevel=2)
-        hook.on_decode_end(decoder=self, result=result)
+        hook.on_decode_end(prompt_ids=prompt_ids, result=result)
         return result
 
     def _decode(self, planner: FixedPlanner | AdaptivePlanner, prompt_ids: list[int], max_new_tokens: int,

@@ -1,0 +1,17 @@
+"""What one request produced: its new tokens, their text, why it ended and its metrics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from specframe.terms.metrics import DecodeMetrics
+
+
+@dataclass
+class GenerationResult:
+    """Returned by `SpeculativeDecoder.generate`, and passed to the `on_decode_end` observer hook."""
+
+    tokens: list[int]  # new tokens only
+    text: str | None
+    finish_reason: str  # "length", "eos" or "stop"
+    metrics: DecodeMetrics = field(default_factory=DecodeMetrics)
