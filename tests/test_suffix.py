@@ -15,9 +15,8 @@ import pytest
 pytest.importorskip("arctic_inference.suffix_decoding")
 
 from conftest import tiny_llama
-from specframe_suffix.drafter import (
-    CORPUS, HEADS, REQUEST, RESPONSES, SourceDraft, SuffixDrafter, check_internals, group_of, merge,
-)
+from specframe_suffix.drafter import SuffixDrafter, check_internals
+from specframe_suffix.drafts import CORPUS, HEADS, REQUEST, RESPONSES, SourceDraft, group_of, merge
 from specframe_suffix.heads import SuffixHeadsDrafter
 from specframe_suffix.store import SuffixCacheError
 from typer.testing import CliRunner

@@ -27,6 +27,7 @@ import numpy as np
 from specframe import DraftProposal
 from specframe_corpus.retrieval import build_trie, top_nodes
 from specframe_corpus.stores import open_datastore, resolve_datastore
+from specframe_suffix.drafts import CORPUS, SourceDraft
 
 SAMPLES = 256  # occurrences whose continuations are merged (REST's default k)
 TREE_TOKENS = 1 << 20  # corpora of at most this many tokens are loaded into a suffix tree (about 380 MiB)
@@ -46,8 +47,6 @@ class CorpusSource:
 
     def draft(self, tokens: np.ndarray, budget: int, factor: float, offset: float, min_prob: float):
         """The corpus draft after `tokens` as a `SourceDraft`, or None when nothing matches."""
-        from specframe_suffix.drafter import CORPUS, SourceDraft
-
         if self.tree is not None:
             window = np.ascontiguousarray(tokens[-self.n_max:], dtype=np.int32)
             draft = self.tree.speculate_ndarray(window, budget, factor, offset, min_prob, True)
@@ -58,8 +57,6 @@ class CorpusSource:
 
     def _search(self, tokens: np.ndarray, budget: int, factor: float, offset: float, min_prob: float):
         """The draft from the suffix array: longest match, sampled continuations, frequency trie."""
-        from specframe_suffix.drafter import CORPUS, SourceDraft
-
         match = self.index.longest_match(tokens[-self.n_max:], self.n_max, SAMPLES)
         cap = min(budget, int(match.length * factor + offset + 1e-6))  # the library's length rule
         if not len(match.starts) or cap < 1:

@@ -20,7 +20,8 @@ from __future__ import annotations
 import numpy as np
 
 from specframe import ConfigurationError, DraftContext, DrafterCapabilities, ScoreKind
-from specframe_suffix.drafter import HEADS, SourceDraft, SuffixDrafter
+from specframe_suffix.drafter import SuffixDrafter
+from specframe_suffix.drafts import HEADS, SourceDraft
 
 
 class SuffixHeadsDrafter(SuffixDrafter):
