@@ -5,7 +5,9 @@ seeded sampler: one uniform per emitted token), a step accepts exactly the longe
 matches the recorded continuation. So a run of `specframe bench` (its `records.jsonl`) holds all a
 model-free drafter needs to be measured again, under other options, in seconds instead of an hour: the
 drafter proposes from the recorded context, the real tree builder and planner (`auto` with the stored
-calibration, or a fixed budget) choose the tree, and the recorded tokens say what was accepted.
+calibration, or a fixed budget) choose the tree, and the recorded tokens say what was accepted. Each
+turn runs through the decode loop itself (`SpeculativeDecoder`), with the recording in place of the
+target's backend and verifier (`specframe.bench.playback`).
 
 What is modelled rather than run: the forward pass (its time is the calibrated step cost of the tree
 size and depth at the step's context, as is plain decoding's) and the rest of a step (verify, commit,
@@ -13,36 +15,36 @@ the loop: not counted, as the planner's overhead estimate then stays 0). Draftin
 time is counted. Drafters that need the target's hidden states (`s4c`) get them from one teacher-forced
 forward over each recorded turn: the feature at the token before the root, as the decoder passes it,
 equal to the decoding run's up to float rounding (so a near tie between two draft tokens may, rarely, go
-the other way). Drafters see no sampler (they draft as for a greedy request). Turns replay in the order
-of the suite, repeats after one another, later turns with the recorded baseline's earlier answers,
-without the bench's warm-up generation.
+the other way). Drafters draft as for a greedy request, and each turn ends with `Drafter.finish`, as a
+decoded request does. Turns replay in the order of the suite, repeats after one another, later turns
+with the recorded baseline's earlier answers, without the bench's warm-up generation.
 """
 
 from __future__ import annotations
 
 import json
-import time
-from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from specframe.decode.calibration import stored_cost
-from specframe.decode.planner import SHAPE_LEARNING, AdaptivePlanner, FixedPlanner, parse_budget
 from specframe.bench.methods import MethodSpec
+from specframe.bench.playback import (
+    ModelledTimer, OraclePlanner, Playback, RecordedBackend, RecordedVerifier, accepted_path, oracle_choice,
+)
 from specframe.bench.runner import read_records
 from specframe.bench.suites import BenchPrompt, encode_turn, load_suite
+from specframe.decode.calibration import stored_cost
+from specframe.decode.loop import SpeculativeDecoder
+from specframe.decode.planner import SHAPE_LEARNING, AdaptivePlanner, FixedPlanner, parse_budget
+from specframe.plugging.pipeline import Pipeline, assemble
+from specframe.plugging.registry import PluginRegistry
+from specframe.runtime.load import Target, load_target
 from specframe.terms.cost import CostModel
 from specframe.terms.errors import ConfigurationError
-from specframe.contract.interfaces import BuildContext
-from specframe.runtime.load import Target, load_target
-from specframe.plugging.pipeline import assemble
-from specframe.terms.proposal import DraftContext, DraftProposal
-from specframe.terms.records import StepOutcome, VerifyResult
-from specframe.terms.tree import TokenTree
 
+__all__ = ["RecordedRun", "ReplayStats", "Turn", "accepted_path", "copy_bound", "open_run", "oracle_choice",
+           "recorded_turns", "replay", "teacher_forced_features"]
 
 @dataclass
 class Turn:
@@ -67,6 +69,19 @@ class ReplayStats:
     plain_s: float = 0.0  # plain decoding's modelled time: a calibrated plain step per token, at its context
     turn_steps: list[int] = field(default_factory=list)  # steps each turn took
     turn_seconds: list[tuple[float, float]] = field(default_factory=list)  # (plain, modelled) per turn
+
+    def add_turn(self, tokens: int, steps: int, nodes: int, draft_s: float, forward_s: float,
+                 plain_s: float) -> None:
+        """Count one replayed turn: its tokens, steps, tree nodes and seconds (drafting, modelled forwards,
+        plain decoding's)."""
+        self.tokens += tokens
+        self.steps += steps
+        self.nodes += nodes
+        self.modelled_s += forward_s + draft_s
+        self.draft_s += draft_s
+        self.plain_s += plain_s
+        self.turn_steps.append(steps)
+        self.turn_seconds.append((plain_s, forward_s + draft_s))
 
     @property
     def by_turn(self) -> list[float]:
@@ -130,28 +145,6 @@ def recorded_turns(records: Path, prompts: list[BenchPrompt], tokenizer,
     return turns
 
 
-def accepted_path(tree: TokenTree, future: list[int]) -> list[int]:
-    """The longest root path of `tree` whose tokens are a prefix of `future` (node indices)."""
-    path, node = [], -1
-    children = defaultdict(dict)
-    for i, (token, parent) in enumerate(zip(tree.tokens.tolist(), tree.parents.tolist())):
-        children[parent][token] = i
-    while len(path) < len(future) and future[len(path)] in children[node]:
-        node = children[node][future[len(path)]]
-        path.append(node)
-    return path
-
-
-def oracle_choice(tree: TokenTree, future: list[int], cost: CostModel, cap: int) -> tuple[TokenTree, float]:
-    """What a planner that knew the target's next tokens would keep of `tree`: the path the target
-    accepts and nothing else, timed as the cheapest tree of up to `cap` nodes that holds it (on CPUs
-    where a few rows cost less than one, throwaway nodes can make a step cheaper). (kept tree, seconds)"""
-    path = accepted_path(tree, future)
-    seconds = min(cost.step_seconds(n, max(len(path), 1) if n else 0)
-                  for n in range(len(path), max(cap, len(path)) + 1))
-    return (tree.subtree(np.array(path, np.int64)) if path else TokenTree.empty()), seconds
-
-
 def replay(target: Target, method: MethodSpec, turns: list[Turn], cost: CostModel | None = None,
            planner_cost: CostModel | None = None, oracle: bool = False,
            learn_shape: bool = SHAPE_LEARNING) -> ReplayStats:
@@ -161,67 +154,52 @@ def replay(target: Target, method: MethodSpec, turns: list[Turn], cost: CostMode
     `oracle` replaces the planner's choice by `oracle_choice`: what the drafts could give at best.
     `learn_shape` False prices every tree size with one learned speed factor (`AdaptivePlanner`)."""
     pipeline = assemble(target, method.drafter, method.tree, method.verifier, method.backend)
-    drafter, builder = pipeline.drafter, pipeline.tree_builder
-    needs_hidden = type(drafter).capabilities.needs_hidden_states
     cost = cost or stored_cost(pipeline.backend)
     if cost is None:
         raise ConfigurationError(f"no stored step cost for {target.name} on this machine: run "
                                  f"`specframe calibrate --model {target.name}` first (same --threads)")
-    cap, adaptive = parse_budget(method.budget)
-    grows = type(drafter).capabilities.drafting_grows_with_budget
-    believed = planner_cost or cost
-    matches = type(pipeline.verifier).capabilities.matches_draws
-    planner = (AdaptivePlanner(believed, cap, drafting_grows_with_budget=grows, matches_draws=matches,
-                               learn_shape=learn_shape)
-               if adaptive else FixedPlanner(cap, believed))
+    cap, _ = parse_budget(method.budget)
+    playback = Playback(cost, cap if oracle else None)
+    decoder = replay_decoder(target, pipeline, method.budget, playback)
+    planner = replay_planner(pipeline, method.budget, planner_cost or cost, learn_shape)
+    decoder.planner = OraclePlanner(planner, playback) if oracle else planner
+    needs_hidden = type(pipeline.drafter).capabilities.needs_hidden_states
     stats = ReplayStats()
     for turn in turns:
-        drafter.reset()
-        planner.start_request()
-        tokens, emitted_so_far, turn_s, plain_s = np.array(turn.prompt_ids, np.int64), 0, 0.0, 0.0
-        features = teacher_forced_features(target, turn) if needs_hidden else None  # (L, H)
-        steps_before = stats.steps
-        while emitted_so_far < len(turn.tokens):
-            room = len(turn.tokens) - emitted_so_far - 1
-            start = time.perf_counter()
-            planner.start_step(len(tokens))
-            drafting = room > 0 and planner.should_draft()  # as the decode loop: decide, then size
-            budget = planner.build_budget(room) if drafting else 0
-            hidden = features[len(tokens) - 2] if features is not None and emitted_so_far else None
-            proposal = (drafter.propose(DraftContext(tokens, len(turn.prompt_ids), budget, hidden))
-                        if drafting else DraftProposal.empty())
-            draft_s = time.perf_counter() - start
-            tree = (builder.build(proposal, BuildContext(budget, planner.cost)) if len(proposal)
-                    else TokenTree.empty())
-            future = turn.tokens[emitted_so_far:]
-            here = cost.at_context(len(tokens))  # what a step costs at this context
-            if oracle:
-                tree, forward_s = oracle_choice(tree, future, here, cap)
-            else:
-                tree, _ = planner.choose(proposal, tree)
-                forward_s = here.step_seconds(len(tree), int(tree.depth.max()) if len(tree) else 0)
-            path = accepted_path(tree, future)
-            result = VerifyResult(path, future[len(path)])
-            drafter.observe(StepOutcome(proposal, len(tree), future[:len(path)], result.bonus))
-            planner.observe(tree, result, {"draft": draft_s, "forward": forward_s})
-            emitted = min(len(path) + 1, len(turn.tokens) - emitted_so_far)
-            tokens = np.concatenate([tokens, np.asarray(future[:emitted], np.int64)])
-            emitted_so_far += emitted
-            plain_s += emitted * here.step_seconds(0, 0)  # plain steps for these tokens, about this context
-            stats.tokens += emitted
-            stats.steps += 1
-            stats.nodes += len(tree)
-            stats.modelled_s += forward_s + draft_s
-            stats.draft_s += draft_s
-            turn_s += forward_s + draft_s
-        stats.plain_s += plain_s
-        stats.turn_steps.append(stats.steps - steps_before)
-        stats.turn_seconds.append((plain_s, turn_s))
-        finish = getattr(drafter, "finish", None)  # drafters that remember requests (suffix) close them
-        if finish is not None:
-            finish(turn.prompt_ids, turn.tokens)
+        if not turn.tokens:  # nothing was generated: nothing to replay
+            stats.add_turn(0, 0, 0, 0.0, 0.0, 0.0)
+            continue
+        playback.start(turn.tokens, teacher_forced_features(target, turn) if needs_hidden else None)
+        result = decoder.generate(turn.prompt_ids, max_new_tokens=len(turn.tokens))
+        if result.tokens != turn.tokens:
+            raise ConfigurationError(
+                f"turn {turn.turn} of '{turn.qid}' (repeat {turn.repeat}) continues past an EOS token of "
+                f"{target.name}: the record was not generated by this model")
+        m = result.metrics
+        stats.add_turn(m.new_tokens, m.steps, sum(m.tree_sizes), m.time["draft"], m.time["forward"],
+                       playback.plain_s)
     return stats
 
+
+def replay_decoder(target: Target, pipeline: Pipeline, budget: int | str,
+                   playback: Playback) -> SpeculativeDecoder:
+    """The decoder a replay runs: `pipeline`'s drafter and tree builder, the recording as backend and
+    verifier, steps timed as modelled, and its own registry (observers of real decoding see no replay)."""
+    played = Pipeline(pipeline.drafter, pipeline.tree_builder, RecordedVerifier(playback),
+                      RecordedBackend(target, playback))
+    return SpeculativeDecoder(target, played, budget=budget, registry=PluginRegistry(), phase_timing=False,
+                              step_timer=lambda sync: ModelledTimer(playback))
+
+
+def replay_planner(pipeline: Pipeline, budget: int | str, cost: CostModel,
+                   learn_shape: bool) -> AdaptivePlanner | FixedPlanner:
+    """The planner of `pipeline` at `budget`, weighing `cost`."""
+    cap, adaptive = parse_budget(budget)
+    if not adaptive:
+        return FixedPlanner(cap, cost)
+    drafter, verifier = type(pipeline.drafter).capabilities, type(pipeline.verifier).capabilities
+    return AdaptivePlanner(cost, cap, drafting_grows_with_budget=drafter.drafting_grows_with_budget,
+                           matches_draws=verifier.matches_draws, learn_shape=learn_shape)
 
 
 @torch.inference_mode()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numbers
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -36,7 +36,8 @@ class SpeculativeDecoder:
     def __init__(self, target: Target, pipeline: Pipeline, *, budget: int | str = DEFAULT_BUDGET,
                  sampling: SamplingParams | None = None, registry: PluginRegistry | None = None,
                  cost: CostModel | None = None, acceptance_file: str | Path | None = None,
-                 progress: bool = True, phase_timing: bool = True):
+                 progress: bool = True, phase_timing: bool = True,
+                 step_timer: Callable[[Callable[[], None] | None], PhaseTimer] = PhaseTimer):
         self.budget, self.adaptive = parse_budget(budget)  # a fixed size, or the cap of "auto"
         self.target, self.pipeline = target, pipeline
         # May be replaced between requests: each request is checked and planned by the sampling it runs with
@@ -55,6 +56,10 @@ class SpeculativeDecoder:
         # On an accelerator, wait for the device after every phase of a step so each is charged its own
         # work; False skips those waits (faster: totals stay right, the per-phase split is not measured).
         self.phase_timing = phase_timing
+        # Times each step's phases: made at the step's start with the device's synchronizer (None when
+        # not timing phases apart), closed at its end. `PhaseTimer` measures them; a replay of recorded
+        # outputs (`specframe.bench.replay`) models the forward it does not run.
+        self.step_timer = step_timer
         self.planner: FixedPlanner | AdaptivePlanner | None = None  # made at the first request
 
     @classmethod
@@ -121,7 +126,7 @@ class SpeculativeDecoder:
         metrics.prefill_s = now() - t0
         tokens, new, hidden, reason = np.array(prompt_ids, dtype=np.int64), [], None, None
         while reason is None:
-            timer, step_start = PhaseTimer(phase_sync), now()
+            timer = self.step_timer(phase_sync)
             room = min(max_new_tokens - len(new) - 1, self._room(tokens))
             planner.start_step(len(tokens))
             with timer("draft"):
@@ -146,12 +151,12 @@ class SpeculativeDecoder:
             emitted, reason = self._finish(new, emitted, max_new_tokens, stops)
             new += emitted
             tokens = np.concatenate([tokens, np.asarray(emitted, dtype=np.int64)])
-            timer.times["other"] = now() - step_start - sum(timer.times.values())
-            planner.observe(tree, result, timer.times)
+            times = timer.close()
+            planner.observe(tree, result, times)
             skipped = room > 0 and not drafting  # the planner judged drafting not worth it
-            metrics.record_step(len(tree), result.accepted, timer.times, result.fallback, predicted, skipped)
-            self.registry.hook.on_step(decoder=self, event=StepEvent(
-                metrics.steps, len(tree), result.accepted, emitted, timer.times, predicted, not skipped))
+            metrics.record_step(len(tree), result.accepted, times, result.fallback, predicted, skipped)
+            self.registry.hook.on_step(event=StepEvent(
+                metrics.steps, len(tree), result.accepted, emitted, times, predicted, not skipped))
         metrics.new_tokens = len(new)
         return new, metrics, reason
 

@@ -202,12 +202,20 @@ class DecodeMetrics:
 
 
 class PhaseTimer:
-    """Accumulates wall time per phase within one step: `with timer("draft"): ...`."""
+    """Accumulates wall time per phase within one step: `with timer("draft"): ...`, then `close()`.
+    Made at the step's start."""
 
     def __init__(self, sync=None):
         self.times: dict[str, float] = {}
         self._sync = sync  # e.g. `specframe.runtime.devices.synchronizer(device)`: GPU work is charged to
                            # its phase
+        self._start = now()
+
+    def close(self) -> dict[str, float]:
+        """End the step: the time since the timer was made outside every phase is charged to "other".
+        Returns the seconds per phase."""
+        self.times["other"] = now() - self._start - sum(self.times.values())
+        return self.times
 
     @contextmanager
     def __call__(self, phase: str):
