@@ -2,12 +2,12 @@
 
 A copying drafter can only propose what was written before: in the prompt, an earlier response or a
 corpus. Open-ended answers are mostly new text, so there it proposes little or nothing and a step emits
-one token. SAM-Decoding answers this with an auxiliary model drafter next to its suffix
-automaton; here the auxiliary source is the `s4c` drafter's heads (specframe_s4c), which predict the
-next tokens from the target's own last feature. Their forest joins the suffix drafter's sources in the
-same merge: each node's score is its probability of being reached (the product of the heads' q along
-its path, as the suffix trees' counts give), labelled `HEADS`, so adaptive speculation learns how far
-the heads can be trusted and keeps their nodes only where they pay.
+one token. SAM-Decoding answers this with an auxiliary model drafter next to its suffix automaton; here
+the auxiliary source is the `s4c` drafter's heads (found in the registry by name, so this plugin imports
+no other), which predict the next tokens from the target's own last feature. Their forest joins the
+suffix drafter's sources in the same merge: each node's score is its probability of being reached (the
+product of the heads' q along its path, as the suffix trees' counts give), labelled `HEADS`, so adaptive
+speculation learns how far the heads can be trusted and keeps their nodes only where they pay.
 
 The heads always draft their top-k tokens (never samples), so the merged forest is deterministic and
 is verified like any copied draft (greedy, or sample-and-match when the request samples). On
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
+import specframe
 from specframe import ConfigurationError, DraftContext, DrafterCapabilities, ScoreKind
 from specframe_suffix.drafter import SuffixDrafter
 from specframe_suffix.drafts import HEADS, SourceDraft
@@ -44,21 +45,13 @@ class SuffixHeadsDrafter(SuffixDrafter):
             raise ConfigurationError(
                 f"drafter 'suffix-heads': heads_below must be a number in [0, 1], got {heads_below!r}")
         self.heads_below = float(heads_below)
-        try:
-            from specframe_s4c.drafter import S4CDrafter
-        except ImportError as err:
-            raise ConfigurationError(
-                f"drafter 'suffix-heads' drafts with the s4c plugin's heads ({err}); install specframe "
-                "with its plugins, or use 'suffix'") from None
-        self.heads = S4CDrafter(target, heads=heads, topk=topk, widths=widths, draw="top-k", depth=depth)
+        self.heads = s4c_drafter()(target, heads=heads, topk=topk, widths=widths, draw="top-k", depth=depth)
         self.head_steps = 0  # steps on which the heads drafted
 
     @classmethod
     def example_options(cls, target, workdir: str) -> dict:
         """Untrained heads for any target (see `s4c`): poor drafts, but every step still verifies."""
-        from specframe_s4c.drafter import S4CDrafter
-
-        return S4CDrafter.example_options(target, workdir)
+        return s4c_drafter().example_options(target, workdir)
 
     @property
     def extra_parameters(self) -> int:
@@ -76,3 +69,14 @@ class SuffixHeadsDrafter(SuffixDrafter):
             reach = np.exp(np.minimum(scores, 0.0))  # cumulative log q -> P(reaching the node) under q
             drafts.append(SourceDraft(HEADS, tokens, parents, reach.tolist(), match_len=0))
         return drafts
+
+
+def s4c_drafter() -> type:
+    """The `s4c` drafter's class, asked of the registry by name: the heads are the s4c plugin's, and
+    plugins import no other plugin, so a missing or broken s4c plugin is a configuration error here."""
+    try:
+        return specframe.get_registry().get("drafter", "s4c")
+    except specframe.SpecframeError as err:
+        raise ConfigurationError(
+            f"drafter 'suffix-heads' drafts with the heads of the s4c plugin's drafter ({err}); install "
+            "specframe with its plugins, or use 'suffix'") from None
