@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from specframe.decode.calibration import SIZES, round_times
-from specframe.runtime.load import load_target
+from specframe.plugging.models import load_target
 from specframe.plugging.pipeline import assemble
 from specframe.support.progress import bar as progress_bar
 

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from specframe.decode.calibration import round_times, stored_cost
-from specframe.runtime.load import load_target
+from specframe.plugging.models import load_target
 from specframe.plugging.pipeline import assemble
 from specframe.support.progress import bar as progress_bar
 

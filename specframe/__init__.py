@@ -25,7 +25,8 @@ if TYPE_CHECKING:
     from specframe.terms.cost import CostModel, PolynomialCost
     from specframe.terms.kinds import ComponentKind
     from specframe.terms.metrics import DecodeMetrics
-    from specframe.runtime.load import Target, load_target
+    from specframe.plugging.models import load_target
+    from specframe.terms.target import Target
     from specframe.plugging.pipeline import Pipeline, assemble
     from specframe.terms.proposal import DraftContext, DraftProposal, DrawMethod, ScoreKind
     from specframe.terms.records import StepEvent, StepOutcome, TargetScores, VerifyResult
@@ -51,7 +52,8 @@ _EXPORTS = {
     "specframe.terms.cost": ("CostModel", "PolynomialCost"),
     "specframe.terms.kinds": ("ComponentKind",),
     "specframe.terms.metrics": ("DecodeMetrics",),
-    "specframe.runtime.load": ("Target", "load_target"),
+    "specframe.plugging.models": ("load_target",),
+    "specframe.terms.target": ("Target",),
     "specframe.plugging.pipeline": ("Pipeline", "assemble"),
     "specframe.terms.proposal": ("DraftContext", "DraftProposal", "DrawMethod", "ScoreKind"),
     "specframe.terms.records": ("StepEvent", "StepOutcome", "TargetScores", "VerifyResult"),

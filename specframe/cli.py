@@ -60,6 +60,7 @@ def generate(
     """Generate a continuation with a speculative pipeline and print it with its metrics."""
     from specframe.decode.planner import parse_budget
     from specframe.decode.loop import SpeculativeDecoder
+    from specframe.plugging.models import model_recipes
     from specframe.runtime.load import load_target
     from specframe.plugging.pipeline import check_specs
     from specframe.terms.sampling import SamplingParams
@@ -70,7 +71,7 @@ def generate(
     parse_budget(budget)  # before the model loads
     check_specs(drafter, tree, verifier, backend)
     set_timing(threads, clock, device)
-    target = load_target(model, device=device, dtype=dtype)
+    target = load_target(model, device=device, dtype=dtype, recipes=model_recipes)
 
     def make_decoder() -> SpeculativeDecoder:
         return SpeculativeDecoder.from_names(target, drafter, tree, verifier, backend, budget=budget,
@@ -117,7 +118,9 @@ def calibrate(
     import torch
 
     from specframe.decode.calibration import cost_key, cost_path, measure_cost, store_cost
-    from specframe.runtime.load import check_writable_dir, load_target, specframe_home
+    from specframe.plugging.models import model_recipes
+    from specframe.runtime.load import load_target
+    from specframe.support.paths import check_writable_dir, specframe_home
     from specframe.plugging.pipeline import assemble, check_specs
 
     check_specs(backend=backend)  # before the model loads
@@ -125,7 +128,7 @@ def calibrate(
                        "set SPECFRAME_HOME to a writable directory (calibrations are stored under it)")
     if threads is not None:
         torch.set_num_threads(threads)
-    target = load_target(model, device=device, dtype=dtype)
+    target = load_target(model, device=device, dtype=dtype, recipes=model_recipes)
     state = assemble(target, backend=backend).backend
     key = cost_key(state)
     path = cost_path(key)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import specframe
-from specframe.runtime.load import specframe_home
+from specframe.support.paths import specframe_home
 
 # What tests may share with the user's SPECFRAME_HOME: converted models and built datastores, which take
 # minutes to make and are the same for everyone. Step costs, acceptance counts and suffix caches that

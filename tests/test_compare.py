@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from specframe import compare
+from specframe.bench import compare
 from specframe.terms.sampling import SamplingParams
 
 

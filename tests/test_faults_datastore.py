@@ -27,7 +27,7 @@ from specframe_corpus.build import build_datastore, lock_file, recover
 from specframe_corpus.datastore import HEADER, Datastore, DatastoreBusyError
 from specframe_corpus.sources import TokenDocuments
 
-from specframe import model_files, models
+from specframe.runtime import load, model_files
 from specframe.support.atomic_dirs import current_umask, exclusive
 from specframe.terms.errors import ModelLoadError
 
@@ -364,18 +364,18 @@ def fake_conversion(tmp_path, monkeypatch):
         os.chmod(tiny_safetensors(tmp / "model.safetensors"), 0o600)
         done.append(alias)
 
-    monkeypatch.setattr(models, "_dequantize", dequantize)
+    monkeypatch.setattr(load, "_dequantize", dequantize)
     return done
 
 
 def test_a_damaged_conversion_cache_is_converted_again(fake_conversion, capsys):
-    cached = models.model_cache_dir("smollm2-135m")
+    cached = load.model_cache_dir("smollm2-135m")
     cached.mkdir(parents=True)
     (cached / "config.json").write_text("{}")
     file = tiny_safetensors(cached / "model.safetensors")
     with open(file, "r+b") as f:
         f.truncate(file.stat().st_size // 2)  # what a full disk or a killed copy leaves
-    assert models.resolve_model_dir("smollm2-135m") == cached and fake_conversion == ["smollm2-135m"]
+    assert load.resolve_model_dir("smollm2-135m") == cached and fake_conversion == ["smollm2-135m"]
     err = capsys.readouterr().err
     assert (
         f"cached conversion {cached} is damaged (model.safetensors has" in err
@@ -383,14 +383,14 @@ def test_a_damaged_conversion_cache_is_converted_again(fake_conversion, capsys):
     )
     assert model_files.conversion_damage(cached) is None
     assert (cached / model_files.CONVERSION_MARKER).is_file()
-    models.resolve_model_dir("smollm2-135m")
+    load.resolve_model_dir("smollm2-135m")
     assert fake_conversion == ["smollm2-135m"]  # complete now: not converted again
     tokenizer = cached / "tokenizer.json"
     tokenizer.write_text(tokenizer.read_text()[:-5])
     assert model_files.conversion_damage(cached) == (
         f"tokenizer.json has {tokenizer.stat().st_size} bytes, expected {tokenizer.stat().st_size + 5}"
     )
-    models.resolve_model_dir("smollm2-135m")
+    load.resolve_model_dir("smollm2-135m")
     assert len(fake_conversion) == 2 and model_files.conversion_damage(cached) is None
 
 
@@ -406,7 +406,7 @@ def test_a_cache_from_before_the_marker_is_checked_by_parsing(tmp_path):
 
 
 def test_a_killed_conversion_is_cleaned_up_and_the_cache_follows_the_umask(fake_conversion, capsys):
-    home = models.model_cache_dir("smollm2-135m").parent
+    home = load.model_cache_dir("smollm2-135m").parent
     stale = home / ".smollm2-135m-k1ll3d_x"  # what `tempfile.mkdtemp` left when the process was killed
     (stale / "sub").mkdir(parents=True)
     (stale / "model.safetensors").write_bytes(b"\0" * 1000)
@@ -414,7 +414,7 @@ def test_a_killed_conversion_is_cleaned_up_and_the_cache_follows_the_umask(fake_
     unrelated.write_text("keep")
     previous = os.umask(0o022)
     try:
-        cached = models.resolve_model_dir("smollm2-135m")
+        cached = load.resolve_model_dir("smollm2-135m")
     finally:
         os.umask(previous)
     assert (
@@ -429,7 +429,7 @@ def test_a_killed_conversion_is_cleaned_up_and_the_cache_follows_the_umask(fake_
 
 
 def test_a_second_conversion_waits_for_the_first(fake_conversion, capsys):
-    cached = models.model_cache_dir("smollm2-135m")
+    cached = load.model_cache_dir("smollm2-135m")
     cached.parent.mkdir(parents=True)
     held, release = threading.Event(), threading.Event()
 
@@ -442,21 +442,21 @@ def test_a_second_conversion_waits_for_the_first(fake_conversion, capsys):
     thread.start()
     held.wait(30)
     threading.Timer(0.5, release.set).start()
-    assert models.resolve_model_dir("smollm2-135m") == cached
+    assert load.resolve_model_dir("smollm2-135m") == cached
     thread.join()
     assert "waiting for another process converting smollm2-135m" in capsys.readouterr().err
     assert fake_conversion == ["smollm2-135m"]
 
 
 def test_a_conversion_that_never_frees_the_lock_gives_up_with_a_message(fake_conversion, monkeypatch):
-    monkeypatch.setattr(models, "CONVERT_WAIT_S", 0.2)
-    cached = models.model_cache_dir("smollm2-135m")
+    monkeypatch.setattr(load, "CONVERT_WAIT_S", 0.2)
+    cached = load.model_cache_dir("smollm2-135m")
     cached.parent.mkdir(parents=True)
     gives_up = pytest.raises(
         ModelLoadError, match="another process has been converting it.*stop it, or delete"
     )
     with exclusive(cached.parent / ".smollm2-135m.lock", lambda: AssertionError("busy")), gives_up:
-        models.resolve_model_dir("smollm2-135m")
+        load.resolve_model_dir("smollm2-135m")
     assert fake_conversion == []
 
 
@@ -467,7 +467,7 @@ import json, sys, time
 from pathlib import Path
 import torch
 from safetensors.torch import save_file
-from specframe import models
+from specframe.runtime import load
 
 def dequantize(alias, tmp, out):
     (tmp / "config.json").write_text(json.dumps({"model_type": "llama"}))
@@ -477,9 +477,9 @@ def dequantize(alias, tmp, out):
     (tmp / "tokenizer.json").write_text(json.dumps({"version": "1.0", "model": {}}))
     time.sleep(0.2)
 
-models._dequantize = dequantize
+load._dequantize = dequantize
 Path(sys.argv[1]).touch()  # started
-models.resolve_model_dir("smollm2-135m")
+load.resolve_model_dir("smollm2-135m")
 """
 
 
@@ -487,7 +487,7 @@ def test_random_kills_of_a_conversion_never_expose_a_half_written_cache(tmp_path
     """SIGKILL a conversion at random moments: the cache is absent or complete, never half written, and
     the next conversion removes what the killed one left and completes."""
     monkeypatch.setenv("SPECFRAME_HOME", str(tmp_path / "home"))
-    cached = models.model_cache_dir("smollm2-135m")
+    cached = load.model_cache_dir("smollm2-135m")
     rng = random.Random(7)
     for round_ in range(4):
         started = tmp_path / f"started-{round_}"
@@ -500,8 +500,8 @@ def test_random_kills_of_a_conversion_never_expose_a_half_written_cache(tmp_path
         assert not cached.exists() or model_files.conversion_damage(cached) is None  # absent, or whole
         if cached.exists():
             shutil.rmtree(cached)  # so the next round converts (and can be killed) again
-    monkeypatch.setattr(models, "_dequantize", lambda alias, tmp, out: _stand_in(tmp))
-    assert models.resolve_model_dir("smollm2-135m") == cached
+    monkeypatch.setattr(load, "_dequantize", lambda alias, tmp, out: _stand_in(tmp))
+    assert load.resolve_model_dir("smollm2-135m") == cached
     assert model_files.conversion_damage(cached) is None
     assert sorted(p.name for p in cached.parent.iterdir()) == ["smollm2-135m"]  # nothing left behind
 

@@ -25,7 +25,8 @@ from specframe.bench import BenchPrompt, run_benchmark
 from specframe.bench.runner import RecordStore, check_settings
 from specframe.bench.suites import load_suite
 from specframe.terms.errors import ConfigurationError, ModelLoadError, PromptError
-from specframe.runtime.load import check_writable_dir, load_target
+from specframe.runtime.load import load_target
+from specframe.support.paths import check_writable_dir
 from specframe.terms.sampling import SamplingParams
 from specframe.testing import tiny_target
 
@@ -270,19 +271,19 @@ def test_causal_models_are_still_accepted(model_dir):
 
 
 def test_an_unusable_specframe_home_is_refused_before_converting(tmp_path, monkeypatch):
-    from specframe import models
+    from specframe.runtime import load
 
-    monkeypatch.setattr(models, "convert_gguf", lambda *a: pytest.fail("converted into an unusable home"))
+    monkeypatch.setattr(load, "convert_gguf", lambda *a: pytest.fail("converted into an unusable home"))
     home = tmp_path / "home-file"
     home.write_text("")
     monkeypatch.setenv("SPECFRAME_HOME", str(home))
     with pytest.raises(ConfigurationError, match="home-file is a file.*SPECFRAME_HOME"):
-        models.resolve_model_dir("smollm2-135m")
+        load.resolve_model_dir("smollm2-135m")
     monkeypatch.setenv("SPECFRAME_HOME", str(tmp_path / "home"))
     monkeypatch.setattr(tempfile, "TemporaryFile", lambda *a, **k: (_ for _ in ()).throw(PermissionError(
         13, "Permission denied")))
     with pytest.raises(ConfigurationError, match="not writable.*SPECFRAME_HOME"):
-        models.resolve_model_dir("smollm2-135m")
+        load.resolve_model_dir("smollm2-135m")
 
 
 def test_a_file_as_specframe_home_exits_2(tmp_path):

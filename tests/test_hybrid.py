@@ -139,7 +139,7 @@ class Recipes:
 
 @pytest.fixture
 def fresh_registry(monkeypatch, tmp_path):
-    from specframe import registry as registry_module
+    from specframe.plugging import registry as registry_module
 
     monkeypatch.setenv("SPECFRAME_HOME", str(tmp_path / "home"))
     monkeypatch.setattr(registry_module, "_registry", None)
@@ -148,25 +148,27 @@ def fresh_registry(monkeypatch, tmp_path):
 
 
 def test_an_alias_is_built_once_then_loaded(fresh_registry):
+    from specframe.plugging.models import model_recipes
     from specframe.runtime.load import model_cache_dir, resolve_model_dir
 
     recipes = Recipes()
     fresh_registry.register_plugin(recipes, name="test-recipes")
     assert "tiny-hybrid-alias" in fresh_registry.describe()["plugins"][-1].get("models", []) or any(
         "tiny-hybrid-alias" in p.get("models", []) for p in fresh_registry.describe()["plugins"])
-    first = resolve_model_dir("tiny-hybrid-alias")
-    second = resolve_model_dir("tiny-hybrid-alias")
+    first = resolve_model_dir("tiny-hybrid-alias", model_recipes)
+    second = resolve_model_dir("tiny-hybrid-alias", model_recipes)
     assert first == second == model_cache_dir("tiny-hybrid-alias")
     assert recipes.builds == 1
     assert (first / "config.json").is_file()
 
 
 def test_a_failed_build_leaves_nothing_and_says_which_alias(fresh_registry):
+    from specframe.plugging.models import model_recipes
     from specframe.runtime.load import model_cache_dir, resolve_model_dir
 
     fresh_registry.register_plugin(Recipes(fail=True), name="test-recipes")
     with pytest.raises(ModelLoadError, match="cannot build model 'tiny-hybrid-alias': the recipe broke"):
-        resolve_model_dir("tiny-hybrid-alias")
+        resolve_model_dir("tiny-hybrid-alias", model_recipes)
     cache = model_cache_dir("tiny-hybrid-alias")
     assert not cache.exists()
     assert [p.name for p in cache.parent.iterdir() if not p.name.endswith(".lock")] == []
@@ -179,10 +181,11 @@ def test_alias_names_that_would_read_as_something_else_are_refused(name):
 
 
 def test_unknown_model_names_list_the_recipe_aliases():
+    from specframe.plugging.models import model_recipes
     from specframe.runtime.load import resolve_model_dir
 
     with pytest.raises(ModelLoadError, match="smollm2-135m-hybrid"):
-        resolve_model_dir("no-such-model-alias")
+        resolve_model_dir("no-such-model-alias", model_recipes)
 
 
 def test_packaged_mixers_refuse_another_teacher(tmp_path, monkeypatch):

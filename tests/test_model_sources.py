@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import specframe
-from specframe import models
+from specframe.runtime import load
 from specframe.runtime.devices import resolve_device, resolve_dtype
 from specframe.terms.errors import ConfigurationError, ModelLoadError
 from specframe.testing import tiny_target
@@ -34,7 +34,7 @@ def hub_cache(tmp_path_factory) -> Path:
     repo = cache / f"models--{REPO_ID.replace('/', '--')}"
     snapshot = repo / "snapshots" / COMMIT
     tiny_target(seed=5, vocab_size=49152, hidden_size=32).model.save_pretrained(snapshot)
-    AutoTokenizer.from_pretrained(models.resolve_model_dir("smollm2-135m")).save_pretrained(snapshot)
+    AutoTokenizer.from_pretrained(load.resolve_model_dir("smollm2-135m")).save_pretrained(snapshot)
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(COMMIT)
     return cache
@@ -98,15 +98,15 @@ def test_a_gguf_file_is_converted_once_and_again_when_it_changes(tmp_path, monke
         converted.append(source)
         tiny_target(seed=1, vocab_size=64, hidden_size=16).model.save_pretrained(tmp)
 
-    monkeypatch.setattr(models, "_dequantize", dequantize)
+    monkeypatch.setattr(load, "_dequantize", dequantize)
     gguf = tmp_path / "My-Model.Q4.gguf"
     gguf.write_bytes(b"GGUF stand-in")
-    first = models.resolve_model_dir(str(gguf))
+    first = load.resolve_model_dir(str(gguf))
     assert first.name.startswith("My-Model.Q4-") and converted == [str(gguf.resolve())]
-    assert models.resolve_model_dir(str(gguf)) == first and len(converted) == 1  # cached
+    assert load.resolve_model_dir(str(gguf)) == first and len(converted) == 1  # cached
     gguf.write_bytes(b"GGUF stand-in, replaced")
     os.utime(gguf, ns=(1, 1))
-    assert models.resolve_model_dir(str(gguf)) != first and len(converted) == 2
+    assert load.resolve_model_dir(str(gguf)) != first and len(converted) == 2
 
 
 def test_devices_resolve_or_say_what_this_machine_has():

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import specframe
-from specframe import models
+from specframe.runtime import load
 from specframe.terms.errors import ConfigurationError
 from specframe.runtime.packed_linear import (PackedLinear, linear_kernel, native_bfloat16, onednn_available,
                                      pack_linear_layers)
@@ -126,7 +126,7 @@ def test_load_target_packs_in_float32_and_native_bfloat16_unless_told_not_to(tmp
 
     directory = tmp_path / "tiny"
     tiny_target(seed=4, vocab_size=49152, hidden_size=32).model.save_pretrained(directory)
-    AutoTokenizer.from_pretrained(models.resolve_model_dir("smollm2-135m")).save_pretrained(directory)
+    AutoTokenizer.from_pretrained(load.resolve_model_dir("smollm2-135m")).save_pretrained(directory)
     monkeypatch.delenv("SPECFRAME_CPU_LINEAR", raising=False)
     assert linear_kernel(specframe.load_target(str(directory), device="cpu").model) == "onednn"
     half = specframe.load_target(str(directory), device="cpu", dtype="bfloat16")

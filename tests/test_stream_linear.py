@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import specframe
-from specframe import models
+from specframe.runtime import load
 from specframe.terms.errors import SpecframeWarning
 from specframe.runtime.packed_linear import PackedLinear, linear_kernel, onednn_available, pack_linear_layers
 from specframe.testing import tiny_target
@@ -92,7 +92,7 @@ def test_load_target_streams_only_when_asked_and_able(tmp_path, monkeypatch):
 
     directory = tmp_path / "tiny"
     tiny_target(seed=4, vocab_size=49152, hidden_size=32).model.save_pretrained(directory)
-    AutoTokenizer.from_pretrained(models.resolve_model_dir("smollm2-135m")).save_pretrained(directory)
+    AutoTokenizer.from_pretrained(load.resolve_model_dir("smollm2-135m")).save_pretrained(directory)
     monkeypatch.setenv("SPECFRAME_CPU_LINEAR", "stream")
     assert linear_kernel(specframe.load_target(str(directory), device="cpu").model) == "stream"
     half = specframe.load_target(str(directory), device="cpu", dtype="bfloat16")  # bfloat16: not streamed

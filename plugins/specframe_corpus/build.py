@@ -24,7 +24,7 @@ import numpy as np
 import specframe
 from specframe.support.atomic_dirs import exchange, exclusive, follow_umask, remove_stale, temp_name_pattern
 from specframe.terms.errors import io_failure
-from specframe.runtime.load import check_writable_dir
+from specframe.support.paths import check_writable_dir
 from specframe.terms.metrics import peak_memory_bytes
 from specframe.support.progress import bar as progress_bar
 from specframe_corpus.datastore import (

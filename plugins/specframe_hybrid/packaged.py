@@ -84,7 +84,7 @@ def build_by_recipe(ratio: str) -> Callable[[Path, Callable[[str], None]], None]
     """A builder that runs the whole distillation for `ratio` (in the model cache's work directory)."""
 
     def build(directory: Path, log: Callable[[str], None]) -> None:
-        from specframe.runtime.load import specframe_home
+        from specframe.support.paths import specframe_home
         from specframe_hybrid.recipe import Recipe, run
 
         run_dir = specframe_home() / "hybrid-runs" / TEACHER  # resumable: an interrupted build goes on

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from specframe import ConfigurationError
 from specframe.support.atomic_dirs import FILE_LOCK_WAIT, file_lock, locked_update, write_atomically
-from specframe.runtime.load import check_writable_dir, specframe_home
+from specframe.support.paths import check_writable_dir, specframe_home
 from specframe.support.tokenizer_identity import TokenizerIdentity
 
 FORMAT = 1

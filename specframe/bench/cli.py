@@ -58,7 +58,9 @@ def bench_command(
 ) -> None:
     """Benchmark speculative methods against plain decoding and transformers, Spec-Bench style."""
     from specframe.bench.harness import check_options, run_benchmark
-    from specframe.runtime.load import check_writable_dir, load_target
+    from specframe.plugging.models import model_recipes
+    from specframe.runtime.load import load_target
+    from specframe.support.paths import check_writable_dir
     from specframe.plugging.registry import get_registry
     from specframe.terms.sampling import SamplingParams
 
@@ -83,11 +85,11 @@ def bench_command(
 
         from specframe.bench.distributed import run_benchmark_ray
 
-        run, table = run_benchmark_ray(partial(load_target, model, device=device, dtype=dtype), suite,
-                                       _split(methods), out, address=ray, workers=ray_workers,
-                                       threads=threads, **options)
+        load_model = partial(load_target, model, device=device, dtype=dtype, recipes=model_recipes)
+        run, table = run_benchmark_ray(load_model, suite, _split(methods), out, address=ray,
+                                       workers=ray_workers, threads=threads, **options)
     else:
-        target = load_target(model, device=device, dtype=dtype)
+        target = load_target(model, device=device, dtype=dtype, recipes=model_recipes)
         run, table = run_benchmark(target, suite, _split(methods), out, **options)
     typer.echo((out / "results.md").read_text("utf-8"))
     typer.echo(f"written under {out}: records.jsonl, results.json, results.md" + (", *.png" if plots else ""))

@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 from specframe.terms.errors import ConfigurationError
 from specframe.terms.metrics import clock_name
-from specframe.runtime.load import Target
+from specframe.terms.target import Target
 from specframe.support.progress import bar as progress_bar
 from specframe.support.ray_support import import_ray, ray_session
 from specframe.plugging.registry import PluginRegistry, get_registry

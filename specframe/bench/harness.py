@@ -11,7 +11,8 @@ import torch
 
 from specframe.terms.errors import ConfigurationError
 from specframe.terms.kinds import ComponentKind
-from specframe.runtime.load import Target, check_writable_dir
+from specframe.support.paths import check_writable_dir
+from specframe.terms.target import Target
 from specframe.terms.metrics import clock_name
 from specframe.plugging.registry import PluginRegistry, get_registry
 from specframe.terms.sampling import SamplingParams

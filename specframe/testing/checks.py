@@ -16,7 +16,7 @@ from specframe.decode.loop import SpeculativeDecoder
 from specframe.terms.cost import PolynomialCost
 from specframe.contract.interfaces import BuildContext, Drafter, StateBackend, TreeBuilder, Verifier
 from specframe.terms.kinds import ComponentKind
-from specframe.runtime.load import Target
+from specframe.terms.target import Target
 from specframe.plugging.pipeline import assemble
 from specframe.terms.proposal import DraftProposal, DrawMethod, ScoreKind
 from specframe.terms.records import TargetScores

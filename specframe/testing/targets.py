@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from specframe.runtime.load import Target
+from specframe.terms.target import Target
 
 
 # The tiny tokenizer's vocabulary: one token per character, printable ASCII then the newline (96 ids).

@@ -1,0 +1,59 @@
+"""What `load_target` changes in a model it loaded onto the CPU, so that a tree of a few nodes costs about
+one plain step and, in half precision, tree forwards reproduce plain steps bit for bit.
+
+In float32 the linear layers multiply by oneDNN-packed weights (`specframe.runtime.packed_linear`);
+`SPECFRAME_CPU_LINEAR=torch` turns that off, and `SPECFRAME_CPU_LINEAR=stream` multiplies products of up
+to 12 rows by `specframe_kernels.stream_linear` where the CPU has AVX-512 (a warning, and oneDNN alone,
+where it cannot). In bfloat16, on a CPU that multiplies bfloat16 natively, the linears are packed to keep
+up to `EXACT_ROWS` rows exact. Attention in float32 reads shared key/value heads in place instead of
+copying them for each tree forward, and in bfloat16 or float16 computes each row exactly
+(`specframe.runtime.attention`); `SPECFRAME_CPU_ATTENTION=sdpa` turns both off.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import TYPE_CHECKING
+
+from specframe.terms.errors import SpecframeWarning
+
+if TYPE_CHECKING:  # torch is imported where it is used: plugins registering components need these helpers
+    import torch
+
+
+def chosen_cpu_kernels() -> str:
+    """The CPU linear kernel `SPECFRAME_CPU_LINEAR` asks for, after checking it and
+    `SPECFRAME_CPU_ATTENTION`: called before any slow work, so that a bad value fails at once."""
+    from specframe.runtime.attention import chosen_attention
+    from specframe.runtime.packed_linear import chosen_kernel
+
+    kernel = chosen_kernel()
+    chosen_attention()
+    return kernel
+
+
+def patch_cpu_model(model: torch.nn.Module, precision: torch.dtype, kernel: str) -> None:
+    """Pack the linear layers of a CPU `model` computing in `precision` for the linear `kernel`
+    (`chosen_cpu_kernels`), and switch its attention to the one for its dtype."""
+    import torch
+
+    from specframe.runtime.attention import EXACT_ROWS, use_cpu_attention
+    from specframe.runtime.packed_linear import native_bfloat16, pack_linear_layers
+
+    if kernel in ("onednn", "stream") and precision == torch.float32:
+        pack_linear_layers(model, stream=kernel == "stream" and _stream_linear_runs())
+    elif kernel != "torch" and precision == torch.bfloat16 and native_bfloat16():
+        pack_linear_layers(model, bfloat16=True, exact_rows=EXACT_ROWS)  # trees computed as plain steps
+    use_cpu_attention(model)
+
+
+def _stream_linear_runs() -> bool:
+    """Whether `SPECFRAME_CPU_LINEAR=stream` can be honoured here; a warning says why not."""
+    from specframe_kernels import stream_linear  # imported when asked for: see `test_registry.py`
+
+    if stream_linear.available():
+        return True
+    warnings.warn("SPECFRAME_CPU_LINEAR=stream needs an x86-64 CPU with AVX-512 and a C++ compiler with "
+                  "ninja to build specframe_kernels.stream_linear (see its log message): using oneDNN",
+                  SpecframeWarning, stacklevel=4)  # the caller of `load_target`
+    return False
