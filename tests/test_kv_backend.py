@@ -47,3 +47,16 @@ def test_small_trees_are_padded_on_cpu_only_by_default():
 def test_min_rows_that_is_not_a_positive_integer_is_refused(rows):
     with pytest.raises(ConfigurationError, match="backend 'kv': min_rows must be an integer >= 1"):
         KVCacheBackend(tiny_llama(seed=3), min_rows=rows)
+
+
+def test_with_a_fixed_budget_builders_get_the_stored_calibration(monkeypatch):
+    """`kv` offers no cost model of its own (`StateBackend.cost_model` returns None): the decoder passes
+    its builders the calibration stored for the backend instead, as `specframe calibrate` left it."""
+    from specframe import SpeculativeDecoder
+    from specframe.decode import calibration
+
+    decoder = SpeculativeDecoder.from_names(tiny_llama(seed=3), "pld", budget=4)
+    assert decoder.pipeline.backend.cost_model() is None
+    seen = []
+    monkeypatch.setattr(calibration, "stored_cost", lambda backend: seen.append(backend) or "stored")
+    assert decoder._planner().cost == "stored" and seen == [decoder.pipeline.backend]

@@ -60,9 +60,10 @@ class SSMBackendBase(StateBackend):
         """The calibration stored for this backend on this machine (`specframe calibrate`), else the
         reference CPU fit of this backend for the target's kind, scaled by its layers and width and
         padded as this backend pads small trees (`specframe_ssm.cost`)."""
+        from specframe.decode.calibration import stored_cost
         from specframe_ssm.cost import default_cost_model
 
-        return super().cost_model() or default_cost_model(self.name, self.model, self.min_rows)
+        return stored_cost(self) or default_cost_model(self.name, self.model, self.min_rows)
 
     def cost_options(self) -> dict:
         """The attention cache kind, so calibrations stored before attention layers appended in place

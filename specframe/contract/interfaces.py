@@ -118,7 +118,7 @@ class BuildContext:
 
     `budget` is a cap, never a quota: a builder may return fewer nodes, the empty tree included, when
     more would not pay. `cost` predicts the step time of a tree from its size and depth (the backend's
-    `StateBackend.cost_model()`), or is None when the backend offers none.
+    `StateBackend.cost_model()`, else its stored calibration), or is None when there is neither.
     """
 
     budget: int  # the most nodes the tree may have (>= 1)
@@ -187,14 +187,13 @@ class StateBackend(ABC):
     def cost_model(self) -> CostModel | None:
         """Predicted step time by tree size and depth, for tree builders (see `BuildContext`).
 
-        Default: the calibration stored for this backend, target, device, dtype and thread count
-        (`specframe calibrate`), or None. Called once per decoder, at its first request, when
-        the budget is a fixed number; with `budget="auto"` builders receive instead the cost measured for
-        this backend on this machine (`specframe.decode.calibration`), which also drives the planner.
+        Default: None, and the decoder gives builders the calibration stored for this backend, target,
+        device, dtype and thread count (`specframe calibrate`), if there is one. Called once per decoder,
+        at its first request, when the budget is a fixed number; with `budget="auto"` builders receive
+        instead the cost measured for this backend on this machine (`specframe.decode.calibration`), which
+        also drives the planner.
         """
-        from specframe.decode.calibration import stored_cost
-
-        return stored_cost(self)
+        return None
 
     def cost_options(self) -> dict:
         """This instance's options that change what a step costs (a key of the stored calibration, so

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from specframe.decode.planner import (
-    AdaptivePlanner, FixedPlanner, make_adaptive_planner, parse_budget, plans_blind,
+    AdaptivePlanner, FixedPlanner, make_adaptive_planner, make_fixed_planner, parse_budget, plans_blind,
 )
 from specframe.terms.cost import CostModel
 from specframe.runtime.devices import synchronizer
@@ -168,7 +168,7 @@ class SpeculativeDecoder:
             self.planner = make_adaptive_planner(self.pipeline, self.budget, self.cost, self.acceptance_file,
                                                  self.progress, self.phase_timing)
         elif self.planner is None:
-            self.planner = FixedPlanner(self.budget, self.pipeline.backend.cost_model())
+            self.planner = make_fixed_planner(self.pipeline, self.budget)
         return self.planner
 
     def _finish(self, new: list[int], emitted: list[int], max_new_tokens: int, stops: StopStrings):

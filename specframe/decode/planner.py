@@ -399,6 +399,17 @@ def parse_budget(budget: int | str) -> tuple[int, bool]:
     return cap, adaptive
 
 
+def make_fixed_planner(pipeline, budget: int) -> FixedPlanner:
+    """A `FixedPlanner` of `budget` nodes whose builders receive the backend's cost model
+    (`StateBackend.cost_model`), else the calibration stored for the backend (`specframe calibrate`),
+    else no cost."""
+    from specframe.decode.calibration import stored_cost
+
+    backend = pipeline.backend
+    cost = backend.cost_model()
+    return FixedPlanner(budget, cost if cost is not None else stored_cost(backend))
+
+
 def make_adaptive_planner(pipeline, cap: int, cost: CostModel | None = None,
                           acceptance_file: Path | None = None, progress: bool = True,
                           phase_timing: bool = True) -> AdaptivePlanner:
