@@ -58,17 +58,18 @@ def generate(
     phase_timing: bool = phase_timing_option(),
 ) -> None:
     """Generate a continuation with a speculative pipeline and print it with its metrics."""
-    from specframe.decode.planner import parse_budget
     from specframe.decode.loop import SpeculativeDecoder
     from specframe.plugging.models import model_recipes
     from specframe.runtime.load import load_target
     from specframe.plugging.pipeline import check_specs
+    from specframe.terms.budget import parse_budget
+    from specframe.terms.request import check_request_input
     from specframe.terms.sampling import SamplingParams
 
     sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
-    check_text(prompt, "the prompt")
-    check_stop_strings(stop or [])
-    parse_budget(budget)  # before the model loads
+    # Checked as the decoder checks them, but before the model loads
+    stop = check_request_input(prompt, max_new_tokens, stop or (), stop_name="--stop")
+    parse_budget(budget)
     check_specs(drafter, tree, verifier, backend)
     set_timing(threads, clock, device)
     target = load_target(model, device=device, dtype=dtype, recipes=model_recipes)
@@ -188,39 +189,11 @@ def padding_line(cost) -> str | None:
             f"this backend's forwards {choice}")
 
 
-def check_text(text: str, what: str) -> None:
-    """Refuse text that is not valid UTF-8. On Linux, argv bytes that are not UTF-8 arrive as lone
-    surrogates (Python's surrogateescape), which tokenizers reject with an obscure TypeError; guessing
-    another encoding or replacing the bytes would silently change what the model is asked."""
-    from specframe.terms.errors import PromptError
-
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raw = text.encode("utf-8", "surrogateescape")
-        bad = " ".join(f"0x{ord(c) - 0xDC00:02x}" for c in text if "\udc80" <= c <= "\udcff")
-        raise PromptError(
-            f"{what} is not valid UTF-8 text: {raw[:40]!r} holds the byte(s) {bad or '(a lone surrogate)'}; "
-            "pass UTF-8 text (convert it first, e.g. `iconv -f latin1 -t utf-8`)") from None
-
-
-def check_stop_strings(stop: list[str]) -> None:
-    """Refuse empty stop strings (every text contains "", so decoding would stop after one token)."""
-    from specframe.terms.errors import ConfigurationError
-
-    if any(s == "" for s in stop):
-        raise ConfigurationError('--stop "" would stop after the first token (every text contains the empty '
-                                 "string): give a non-empty stop string, or leave --stop out")
-    for s in stop:
-        check_text(s, "a --stop string")
-
-
 def encode_prompt(target, prompt: str, chat: bool) -> list[int]:
-    """Token ids of `prompt`, wrapped in the model's chat template when `chat` is set."""
+    """Token ids of `prompt` (checked by `check_request_input`), wrapped in the model's chat template
+    when `chat` is set."""
     from specframe.terms.errors import PromptError
 
-    if not prompt.strip():
-        raise PromptError("the prompt is empty: give some text to continue")
     tokenizer = target.tokenizer
     if chat:
         if not getattr(tokenizer, "chat_template", None):

@@ -318,14 +318,14 @@ def test_seed_range_is_what_torch_accepts():
 
 
 def test_text_checks():
-    from specframe.cli import check_stop_strings, check_text
+    from specframe.terms.request import check_request_input, check_text
 
     check_text("héllo ✓", "the prompt")
-    check_stop_strings(["\n\n", "END"])
+    assert check_request_input("hi", 1, ["\n\n", "END"]) == ("\n\n", "END")
     with pytest.raises(PromptError, match="0xff 0xfe"):
         check_text("x\udcff\udcfe", "the prompt")
     with pytest.raises(ConfigurationError, match="non-empty stop string"):
-        check_stop_strings(["END", ""])
+        check_request_input("hi", 1, ["END", ""])
 
 
 @pytest.mark.parametrize("kind, spec, needle", [

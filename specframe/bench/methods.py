@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
-from specframe.decode.planner import parse_budget
+from specframe.terms.budget import parse_budget
 from specframe.terms.errors import ConfigurationError, UnknownComponentError
 from specframe.contract.extensions import Preset
 from specframe.terms.kinds import DEFAULT_COMPONENTS, PLAIN_DRAFTER, ComponentKind

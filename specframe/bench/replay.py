@@ -36,7 +36,8 @@ from specframe.bench.runner import read_records
 from specframe.bench.suites import BenchPrompt, encode_turn, load_suite
 from specframe.decode.calibration import stored_cost
 from specframe.decode.loop import SpeculativeDecoder
-from specframe.decode.planner import SHAPE_LEARNING, AdaptivePlanner, FixedPlanner, parse_budget
+from specframe.decode.planner import SHAPE_LEARNING, AdaptivePlanner, FixedPlanner
+from specframe.terms.budget import parse_budget
 from specframe.plugging.pipeline import Pipeline, assemble
 from specframe.plugging.registry import PluginRegistry
 from specframe.plugging.models import model_recipes

@@ -11,8 +11,9 @@ from pathlib import Path
 import numpy as np
 
 from specframe.decode.planner import (
-    AdaptivePlanner, FixedPlanner, make_adaptive_planner, make_fixed_planner, parse_budget, plans_blind,
+    AdaptivePlanner, FixedPlanner, make_adaptive_planner, make_fixed_planner, plans_blind,
 )
+from specframe.terms.budget import parse_budget
 from specframe.terms.cost import CostModel
 from specframe.runtime.devices import synchronizer
 from specframe.terms.errors import ConfigurationError, PromptError, SpecframeWarning
@@ -24,6 +25,7 @@ from specframe.terms.target import Target
 from specframe.plugging.pipeline import Pipeline, assemble, check_request
 from specframe.terms.proposal import DraftContext, DraftProposal
 from specframe.terms.records import StepEvent, StepOutcome
+from specframe.terms.request import check_request_input
 from specframe.terms.result import GenerationResult
 from specframe.plugging.registry import PluginRegistry, get_registry
 from specframe.terms.sampling import Sampler, SamplingParams
@@ -78,8 +80,8 @@ class SpeculativeDecoder:
 
         `seed` replaces the sampling seed for this request only (e.g. one seed per sample of best-of-n);
         None keeps `sampling.seed`."""
+        stop = check_request_input(prompt, max_new_tokens, stop)
         prompt_ids = self._encode(prompt)
-        stop = (stop,) if isinstance(stop, str) else tuple(stop)
         self._check_request(prompt_ids, max_new_tokens, stop)
         sampling = self.sampling if seed is None else replace(self.sampling, seed=seed)
         check_request(self.pipeline, sampling, self.registry)  # `sampling` may have changed since assembly
@@ -190,21 +192,15 @@ class SpeculativeDecoder:
 
     def _encode(self, prompt: str | Sequence[int]) -> list[int]:
         if isinstance(prompt, str):
-            if not prompt.strip():
-                raise PromptError("the prompt is empty: give some text to continue")
             if self.target.tokenizer is None:
                 raise PromptError(f"model '{self.target.name}' has no tokenizer: pass token ids")
             return list(self.target.tokenizer(prompt, add_special_tokens=False)["input_ids"])
         return token_ids(prompt)
 
     def _check_request(self, prompt_ids: list[int], max_new_tokens: int, stop: tuple[str, ...]) -> None:
+        """What `check_request_input` cannot check without the model."""
         if not prompt_ids:
             raise PromptError("the prompt is empty: it must hold at least one token")
-        if max_new_tokens <= 0:
-            raise ConfigurationError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        if not all(isinstance(s, str) and s for s in stop):
-            raise ConfigurationError(f"stop strings must be non-empty text, got {stop!r}: the empty string "
-                                     "would stop after the first token, since every text contains it")
         if stop and self.target.tokenizer is None:
             raise ConfigurationError(f"stop strings need text, and model '{self.target.name}' has no "
                                      "tokenizer: leave stop unset, or load the model with its tokenizer")

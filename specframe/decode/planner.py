@@ -26,7 +26,6 @@ import numpy as np
 from specframe.decode.acceptance import AcceptanceModel, NodeFeatures, matched_outcomes
 from specframe.decode.selection import choose_subtree
 from specframe.terms.cost import CostModel, ScaledCost
-from specframe.terms.errors import ConfigurationError
 from specframe.terms.proposal import DraftProposal
 from specframe.terms.records import Prediction, VerifyResult
 from specframe.terms.sampling import SamplingParams
@@ -375,28 +374,6 @@ class AdaptivePlanner(CostAtContext):
     def _seconds(self, nodes: int, depth: int) -> float:
         """Predicted seconds of a step on `nodes` nodes, drafting aside."""
         return self._cost().step_seconds(nodes, depth) + self.overhead_s
-
-
-# Default cap of `budget="auto"`. The planner rarely keeps more than 16 nodes on a CPU, but long copies
-# (extraction, translation, code) pay past 16: replayed, 24 raised tau 1-3 % over 16 on Spec-Bench,
-# HumanEval and best-of-8 replays, and 32 added nothing.
-AUTO_CAP = 24
-
-
-def parse_budget(budget: int | str) -> tuple[int, bool]:
-    """(cap, adaptive) from a budget: a node count, `"auto"` or `"auto:CAP"`."""
-    text = str(budget).strip().lower()
-    adaptive = text == "auto" or text.startswith("auto:")
-    number = (text.partition(":")[2] or str(AUTO_CAP)) if adaptive else text
-    try:
-        cap = int(number)
-    except ValueError:
-        cap = 0
-    if cap < 1:
-        raise ConfigurationError(
-            "budget must be a number of tree nodes >= 1, 'auto' or 'auto:CAP' (e.g. auto:24), "
-            f"got {budget!r}; for plain decoding use the drafter 'none'")
-    return cap, adaptive
 
 
 def make_fixed_planner(pipeline, budget: int) -> FixedPlanner:
