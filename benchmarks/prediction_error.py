@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 import specframe
-from specframe.bench.suites import encode_turn, load_suite
+from specframe.support.prompt_suites import encode_turn, load_suite
 from specframe.plugging.registry import PluginRegistry
 
 

@@ -23,7 +23,7 @@ import specframe
 from specframe.bench.methods import baseline_spec, parse_method
 from specframe.bench.peers import PeerRunner, parse_peers
 from specframe.bench.runner import PipelineRunner
-from specframe.bench.suites import encode_turn, load_suite
+from specframe.support.prompt_suites import encode_turn, load_suite
 from specframe.terms.errors import SpecframeError
 from specframe.plugging.registry import ComponentSpec
 

@@ -82,7 +82,7 @@ def test_second_turn_sees_the_first_answer(target, tmp_path):
 
 
 def _decoded_prompt(target, prompt, answer):
-    from specframe.bench.suites import encode_turn
+    from specframe.support.prompt_suites import encode_turn
 
     return target.tokenizer.decode(encode_turn(target.tokenizer, prompt, 1, [answer]))
 

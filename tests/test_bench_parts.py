@@ -11,7 +11,7 @@ import specframe
 from specframe.bench.methods import parse_method, resolve_methods, split_parts, usable_presets
 from specframe.bench.peers import parse_peers, truncated_assistant
 from specframe.bench.report import method_stats
-from specframe.bench.suites import BenchPrompt, load_suite
+from specframe.support.prompt_suites import BenchPrompt, load_suite
 from specframe.bench.synthetic import SyntheticDrafter
 from specframe.terms.errors import ConfigurationError, UnknownComponentError
 from specframe.testing import tiny_target

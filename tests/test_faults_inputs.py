@@ -23,7 +23,7 @@ import torch
 import specframe
 from specframe.bench import BenchPrompt, run_benchmark
 from specframe.bench.runner import RecordStore, check_settings
-from specframe.bench.suites import load_suite
+from specframe.support.prompt_suites import load_suite
 from specframe.terms.errors import ConfigurationError, ModelLoadError, PromptError
 from specframe.runtime.load import load_target
 from specframe.support.paths import check_writable_dir

@@ -20,7 +20,7 @@ import pytest
 from safetensors import SafetensorError
 
 from specframe.runtime import load
-from specframe.bench.suites import load_suite
+from specframe.support.prompt_suites import load_suite
 from specframe.terms.errors import ConfigurationError, ModelLoadError, PromptError
 from specframe.plugging.registry import ComponentSpec
 from specframe.testing import tiny_target

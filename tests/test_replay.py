@@ -11,7 +11,7 @@ from specframe import SamplingParams, SpeculativeDecoder
 from specframe.bench.methods import parse_method
 from specframe.bench.replay import Turn, accepted_path, oracle_choice, recorded_turns, replay
 from specframe.bench.runner import RECORD_METRICS
-from specframe.bench.suites import BenchPrompt
+from specframe.support.prompt_suites import BenchPrompt
 from specframe.terms.cost import MeasuredCost, PolynomialCost
 from specframe.terms.errors import ConfigurationError
 from specframe.plugging.registry import get_registry

@@ -7,13 +7,13 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from specframe.bench.harness import run_benchmark
     from specframe.bench.methods import MethodSpec, parse_method, resolve_methods, usable_presets
-    from specframe.bench.suites import SUITES, BenchPrompt, load_suite
+    from specframe.support.prompt_suites import SUITES, BenchPrompt, load_suite
 
 # Imported on first use (PEP 562): `specframe bench --help` needs none of the harness's torch.
 _EXPORTS = {
     "specframe.bench.harness": ("run_benchmark",),
     "specframe.bench.methods": ("MethodSpec", "parse_method", "resolve_methods", "usable_presets"),
-    "specframe.bench.suites": ("SUITES", "BenchPrompt", "load_suite"),
+    "specframe.support.prompt_suites": ("SUITES", "BenchPrompt", "load_suite"),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 

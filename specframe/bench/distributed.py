@@ -33,7 +33,7 @@ from specframe.terms.sampling import SamplingParams
 from specframe.bench.harness import bench_settings, check_options, start_out, target_settings, write_results
 from specframe.bench.methods import resolve_methods
 from specframe.bench.runner import BenchRun, Mismatch, RecordStore, compare
-from specframe.bench.suites import BenchPrompt
+from specframe.support.prompt_suites import BenchPrompt
 
 
 def require_ray():

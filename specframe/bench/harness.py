@@ -22,7 +22,7 @@ from specframe.bench.peers import PeerSpec, parse_peers
 from specframe.bench.report import KEEP, write_reports
 from specframe.bench.runner import (BenchRun, bench_lock, build_runners, check_counts, check_run_args,
                                     check_settings, run_bench)
-from specframe.bench.suites import BenchPrompt, load_suite
+from specframe.support.prompt_suites import BenchPrompt, load_suite
 
 
 def run_benchmark(target: Target, suite: str | list[BenchPrompt], methods: list[str], out: str | Path, *,

@@ -33,7 +33,7 @@ from specframe.bench.playback import (
     ModelledTimer, OraclePlanner, Playback, RecordedBackend, RecordedVerifier, accepted_path, oracle_choice,
 )
 from specframe.bench.runner import read_records
-from specframe.bench.suites import BenchPrompt, encode_turn, load_suite
+from specframe.support.prompt_suites import BenchPrompt, encode_turn, load_suite
 from specframe.decode.calibration import stored_cost
 from specframe.decode.loop import SpeculativeDecoder
 from specframe.decode.planner import SHAPE_LEARNING, AdaptivePlanner, FixedPlanner

@@ -38,7 +38,7 @@ from specframe.terms.sampling import SamplingParams
 
 from specframe.bench.methods import MethodSpec, baseline_spec
 from specframe.bench.peers import PeerRunner, PeerSpec
-from specframe.bench.suites import BenchPrompt, encode_turn
+from specframe.support.prompt_suites import BenchPrompt, encode_turn
 from specframe.bench.synthetic import SyntheticDrafter
 
 WARMUP_TOKENS = 16

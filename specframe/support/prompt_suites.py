@@ -39,7 +39,7 @@ def load_suite(suite: str, limit: int | None = None) -> list[BenchPrompt]:
     if suite == "humaneval":
         prompts = _humaneval()
     elif suite in _SHIPPED:
-        text = resources.files("specframe.bench").joinpath("data", _SHIPPED[suite]).read_text("utf-8")
+        text = resources.files("specframe.support").joinpath("data", _SHIPPED[suite]).read_text("utf-8")
         prompts = _parse_jsonl(text.splitlines(), suite)
     elif Path(suite).is_file():
         prompts = _read_suite_file(Path(suite))
