@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from specframe.decode.loop import DEFAULT_BUDGET, SpeculativeDecoder, generate
     from specframe.terms.errors import (
         CapabilityError, ConfigurationError, DuplicateComponentError, ModelLoadError, PromptError,
-        SpecframeError, UnknownComponentError, UnsupportedModelError,
+        SpecframeError, SpecframeWarning, UnknownComponentError, UnsupportedModelError,
     )
     from specframe.contract.extensions import CliOption, ModelRecipe, Preset
     from specframe.contract.hookspecs import hookimpl
@@ -42,8 +42,8 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "specframe.decode.loop": ("DEFAULT_BUDGET", "SpeculativeDecoder", "generate"),
     "specframe.terms.errors": ("CapabilityError", "ConfigurationError", "DuplicateComponentError",
-                               "ModelLoadError",
-                         "PromptError", "SpecframeError", "UnknownComponentError", "UnsupportedModelError"),
+                               "ModelLoadError", "PromptError", "SpecframeError", "SpecframeWarning",
+                               "UnknownComponentError", "UnsupportedModelError"),
     "specframe.contract.extensions": ("CliOption", "ModelRecipe", "Preset"),
     "specframe.contract.hookspecs": ("hookimpl",),
     "specframe.contract.interfaces": ("BackendCapabilities", "BuildContext", "Drafter", "DrafterCapabilities",
@@ -84,7 +84,7 @@ __all__ = [
     "Drafter", "DrafterCapabilities", "DraftProposal", "DrawMethod", "DuplicateComponentError", "generate",
     "GenerationResult", "get_registry", "hookimpl", "load_target", "ModelLoadError", "ModelRecipe",
     "Pipeline", "PluginRegistry", "PolynomialCost", "Preset", "PromptError", "Sampler", "SamplingParams",
-    "ScoreKind", "SpecframeError", "SpeculativeDecoder", "StateBackend", "StepEvent", "StepOutcome", "Target",
-    "TargetScores", "TokenTree", "TreeBuilder", "TreeBuilderCapabilities", "UnknownComponentError",
-    "UnsupportedModelError", "Verifier", "VerifierCapabilities", "VerifyResult",
+    "ScoreKind", "SpecframeError", "SpecframeWarning", "SpeculativeDecoder", "StateBackend", "StepEvent",
+    "StepOutcome", "Target", "TargetScores", "TokenTree", "TreeBuilder", "TreeBuilderCapabilities",
+    "UnknownComponentError", "UnsupportedModelError", "Verifier", "VerifierCapabilities", "VerifyResult",
 ]

@@ -1,7 +1,9 @@
 """Options every model-loading command shares: `--model`, `--device`, `--dtype`, `--phase-timing`, and the
 timing options of the commands that measure speed (`--threads`, `--clock`).
 
-Factories, not shared instances, so each command owns its option objects."""
+Factories, not shared instances, so each command owns its option objects. A plugin's own commands
+(`specframe datastore build`, `specframe train s4c`) declare their model options with these, so they read
+and behave as specframe's."""
 
 from __future__ import annotations
 
@@ -12,32 +14,39 @@ from specframe.runtime.devices import DEVICE_HELP, DTYPE_HELP
 MODEL_HELP = ("Model: an alias (smollm2-135m), a local Hugging Face directory, a .gguf file, or a Hugging "
               "Face id such as HuggingFaceTB/SmolLM2-360M-Instruct (from your HF cache, or downloaded "
               "unless HF_HUB_OFFLINE is set).")
+"""The help of `--model`: every form of model name `load_target` accepts."""
 
 
 def model_option(default: str = "smollm2-135m") -> str:
+    """`--model`: an alias, a local directory, a .gguf file or a Hugging Face id (`MODEL_HELP`)."""
     return typer.Option(default, help=MODEL_HELP)
 
 
 def device_option() -> str:
+    """`--device`: auto (CUDA, else MPS, else the CPU), cpu, cuda, cuda:INDEX or mps."""
     return typer.Option("auto", help=DEVICE_HELP)
 
 
 def dtype_option() -> str:
+    """`--dtype`: the precision the model loads in (auto: its own on an accelerator, float32 on a CPU)."""
     return typer.Option("auto", help=DTYPE_HELP)
 
 
 def phase_timing_option() -> bool:
+    """`--phase-timing/--no-phase-timing`: whether each phase of a step is timed."""
     return typer.Option(True, "--phase-timing/--no-phase-timing",
                         help="Time each phase of a step (synchronises the GPU per phase); turn off for the "
                         "fastest run: totals stay right, the per-phase split is then not measured.")
 
 
 def threads_option() -> int | None:
+    """`--threads`: torch's intra-op thread count for a command that measures speed."""
     return typer.Option(None, min=1, help="torch intra-op threads (default: torch's choice). On a busy "
                         "machine 1 thread times far more steadily.")
 
 
 def clock_option() -> str:
+    """`--clock`: wall time, or this process's CPU time (one thread on the CPU only)."""
     return typer.Option("wall", help="wall, or cpu: this process's CPU time, which other processes on a "
                         "shared CPU do not inflate (needs --threads 1 and --device cpu).")
 

@@ -35,7 +35,8 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 STALE_INODE_RETRIES = 5  # a finishing holder unlinks the lock file: retry on the new one a few times
-FILE_LOCK_WAIT = 60.0  # seconds to wait for another writer of a file: updates hold its lock briefly
+FILE_LOCK_WAIT = 60.0
+"""Seconds `locked_update` waits for another writer of a file: updates hold its lock briefly."""
 
 
 @contextmanager

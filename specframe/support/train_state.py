@@ -28,6 +28,7 @@ from specframe.support.atomic_dirs import write_atomically
 from specframe.terms.errors import ConfigurationError
 
 STATE_FILE = "state.safetensors"
+"""The name of the state file `save_train_state` writes in a run directory, which a resumed run reads."""
 PICKLED_STATE = "state.pt"  # what torch.save wrote before: never loaded
 FORMAT = "1"
 OPTIMIZER = "optimizer."

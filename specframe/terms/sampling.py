@@ -26,7 +26,9 @@ if TYPE_CHECKING:
 
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed accepts
 DRAFT_SEED_OFFSET = 0x5EED  # the drafting generator's seed is the request's seed plus this
-DraftDraw = Literal["auto", "top-k", "sample"]  # the `draw` option of drafters with real probabilities
+DraftDraw = Literal["auto", "top-k", "sample"]
+"""The values of the `draw` option of drafters with real probabilities: `auto` samples drafts when the
+request samples, `top-k` always takes the most likely, `sample` always draws (see `samples_drafts`)."""
 DRAFT_DRAWS = get_args(DraftDraw)
 
 

@@ -21,6 +21,9 @@ if TYPE_CHECKING:
     import torch
 
 SAMPLED_DRAWS = (DrawMethod.SAMPLED, DrawMethod.SAMPLED_WITHOUT_REPLACEMENT)
+"""The draw methods whose drafts were sampled from the drafter's q. A tree builder keeps such a proposal's
+nodes by a draw-order prefix (`draw_order_prefix`), not by score, so the tree keeps its sampled label and
+`rejection` can accept drafts with probability min(1, p/q) (`DrawMethod`, rule 3)."""
 
 
 @dataclass(eq=False)

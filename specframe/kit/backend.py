@@ -1,0 +1,31 @@
+"""For StateBackend authors: the rows a backend pads each forward to, the calibration stored for it, its
+cost with padding, the appending KV cache, and how many rows attention keeps exact.
+
+- `forward_min_rows(value, device, backend, linear, calibrated=...)` is the backend's `min_rows`
+  option resolved: the value given, else no padding off the CPU, else what the stored calibration chose
+  (`calibrated()`); `pads_by_measurement(value, device, linear)` says whether that choice is left to
+  calibration. On a CPU, 1- and 2-row matrix products are slower than 4-row ones, so padding small
+  forwards can pay; where other work grows with the rows it is a loss, hence measured per model.
+- `stored_min_rows(backend)` and `stored_cost(backend)` read what `specframe calibrate` stored for the
+  backend on this machine (never measuring): the padding it chose and the measured step cost, which
+  `cost_model()` may return.
+- `PaddedCost(base, rows)` is a cost model for a backend that pads: trees of fewer nodes cost what
+  `rows - 1` nodes cost.
+- `buffered_cache(config)` is a transformers `DynamicCache` whose attention layers append in place, so a
+  step copies no cache.
+- `exact_rows(model)` is how many rows one forward may take and still give each row exactly what a
+  forward of that row alone would, on the CPU's exact attention (None where the model is not computed
+  exactly anyway): the most rows a backend may score at once and keep greedy decoding identical.
+
+Imports torch and transformers: import it inside the methods that build or run the backend, never at a
+plugin module's top.
+"""
+
+from specframe.decode.calibration import stored_cost, stored_min_rows
+from specframe.runtime.attention import exact_rows
+from specframe.runtime.devices import forward_min_rows, pads_by_measurement
+from specframe.runtime.kv_cache import buffered_cache
+from specframe.terms.cost import PaddedCost
+
+__all__ = ["PaddedCost", "buffered_cache", "exact_rows", "forward_min_rows", "pads_by_measurement",
+           "stored_cost", "stored_min_rows"]

@@ -1,0 +1,14 @@
+"""Ray for a plugin's `--ray` option, which spreads a job (a sharded datastore build, say) over a Ray
+cluster or over local processes.
+
+- `import_ray(error, instead)` imports ray, or raises `error` saying that `--ray` needs it, how to
+  install it and what to do instead: ray is an optional extra (`specframe[ray]`).
+- `ray_session(ray, address, num_cpus)` joins the running Ray session, or starts a local one or connects
+  to `address` for the block and shuts it down after, as `specframe bench --ray` does.
+
+Imports neither ray nor torch: a plugin may import it at the top of any module.
+"""
+
+from specframe.support.ray_support import import_ray, ray_session
+
+__all__ = ["import_ray", "ray_session"]
