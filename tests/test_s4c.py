@@ -159,14 +159,14 @@ def test_drafting_dtype_follows_the_option_and_the_cpu(monkeypatch):
     import specframe_s4c.drafter as module
 
     target = tiny_target(seed=0)  # float32 on the CPU
-    monkeypatch.setattr("specframe.runtime.packed_linear.native_bfloat16", lambda: True)  # read per call
+    monkeypatch.setattr("specframe.kit.models.native_bfloat16", lambda: True)  # read per call
     assert module.drafting_dtype("auto", target) == torch.float32  # torch's kernel, as the target's
     if not pack_linear_layers(target.model):
         pytest.skip("this torch build has no oneDNN")
     assert module.drafting_dtype("auto", target) == torch.bfloat16
     assert module.drafting_dtype("target", target) == torch.float32
     # no bfloat16 products:
-    monkeypatch.setattr("specframe.runtime.packed_linear.native_bfloat16", lambda: False)
+    monkeypatch.setattr("specframe.kit.models.native_bfloat16", lambda: False)
     assert module.drafting_dtype("auto", target) == torch.float32
     assert module.drafting_dtype("bfloat16", target) == torch.bfloat16
     with pytest.raises(specframe.ConfigurationError, match="dtype must be one of"):

@@ -15,8 +15,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specframe.runtime.devices import inference_mode
-from specframe.support.progress import bar as progress_bar
+from specframe.kit.inference import inference_mode
+from specframe.kit.progress import bar as progress_bar
 from specframe_corpus.datastore import DatastoreError
 from specframe_corpus.sources import Source, TokenDocuments, parse_line
 

@@ -22,11 +22,10 @@ from pathlib import Path
 import numpy as np
 
 import specframe
-from specframe.support.atomic_dirs import exchange, exclusive, follow_umask, remove_stale, temp_name_pattern
-from specframe.terms.errors import io_failure
-from specframe.support.paths import check_writable_dir
-from specframe.terms.metrics import peak_memory_bytes
-from specframe.support.progress import bar as progress_bar
+from specframe.kit.files import (
+    check_writable_dir, exchange, exclusive, follow_umask, io_failure, remove_stale, temp_name_pattern,
+)
+from specframe.kit.progress import bar as progress_bar, peak_memory_bytes
 from specframe_corpus.datastore import (
     BUCKETS,
     FORMAT,

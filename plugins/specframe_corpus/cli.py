@@ -50,7 +50,7 @@ def build(
 ) -> None:
     """Tokenize SOURCEs with MODEL's tokenizer and index them into a datastore at OUT."""
     from specframe import load_target
-    from specframe.support.paths import check_writable_dir
+    from specframe.kit.files import check_writable_dir
     from specframe_corpus.build import build_datastore
     from specframe_corpus.shards import is_sharded
     from specframe_corpus.source_specs import parse_source

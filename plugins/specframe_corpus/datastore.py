@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from specframe import SpecframeError
-from specframe.support.tokenizer_identity import TokenizerIdentity
+from specframe.kit.drafting import TokenizerIdentity
 
 FORMAT = "specframe-rest-datastore"
 FORMAT_VERSION = 1

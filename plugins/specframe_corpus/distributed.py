@@ -28,11 +28,11 @@ from pathlib import Path
 import numpy as np
 
 import specframe
-from specframe.support.atomic_dirs import exclusive, follow_umask, remove_stale, temp_name_pattern
-from specframe.terms.errors import io_failure
-from specframe.support.paths import check_writable_dir
-from specframe.support.progress import Bar, bar as progress_bar
-from specframe.support.ray_support import import_ray, ray_session
+from specframe.kit.files import (
+    check_writable_dir, exclusive, follow_umask, io_failure, remove_stale, temp_name_pattern,
+)
+from specframe.kit.progress import Bar, bar as progress_bar
+from specframe.kit.ray import import_ray, ray_session
 from specframe_corpus.build import build_datastore, lock_file, publish, recover
 from specframe_corpus.datastore import (
     HEADER,

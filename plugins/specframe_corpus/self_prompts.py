@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from specframe.support.progress import bar as progress_bar
+from specframe.kit.progress import bar as progress_bar
 from specframe_corpus.answers import ANSWER_BATCH, ModelAnswers, check_generation
 from specframe_corpus.datastore import DatastoreError
 from specframe_corpus.sources import Source

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specframe.support.atomic_dirs import current_umask
+from specframe.kit.files import current_umask
 from specframe_corpus.datastore import (
     HEADER, Datastore, DatastoreError, TokenizerIdentity, file_digest, parse_identity,
 )

@@ -11,7 +11,7 @@ import os
 import weakref
 from pathlib import Path
 
-from specframe.support.paths import specframe_home
+from specframe.kit.files import specframe_home
 from specframe_corpus.datastore import HEADER, Datastore, TokenizerIdentity, read_header
 from specframe_corpus.retrieval import SuffixIndex
 from specframe_corpus.shards import ShardedDatastore, ShardedIndex, index_of, open_store, version_file

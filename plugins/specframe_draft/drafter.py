@@ -26,11 +26,11 @@ import numpy as np
 
 import specframe
 from specframe import (
-    DraftContext, DraftProposal, Drafter, DrafterCapabilities, DrawMethod, ScoreKind, StepOutcome,
+    ConfigurationError, DraftContext, DraftProposal, Drafter, DrafterCapabilities, DrawMethod, ScoreKind,
+    StepOutcome, UnsupportedModelError,
 )
-from specframe.terms.errors import ConfigurationError, UnsupportedModelError
-from specframe.runtime.devices import inference_mode
-from specframe.terms.sampling import DraftDraw, check_draw, samples_drafts
+from specframe.kit.drafting import DraftDraw, check_draw, samples_drafts
+from specframe.kit.inference import inference_mode
 
 if TYPE_CHECKING:  # torch is imported where it is used, so that registering the drafter loads none
     import torch
@@ -39,7 +39,7 @@ if TYPE_CHECKING:  # torch is imported where it is used, so that registering the
 
 def truncated_model(target: specframe.Target, layers: int) -> nn.Module:
     """A causal LM made of the target's first `layers` decoder layers, final norm and LM head (shared)."""
-    from specframe.runtime.truncation import truncated_model as _truncated_model
+    from specframe.kit.models import truncated_model as _truncated_model
 
     return _truncated_model(target, layers, "draft-model")
 

@@ -25,7 +25,7 @@ from fractions import Fraction
 
 import torch
 
-from specframe.terms.errors import ConfigurationError
+from specframe import ConfigurationError
 
 # Mamba2's step-size initialisation: dt log-uniform in [DT_MIN, DT_MAX], stored through softplus.
 DT_MIN, DT_MAX = 1e-3, 1e-1

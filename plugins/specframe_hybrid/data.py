@@ -12,9 +12,9 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save
 
-from specframe.support.atomic_dirs import write_atomically
-from specframe.terms.errors import ConfigurationError
-from specframe.support.progress import bar as progress_bar
+from specframe import ConfigurationError
+from specframe.kit.files import write_atomically
+from specframe.kit.progress import bar as progress_bar
 from specframe_hybrid.prompts import distillation_prompts
 
 BLOCKS_FILE = "blocks.safetensors"
@@ -107,7 +107,7 @@ def code_documents(tokenizer, tokens: int, seed: int = 0) -> list[list[int]]:
 def held_out_texts(tokenizer, humaneval: int = 20, per_category: int = 5) -> dict[str, list[list[int]]]:
     """Held-out token sequences by suite, encoded as the benchmarks feed them: the first `humaneval` HumanEval
     prompts (raw code) and `per_category` Spec-Bench questions per category (first turn, chat template)."""
-    from specframe.bench.suites import encode_turn, load_suite
+    from specframe.kit.prompts import encode_turn, load_suite
 
     return {suite: [encode_turn(tokenizer, prompt, 0, []) for prompt in load_suite(suite, limit)]
             for suite, limit in (("humaneval", humaneval), ("spec-bench", per_category))}

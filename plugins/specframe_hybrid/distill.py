@@ -23,9 +23,9 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from specframe.terms.errors import ConfigurationError
-from specframe.plugging.options import check_bounds
-from specframe.support.progress import bar as progress_bar
+from specframe import ConfigurationError
+from specframe.kit.progress import bar as progress_bar
+from specframe.kit.training import check_bounds
 from specframe_hybrid.convert import convert, hybrid_config
 
 CHUNK_BLOCKS = 8  # training blocks per activation file

@@ -18,9 +18,10 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from specframe.plugging.options import check_bounds
-from specframe.support.progress import bar as progress_bar
-from specframe.support.train_state import STATE_FILE, read_train_state, refuse_pickled_state, save_train_state
+from specframe.kit.progress import bar as progress_bar
+from specframe.kit.training import (
+    STATE_FILE, check_bounds, read_train_state, refuse_pickled_state, save_train_state,
+)
 from specframe_hybrid.distill import save_atomic
 
 CHECKPOINT_EVERY = 10

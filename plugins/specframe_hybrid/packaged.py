@@ -16,7 +16,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from specframe.terms.errors import ModelLoadError
+from specframe import ModelLoadError
 from specframe_hybrid.convert import convert
 from specframe_hybrid.distill import mixer_path, require_mixers
 
@@ -84,7 +84,7 @@ def build_by_recipe(ratio: str) -> Callable[[Path, Callable[[str], None]], None]
     """A builder that runs the whole distillation for `ratio` (in the model cache's work directory)."""
 
     def build(directory: Path, log: Callable[[str], None]) -> None:
-        from specframe.support.paths import specframe_home
+        from specframe.kit.files import specframe_home
         from specframe_hybrid.recipe import Recipe, run
 
         run_dir = specframe_home() / "hybrid-runs" / TEACHER  # resumable: an interrupted build goes on

@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from specframe.support.progress import bar
+from specframe.kit.progress import bar
 from specframe_hybrid.data import held_out_texts
 
 

@@ -9,8 +9,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from specframe.terms.errors import ConfigurationError
-from specframe.plugging.options import check_bounds
+from specframe import ConfigurationError
+from specframe.kit.training import check_bounds
 from specframe_hybrid.convert import replaced_layers
 from specframe_hybrid.data import training_blocks
 from specframe_hybrid.distill import LayerTraining, TeacherActivations, assemble, distil_layers

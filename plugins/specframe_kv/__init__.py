@@ -4,22 +4,20 @@ Tree scoring passes an explicit 4D ancestor mask and explicit position ids (no p
 grouped-query attention is handled by the model itself. Commit compacts the accepted branch with one
 gather per layer over the scored tail and crops the rest.
 
-The cache appends in place (`kv(cache="buffer")`, the default: `specframe.runtime.kv_cache`) instead of
-copying
-itself at every step as transformers' own `DynamicLayer` does (`kv(cache="concat")`); the logits are the
-same either way.
+The cache appends in place (`kv(cache="buffer")`, the default: `specframe.kit.backend.buffered_cache`) instead
+of copying itself at every step as transformers' own `DynamicLayer` does (`kv(cache="concat")`); the logits
+are the same either way.
 
 On a CPU, a forward over 1 or 2 tokens costs more than over 4: with torch's own linear kernel
-(`SPECFRAME_CPU_LINEAR=torch`) the BLAS switches from one streaming pass over each weight matrix to a
-per-row one; with the default oneDNN-packed weights (`specframe.runtime.packed_linear`) its 1- and 2-row
-kernels
-stream the weights more slowly than its 4-row one (SmolLM2 at one thread on an Intel Xeon: 72 ms for a
-1-node tree, 57 ms padded to 4 rows, 55 ms for a 3-node tree, 61 ms for a plain step; on an AMD EPYC a
-plain step 57.2 ms, padded to 4 rows 51.7: `benchmarks/plain_padding.py`). So every forward, a plain
-step (the root alone) included, is padded with throwaway rows up to `min_rows` (see
-docs/explanation/metrics-and-costs.md). Nothing attends to the padding and its logits and cache rows are
-dropped, so results are unchanged. Whether a CPU pads is measured for the model by its calibration
-(`specframe.runtime.devices.forward_min_rows`); without one, `kv` pads, as measured for SmolLM2.
+(`SPECFRAME_CPU_LINEAR=torch`) the BLAS switches from one streaming pass over each weight matrix to a per-row
+one; with the default oneDNN-packed weights (`specframe.kit.models.PackedLinear`) its 1- and 2-row kernels
+stream the weights more slowly than its 4-row one (SmolLM2 at one thread on an Intel Xeon: 72 ms for a 1-node
+tree, 57 ms padded to 4 rows, 55 ms for a 3-node tree, 61 ms for a plain step; on an AMD EPYC a plain step
+57.2 ms, padded to 4 rows 51.7: `benchmarks/plain_padding.py`). So every forward, a plain step (the root
+alone) included, is padded with throwaway rows up to `min_rows` (see docs/explanation/metrics-and-costs.md).
+Nothing attends to the padding and its logits and cache rows are dropped, so results are unchanged. Whether a
+CPU pads is measured for the model by its calibration (`specframe.kit.backend.forward_min_rows`); without one,
+`kv` pads, as measured for SmolLM2.
 
 A CPU target in bfloat16 computes each row of a forward exactly as a plain step would
 (`specframe.runtime.attention`) only up to `exact_rows(model)` rows (measured on the CPU: 64 with packed
@@ -41,9 +39,10 @@ from typing import TYPE_CHECKING, Literal, get_args
 import numpy as np
 
 import specframe
-from specframe import BackendCapabilities, StateBackend, TargetScores, TokenTree
-from specframe.runtime.devices import forward_min_rows, inference_mode, pads_by_measurement
-from specframe.terms.errors import ConfigurationError, UnknownComponentError
+from specframe import (
+    BackendCapabilities, ConfigurationError, StateBackend, TargetScores, TokenTree, UnknownComponentError,
+)
+from specframe.kit.inference import inference_mode
 
 if TYPE_CHECKING:  # torch is imported where it is used, so that registering the backend loads none
     import torch
@@ -57,7 +56,8 @@ VERIFIED_MODEL_TYPES = ("cohere", "gemma", "gpt2", "granite", "llama", "mistral"
 # Set while `kv` asks another backend whether it serves a model, so that backend asking back gets kv's
 # own refusal instead of a question that never ends.
 _CONSULTING: ContextVar[bool] = ContextVar("kv_consulting", default=False)
-# The `cache` option: append in place (specframe.runtime.kv_cache), or transformers' torch.cat per step.
+# The `cache` option: append in place (specframe.kit.backend.buffered_cache), or transformers' torch.cat
+# per step.
 CacheKind = Literal["buffer", "concat"]
 CACHES = get_args(CacheKind)
 
@@ -109,8 +109,8 @@ class KVCacheBackend(StateBackend):
 
     def __init__(self, target, *, want_hidden: bool = False, min_rows: int | None = None,
                  cache: CacheKind = "buffer"):
-        from specframe.decode.calibration import stored_min_rows
-        from specframe.runtime.packed_linear import linear_kernel
+        from specframe.kit.backend import forward_min_rows, pads_by_measurement, stored_min_rows
+        from specframe.kit.models import linear_kernel
 
         super().__init__(target, want_hidden=want_hidden)
         if cache not in CACHES:
@@ -155,7 +155,7 @@ class KVCacheBackend(StateBackend):
         keep exact, depend on it, and a program may change the count after building the backend."""
         import torch
 
-        from specframe.runtime.attention import exact_rows
+        from specframe.kit.backend import exact_rows
 
         if self._fixed_rows is not None:
             return self._fixed_rows[0]
@@ -181,7 +181,7 @@ class KVCacheBackend(StateBackend):
         import torch
         from transformers import DynamicCache
 
-        from specframe.runtime.kv_cache import buffered_cache
+        from specframe.kit.backend import buffered_cache
 
         config = self.model.config
         self.cache = buffered_cache(config) if self.cache_kind == "buffer" else DynamicCache(config=config)

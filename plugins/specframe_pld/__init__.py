@@ -19,8 +19,7 @@ from dataclasses import replace
 import numpy as np
 
 import specframe
-from specframe import DraftContext, DraftProposal, Drafter, DrafterCapabilities, ScoreKind
-from specframe.terms.errors import ConfigurationError
+from specframe import ConfigurationError, DraftContext, DraftProposal, Drafter, DrafterCapabilities, ScoreKind
 
 
 class NoDrafter(Drafter):

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specframe.terms.errors import ConfigurationError
+from specframe import ConfigurationError
 
 TEXT_SUFFIXES = (".py", ".txt", ".md")
 

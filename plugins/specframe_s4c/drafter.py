@@ -37,10 +37,12 @@ from typing import TYPE_CHECKING, Literal, get_args
 
 import numpy as np
 
-from specframe import DraftContext, DraftProposal, Drafter, DrafterCapabilities, DrawMethod, ScoreKind
-from specframe.terms.errors import ConfigurationError, ModelLoadError
-from specframe.runtime.devices import inference_mode
-from specframe.terms.sampling import DraftDraw, Sampler, check_draw, samples_drafts
+from specframe import (
+    ConfigurationError, DraftContext, DraftProposal, Drafter, DrafterCapabilities, DrawMethod, ModelLoadError,
+    Sampler, ScoreKind,
+)
+from specframe.kit.drafting import DraftDraw, check_draw, samples_drafts
+from specframe.kit.inference import inference_mode
 
 if TYPE_CHECKING:  # torch is imported where it is used, so that registering the drafter loads none
     import torch
@@ -65,7 +67,7 @@ class S4CDrafter(Drafter):
                  widths: int | tuple[int, ...] | list[int] = DEFAULT_WIDTHS, draw: DraftDraw = "auto",
                  depth: int | None = None, dtype: DraftDtype = "auto"):
         import torch
-        from specframe.runtime.packed_linear import PackedLinear, linear_kernel, pack_linear_layers
+        from specframe.kit.models import PackedLinear, linear_kernel, pack_linear_layers
         from specframe_s4c.heads import S4CHeads, target_parts
 
         super().__init__(target)
@@ -197,7 +199,7 @@ class S4CDrafter(Drafter):
 def drafting_dtype(choice: str, target) -> torch.dtype:
     """The dtype the `dtype` option asks for on `target` (see the module docstring)."""
     import torch
-    from specframe.runtime.packed_linear import linear_kernel, native_bfloat16
+    from specframe.kit.models import linear_kernel, native_bfloat16
 
     if choice not in get_args(DraftDtype):
         raise ConfigurationError(f"s4c: dtype must be one of {', '.join(map(repr, get_args(DraftDtype)))}, "

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 import specframe
-from specframe.terms.errors import ModelLoadError
+from specframe import ModelLoadError
 
 FORMAT = "specframe-s4c-heads/1"
 

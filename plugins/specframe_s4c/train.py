@@ -23,8 +23,8 @@ import torch
 import torch.nn.functional as F
 
 import specframe
-from specframe.plugging.options import check_bounds
-from specframe.support.train_state import (
+from specframe.kit.training import (
+    check_bounds,
     STATE_FILE, read_train_state, refuse_pickled_state, save_train_state,
 )
 from specframe_s4c.features import FeatureCache

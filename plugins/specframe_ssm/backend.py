@@ -15,9 +15,11 @@ from typing import TYPE_CHECKING, Literal, get_args
 import numpy as np
 
 import specframe
-from specframe import BackendCapabilities, CostModel, StateBackend, TargetScores, TokenTree
-from specframe.runtime.devices import forward_min_rows, inference_mode, pads_by_measurement
-from specframe.terms.errors import ConfigurationError, UnknownComponentError, UnsupportedModelError
+from specframe import (
+    BackendCapabilities, ConfigurationError, CostModel, StateBackend, TargetScores, TokenTree,
+    UnknownComponentError, UnsupportedModelError,
+)
+from specframe.kit.inference import inference_mode
 
 if TYPE_CHECKING:  # imported where they are used, so that registering the backends loads no torch
     import torch
@@ -60,14 +62,14 @@ class SSMBackendBase(StateBackend):
         """The calibration stored for this backend on this machine (`specframe calibrate`), else the
         reference CPU fit of this backend for the target's kind, scaled by its layers and width and
         padded as this backend pads small trees (`specframe_ssm.cost`)."""
-        from specframe.decode.calibration import stored_cost
+        from specframe.kit.backend import stored_cost
         from specframe_ssm.cost import default_cost_model
 
         return stored_cost(self) or default_cost_model(self.name, self.model, self.min_rows)
 
     def cost_options(self) -> dict:
         """The attention cache kind, so calibrations stored before attention layers appended in place
-        (`specframe.runtime.kv_cache`) are measured again."""
+        (`specframe.kit.backend.buffered_cache`) are measured again."""
         return {"attention_cache": "buffer"}
 
     @property
@@ -76,8 +78,8 @@ class SSMBackendBase(StateBackend):
 
     def _new_cache(self):
         """transformers' cache for the model, its attention layers appending in place
-        (`specframe.runtime.kv_cache`; recurrent layers as transformers builds them)."""
-        from specframe.runtime.kv_cache import buffered_cache
+        (`specframe.kit.backend.buffered_cache`; recurrent layers as transformers builds them)."""
+        from specframe.kit.backend import buffered_cache
 
         return buffered_cache(self.model.config)
 
@@ -150,7 +152,7 @@ class SSMTreeBackend(SSMBackendBase):
     "replay" or "closed" (how the recurrent state absorbs the accepted path), `scan` = "auto", "torch" or
     "triton" (the Mamba2 tree scan), `min_rows` (rows every forward is padded to, a plain step included,
     as the `kv` backend pads; by default on a CPU 4 where the calibration measured that no slower for the
-    model, else 1, and 1 elsewhere: `specframe.runtime.devices.forward_min_rows`; 1 turns padding off).
+    model, else 1, and 1 elsewhere: `specframe.kit.backend.forward_min_rows`; 1 turns padding off).
 
     The padding is a chain of throwaway nodes after the tree's last node: no tree node has it among its
     ancestors, so neither attention nor the tree scan carries it into a real row, and `commit` reads only
@@ -160,8 +162,8 @@ class SSMTreeBackend(SSMBackendBase):
 
     def __init__(self, target, *, want_hidden: bool = False, commit: CommitRule = "replay",
                  scan: ScanImpl = "auto", min_rows: int | None = None):
-        from specframe.decode.calibration import stored_min_rows
-        from specframe.runtime.packed_linear import linear_kernel
+        from specframe.kit.backend import forward_min_rows, pads_by_measurement, stored_min_rows
+        from specframe.kit.models import linear_kernel
         from specframe_ssm.mixer import COMMIT_RULES
 
         if commit not in COMMIT_RULES:

@@ -16,8 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from specframe import PolynomialCost
-from specframe.terms.cost import CostModel, PaddedCost
+from specframe import CostModel, PolynomialCost
 
 if TYPE_CHECKING:
     import torch
@@ -59,6 +58,8 @@ def default_cost_model(backend: str, model, min_rows: int = 1) -> CostModel:
     and layer width; with `min_rows` > 1, priced as the backend runs it: a tree of fewer rows (root
     included) is padded up to `min_rows`, so it costs what that many rows cost (the fits were measured
     unpadded)."""
+    from specframe.kit.backend import PaddedCost  # imports torch: only when a cost is asked for
+
     ssm, attention, width = layer_counts(model)
     coefficients, layers = REFERENCE_FITS[backend]["hybrid" if attention else "ssm"]
     scale = (ssm + attention) / layers * width

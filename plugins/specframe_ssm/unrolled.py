@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from specframe import TargetScores, TokenTree
-from specframe.runtime.devices import inference_mode
+from specframe.kit.inference import inference_mode
 from specframe_ssm.backend import SSMBackendBase, additive_mask, chain_allowed
 
 if TYPE_CHECKING:  # torch is imported where it is used, so that registering the backend loads none

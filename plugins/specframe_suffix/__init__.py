@@ -16,7 +16,7 @@ no heavy module; the drafter's module loads on registration and the library when
 from __future__ import annotations
 
 import specframe
-from specframe.support.tokenizer_identity import TokenizerIdentity
+from specframe.kit.drafting import TokenizerIdentity
 
 __all__ = ["missing_corpus", "no_corpus", "no_self_corpora", "register_commands", "register_drafters",
            "register_presets"]

@@ -30,10 +30,11 @@ from importlib.metadata import PackageNotFoundError, version
 
 import numpy as np
 
-from specframe import ConfigurationError, DraftContext, Drafter, DrafterCapabilities, DraftProposal, ScoreKind
-from specframe.terms.errors import SpecframeWarning
-from specframe.terms.records import StepOutcome
-from specframe.support.tokenizer_identity import TokenizerIdentity
+from specframe import (
+    ConfigurationError, DraftContext, Drafter, DrafterCapabilities, DraftProposal, ScoreKind,
+    SpecframeWarning, StepOutcome,
+)
+from specframe.kit.drafting import TokenizerIdentity
 from specframe_suffix.drafts import REQUEST, RESPONSES, SourceDraft, merge
 from specframe_suffix.store import (SuffixCacheError, append_responses, check_writable, load_responses,
                                    resolve_cache)

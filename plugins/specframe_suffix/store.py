@@ -24,9 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specframe import ConfigurationError
-from specframe.support.atomic_dirs import FILE_LOCK_WAIT, file_lock, locked_update, write_atomically
-from specframe.support.paths import check_writable_dir, specframe_home
-from specframe.support.tokenizer_identity import TokenizerIdentity
+from specframe.kit.drafting import TokenizerIdentity
+from specframe.kit.files import (
+    FILE_LOCK_WAIT, check_writable_dir, file_lock, locked_update, specframe_home, write_atomically,
+)
 
 FORMAT = 1
 SUFFIX = ".json"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import specframe
 from specframe import BuildContext, DraftProposal, TokenTree, TreeBuilder, TreeBuilderCapabilities
-from specframe.terms.tree import SAMPLED_DRAWS, draw_order_prefix
+from specframe.kit.drafting import SAMPLED_DRAWS, draw_order_prefix
 from specframe_trees.beam import BeamTreeBuilder
 from specframe_trees.dynamic import DynamicTreeBuilder
 from specframe_trees.static import StaticTreeBuilder

@@ -12,9 +12,9 @@ from __future__ import annotations
 import numpy as np
 
 from specframe import (
-    BuildContext, DraftProposal, ScoreKind, TokenTree, TreeBuilder, TreeBuilderCapabilities,
+    BuildContext, ConfigurationError, DraftProposal, ScoreKind, TokenTree, TreeBuilder,
+    TreeBuilderCapabilities,
 )
-from specframe.terms.errors import ConfigurationError
 from specframe_trees.forest import check_forest
 from specframe_trees.static import STREE_CONFIGS
 

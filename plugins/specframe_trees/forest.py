@@ -21,8 +21,7 @@ Pipelines that pair them with `rejection` and a drafter that samples are refused
 
 from __future__ import annotations
 
-from specframe import DraftProposal, ScoreKind
-from specframe.terms.errors import CapabilityError
+from specframe import CapabilityError, DraftProposal, ScoreKind
 
 
 def check_forest(proposal: DraftProposal, builder: str) -> None:

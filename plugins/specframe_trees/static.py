@@ -6,14 +6,14 @@ earlier node). A path the proposal cannot follow (too few children) is skipped. 
 order given until the budget is full, so list the most valuable first; the presets are ordered by depth,
 then by the sum of their ranks.
 
-Sampled drafts: ranks count siblings in draw order (the r-th child drawn), not by score, and the nodes
-are taken in the drafter's draw order (`specframe.terms.tree.draw_order_prefix`) while their rank path is one
-of the paths or a prefix of one, a node only when every earlier-drawn sibling is kept too, until the
-budget is full. Why this keeps `rejection` lossless: whether a node is kept then depends only on the
-positions of the draws made before it, never on its token or on later draws, so the kept children of
-every node are a draw-order prefix of a length independent of their values, and the k-th kept child is
-distributed as q with the k - 1 earlier ones removed, which is what the verifier assumes. Ranking sampled
-siblings by score (their draw counts) would break that.
+Sampled drafts: ranks count siblings in draw order (the r-th child drawn), not by score, and the nodes are
+taken in the drafter's draw order (`specframe.kit.drafting.draw_order_prefix`) while their rank path is one of
+the paths or a prefix of one, a node only when every earlier-drawn sibling is kept too, until the budget is
+full. Why this keeps `rejection` lossless: whether a node is kept then depends only on the positions of the
+draws made before it, never on its token or on later draws, so the kept children of every node are a
+draw-order prefix of a length independent of their values, and the k-th kept child is distributed as q with
+the k - 1 earlier ones removed, which is what the verifier assumes. Ranking sampled siblings by score (their
+draw counts) would break that.
 
 Presets (`static(preset=...)`):
 - `continuous` (S4C): the top-1 chain of length `depth` with the top-`width` alternatives at every depth:
@@ -30,9 +30,10 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 
-from specframe import BuildContext, DraftProposal, TokenTree, TreeBuilder, TreeBuilderCapabilities
-from specframe.terms.tree import SAMPLED_DRAWS, draw_order_prefix
-from specframe.terms.errors import ConfigurationError
+from specframe import (
+    BuildContext, ConfigurationError, DraftProposal, TokenTree, TreeBuilder, TreeBuilderCapabilities,
+)
+from specframe.kit.drafting import SAMPLED_DRAWS, draw_order_prefix
 
 STREE_CONFIGS = {"A": (3, 4), "B": (16, 3), "C": (6, 3), "D": (4, 4), "E": (3, 5)}  # name -> (width, depth)
 

@@ -6,8 +6,9 @@ parent to its child, as in frequency tries (REST) or cumulative probabilities, t
 the `budget` highest (score, -index) nodes, which is also the parent-closed set of maximal total score.
 
 Sampled drafts are cut differently: the first `budget` nodes in draw order
-(`specframe.terms.tree.draw_order_prefix`), whatever their scores, so that `rejection` can still use their q.
-Choosing the best-scored sampled nodes, or keeping everything only when it happens to fit, would bias it.
+(`specframe.kit.drafting.draw_order_prefix`), whatever their scores, so that `rejection` can still use
+their q. Choosing the best-scored sampled nodes, or keeping everything only when it happens to fit,
+would bias it.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import heapq
 
 from specframe import BuildContext, DraftProposal, TokenTree, TreeBuilder, TreeBuilderCapabilities
-from specframe.terms.tree import SAMPLED_DRAWS, draw_order_prefix
+from specframe.kit.drafting import SAMPLED_DRAWS, draw_order_prefix
 
 
 class TrieTreeBuilder(TreeBuilder):

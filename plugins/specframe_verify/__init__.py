@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import specframe
 from specframe import Sampler, TargetScores, TokenTree, Verifier, VerifierCapabilities, VerifyResult
-from specframe.terms.sampling import argmax
+from specframe.kit.drafting import argmax
 from specframe_verify.rejection import RejectionVerifier
 from specframe_verify.sample_match import SampleMatchVerifier, walk
 from specframe_verify.typical import TypicalVerifier

@@ -12,8 +12,9 @@ from collections import Counter, defaultdict
 
 import numpy as np
 
-from specframe import DraftContext, Drafter, DrafterCapabilities, DraftProposal, DrawMethod
-from specframe.terms.errors import ConfigurationError
+from specframe import (
+    ConfigurationError, DraftContext, Drafter, DrafterCapabilities, DraftProposal, DrawMethod,
+)
 
 
 class BigramDrafter(Drafter):
