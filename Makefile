@@ -31,6 +31,7 @@ demo: setup
 
 test: setup
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports --no-logo
 	HF_HUB_OFFLINE=1 $(PY) -m pytest --nbmake --durations=25 tests notebooks
 
 bench: setup
