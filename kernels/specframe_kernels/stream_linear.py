@@ -11,7 +11,7 @@ to 12 rows in registers while the weights stream past:
   over a chunk of 64 inputs is one contiguous read, and that chunk of x (transposed) and of one block stay
   in the L1 cache while 2 x rows vectors of 16 partial sums stay in registers;
 - every output is summed in one order (inputs ascending, one fused multiply-add each, bias last) for any
-  number of rows, so each row of a tree gets the bits it gets alone (`tests/test_stream_linear.py`).
+  number of rows, so each row of a tree gets the bits it gets alone (`tests/kernels/test_stream_linear.py`).
 
 It is C++ with AVX-512 intrinsics, built on first use by `torch.utils.cpp_extension` (about 20 s, once;
 torch caches the build) with the system compiler and ninja. `available()` says whether it can run here:

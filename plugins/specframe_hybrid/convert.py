@@ -3,7 +3,7 @@
 The hybrid is a `GraniteMoeHybridForCausalLM` with no experts: its decoder layer is a Llama layer (RMSNorm,
 mixer, residual, RMSNorm, SwiGLU MLP, residual) whose mixer is either attention or a Mamba2 mixer, with
 rotary embeddings over the whole head and every multiplier set to the value that makes it a Llama. With no
-layer replaced it computes the Llama's logits exactly (`tests/test_hybrid.py` checks it), so a
+layer replaced it computes the Llama's logits exactly (`tests/plugins/hybrid/test_hybrid.py` checks it), so a
 layer replaced is the only difference. Bamba would not do: it hard-codes rotary embeddings over half of
 each head.
 

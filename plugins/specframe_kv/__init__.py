@@ -50,7 +50,7 @@ if TYPE_CHECKING:  # torch is imported where it is used, so that registering the
 # Layer types whose only state is the KV cache (attention) or that have no state at all (NemotronH blocks).
 CACHELESS_TYPES = {"full_attention", "sliding_attention", "mlp", "moe"}
 # Attention-only families (`config.model_type`) whose tree scores equal plain forwards and whose commits
-# leave the state of the plain run: tests/test_kv_admission.py proves each on a tiny random model.
+# leave the state of the plain run: tests/plugins/kv/test_kv_admission.py proves each on a tiny random model.
 VERIFIED_MODEL_TYPES = ("cohere", "gemma", "gpt2", "granite", "llama", "mistral", "olmo2", "phi", "phi3",
                         "qwen2", "qwen3", "smollm3", "stablelm", "starcoder2")
 # Set while `kv` asks another backend whether it serves a model, so that backend asking back gets kv's

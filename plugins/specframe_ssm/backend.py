@@ -26,7 +26,8 @@ if TYPE_CHECKING:  # imported where they are used, so that registering the backe
 
     from specframe_ssm.mixer import TreeRun
 
-CommitRule = Literal["replay", "closed"]  # the keys of COMMIT_RULES (tests/test_ssm_cost.py checks)
+# The keys of COMMIT_RULES (tests/plugins/ssm/test_ssm_cost.py checks).
+CommitRule = Literal["replay", "closed"]
 ScanImpl = Literal["auto", "torch", "triton"]  # specframe_kernels.tree_scan impl: auto = Triton on CUDA
 SCANS = get_args(ScanImpl)
 

@@ -21,7 +21,7 @@ MIXER_ATTRIBUTES = ("in_proj", "conv1d", "dt_bias", "A_log", "D", "norm", "out_p
                     "n_groups", "ssm_state_size", "intermediate_size", "conv_dim", "conv_kernel_size",
                     "time_step_limit", "layer_idx")
 # The Mamba2-type mixer classes whose tree forward the test-suite proves equal to the model's own forward
-# (tests/test_ssm_backends.py: Mamba2, Bamba, NemotronH, GraniteMoeHybrid, Falcon-H1, Zamba2).
+# (tests/plugins/ssm/test_ssm_backends.py: Mamba2, Bamba, NemotronH, GraniteMoeHybrid, Falcon-H1, Zamba2).
 MAMBA2_MIXERS = ("Mamba2Mixer", "BambaMixer", "NemotronHMamba2Mixer", "GraniteMoeHybridMambaLayer",
                  "FalconH1Mixer", "Zamba2MambaMixer")
 # Mixers with extra scaling inside the mixer: the tree forward reproduces it for these classes only.

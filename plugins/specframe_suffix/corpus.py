@@ -17,7 +17,7 @@ The datastore is opened and checked against the target's tokenizer by the shared
 
 The two differ in one count: an occurrence at a document's end is one of the occurrences a tree node's
 probability is a share of (the text may end there), while the search skips it (it continues nowhere).
-`tests/test_suffix.py` checks both paths on the same corpus.
+`tests/plugins/suffix/test_suffix.py` checks both paths on the same corpus.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import plain_greedy
 
-SCRIPT = Path(__file__).parents[1] / "benchmarks" / "self_samples_corpus.py"
+SCRIPT = Path(__file__).parents[2] / "benchmarks" / "self_samples_corpus.py"
 PROMPTS = ["def add(a, b):\n    \"\"\"Return the sum of a and b.\"\"\"\n",
            "from typing import List\n\n\ndef largest(numbers: List[int]) -> int:\n"
            "    \"\"\"Return the largest of a non-empty list of numbers.\"\"\"\n"]

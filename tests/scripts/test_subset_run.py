@@ -10,7 +10,7 @@ import pytest
 
 import specframe
 
-SCRIPT = Path(__file__).parents[1] / "benchmarks" / "subset_run.py"
+SCRIPT = Path(__file__).parents[2] / "benchmarks" / "subset_run.py"
 SETTINGS = {"model": "m", "suite": "humaneval", "max_new_tokens": 4, "budget": "auto", "temperature": 0.0,
             "top_p": 1.0, "top_k": 0, "seed": None, "threads": 1, "device": "cpu", "clock": "wall",
             "dtype": "float32"}

@@ -15,7 +15,7 @@ from pathlib import Path
 import grimp
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONFIG = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
 PACKAGES = CONFIG["root_packages"]
 PUBLIC_CORE = ("specframe", "specframe.kit", "specframe.testing")

@@ -10,7 +10,8 @@ import numpy as np
 import torch
 from ssm_models import tiny_ssm_target
 
-from specframe import SpeculativeDecoder, TokenTree, compare
+from specframe import SpeculativeDecoder, TokenTree
+from specframe.bench import compare
 from specframe.runtime.attention import use_cpu_attention
 from specframe.bench.peers import PeerRunner, PeerSpec, prompt_cache, splits_prompt
 from specframe.runtime.attention import EXACT_ROWS

@@ -11,7 +11,7 @@ import pytest
 
 from specframe.bench.runner import RECORD_METRICS
 
-SCRIPT = Path(__file__).parents[1] / "benchmarks" / "turn_noise.py"
+SCRIPT = Path(__file__).parents[2] / "benchmarks" / "turn_noise.py"
 
 
 def load_script():

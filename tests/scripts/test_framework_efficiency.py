@@ -11,7 +11,7 @@ import pytest
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # fixture in conftest.py
 
-SCRIPT = Path(__file__).parents[1] / "benchmarks" / "framework_efficiency.py"
+SCRIPT = Path(__file__).parents[2] / "benchmarks" / "framework_efficiency.py"
 
 
 def test_the_efficiency_benchmark_runs_on_tiny_dimensions(tmp_path):

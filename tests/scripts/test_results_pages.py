@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SPEC = importlib.util.spec_from_file_location("results_script", ROOT / "benchmarks" / "results.py")
 results = importlib.util.module_from_spec(SPEC)
 SPEC.loader.exec_module(results)

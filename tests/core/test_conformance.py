@@ -1,6 +1,6 @@
 """specframe's own conformance suites (specframe.testing) run on every first-party component that can be
 built without trained weights or a datastore, exactly as a third-party plugin would run them. The SSM
-backends run on the tiny Mamba2 / hybrid targets of tests/ssm_models.py (the `target` fixture is
+backends run on the tiny Mamba2 / hybrid targets of tests/helpers/ssm_models.py (the `target` fixture is
 overridden)."""
 
 from __future__ import annotations

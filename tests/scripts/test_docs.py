@@ -19,7 +19,7 @@ import pytest
 import specframe
 from specframe.contract import hookspecs
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 HOOKS_PAGE = DOCS / "reference" / "hooks.md"
 

@@ -1,5 +1,5 @@
 """The project's backend conformance suite (specframe.testing) run on `ssm-tree` with a tiny Mamba2 +
-attention hybrid, and on one hybrid of each other tree form. tests/test_ssm_backends.py covers
+attention hybrid, and on one hybrid of each other tree form. tests/plugins/ssm/test_ssm_backends.py covers
 `ssm-unrolled`, pure Mamba2, NemotronH and every other family."""
 
 from __future__ import annotations

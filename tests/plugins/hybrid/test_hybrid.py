@@ -1,6 +1,7 @@
 """specframe_hybrid: the Llama -> Mamba2 + attention conversion, layer-wise distillation, and model aliases
 built on first use (the `register_models` hook). The real alias on the real model is in the slow tests at
-the end; `tests/test_ssm_backends.py` and `tests/test_ssm_e2e.py` run the tree scan on converted tinies."""
+the end; `tests/plugins/ssm/test_ssm_backends.py` and `tests/plugins/ssm/test_ssm_e2e.py` run the tree scan
+on converted tinies."""
 
 from __future__ import annotations
 

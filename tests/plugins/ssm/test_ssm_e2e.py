@@ -1,7 +1,7 @@
-"""End to end on tiny random targets of every family ssm-tree serves (tests/ssm_models.py): speculative
-greedy decoding through the SSM backends emits exactly the tokens of plain greedy decoding (the `none`
-drafter, and a plain loop of the unmodified model), with prompt lookup and REST drafts, chains, tries and
-static trees."""
+"""End to end on tiny random targets of every family ssm-tree serves (tests/helpers/ssm_models.py):
+speculative greedy decoding through the SSM backends emits exactly the tokens of plain greedy decoding (the
+`none` drafter, and a plain loop of the unmodified model), with prompt lookup and REST drafts, chains, tries
+and static trees."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def datastore(target, tmp_path_factory):
 ])
 def test_speculative_greedy_equals_plain_greedy(target, plain, datastore, drafter, tree, backend):
     if backend == "ssm-unrolled" and target.name.removeprefix("tiny-") in ("mamba", "falcon_mamba", "jamba"):
-        pytest.skip("ssm-unrolled refuses Mamba-1 models (tests/test_ssm_backends.py)")
+        pytest.skip("ssm-unrolled refuses Mamba-1 models (tests/plugins/ssm/test_ssm_backends.py)")
     decoder = SpeculativeDecoder.from_names(target, drafter.replace("DS", repr(datastore)), tree, "greedy",
                                             backend, budget=8)
     result = decoder.generate(PROMPT, max_new_tokens=NEW_TOKENS)

@@ -1,4 +1,5 @@
-"""`ssm-tree` and `ssm-unrolled` against the naive per-path reference (tests/ssm_models.py), on Mamba2,
+"""`ssm-tree` and `ssm-unrolled` against the naive per-path reference (tests/helpers/ssm_models.py), on
+Mamba2,
 Bamba, NemotronH, the delta-rule hybrids Qwen3-Next, OLMo-hybrid and Kimi Linear, the Mamba-1 models Mamba,
 FalconMamba and Jamba, and LFM2's short convolutions: tree logits
 equal plain per-path logits, scoring never touches the committed state, and after committing any path the

@@ -45,7 +45,8 @@ def on_cuda(target: Target) -> Target:
 
 
 def triton_interpreted() -> bool:
-    """True when Triton kernels in this process run in Triton's CPU interpreter: tests/test_ssm_kernels.py
+    """True when Triton kernels in this process run in Triton's CPU interpreter:
+    tests/kernels/test_ssm_kernels.py
     sets TRITON_INTERPRET=1 when it is collected, and Triton reads it when a kernel is defined."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         return True

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 PY_FILES = sorted(NOTEBOOKS.glob("*.py"))
 IPYNB_FILES = sorted(NOTEBOOKS.glob("*.ipynb"))
 
