@@ -87,3 +87,16 @@ def test_plugins_import_only_core_modules_in_the_reference(graph):
     undocumented = sorted(m for m in used - set(outside) if m not in documented)
     assert not outside, f"plugins import core internals; use specframe.kit instead: {outside}"
     assert not undocumented, f"document these kit modules in docs/reference (`::: name`): {undocumented}"
+
+
+def test_plugins_import_exactly_the_packages_they_declare(graph):
+    """`[tool.specframe.plugin-requires]` in pyproject.toml is the declaration: a plugin imports another of
+    this repository's packages (the corpus, the kernels) if and only if it declares it."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    declared = project["tool"]["specframe"]["plugin-requires"]
+    for name, package in project["project"]["entry-points"]["specframe"].items():
+        modules = graph.find_descendants(package) | {package}
+        imported = {b.split(".")[0] for m in modules for b in graph.find_modules_directly_imported_by(m)}
+        uses = sorted(imported - {package, "specframe"})
+        assert uses == sorted(declared.get(name, [])), \
+            f"plugin '{name}' imports {uses}; declare exactly these under [tool.specframe.plugin-requires]"
