@@ -13,11 +13,7 @@ a shared machine) or wall time.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import time
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -27,7 +23,10 @@ from specframe.decode.calibration import probe_tree
 from specframe.runtime.packed_linear import linear_kernel
 from specframe.plugging.pipeline import assemble
 from specframe.support.progress import bar as progress_bar
+from specframe.terms.metrics import CLOCKS
 from specframe_kernels import stream_linear
+
+from step_timing import medians, report, time_scores, timing_parser, warm_up
 
 SIZES = (0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32)
 KERNELS = ("torch", "onednn", "stream") if stream_linear.available() else ("torch", "onednn")
@@ -42,24 +41,13 @@ def backend_for(model: str, kernel: str):
 
 def measure(args) -> dict:
     torch.set_num_threads(args.threads)
-    clock = time.process_time if args.clock == "cpu" else time.perf_counter
     backends = {kernel: backend_for(args.model, kernel) for kernel in KERNELS}
     ids = np.random.default_rng(0).integers(0, 49152, args.prompt + 1)
     trees = {(n, shape): probe_tree(n, shape, ids) for n in SIZES for shape in ("chain", "flat")}
-    for backend in backends.values():
-        backend.prefill(ids.tolist())
-        for tree in trees.values():  # warm up every shape once
-            backend.score(tree)
-    times = {(kernel, *key): [] for kernel in KERNELS for key in trees}
-    with progress_bar(total=args.rounds * len(times), desc="timing steps", unit="forward") as bar:
-        for _ in range(args.rounds):
-            for key, tree in trees.items():
-                for kernel, backend in backends.items():
-                    start = clock()
-                    backend.score(tree)
-                    times[(kernel, *key)].append(clock() - start)
-                    bar.update()
-    return {f"{kernel} {n} {shape}": float(np.median(t)) for (kernel, n, shape), t in times.items()}
+    warm_up(backends, ids.tolist(), trees)
+    total = args.rounds * len(backends) * len(trees)
+    with progress_bar(total=total, desc="timing steps", unit="forward") as bar:
+        return medians(time_scores(backends, trees, args.rounds, CLOCKS[args.clock], bar))
 
 
 def table(medians: dict) -> str:
@@ -76,23 +64,14 @@ def table(medians: dict) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu")
-    parser.add_argument("--rounds", type=int, default=7)
+    parser = timing_parser(__doc__.splitlines()[0], rounds=7)
     parser.add_argument("--prompt", type=int, default=256, help="tokens in the cache the tree attends to")
-    parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    medians = measure(args)
+    measured = measure(args)
     text = (f"{args.model}, kv(min_rows=1), {args.threads} thread(s), {args.clock} clock, median of "
             f"{args.rounds}, {args.prompt} cached tokens, tree sizes in nodes (0 = a plain step)\n\n"
-            + table(medians))
-    print(text)
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "results.md").write_text(text + "\n")
-        (args.out / "medians.json").write_text(json.dumps(medians, indent=1))
+            + table(measured))
+    report(text, measured, args.out)
 
 
 if __name__ == "__main__":

@@ -14,11 +14,6 @@ time.
 
 from __future__ import annotations
 
-import argparse
-import json
-import time
-from pathlib import Path
-
 import numpy as np
 import torch
 
@@ -26,6 +21,9 @@ import specframe
 from specframe.decode.calibration import probe_tree
 from specframe.plugging.pipeline import assemble
 from specframe.support.progress import bar as progress_bar
+from specframe.terms.metrics import CLOCKS
+
+from step_timing import medians, report, time_scores, timing_parser, warm_up
 
 CACHES = {"buffer": "kv", "concat": "kv(cache='concat')"}
 SIZES = (0, 4, 8, 16)
@@ -33,26 +31,17 @@ SIZES = (0, 4, 8, 16)
 
 def measure(args) -> dict:
     torch.set_num_threads(args.threads)
-    clock = time.process_time if args.clock == "cpu" else time.perf_counter
     target = specframe.load_target(args.model, device="cpu")
     backends = {name: assemble(target, backend=spec).backend for name, spec in CACHES.items()}
     ids = np.random.default_rng(0).integers(0, target.config.vocab_size, max(args.contexts) + 1)
-    trees = {n: probe_tree(n, "flat", ids) for n in SIZES}
-    times = {(name, context, n): [] for name in CACHES for context in args.contexts for n in SIZES}
-    with progress_bar(total=len(times) * args.rounds, desc="timing steps", unit="forward") as bar:
+    times = {}
+    total = args.rounds * len(backends) * len(args.contexts) * len(SIZES)
+    with progress_bar(total=total, desc="timing steps", unit="forward") as bar:
         for context in args.contexts:
-            for backend in backends.values():
-                backend.prefill(ids[:context + 1].tolist())
-                for tree in trees.values():  # warm up every size once
-                    backend.score(tree)
-            for _ in range(args.rounds):
-                for n, tree in trees.items():
-                    for name, backend in backends.items():
-                        start = clock()
-                        backend.score(tree)
-                        times[(name, context, n)].append(clock() - start)
-                        bar.update()
-    return {f"{name} {context} {n}": float(np.median(t)) for (name, context, n), t in times.items()}
+            trees = {(context, n): probe_tree(n, "flat", ids) for n in SIZES}
+            warm_up(backends, ids[:context + 1].tolist(), trees)
+            times.update(time_scores(backends, trees, args.rounds, CLOCKS[args.clock], bar))
+    return medians(times)
 
 
 def table(medians: dict, contexts: list[int]) -> str:
@@ -67,24 +56,15 @@ def table(medians: dict, contexts: list[int]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu")
-    parser.add_argument("--rounds", type=int, default=15)
+    parser = timing_parser(__doc__.splitlines()[0], rounds=15)
     parser.add_argument("--contexts", type=int, nargs="+", default=[256, 1024, 2048, 4096],
                         help="tokens in the cache the step attends to")
-    parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    medians = measure(args)
+    measured = measure(args)
     text = (f"{args.model}, {args.threads} thread(s), {args.clock} clock, median of {args.rounds}, "
             f"flat trees (0 nodes = a plain step), `kv` (buffer) against `kv(cache='concat')`\n\n"
-            + table(medians, args.contexts))
-    print(text)
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "results.md").write_text(text + "\n")
-        (args.out / "medians.json").write_text(json.dumps(medians, indent=1))
+            + table(measured, args.contexts))
+    report(text, measured, args.out)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ their ratio.
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
 import torch
@@ -26,6 +25,7 @@ import specframe
 from specframe import TokenTree
 from specframe.plugging.pipeline import assemble
 from specframe.support.progress import bar as progress_bar
+from specframe.terms.metrics import CLOCKS
 
 
 def main() -> None:
@@ -33,12 +33,12 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--backend", default="kv", help="a backend with a min_rows option: kv or ssm-tree")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu")
+    parser.add_argument("--clock", choices=tuple(CLOCKS), default="cpu")
     parser.add_argument("--steps", type=int, default=60, help="plain steps timed per backend")
     parser.add_argument("--prompt", type=int, default=256, help="tokens in the cache before the first step")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    clock = time.process_time if args.clock == "cpu" else time.perf_counter
+    clock = CLOCKS[args.clock]
     target = specframe.load_target(args.model, device="cpu")
     specs = (f"{args.backend}(min_rows=1)", f"{args.backend}(min_rows=4)")
     backends = {spec: assemble(target, backend=spec).backend for spec in specs}
