@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 import torch
 from conftest import tiny_llama
-from ssm_models import make_repetitive, tiny_ssm_target
+from ssm_models import make_repetitive, scores_by_scan, tiny_ssm_target
 
-from specframe import SpeculativeDecoder, Target, TokenTree
+from specframe import SpeculativeDecoder, Target
 from specframe.testing import BackendConformance
 from specframe.testing.targets import reference_greedy, repetitive_prompt, tiny_target
 
@@ -129,15 +129,7 @@ def test_dispatch_picks_the_kernel_for_cuda_tensors(kernels):
 
 
 def test_backend_with_the_kernel_matches_the_torch_scan(kernels):
-    from specframe_ssm import SSMTreeBackend
-
-    target = on_cuda(tiny_ssm_target("bamba"))
-    tree = TokenTree(np.array([1, 2, 3, 4, 5, 6]), np.array([-1, 0, 0, 1, -1, 4]))
-    scores = {}
-    for scan in ("torch", "triton"):
-        backend = SSMTreeBackend(target, scan=scan)
-        backend.prefill([7, 8, 9, 10])
-        scores[scan] = backend.score(tree).logits
+    scores = scores_by_scan(on_cuda(tiny_ssm_target("bamba")))
     assert scores["triton"].device.type == "cuda"
     torch.testing.assert_close(scores["triton"], scores["torch"], atol=1e-5, rtol=1e-5)
 

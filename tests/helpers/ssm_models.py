@@ -11,13 +11,14 @@ from __future__ import annotations
 import copy
 import inspect
 
+import numpy as np
 import torch
 import transformers
 from transformers import (
     BambaConfig, BambaForCausalLM, Mamba2Config, Mamba2ForCausalLM, NemotronHConfig, NemotronHForCausalLM,
 )
 
-from specframe import Target
+from specframe import Target, TokenTree
 
 VOCAB = 64
 
@@ -231,3 +232,17 @@ def make_repetitive(target: Target, cycle: int = 5, boost: float = 4.0) -> Targe
     head[succ] = emb  # the logit of succ(t) is large when the hidden state looks like emb[t]
     model.lm_head.weight = torch.nn.Parameter(head)
     return target
+
+
+def scores_by_scan(target: Target) -> dict[str, torch.Tensor]:
+    """The logits `ssm-tree` gives one forest of two trees after a four-token prompt, with the PyTorch scan
+    (`torch`) and with the Triton kernel (`triton`): the kernel tests compare the two."""
+    from specframe_ssm import SSMTreeBackend
+
+    tree = TokenTree(np.array([1, 2, 3, 4, 5, 6]), np.array([-1, 0, 0, 1, -1, 4]))
+    scores = {}
+    for scan in ("torch", "triton"):
+        backend = SSMTreeBackend(target, scan=scan)
+        backend.prefill([7, 8, 9, 10])
+        scores[scan] = backend.score(tree).logits
+    return scores

@@ -120,15 +120,7 @@ def test_dispatch_runs_the_kernel_when_asked():
 
 @in_this_process
 def test_backend_with_the_kernel_matches_the_torch_scan():
-    from ssm_models import tiny_ssm_target
+    from ssm_models import scores_by_scan, tiny_ssm_target
 
-    from specframe_ssm import SSMTreeBackend
-
-    target = tiny_ssm_target("bamba")
-    tree = TokenTree(np.array([1, 2, 3, 4, 5, 6]), np.array([-1, 0, 0, 1, -1, 4]))
-    scores = {}
-    for scan in ("torch", "triton"):
-        backend = SSMTreeBackend(target, scan=scan)
-        backend.prefill([7, 8, 9, 10])
-        scores[scan] = backend.score(tree).logits
+    scores = scores_by_scan(tiny_ssm_target("bamba"))
     torch.testing.assert_close(scores["triton"], scores["torch"], atol=1e-5, rtol=1e-5)
