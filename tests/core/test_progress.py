@@ -27,18 +27,26 @@ class Terminal(io.StringIO):
         return True
 
 
+def piped_then_on_a_terminal(run, captured, monkeypatch, tmp_path) -> tuple[str, str]:
+    """What `run(folder)` writes to stderr piped (pytest's `captured`: capsys or capfd), then with a
+    `Terminal` as stderr, each run into a folder of its own."""
+    run(tmp_path / "piped")
+    piped = captured.readouterr().err
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    run(tmp_path / "terminal")
+    return piped, terminal.getvalue()
+
+
 def bench(tmp_path) -> None:
     run_benchmark(tiny_target(seed=1), [PROMPT], ["pld"], tmp_path, peers="none", repeats=1,
                   max_new_tokens=4, budget=4, plots=False, progress=True)
 
 
 def test_bench_draws_its_bar_only_on_a_terminal(tmp_path, capsys, monkeypatch):
-    bench(tmp_path / "piped")
-    assert "bench" not in capsys.readouterr().err
-    terminal = Terminal()
-    monkeypatch.setattr(sys, "stderr", terminal)
-    bench(tmp_path / "terminal")
-    assert "bench: 100%" in terminal.getvalue()
+    piped, terminal = piped_then_on_a_terminal(bench, capsys, monkeypatch, tmp_path)
+    assert "bench" not in piped
+    assert "bench: 100%" in terminal
 
 
 def test_transformers_bars_only_on_a_terminal(monkeypatch):
@@ -78,12 +86,9 @@ def build_both(out: Path) -> None:
 
 
 def test_datastore_builds_draw_no_redraws_when_piped(tmp_path, capfd, monkeypatch):
-    build_both(tmp_path / "piped")
-    assert "\r" not in capfd.readouterr().err
-    terminal = Terminal()
-    monkeypatch.setattr(sys, "stderr", terminal)
-    build_both(tmp_path / "terminal")
-    assert "tokenizing docs" in terminal.getvalue() and "building 2 shards" in terminal.getvalue()
+    piped, terminal = piped_then_on_a_terminal(build_both, capfd, monkeypatch, tmp_path)
+    assert "\r" not in piped
+    assert "tokenizing docs" in terminal and "building 2 shards" in terminal
 
 
 def test_every_bar_goes_through_the_one_helper():
