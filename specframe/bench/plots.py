@@ -9,10 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from specframe.terms.errors import ConfigurationError
+from specframe.terms.metrics import PHASES
 
 from specframe.bench.report import OVERALL
-
-PHASES = ("draft", "tree", "forward", "verify", "commit", "other")
 
 
 def _pyplot():
@@ -37,15 +36,29 @@ def write_plots(table: dict, out: Path, title: str = "") -> list[Path]:
     return paths
 
 
+def _grouped(count: int) -> tuple[float, list[float]]:
+    """The width of each bar in a group of `count` side by side, and each bar's offset from the group's
+    centre: a group spans 0.8 of the gap between groups."""
+    width = 0.8 / max(1, count)
+    return width, [(i - (count - 1) / 2) * width for i in range(count)]
+
+
+def _save(fig, path: Path) -> Path:
+    """Lay `fig` out, write it to `path` as a PNG and return `path`."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return path
+
+
 def speedup_plot(plt, table: dict, path: Path, title: str) -> Path:
     """Grouped bars: one group per category, one bar per method (baselines left out), std as error bars."""
     categories = list(table)
     methods = [m for m in dict.fromkeys(m for rows in table.values() for m in rows)
                if not m.startswith("baseline")]
     fig, ax = plt.subplots(figsize=(min(14.0, max(6.0, 3 + 0.2 * len(categories) * max(1, len(methods)))), 5))
-    width = 0.8 / max(1, len(methods))
-    for i, method in enumerate(methods):
-        xs = [c + (i - (len(methods) - 1) / 2) * width for c in range(len(categories))]
+    width, offsets = _grouped(len(methods))
+    for method, offset in zip(methods, offsets):
+        xs = [c + offset for c in range(len(categories))]
         stats = [table[c].get(method) for c in categories]
         means = [s["speedup"]["mean"] if s else 0.0 for s in stats]
         errs = [s["speedup"]["std"] if s else 0.0 for s in stats]
@@ -55,9 +68,7 @@ def speedup_plot(plt, table: dict, path: Path, title: str) -> Path:
     ax.set_ylabel("speedup over plain decoding (prefill included)")
     ax.set_title(title or "speedup by category")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    return path
+    return _save(fig, path)
 
 
 def histogram_plot(plt, table: dict, path: Path, title: str) -> Path:
@@ -67,10 +78,10 @@ def histogram_plot(plt, table: dict, path: Path, title: str) -> Path:
                if len(s["acceptance_histogram"]) > 1}  # methods that ever accepted a draft token
     fig, ax = plt.subplots(figsize=(7, 4.5))
     top = max((len(h) for h in methods.values()), default=1)
-    width = 0.8 / max(1, len(methods))
-    for i, (method, hist) in enumerate(methods.items()):
+    width, offsets = _grouped(len(methods))
+    for (method, hist), offset in zip(methods.items(), offsets):
         total = sum(hist)
-        xs = [j + (i - (len(methods) - 1) / 2) * width for j in range(len(hist))]
+        xs = [j + offset for j in range(len(hist))]
         ax.bar(xs, [h / total for h in hist], width, label=method)
     ax.set_xticks(range(top))
     ax.set_xlabel("draft tokens accepted in a step")
@@ -78,9 +89,7 @@ def histogram_plot(plt, table: dict, path: Path, title: str) -> Path:
     ax.set_title(title or "acceptance-length histogram")
     if methods:
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    return path
+    return _save(fig, path)
 
 
 def time_split_plot(plt, table: dict, path: Path, title: str) -> Path:
@@ -98,6 +107,4 @@ def time_split_plot(plt, table: dict, path: Path, title: str) -> Path:
     ax.set_xlabel("ms per verification step")
     ax.set_title(title or "time per step by phase")
     ax.legend(fontsize=8, ncol=len(PHASES), loc="upper center", bbox_to_anchor=(0.5, -0.25), frameon=False)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    return path
+    return _save(fig, path)
