@@ -151,6 +151,17 @@ def num(value: float | None, digits: int = 2, suffix: str = "") -> str:
     return "-" if value is None else f"{value:.{digits}f}{suffix}"
 
 
+def markdown_table(head: list[str], rows: list[list[str]]) -> list[str]:
+    """The lines of a markdown table: its head, the rule under it and one line per row of cells."""
+    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head),
+            *("| " + " | ".join(cells) + " |" for cells in rows)]
+
+
+def no_records(label: str, head: list[str]) -> list[str]:
+    """The row of a run that has no records yet: its label, then dashes under the rest of `head`."""
+    return [label, "no records", *["-"] * (len(head) - 2)]
+
+
 def rows_of(run: dict, patterns: list[str] | None) -> dict:
     table = overall(run)
     if not patterns:
@@ -191,36 +202,33 @@ def speed_table(runs: list[dict], spec: dict) -> list[str]:
     checked = identical(run)
     head = ["method", "speedup", *([f"vs {ref} (per turn)"] if ref else []), "tau", "tokens/s", "mean tree",
             "turns < 0.9x", "identical to plain"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows = []
     for label, s in sorted(rows_of(run, spec.get("rows")).items(), key=lambda kv: -kv[1]["speedup"]["mean"]):
         same = checked.get(label)
-        cells = [f"`{label}`", num(s["speedup"]["mean"], 2, "x"),
-                 *([num(per_turn_ratio(run, label, ref), 2, "x")] if ref else []), num(s["tau"]),
-                 num(s["tokens_per_s"]["mean"], 1), num(s.get("mean_tree_size"), 1),
-                 "-" if s.get("slow_turns") is None else f"{100 * s['slow_turns']:.0f} %",
-                 "-" if same is None else f"{same[0] - same[1]} of {same[0]} turns"]
-        lines.append("| " + " | ".join(cells) + " |")
-    return lines + ["", *provenance(run), "", noise_line(run, spec.get("control"))]
+        rows.append([f"`{label}`", num(s["speedup"]["mean"], 2, "x"),
+                     *([num(per_turn_ratio(run, label, ref), 2, "x")] if ref else []), num(s["tau"]),
+                     num(s["tokens_per_s"]["mean"], 1), num(s.get("mean_tree_size"), 1),
+                     "-" if s.get("slow_turns") is None else f"{100 * s['slow_turns']:.0f} %",
+                     "-" if same is None else f"{same[0] - same[1]} of {same[0]} turns"])
+    return markdown_table(head, rows) + ["", *provenance(run), "", noise_line(run, spec.get("control"))]
 
 
 def categories_table(runs: list[dict], spec: dict) -> list[str]:
     run = runs[0]
     cats = [c for c in run["categories"] if c != "overall"]
-    labels = list(rows_of(run, spec.get("rows")))
-    lines = ["| method | " + " | ".join(cats) + " |", "|---|" + "---|" * len(cats)]
-    for label in labels:
-        cells = [num(run["categories"][c].get(label, {}).get("speedup", {}).get("mean")) for c in cats]
-        lines.append(f"| `{label}` | " + " | ".join(cells) + " |")
-    return lines
+    rows = [[f"`{label}`", *(num(run["categories"][c].get(label, {}).get("speedup", {}).get("mean"))
+                             for c in cats)]
+            for label in rows_of(run, spec.get("rows"))]
+    return markdown_table(["method", *cats], rows)
 
 
 def choice_table(runs: list[dict], spec: dict) -> list[str]:
     ref = spec.get("reference")
-    lines = [f"| workload | use | speedup over plain | vs {ref or '-'} (per turn) | runner-up | records |",
-             "|---|---|---|---|---|---|"]
+    head = ["workload", "use", "speedup over plain", f"vs {ref or '-'} (per turn)", "runner-up", "records"]
+    rows = []
     for name, run in zip(spec["runs"], runs):
         if run is None:
-            lines.append(f"| {spec['workloads'][name]} | no records | - | - | - | - |")
+            rows.append(no_records(spec["workloads"][name], head))
             continue
         lossless = {m["label"] for m in run["methods"]
                     if m.get("baseline") and not m["label"].startswith("hf-")}
@@ -230,14 +238,13 @@ def choice_table(runs: list[dict], spec: dict) -> list[str]:
         vs = per_turn_ratio(run, best, ref) if ref and ref in overall(run) else None
         s = run["settings"]
         where = f"{s.get('suite')}, {s.get('device') or 'cpu'}, {s.get('threads')} thread(s)"
-        lines.append(f"| {spec['workloads'][name]} | `{best}` | {best_speed:.2f}x | {num(vs, 2, 'x')} "
-                     f"| `{second}` {second_speed:.2f}x | {where} |")
-    return lines
+        rows.append([spec["workloads"][name], f"`{best}`", f"{best_speed:.2f}x", num(vs, 2, "x"),
+                     f"`{second}` {second_speed:.2f}x", where])
+    return markdown_table(head, rows)
 
 
 def memory_table(runs: list[dict], spec: dict) -> list[str]:
-    lines = ["| records | method | peak memory | over plain | drafter's own memory |",
-             "|---|---|---|---|---|"]
+    rows = []
     for name, run in zip(spec["runs"], runs):
         if run is None:
             continue
@@ -249,24 +256,24 @@ def memory_table(runs: list[dict], spec: dict) -> list[str]:
             peak = s.get("peak_memory_bytes")
             over = None if peak is None or base is None else round((peak - base) / 2**20) or 0.0
             own = (s.get("drafter_stats") or {}).get("memory_bytes")
-            lines.append(f"| {name} ({kind}) | `{label}` | {num(peak and peak / 2**20, 0, ' MiB')} "
-                         f"| {num(over, 0, ' MiB')} | {num(own and own / 2**20, 1, ' MiB')} |")
-    return lines
+            rows.append([f"{name} ({kind})", f"`{label}`", num(peak and peak / 2**20, 0, " MiB"),
+                         num(over, 0, " MiB"), num(own and own / 2**20, 1, " MiB")])
+    return markdown_table(["records", "method", "peak memory", "over plain", "drafter's own memory"], rows)
 
 
 def lossless_table(runs: list[dict], spec: dict) -> list[str]:
-    lines = ["| records | methods compared | turns compared | turns identical to plain |",
-             "|---|---|---|---|"]
+    head = ["records", "methods compared", "turns compared", "turns identical to plain"]
+    rows = []
     for name, run in zip(spec["runs"], runs):
         if run is None:
-            lines.append(f"| {name} | no records | - | - |")
+            rows.append(no_records(name, head))
             continue
         checked = identical(run)
         turns = sum(c[0] for c in checked.values())
         same = sum(c[0] - c[1] for c in checked.values())
-        lines.append(f"| {name} ({run['settings'].get('suite')}, {run['settings'].get('device') or 'cpu'}) "
-                     f"| {len(checked)} | {turns} | {same} |")
-    return lines
+        rows.append([f"{name} ({run['settings'].get('suite')}, {run['settings'].get('device') or 'cpu'})",
+                     str(len(checked)), str(turns), str(same)])
+    return markdown_table(head, rows)
 
 
 KINDS = {"speed": speed_table, "categories": categories_table, "choice": choice_table,
