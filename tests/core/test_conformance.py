@@ -12,6 +12,16 @@ from specframe.testing import (
 )
 
 
+class TestPromptLookupConformance(DrafterConformance):
+    component = "pld"
+    options = {"matches": 3}
+
+
+class TestNoneDrafterConformance(DrafterConformance):
+    component = "none"
+    proposes = False  # the plain drafter: decoding without speculation
+
+
 class TestDraftModel(DrafterConformance):
     component = "draft-model"
     options = {"layers": 1}
@@ -20,6 +30,14 @@ class TestDraftModel(DrafterConformance):
 class TestRestLiveContext(DrafterConformance):
     component = "rest"
     options = {"live": 1}
+
+
+class TestChainConformance(TreeBuilderConformance):
+    component = "chain"
+
+
+class TestFirstNodesConformance(TreeBuilderConformance):
+    component = "first-n"
 
 
 class TestTrie(TreeBuilderConformance):
@@ -38,6 +56,11 @@ class TestDynamic(TreeBuilderConformance):
     component = "dynamic"
 
 
+class TestGreedyConformance(VerifierConformance):
+    component = "greedy"
+    maximal = True
+
+
 class TestSampleMatch(VerifierConformance):
     component = "sample-match"
     maximal = True
@@ -53,6 +76,10 @@ class TestRejection(VerifierConformance):
 class TestTypical(VerifierConformance):
     component = "typical"  # lossy when sampling: only its greedy behaviour and paths are checked
     maximal = True
+
+
+class TestKVConformance(BackendConformance):
+    component = "kv"
 
 
 class _SSMTarget:

@@ -1,4 +1,6 @@
-"""specframe.testing: the conformance suites pass on the first-party components and catch broken ones."""
+"""specframe.testing: the conformance checks catch broken components, the law checks tell lossless
+samplers and builders from biased ones, and the tiny targets behave. tests/core/test_conformance.py runs
+the suites on the first-party components."""
 
 from __future__ import annotations
 
@@ -10,36 +12,8 @@ import specframe
 from specframe import DrawMethod, TargetScores, TokenTree, Verifier, VerifierCapabilities, VerifyResult
 from specframe.testing import check_tree_builder_law, check_verifier_law
 from specframe.testing import (
-    BackendConformance, DrafterConformance, MarkovProblem, TreeBuilderConformance, VerifierConformance,
-    checks, random_proposal, reference_greedy,
+    DrafterConformance, MarkovProblem, VerifierConformance, checks, random_proposal, reference_greedy,
 )
-
-
-class TestPromptLookupConformance(DrafterConformance):
-    component = "pld"
-    options = {"matches": 3}
-
-
-class TestNoneDrafterConformance(DrafterConformance):
-    component = "none"
-    proposes = False  # the plain drafter: decoding without speculation
-
-
-class TestChainConformance(TreeBuilderConformance):
-    component = "chain"
-
-
-class TestFirstNodesConformance(TreeBuilderConformance):
-    component = "first-n"
-
-
-class TestGreedyConformance(VerifierConformance):
-    component = "greedy"
-    maximal = True
-
-
-class TestKVConformance(BackendConformance):
-    component = "kv"
 
 
 # --- the checks must fail on broken components ----------------------------------------------------------
