@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import specframe
@@ -24,6 +24,7 @@ pytestmark = [pytest.mark.usefixtures("one_thread"),
 
 
 @settings(max_examples=40, deadline=None)
+@example(rows=4, features_in=200, features_out=60, bias=True, seed=200)  # 1.2e-5 apart: summation order
 @given(rows=st.integers(1, stream_linear.MAX_ROWS), features_in=st.integers(1, 200),
        features_out=st.integers(1, 100), bias=st.booleans(), seed=st.integers(0, 2**16))
 def test_it_computes_what_linear_computes(rows, features_in, features_out, bias, seed):
@@ -33,7 +34,10 @@ def test_it_computes_what_linear_computes(rows, features_in, features_out, bias,
     b = torch.randn(features_out, generator=generator) if bias else None
     x = torch.randn(rows, features_in, generator=generator)
     got = stream_linear.linear(x, stream_linear.pack(weight), b)
-    torch.testing.assert_close(got, stream_linear.linear_reference(x, weight, b), rtol=1e-5, atol=1e-5)
+    # Float32 sums of `features_in` products in another order differ by rounding that grows with the length
+    # (1.2e-5 seen at 200); a wrong kernel is off by whole units.
+    torch.testing.assert_close(got, stream_linear.linear_reference(x, weight, b), rtol=1e-5,
+                               atol=1e-6 * features_in)
 
 
 @pytest.mark.parametrize("features_in, features_out", [(576, 1536), (1536, 576), (577, 200)])
