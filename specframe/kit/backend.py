@@ -1,5 +1,6 @@
 """For StateBackend authors: the rows a backend pads each forward to, the calibration stored for it, its
-cost with padding, the appending KV cache, and how many rows attention keeps exact.
+cost with padding, the appending KV cache, how many rows attention keeps exact, and the GGUF file behind
+a model name.
 
 - `forward_min_rows(value, device, backend, linear, calibrated=...)` is the backend's `min_rows`
   option resolved: the value given, else no padding off the CPU, else what the stored calibration chose
@@ -16,6 +17,9 @@ cost with padding, the appending KV cache, and how many rows attention keeps exa
 - `exact_rows(model)` is how many rows one forward may take and still give each row exactly what a
   forward of that row alone would, on the CPU's exact attention (None where the model is not computed
   exactly anyway): the most rows a backend may score at once and keep greedy decoding identical.
+- `gguf_file(name)` is the GGUF file a model name stands for (a `.gguf` path, or the file of an alias
+  such as `smollm2-135m` inside its wheel), or None: for a backend that runs the GGUF itself, such as
+  llama.cpp, beside the model specframe converted from it.
 
 Imports torch and transformers: import it inside the methods that build or run the backend, never at a
 plugin module's top.
@@ -25,7 +29,8 @@ from specframe.decode.calibration import stored_cost, stored_min_rows
 from specframe.runtime.attention import exact_rows
 from specframe.runtime.devices import forward_min_rows, pads_by_measurement
 from specframe.runtime.kv_cache import buffered_cache
+from specframe.runtime.load import gguf_file
 from specframe.terms.cost import PaddedCost
 
-__all__ = ["PaddedCost", "buffered_cache", "exact_rows", "forward_min_rows", "pads_by_measurement",
-           "stored_cost", "stored_min_rows"]
+__all__ = ["PaddedCost", "buffered_cache", "exact_rows", "forward_min_rows", "gguf_file",
+           "pads_by_measurement", "stored_cost", "stored_min_rows"]

