@@ -30,7 +30,8 @@ import numpy as np
 from specframe import ConfigurationError, ModelLoadError
 
 LOGGER = "llama-cpp-python"  # the logger llama-cpp-python prints llama.cpp's own log through
-PREFILL_ROWS = 512  # rows one `llama_decode` call takes at most (llama.cpp's n_batch)
+CELL_BLOCK = 256  # llama.cpp sizes the KV cache in multiples of this many cells
+PREFILL_ROWS = 512  # rows one `llama_decode` call takes at most (llama.cpp's n_batch), context permitting
 INSTALL = "pip install 'specframe[llamacpp]' (llama-cpp-python builds llama.cpp from source: minutes of CPU)"
 
 _models: dict[str, int] = {}  # GGUF path -> llama_model pointer, loaded once per process
@@ -145,8 +146,10 @@ class LlamaEngine:
         self.model = load_model(path)
         self.vocab = model_facts(self.model).vocab
         params = lib.llama_context_default_params()
-        params.n_ctx = context
-        params.n_batch = max(ubatch, PREFILL_ROWS)
+        # llama.cpp rounds the cache up to whole blocks of cells, but limits a call's rows to the context
+        # asked for, and aborts where that leaves fewer rows than sequences: ask for the rounded size
+        params.n_ctx = -(-context // CELL_BLOCK) * CELL_BLOCK
+        params.n_batch = max(ubatch, paths + 1, min(PREFILL_ROWS, params.n_ctx))
         params.n_ubatch = ubatch
         params.n_seq_max = paths + 1
         params.n_threads = params.n_threads_batch = threads
@@ -161,7 +164,7 @@ class LlamaEngine:
                 "why): lower the backend's context or max_leaves option")
         weakref.finalize(self, lib.llama_free, ctx)
         self.ctx, self.memory = ctx, lib.llama_get_memory(ctx)
-        self.context = int(lib.llama_n_ctx(ctx))
+        self.context = min(context, int(lib.llama_n_ctx(ctx)))  # what the backend lets a request use
         self.rows = int(params.n_batch)
         self.spare = paths  # the sequence id `compact` moves the accepted cells through
         self.shared = 1  # sequences 0..shared-1 hold the committed cells

@@ -1,0 +1,217 @@
+"""The `llamacpp` backend on a tiny random Llama written as a GGUF (`tiny_gguf`): every tree row's logits
+equal a plain step's bit for bit, commits leave the state plain decoding leaves (also when the accepted
+branch is not the tree's first), greedy speculative decoding emits plain greedy decoding's tokens, and
+every refusal says what to do. Skipped where llama-cpp-python is not installed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from tiny_gguf import tiny_gguf_target
+
+import specframe
+from specframe import ConfigurationError, SpeculativeDecoder, TokenTree
+from specframe.testing.synthetic import random_tree
+from specframe.testing.targets import repetitive_prompt, tiny_target
+from specframe_llamacpp import LlamaCppBackend
+
+SKIP = "llama-cpp-python is not installed: pip install 'specframe[llamacpp]'"
+pytest.importorskip("llama_cpp", reason=SKIP)
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # fixture in conftest.py
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    return tiny_gguf_target(tmp_path_factory.mktemp("gguf"))
+
+
+@pytest.fixture(scope="module")
+def prompt(target):
+    return repetitive_prompt(target.vocab_size, 40, seed=0)
+
+
+def plain_logits(backend: LlamaCppBackend, ids: list[int]) -> torch.Tensor:
+    """The next-token logits after `ids` from a plain step: `ids[:-1]` prefilled, the last one the root."""
+    backend.prefill(ids)
+    return backend.score(TokenTree.empty()).logits[0]
+
+
+def plain_steps(backend: LlamaCppBackend, prompt: list[int], tokens: list[int]) -> list[torch.Tensor]:
+    """The logits of plain decoding through `backend` fed `tokens` after `prompt`, one step per token."""
+    backend.prefill(prompt)
+    rows = []
+    for token in tokens:
+        scores = backend.score(TokenTree.empty())
+        rows.append(scores.logits[0])
+        backend.commit(scores, [], token)
+    return rows
+
+
+def test_registered_under_its_name():
+    assert specframe.get_registry().get("backend", "llamacpp") is LlamaCppBackend
+
+
+@pytest.mark.parametrize("rows", [1, 2, 5, 31, 32, 33, 70])  # micro-batches of 32 rows: across the edges
+def test_a_chain_in_one_batch_equals_plain_steps_bit_for_bit(target, prompt, rows):
+    backend = LlamaCppBackend(target)
+    tokens = repetitive_prompt(target.vocab_size, rows, seed=1)
+    plain = plain_steps(backend, prompt, tokens)
+    backend.prefill(prompt)
+    chain = backend.score(TokenTree(np.array(tokens[:-1]), np.arange(rows - 1) - 1)).logits
+    assert all(torch.equal(chain[i], plain[i]) for i in range(rows))
+
+
+def test_a_prefill_equals_plain_steps_bit_for_bit(target, prompt):
+    backend = LlamaCppBackend(target)
+    rest = repetitive_prompt(target.vocab_size, 45, seed=2)
+    plain = plain_steps(backend, prompt, rest)[-1]
+    assert torch.equal(plain_logits(backend, prompt + rest[:-1]), plain)
+
+
+def test_tree_rows_and_commits_equal_plain_steps_bit_for_bit(target, prompt):
+    """Random trees up to 40 nodes (past one 32-row micro-batch), each followed by a commit of a random
+    branch (most of them not the first rows, so the accepted cells are moved together): every row equals a
+    plain step after its path, and after all commits the state is plain decoding's."""
+    backend, reference = LlamaCppBackend(target), LlamaCppBackend(target)
+    rng = np.random.default_rng(0)
+    history = list(prompt)
+    backend.prefill(history)
+    moved = 0
+    for _ in range(12):
+        tree = random_tree(rng, target.vocab_size, int(rng.integers(0, 41)))
+        scores = backend.score(tree)
+        for node in range(-1, len(tree)):
+            path = tree.path_to(node) if node >= 0 else []
+            expected = plain_logits(reference, history + [int(t) for t in tree.tokens[path]])
+            assert torch.equal(scores.logits[node + 1], expected), f"node {node} of {tree.parents.tolist()}"
+        path = tree.path_to(int(rng.integers(len(tree)))) if len(tree) else []
+        moved += path != list(range(len(path)))
+        bonus = int(rng.integers(target.vocab_size))
+        backend.commit(scores, path, bonus)
+        history += [int(t) for t in tree.tokens[path]] + [bonus]
+        assert backend.committed_length == len(history) - 1
+    assert moved >= 3
+    after = plain_steps(reference, prompt, history[len(prompt):] + [0])[-1]
+    assert torch.equal(backend.score(TokenTree.empty()).logits[0], after)
+
+
+def test_without_moving_the_accepted_cells_together_the_next_steps_would_differ(target, prompt, monkeypatch):
+    """The planted fault: commits that leave a rejected cell's hole between accepted ones. The next token
+    is stored in the hole, before accepted ones, and its logits then differ from plain decoding's."""
+    import specframe_llamacpp.backend as backend_module
+
+    monkeypatch.setattr(backend_module, "kept_in_place", lambda path: True)
+    backend, reference = LlamaCppBackend(target), LlamaCppBackend(target)
+    tree = TokenTree(np.array([5, 6, 7, 8]), np.array([-1, 0, -1, 2]))  # two chains under the root
+    history = list(prompt)
+    differ = 0
+    backend.prefill(history)
+    for bonus in (9, 10, 11, 12):
+        backend.commit(backend.score(tree), [2, 3], bonus)  # the second chain: rows 1, 2 become a hole
+        history += [7, 8, bonus]
+        got = backend.score(TokenTree(np.array([3, 4]), np.array([-1, 0]))).logits
+        expected = [plain_logits(reference, history + tail) for tail in ([], [3])]
+        differ += not all(torch.equal(got[i], expected[i]) for i in range(2))
+        backend.commit(backend.score(TokenTree.empty()), [], 1)
+        history.append(1)
+    assert differ
+
+
+def test_scores_never_change_the_state_and_only_the_latest_commit(target, prompt):
+    backend = LlamaCppBackend(target)
+    backend.prefill(prompt)
+    tree = TokenTree(np.array([1, 2, 3]), np.array([-1, 0, -1]))
+    first = backend.score(tree)
+    backend.score(TokenTree(np.array([4] * 9), np.arange(9) - 1))  # discarded
+    again = backend.score(tree)
+    assert torch.equal(first.logits, again.logits) and again.tree is tree
+    with pytest.raises(ValueError, match="latest score"):
+        backend.commit(first, [], 0)
+    backend.commit(again, [2], 5)
+    with pytest.raises(ValueError, match="latest score"):
+        backend.commit(again, [], 0)
+    assert backend.committed_length == len(prompt) + 1
+
+
+PIPELINES = [("pld(matches=3)", "chain", 8), ("pld(matches=3)", "static", 12), ("suffix", "trie", 16),
+             ("pld(matches=3)", "breadth-first", 6), ("pld(matches=3)", "chain", "auto:8")]
+
+
+@pytest.mark.parametrize("drafter,tree,budget", PIPELINES)
+def test_greedy_speculative_decoding_emits_plain_greedy_decodings_tokens(target, drafter, tree, budget):
+    def decode(drafter, tree, budget, prompt):
+        decoder = SpeculativeDecoder.from_names(target, drafter, tree, "greedy", "llamacpp", budget=budget)
+        return decoder.generate(prompt, max_new_tokens=48)
+
+    accepted = 0
+    for seed in range(3):
+        prompt = repetitive_prompt(target.vocab_size, 40, seed=seed)
+        result = decode(drafter, tree, budget, prompt)
+        assert result.tokens == decode("none", "chain", 1, prompt).tokens, f"prompt {seed}"
+        accepted += result.metrics.accepted_draft_tokens
+    assert accepted > 0
+
+
+def test_threads_follow_torchs_count(target, prompt):
+    from llama_cpp import llama_n_threads
+
+    backend = LlamaCppBackend(target)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        backend.prefill(prompt)
+        assert llama_n_threads(backend.engine.ctx) == 2
+    finally:
+        torch.set_num_threads(threads)
+    backend.prefill(prompt)
+    assert llama_n_threads(backend.engine.ctx) == threads
+
+
+# --- refusals ------------------------------------------------------------------------------------------
+
+
+def test_refuses_a_model_not_loaded_from_a_gguf():
+    reason = LlamaCppBackend.unsupported_reason(tiny_target(seed=0))
+    assert "GGUF" in reason and "--model" in reason and "'kv'" in reason
+
+
+def test_refuses_a_target_whose_vocabulary_is_not_the_ggufs(target):
+    other = tiny_target(seed=0, vocab_size=128)
+    reason = LlamaCppBackend.unsupported_reason(specframe.Target(other.model, None, target.name))
+    assert "96 tokens" in reason and "128" in reason
+
+
+def test_refuses_a_missing_gguf_file(tmp_path):
+    reason = LlamaCppBackend.unsupported_reason(specframe.Target(tiny_target().model, None,
+                                                                 str(tmp_path / "gone.gguf")))
+    assert "does not exist" in reason
+
+
+def test_a_tree_of_more_paths_than_the_context_holds_says_which_option_to_raise(target, prompt):
+    backend = LlamaCppBackend(target, max_leaves=4)
+    backend.prefill(prompt)
+    with pytest.raises(ConfigurationError, match=r"5 root-to-leaf paths.*max_leaves=5"):
+        backend.score(TokenTree(np.arange(5), np.full(5, -1)))
+
+
+def test_a_context_overflow_says_which_option_to_raise(target, prompt):
+    backend = LlamaCppBackend(target, context=48)
+    backend.prefill(prompt)
+    with pytest.raises(ConfigurationError, match=r"needs 49 positions.*holds 48.*context=N"):
+        backend.score(TokenTree(np.arange(9), np.arange(9) - 1))
+    with pytest.raises(ConfigurationError, match="the prompt needs 60 positions"):
+        backend.prefill(list(range(60)))
+
+
+BAD_OPTIONS = [({"ubatch": 0}, "ubatch must be an integer from 1"),
+               ({"max_leaves": 10_000}, "max_leaves must be an integer from 1"),
+               ({"context": 10_000}, "context must be an integer from 1 to 512"),
+               ({"min_rows": 0}, "min_rows must be an integer >= 1")]
+
+
+@pytest.mark.parametrize("options,message", BAD_OPTIONS)
+def test_bad_options_are_refused_with_their_bounds(target, options, message):
+    with pytest.raises(ConfigurationError, match=message):
+        LlamaCppBackend(target, **options)
