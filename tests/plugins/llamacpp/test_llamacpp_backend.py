@@ -215,3 +215,26 @@ BAD_OPTIONS = [({"ubatch": 0}, "ubatch must be an integer from 1"),
 def test_bad_options_are_refused_with_their_bounds(target, options, message):
     with pytest.raises(ConfigurationError, match=message):
         LlamaCppBackend(target, **options)
+
+
+def test_calibration_measures_it_and_chooses_its_padding(target, prompt):
+    """`specframe calibrate`'s measurement runs on it as on `kv`: with `min_rows` left to measurement it
+    times a plain step alone and padded first, then flat trees and chains; afterwards it decodes as
+    before (padded or not, the rows are the same)."""
+    from specframe.decode.calibration import calibrate
+
+    backend = LlamaCppBackend(target)
+    assert backend.auto_padding and backend.cost_options() == {"min_rows": "auto", "ubatch": 32}
+    cost = calibrate(backend, sizes=(0, 1, 2, 4), rounds=1, progress=False)
+    assert cost.sizes == (0, 1, 2, 4) and len(cost.padding_s) == 2 and cost.min_rows in (1, 4)
+    assert backend.min_rows == cost.min_rows
+
+
+
+@pytest.mark.parametrize("tree", [TokenTree.empty(), TokenTree(np.array([1, 2]), np.array([-1, -1]))])
+def test_padded_forwards_give_the_same_rows_and_state(target, prompt, tree):
+    padded, unpadded = LlamaCppBackend(target, min_rows=4), LlamaCppBackend(target, min_rows=1)
+    for backend in (padded, unpadded):
+        backend.prefill(prompt)
+        backend.commit(backend.score(tree), [1] if len(tree) else [], 7)
+    assert torch.equal(padded.score(tree).logits, unpadded.score(tree).logits)
