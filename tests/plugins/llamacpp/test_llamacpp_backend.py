@@ -219,8 +219,7 @@ def test_bad_options_are_refused_with_their_bounds(target, options, message):
 
 def test_calibration_measures_it_and_chooses_its_padding(target, prompt):
     """`specframe calibrate`'s measurement runs on it as on `kv`: with `min_rows` left to measurement it
-    times a plain step alone and padded first, then flat trees and chains; afterwards it decodes as
-    before (padded or not, the rows are the same)."""
+    times a plain step alone and padded first, keeps the faster, then times flat trees and chains."""
     from specframe.decode.calibration import calibrate
 
     backend = LlamaCppBackend(target)
@@ -228,7 +227,6 @@ def test_calibration_measures_it_and_chooses_its_padding(target, prompt):
     cost = calibrate(backend, sizes=(0, 1, 2, 4), rounds=1, progress=False)
     assert cost.sizes == (0, 1, 2, 4) and len(cost.padding_s) == 2 and cost.min_rows in (1, 4)
     assert backend.min_rows == cost.min_rows
-
 
 
 @pytest.mark.parametrize("tree", [TokenTree.empty(), TokenTree(np.array([1, 2]), np.array([-1, -1]))])
