@@ -17,8 +17,11 @@ def bench_command(
                                 "DRAFTER[+TREE[+VERIFIER[+BACKEND]]][@BUDGET], e.g. "
                                 "'pld,rest(c=16)+trie+greedy@16'; 'all' = every usable preset. "
                                 "The plain-decoding baseline always runs."),
-    peers: str = typer.Option("all", help="transformers peers: all, none, or a comma list of hf-generate, "
-                              "hf-pld(num_tokens=10), hf-assisted(layers=8,num_tokens=4)."),
+    peers: str = typer.Option("all", help="Peers in the same process: all (the transformers ones), none, "
+                              "or a comma list of hf-generate, hf-pld(num_tokens=10), "
+                              "hf-assisted(layers=8,num_tokens=4), and, for a GGUF model with "
+                              "llama-cpp-python installed, llama.cpp's own llamacpp-generate and "
+                              "llamacpp-pld(num_tokens=10)."),
     limit: Optional[int] = typer.Option(None, help="Questions per category (default: all)."),
     turns: Optional[int] = typer.Option(None, help="Turns per question at most (default: all)."),
     shard: Optional[str] = typer.Option(None, help="I/N: only every N-th question from the I-th (0-based), "

@@ -1,4 +1,5 @@
-"""Peers run in the same process on the same prompts: Hugging Face transformers' own decoding.
+"""Peers run in the same process on the same prompts: Hugging Face transformers' own decoding (this
+module), and, named explicitly, llama.cpp's (`specframe.bench.llamacpp_peers`).
 
 - `hf-generate`: `model.generate`, greedy (Spec-Bench's baseline). With `split_prompt` (what
   `specframe generate --compare` runs) it reads the prompt as specframe does (`prompt_cache`).
@@ -47,7 +48,10 @@ class PeerSpec:
 
 
 def parse_peers(text: str) -> list[PeerSpec]:
-    """`--peers`: a comma list of peer specs, `all` (the default set) or `none`."""
+    """`--peers`: a comma list of peer specs, `all` (the transformers peers) or `none`."""
+    from specframe.bench.llamacpp_peers import LLAMACPP_PEERS
+
+    known = {**PEERS, **LLAMACPP_PEERS}
     text = text.strip()
     if text in ("", "none"):
         return []
@@ -55,14 +59,22 @@ def parse_peers(text: str) -> list[PeerSpec]:
     peers = []
     for part in parts:
         spec = ComponentSpec.parse(part)
-        if spec.name not in PEERS:
-            raise ConfigurationError(f"unknown peer '{spec.name}': known peers are {', '.join(PEERS)}")
-        unknown = set(spec.options) - set(PEERS[spec.name])
+        if spec.name not in known:
+            raise ConfigurationError(f"unknown peer '{spec.name}': known peers are {', '.join(known)}")
+        unknown = set(spec.options) - set(known[spec.name])
         if unknown:
             raise ConfigurationError(f"peer '{spec.name}' takes options "
-                                     f"{sorted(PEERS[spec.name]) or 'none'}, got {sorted(unknown)}")
-        peers.append(PeerSpec(part.strip(), spec.name, {**PEERS[spec.name], **spec.options}))
+                                     f"{sorted(known[spec.name]) or 'none'}, got {sorted(unknown)}")
+        peers.append(PeerSpec(part.strip(), spec.name, {**known[spec.name], **spec.options}))
     return peers
+
+
+def peer_runner(target: Target, spec: PeerSpec, sampling: SamplingParams, baseline: str):
+    """The runner of peer `spec`: llama.cpp's for its peers, transformers' for the others."""
+    from specframe.bench.llamacpp_peers import LLAMACPP_PEERS, LlamaCppPeerRunner
+
+    runner = LlamaCppPeerRunner if spec.name in LLAMACPP_PEERS else PeerRunner
+    return runner(target, spec, sampling, baseline=baseline)
 
 
 class StepClock:

@@ -37,7 +37,7 @@ from specframe.plugging.registry import ComponentSpec, PluginRegistry
 from specframe.terms.sampling import SamplingParams
 
 from specframe.bench.methods import MethodSpec, baseline_spec
-from specframe.bench.peers import PeerRunner, PeerSpec
+from specframe.bench.peers import PeerSpec, peer_runner
 from specframe.support.prompt_suites import BenchPrompt, encode_turn
 from specframe.bench.synthetic import SyntheticDrafter
 
@@ -117,7 +117,7 @@ def build_runners(target: Target, methods: list[MethodSpec], peers: list[PeerSpe
     if synthetic_acceptance is not None:
         runners.append(SyntheticRunner(target, synthetic_acceptance, bases[0], sampling, registry,
                                        default_budget, phase_timing))
-    runners += [PeerRunner(target, p, sampling, baseline=bases[0].label) for p in peers]
+    runners += [peer_runner(target, p, sampling, baseline=bases[0].label) for p in peers]
     return runners
 
 

@@ -1,0 +1,118 @@
+"""Peers that run llama.cpp itself (llama-cpp-python's `Llama`) in the same process, on the GGUF file the
+target was loaded from, greedy:
+
+- `llamacpp-generate`: `Llama.generate`, llama.cpp's own plain decoding;
+- `llamacpp-pld(num_tokens=10)`: the same with llama-cpp-python's prompt lookup draft model
+  (`LlamaPromptLookupDecoding`), its own speculative decoding.
+
+Both take `context` (2048 positions by default, at most the model's; the prompt lookup peer keeps logits
+for every position of it, 400 MB for SmolLM2's vocabulary at 2048). The model loads without llama.cpp's
+extra weight buffers, as the `llamacpp` backend loads it (see `plugins/specframe_llamacpp/engine.py`:
+the AMX repacking crashes on a CPU that reports AMX without letting a process use it), with torch's
+thread count (`--threads`). llama.cpp's numerics are not the baseline's, so their outputs are not
+compared with it; a step is one `Llama.eval`, so their tau is measured, their alpha is not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+from specframe.runtime.load import gguf_file
+from specframe.terms.errors import ConfigurationError
+from specframe.terms.metrics import DecodeMetrics, now, peak_memory_bytes
+from specframe.terms.sampling import SamplingParams
+from specframe.terms.target import Target
+
+LLAMACPP_PEERS = {"llamacpp-generate": {"context": 2048}, "llamacpp-pld": {"num_tokens": 10, "context": 2048}}
+GREEDY = {"top_k": 1, "top_p": 1.0, "min_p": 0.0, "temp": 0.0, "repeat_penalty": 1.0}
+
+
+@contextmanager
+def without_extra_buffers() -> Iterator[None]:
+    """Within the block, `Llama` loads models without llama.cpp's extra (repacked) weight buffers: it
+    offers no option for that, and reads its model parameters from `llama_model_default_params`."""
+    from llama_cpp import llama_cpp as lib
+
+    default = lib.llama_model_default_params
+
+    def params():
+        chosen = default()
+        chosen.use_extra_bufts = False
+        return chosen
+
+    lib.llama_model_default_params = params
+    try:
+        yield
+    finally:
+        lib.llama_model_default_params = default
+
+
+class LlamaCppPeerRunner:
+    """Runs one llama.cpp peer; `generate` returns (new tokens, `DecodeMetrics.to_dict()`-shaped dict)."""
+
+    lossless = False  # llama.cpp's kernels are not the baseline's: outputs are not compared with it
+
+    def __init__(self, target: Target, spec, sampling: SamplingParams, baseline: str = "baseline"):
+        self.target, self.spec, self.label, self.baseline = target, spec, spec.label, baseline
+        if not sampling.greedy:
+            raise ConfigurationError(f"peer '{spec.name}' decodes greedily only: leave it out of --peers "
+                                     "when sampling")
+        try:
+            from llama_cpp import Llama
+            from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+        except ImportError:
+            raise ConfigurationError(f"peer '{spec.name}' needs llama-cpp-python: pip install "
+                                     "'specframe[llamacpp]', or leave it out of --peers") from None
+        path = gguf_file(target.name)
+        if path is None:
+            raise ConfigurationError(f"peer '{spec.name}' runs the GGUF file the model was loaded from, and "
+                                     f"model '{target.name}' is none: pass --model path/to/model.gguf")
+        draft = (LlamaPromptLookupDecoding(num_pred_tokens=int(spec.options["num_tokens"]))
+                 if spec.name == "llamacpp-pld" else None)
+        threads = torch.get_num_threads()
+        with without_extra_buffers():
+            context = min(int(spec.options["context"]), target.max_context)
+            self.llm = Llama(str(path), n_ctx=context, n_threads=threads, n_threads_batch=threads,
+                             verbose=False, draft_model=draft)
+        self.evals = 0
+        evaluate = self.llm.eval
+
+        def counted(tokens):
+            self.evals += 1
+            return evaluate(tokens)
+
+        self.llm.eval = counted  # one call per forward: the prompt, then one per step
+
+    def generate(self, prompt_ids: list[int], max_new_tokens: int,
+                 seed: int | None = None) -> tuple[list[int], dict]:
+        eos = self.target.eos_token_ids
+        self.llm.reset()  # no prompt reused from the previous request
+        self.evals = 0
+        tokens: list[int] = []
+        forwards: list[int] = []  # for each token, the forward that produced it (1: the prompt's)
+        start = now()
+        first = None
+        for token in self.llm.generate(prompt_ids, **GREEDY):
+            first = first or now()  # the prompt's forward produced the first token
+            tokens.append(int(token))
+            forwards.append(self.evals)
+            if token in eos or len(tokens) >= max_new_tokens:
+                break
+        wall = now() - start
+        prefill = (first or wall + start) - start
+        # Tokens of each forward; the prompt's counts as a step, as in the other peers and specframe's
+        # decoding, where the first step reads the prompt's last token
+        per_step = [forwards.count(k) for k in sorted(set(forwards))]
+        metrics = DecodeMetrics(prompt_tokens=len(prompt_ids), new_tokens=len(tokens), steps=len(per_step),
+                                accepted_per_step=[n - 1 for n in per_step], prefill_s=prefill, wall_s=wall,
+                                peak_memory_bytes=peak_memory_bytes(torch.device("cpu")))
+        record = metrics.to_dict()
+        decode_s = wall - prefill
+        record["decode_tokens_per_s"] = (len(tokens) - 1) / decode_s if decode_s > 0 else 0.0
+        for unknown in ("alpha", "draft_tokens", "accepted_draft_tokens", "mean_tree_size", "time_s",
+                        "time_per_step_ms"):
+            record[unknown] = None  # not observable from outside llama-cpp-python
+        return tokens, record

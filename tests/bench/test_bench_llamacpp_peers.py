@@ -1,0 +1,54 @@
+"""The llama.cpp peers of `specframe bench` (`specframe.bench.llamacpp_peers`), on a tiny random Llama
+written as a GGUF (`tiny_gguf`): llama.cpp's own greedy decoding, with and without its prompt lookup,
+emits what plain decoding through the `llamacpp` backend emits here, where the prompt fits one
+micro-batch of both; steps and tau are counted; refusals say what to do. Skipped without llama-cpp-python."""
+
+from __future__ import annotations
+
+import pytest
+from tiny_gguf import tiny_gguf_target
+
+from specframe import ConfigurationError, SamplingParams, SpeculativeDecoder
+from specframe.bench.peers import parse_peers, peer_runner
+from specframe.testing.targets import repetitive_prompt, tiny_target
+
+SKIP = "llama-cpp-python is not installed: pip install 'specframe[llamacpp]'"
+pytest.importorskip("llama_cpp", reason=SKIP)
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # fixture in conftest.py
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    return tiny_gguf_target(tmp_path_factory.mktemp("gguf"))
+
+
+def test_all_means_the_transformers_peers_and_llamacpp_ones_are_named():
+    assert [p.name for p in parse_peers("all")] == ["hf-generate", "hf-pld", "hf-assisted"]
+    named = parse_peers("llamacpp-generate,llamacpp-pld(num_tokens=4)")
+    assert [(p.name, p.options) for p in named] == [("llamacpp-generate", {"context": 2048}),
+                                                    ("llamacpp-pld", {"num_tokens": 4, "context": 2048})]
+    with pytest.raises(ConfigurationError, match="takes options"):
+        parse_peers("llamacpp-generate(num_tokens=4)")
+
+
+@pytest.mark.parametrize("peer", ["llamacpp-generate", "llamacpp-pld(num_tokens=4)"])
+def test_llama_cpp_greedy_decoding_emits_plain_decoding_through_the_backend(target, peer):
+    runner = peer_runner(target, parse_peers(peer)[0], SamplingParams(), baseline="baseline")
+    assert not runner.lossless  # in general llama.cpp's own batches round differently: not compared
+    plain = SpeculativeDecoder.from_names(target, "none", "chain", "greedy", "llamacpp", budget=1)
+    for seed in range(2):
+        prompt = repetitive_prompt(target.vocab_size, 40, seed=seed)
+        for _ in range(2):  # a second request reads its prompt afresh
+            tokens, record = runner.generate(prompt, max_new_tokens=24)
+            assert tokens == plain.generate(prompt, max_new_tokens=24).tokens
+            assert record["new_tokens"] == 24 and record["tau"] == pytest.approx(24 / record["steps"])
+            assert record["steps"] == 24 if peer == "llamacpp-generate" else 1 <= record["steps"] <= 24
+
+
+def test_refusals_say_what_to_do(target):
+    spec = parse_peers("llamacpp-generate")[0]
+    with pytest.raises(ConfigurationError, match="greedily only"):
+        peer_runner(target, spec, SamplingParams(temperature=1.0), baseline="baseline")
+    with pytest.raises(ConfigurationError, match="--model path/to/model.gguf"):
+        peer_runner(tiny_target(), spec, SamplingParams(), baseline="baseline")
