@@ -57,6 +57,7 @@ class LlamaCppPeerRunner:
 
     def __init__(self, target: Target, spec, sampling: SamplingParams, baseline: str = "baseline"):
         self.target, self.spec, self.label, self.baseline = target, spec, spec.label, baseline
+        self.seed = sampling.seed  # greedy: no draw uses it
         if not sampling.greedy:
             raise ConfigurationError(f"peer '{spec.name}' decodes greedily only: leave it out of --peers "
                                      "when sampling")

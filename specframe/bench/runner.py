@@ -37,6 +37,7 @@ from specframe.plugging.registry import ComponentSpec, PluginRegistry
 from specframe.terms.sampling import SamplingParams
 
 from specframe.bench.methods import MethodSpec, baseline_spec
+from specframe.bench.llamacpp_peers import LLAMACPP_PEERS
 from specframe.bench.peers import PeerSpec, peer_runner
 from specframe.support.prompt_suites import BenchPrompt, encode_turn
 from specframe.bench.synthetic import SyntheticDrafter
@@ -90,8 +91,9 @@ def build_runners(target: Target, methods: list[MethodSpec], peers: list[PeerSpe
                   default_budget: int | str = "auto", phase_timing: bool = True) -> list:
     """Baselines first (plain decoding through each backend the methods use; the default backend `kv`
     when it can serve the target), then the methods, the synthetic method and the peers, who are measured
-    against the first. A preset that says it cannot run on the target fails with its reason, or from
-    `all` is skipped with a warning."""
+    against the first (llama.cpp's peers against plain decoding through `llamacpp`, where a method uses
+    it). A preset that says it cannot run on the target fails with its reason, or from `all` is skipped
+    with a warning."""
     default = DEFAULT_COMPONENTS[ComponentKind.BACKEND]
     backends: dict[str, ComponentSpec] = {}
     if registry.get(ComponentKind.BACKEND, default).unsupported_reason(target) is None:
@@ -117,7 +119,10 @@ def build_runners(target: Target, methods: list[MethodSpec], peers: list[PeerSpe
     if synthetic_acceptance is not None:
         runners.append(SyntheticRunner(target, synthetic_acceptance, bases[0], sampling, registry,
                                        default_budget, phase_timing))
-    runners += [peer_runner(target, p, sampling, baseline=bases[0].label) for p in peers]
+    llama = base_of.get("llamacpp", bases[0].label)
+    for peer in peers:
+        baseline = llama if peer.name in LLAMACPP_PEERS else bases[0].label
+        runners.append(peer_runner(target, peer, sampling, baseline=baseline))
     return runners
 
 

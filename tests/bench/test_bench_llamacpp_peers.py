@@ -52,3 +52,18 @@ def test_refusals_say_what_to_do(target):
         peer_runner(target, spec, SamplingParams(temperature=1.0), baseline="baseline")
     with pytest.raises(ConfigurationError, match="--model path/to/model.gguf"):
         peer_runner(tiny_target(), spec, SamplingParams(), baseline="baseline")
+
+
+def test_llama_cpp_peers_are_measured_against_plain_decoding_through_the_backend(target):
+    from specframe.bench.methods import parse_method
+    from specframe.bench.runner import build_runners
+    from specframe.plugging.registry import get_registry
+
+    registry = get_registry()
+    peers = parse_peers("hf-generate,llamacpp-generate")
+    with_backend = build_runners(target, [parse_method("pld+chain+greedy+llamacpp@4", registry)], peers,
+                                 SamplingParams(), registry)
+    assert {r.label: r.baseline for r in with_backend[-2:]} == {"hf-generate": "baseline",
+                                                                "llamacpp-generate": "baseline[llamacpp]"}
+    without = build_runners(target, [], peers[1:], SamplingParams(), registry)
+    assert without[-1].baseline == "baseline"
