@@ -2,14 +2,16 @@
 and the batch, sequence and state calls the backend makes.
 
 How the context is set up, and why (each choice is what keeps a tree row's logits identical, bit for bit,
-to a plain step's; `tests/plugins/llamacpp/test_llamacpp_exact.py` checks them):
+to a plain step's; `tests/plugins/llamacpp/test_llamacpp_backend.py` and `test_llamacpp_smollm2.py` check
+them):
 
 - The model loads without llama.cpp's extra weight buffers (`use_extra_bufts=False`): those repack the
-  weights for AMX or other matrix units, whose kernels take one code path for one row and another for
-  many, so a tree row would not reproduce a plain step; on a CPU that reports AMX but whose kernel does
-  not let a process use it, that path also crashes.
+  weights for AMX or other matrix units, whose kernels may take one code path for one row and another
+  for many, so that a tree row would not reproduce a plain step; on a CPU that reports AMX but whose
+  kernel does not let a process use it, that path crashes.
 - Flash attention is on: it skips masked cells, so a row's sum over the cells it sees does not depend on
-  what else the cache holds. Without it, rows past the twelfth of a batch were seen to round differently.
+  what else the cache holds. Without it, rows from the fourteenth of a batch on were seen to round
+  differently.
 - At most `ubatch` rows go through the kernels at once (llama.cpp splits a larger batch itself, inside
   one `llama_decode`): with flash attention, every row of a 63-row micro-batch equals a plain step on the
   development CPU, and from 64 rows on every row differs. The default, 32, stays below that edge.
