@@ -6,7 +6,8 @@ default `smollm2-135m`): specframe loads the target as usual (its tokenizer and,
 one, the model converted from the GGUF by transformers), and the backend runs the same file in llama.cpp.
 The token ids are the GGUF's own: the target's tokenizer is the one transformers reads from the file.
 
-One step is one `llama_decode` of the pending root and every tree node (`layout`): each row at position
+One step is one `llama_decode` of the pending root and every tree node (`layout`; a tree of more than
+`ubatch` rows takes one call per `ubatch` rows): each row at position
 (committed length + depth), in the sequences of every root-to-leaf path through it, so that each row
 attends to the committed tokens and its own ancestors only, and yields its logits. A commit keeps the root
 and the accepted branch in sequence 0 and frees every other cell of the tree; when a rejected cell lies

@@ -13,14 +13,14 @@ from specframe_llamacpp.layout import kept_in_place, kept_sequence, tree_layout
 
 DEFAULT_CONTEXT = 4096  # positions the cache holds (fewer where the model was trained on fewer)
 DEFAULT_LEAVES = 64  # root-to-leaf paths a tree may have: sequences the context is made for
-DEFAULT_UBATCH = 32  # rows through llama.cpp's kernels at once: see `specframe_llamacpp.engine`
+DEFAULT_UBATCH = 32  # rows of a step per llama.cpp call: see `specframe_llamacpp.engine`
 
 
 class LlamaCppBackend(StateBackend):
     """Scores every node of a tree in one `llama_decode`, with the GGUF's own weights and kernels.
 
     Options: `context` (positions the KV cache holds), `max_leaves` (root-to-leaf paths a tree may have),
-    `ubatch` (rows llama.cpp's kernels take at once; a tree of more rows is still one `llama_decode`),
+    `ubatch` (rows of a step per `llama_decode`; a tree of more rows takes several, in order),
     `min_rows` (pad every forward to this many rows, as `kv` does; by default what calibration measured,
     else no padding)."""
 
@@ -47,8 +47,8 @@ class LlamaCppBackend(StateBackend):
         self.auto_padding = pads_by_measurement(min_rows, cpu, "llama.cpp")
         self.min_rows = forward_min_rows(min_rows, cpu, self.name, "llama.cpp",
                                          calibrated=lambda: stored_min_rows(self))
-        self.engine = engine.LlamaEngine(self.path, context=self.context, ubatch=self.ubatch,
-                                         paths=self.max_leaves, threads=torch.get_num_threads())
+        self.engine = engine.LlamaEngine(self.path, context=self.context, paths=self.max_leaves,
+                                         threads=torch.get_num_threads())
         self._committed = 0
         self._pending: int | None = None
 
@@ -108,7 +108,8 @@ class LlamaCppBackend(StateBackend):
         self.engine.drop_from(start)  # the rows of an earlier, uncommitted score
         self.engine.share(layout.paths)
         tokens = np.concatenate([[self._pending], run.tokens]).astype(np.int32)
-        logits = self.engine.decode(tokens, start + layout.offsets, layout.seq_ids, outputs=rows)
+        logits = self.engine.decode(tokens, start + layout.offsets, layout.seq_ids, outputs=rows,
+                                    rows=self.ubatch)
         return self.issue(TargetScores(logits=torch.from_numpy(logits), tree=tree, state=layout))
 
     def commit(self, scored: TargetScores, path: list[int], bonus: int) -> None:

@@ -12,9 +12,11 @@ them):
 - Flash attention is on: it skips masked cells, so a row's sum over the cells it sees does not depend on
   what else the cache holds. Without it, rows from the fourteenth of a batch on were seen to round
   differently.
-- At most `ubatch` rows go through the kernels at once (llama.cpp splits a larger batch itself, inside
-  one `llama_decode`): with flash attention, every row of a 63-row micro-batch equals a plain step on the
-  development CPU, and from 64 rows on every row differs. The default, 32, stays below that edge.
+- A step's rows go to llama.cpp in calls of at most `ubatch` rows (the backend's option): with flash
+  attention, every row of a 63-row micro-batch equals a plain step on the development CPU, and from 64
+  rows on every row differs. The default, 32, stays below that edge; a tree of up to 31 nodes is one
+  `llama_decode`. A prompt is read in micro-batches of up to `PREFILL_ROWS`, as llama.cpp reads one:
+  plain and speculative decoding through the backend read it alike, so it needs no row-exactness.
 - One unified KV cache for all sequences (`kv_unified`): copying the prefix to a sequence is then a
   change of cell metadata, not of data.
 """
@@ -143,7 +145,7 @@ class LlamaEngine:
     """A llama.cpp context over one GGUF model, set up as the module docstring says, holding `paths`
     sequences for tree paths (ids 0..paths-1, 0 the committed one) and one spare id for compaction."""
 
-    def __init__(self, path: Path, *, context: int, ubatch: int, paths: int, threads: int):
+    def __init__(self, path: Path, *, context: int, paths: int, threads: int):
         lib = llama()
         self.model = load_model(path)
         self.vocab = model_facts(self.model).vocab
@@ -151,8 +153,7 @@ class LlamaEngine:
         # llama.cpp rounds the cache up to whole blocks of cells, but limits a call's rows to the context
         # asked for, and aborts where that leaves fewer rows than sequences: ask for the rounded size
         params.n_ctx = -(-context // CELL_BLOCK) * CELL_BLOCK
-        params.n_batch = max(ubatch, paths + 1, min(PREFILL_ROWS, params.n_ctx))
-        params.n_ubatch = ubatch
+        params.n_batch = params.n_ubatch = max(paths + 1, min(PREFILL_ROWS, params.n_ctx))
         params.n_seq_max = paths + 1
         params.n_threads = params.n_threads_batch = threads
         params.flash_attn_type = lib.LLAMA_FLASH_ATTN_TYPE_ENABLED
@@ -179,12 +180,13 @@ class LlamaEngine:
             self.threads = threads
 
     def decode(self, tokens: np.ndarray, positions: np.ndarray, seq_ids: list[list[int]] | None = None,
-               outputs: int = 0) -> np.ndarray:
+               outputs: int = 0, rows: int | None = None) -> np.ndarray:
         """Run the rows `tokens` at `positions` into the cache, in sequences `seq_ids` (None: sequence 0),
-        in calls of at most `rows` rows: the (outputs, V) logits of the first `outputs` rows."""
-        lib, out = llama(), []
-        for start in range(0, len(tokens), self.rows):
-            end = min(start + self.rows, len(tokens))
+        in calls of at most `rows` rows (default: as many as a call takes): the (outputs, V) logits of
+        the first `outputs` rows."""
+        lib, out, rows = llama(), [], min(rows or self.rows, self.rows)
+        for start in range(0, len(tokens), rows):
+            end = min(start + rows, len(tokens))
             wanted = min(max(outputs - start, 0), end - start)
             self.batch.fill(tokens[start:end], positions[start:end],
                             None if seq_ids is None else seq_ids[start:end], wanted)

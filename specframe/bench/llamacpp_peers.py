@@ -9,8 +9,9 @@ Both take `context` (2048 positions by default, at most the model's; the prompt 
 for every position of it, 400 MB for SmolLM2's vocabulary at 2048). The model loads without llama.cpp's
 extra weight buffers, as the `llamacpp` backend loads it (see `plugins/specframe_llamacpp/engine.py`:
 the AMX repacking crashes on a CPU that reports AMX without letting a process use it), with torch's
-thread count (`--threads`). llama.cpp's numerics are not the baseline's, so their outputs are not
-compared with it; a step is one `Llama.eval`, so their tau is measured, their alpha is not.
+thread count (`--threads`), and llama-cpp-python's other defaults (flash attention off, for one). Their
+logits are not the baseline's bit for bit, so their outputs are not compared with it; a step is one
+`Llama.eval`, so their tau is measured, their alpha is not.
 """
 
 from __future__ import annotations

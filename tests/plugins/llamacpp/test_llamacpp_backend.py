@@ -11,7 +11,7 @@ import torch
 from tiny_gguf import tiny_gguf_target
 
 import specframe
-from specframe import ConfigurationError, SpeculativeDecoder, TokenTree
+from specframe import ConfigurationError, PolynomialCost, SpeculativeDecoder, TokenTree, assemble
 from specframe.testing.synthetic import random_tree
 from specframe.testing.targets import repetitive_prompt, tiny_target
 from specframe_llamacpp import LlamaCppBackend
@@ -32,9 +32,12 @@ def prompt(target):
     return repetitive_prompt(target.vocab_size, 40, seed=0)
 
 
-def plain_logits(backend: LlamaCppBackend, ids: list[int]) -> torch.Tensor:
-    """The next-token logits after `ids` from a plain step: `ids[:-1]` prefilled, the last one the root."""
-    backend.prefill(ids)
+def plain_logits(backend: LlamaCppBackend, prompt: list[int], tokens: list[int]) -> torch.Tensor:
+    """The next-token logits of plain decoding through `backend` after `prompt`, then `tokens` one step
+    each."""
+    backend.prefill(prompt)
+    for token in tokens:
+        backend.commit(backend.score(TokenTree.empty()), [], token)
     return backend.score(TokenTree.empty()).logits[0]
 
 
@@ -63,28 +66,35 @@ def test_a_chain_in_one_batch_equals_plain_steps_bit_for_bit(target, prompt, row
     assert all(torch.equal(chain[i], plain[i]) for i in range(rows))
 
 
-def test_a_prefill_equals_plain_steps_bit_for_bit(target, prompt):
-    backend = LlamaCppBackend(target)
-    rest = repetitive_prompt(target.vocab_size, 45, seed=2)
-    plain = plain_steps(backend, prompt, rest)[-1]
-    assert torch.equal(plain_logits(backend, prompt + rest[:-1]), plain)
+def test_after_a_long_prompt_read_in_one_micro_batch_a_tree_still_equals_plain_steps(target):
+    """A prompt is read as llama.cpp reads one (micro-batches of up to 512 rows, whose rows need not equal
+    plain steps: plain and speculative decoding read it alike); the steps after it are exact."""
+    backend, reference = LlamaCppBackend(target), LlamaCppBackend(target)
+    long_prompt = repetitive_prompt(target.vocab_size, 300, seed=2)
+    tree = random_tree(np.random.default_rng(3), target.vocab_size, 40)
+    backend.prefill(long_prompt)
+    scores = backend.score(tree)
+    for node in range(-1, len(tree)):
+        path = tree.path_to(node) if node >= 0 else []
+        expected = plain_logits(reference, long_prompt, tree.tokens[path].tolist())
+        assert torch.equal(scores.logits[node + 1], expected), f"node {node}"
 
 
 def test_tree_rows_and_commits_equal_plain_steps_bit_for_bit(target, prompt):
-    """Random trees up to 40 nodes (past one 32-row micro-batch), each followed by a commit of a random
-    branch (most of them not the first rows, so the accepted cells are moved together): every row equals a
-    plain step after its path, and after all commits the state is plain decoding's."""
+    """Random trees up to 40 nodes (past one 32-row call), each followed by a commit of a random branch
+    (most of them not the first rows, so the accepted cells are moved together): every row equals a plain
+    step after its path, and after all commits the state is plain decoding's."""
     backend, reference = LlamaCppBackend(target), LlamaCppBackend(target)
     rng = np.random.default_rng(0)
     history = list(prompt)
     backend.prefill(history)
     moved = 0
-    for _ in range(12):
+    for _ in range(8):
         tree = random_tree(rng, target.vocab_size, int(rng.integers(0, 41)))
         scores = backend.score(tree)
         for node in range(-1, len(tree)):
             path = tree.path_to(node) if node >= 0 else []
-            expected = plain_logits(reference, history + [int(t) for t in tree.tokens[path]])
+            expected = plain_logits(reference, prompt, history[len(prompt):] + tree.tokens[path].tolist())
             assert torch.equal(scores.logits[node + 1], expected), f"node {node} of {tree.parents.tolist()}"
         path = tree.path_to(int(rng.integers(len(tree)))) if len(tree) else []
         moved += path != list(range(len(path)))
@@ -93,7 +103,7 @@ def test_tree_rows_and_commits_equal_plain_steps_bit_for_bit(target, prompt):
         history += [int(t) for t in tree.tokens[path]] + [bonus]
         assert backend.committed_length == len(history) - 1
     assert moved >= 3
-    after = plain_steps(reference, prompt, history[len(prompt):] + [0])[-1]
+    after = plain_logits(reference, prompt, history[len(prompt):])
     assert torch.equal(backend.score(TokenTree.empty()).logits[0], after)
 
 
@@ -112,7 +122,7 @@ def test_without_moving_the_accepted_cells_together_the_next_steps_would_differ(
         backend.commit(backend.score(tree), [2, 3], bonus)  # the second chain: rows 1, 2 become a hole
         history += [7, 8, bonus]
         got = backend.score(TokenTree(np.array([3, 4]), np.array([-1, 0]))).logits
-        expected = [plain_logits(reference, history + tail) for tail in ([], [3])]
+        expected = [plain_logits(reference, prompt, history[len(prompt):] + tail) for tail in ([], [3])]
         differ += not all(torch.equal(got[i], expected[i]) for i in range(2))
         backend.commit(backend.score(TokenTree.empty()), [], 1)
         history.append(1)
@@ -137,12 +147,15 @@ def test_scores_never_change_the_state_and_only_the_latest_commit(target, prompt
 
 PIPELINES = [("pld(matches=3)", "chain", 8), ("pld(matches=3)", "static", 12), ("suffix", "trie", 16),
              ("pld(matches=3)", "breadth-first", 6), ("pld(matches=3)", "chain", "auto:8")]
+# What budget="auto" plans with here (a node at 2 % of a step), so its trees do not hang on timings
+CHEAP_NODES = PolynomialCost((0.02, 1.0))
 
 
 @pytest.mark.parametrize("drafter,tree,budget", PIPELINES)
 def test_greedy_speculative_decoding_emits_plain_greedy_decodings_tokens(target, drafter, tree, budget):
     def decode(drafter, tree, budget, prompt):
-        decoder = SpeculativeDecoder.from_names(target, drafter, tree, "greedy", "llamacpp", budget=budget)
+        pipeline = assemble(target, drafter, tree, "greedy", "llamacpp")
+        decoder = SpeculativeDecoder(target, pipeline, budget=budget, cost=CHEAP_NODES)
         return decoder.generate(prompt, max_new_tokens=48)
 
     accepted = 0

@@ -38,8 +38,12 @@ def prompts(smollm2):
     return [prompt_ids(smollm2, text, chat) for text, chat in ((CODE, False), (CHAT, True), (LIST, True))]
 
 
-def plain_logits(backend: LlamaCppBackend, ids: list[int]) -> torch.Tensor:
-    backend.prefill(ids)
+def plain_logits(backend: LlamaCppBackend, prompt: list[int], tokens: list[int]) -> torch.Tensor:
+    """The next-token logits of plain decoding through `backend` after `prompt`, then `tokens` one step
+    each."""
+    backend.prefill(prompt)
+    for token in tokens:
+        backend.commit(backend.score(TokenTree.empty()), [], token)
     return backend.score(TokenTree.empty()).logits[0]
 
 
@@ -71,13 +75,15 @@ def test_tree_rows_equal_plain_steps_bit_for_bit(smollm2, prompts):
         scores = backend.score(tree)
         for node in range(-1, size):
             path = tree.path_to(node) if node >= 0 else []
-            expected = plain_logits(reference, history + [int(t) for t in tree.tokens[path]])
+            tokens = history[len(prompts[0]):] + tree.tokens[path].tolist()
+            expected = plain_logits(reference, prompts[0], tokens)
             assert torch.equal(scores.logits[node + 1], expected), f"node {node} of {tree.parents.tolist()}"
         path = tree.path_to(size - 1)
         bonus = int(scores.logits[size].argmax())
         backend.commit(scores, path, bonus)
         history += [int(t) for t in tree.tokens[path]] + [bonus]
-    assert torch.equal(backend.score(TokenTree.empty()).logits[0], plain_logits(reference, history))
+    after = plain_logits(reference, prompts[0], history[len(prompts[0]):])
+    assert torch.equal(backend.score(TokenTree.empty()).logits[0], after)
 
 
 @pytest.mark.parametrize("drafter,tree,budget", PIPELINES)
