@@ -6,8 +6,9 @@ assembled (`specframe.plugging.pipeline.assemble`), never inferred from the name
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
@@ -94,6 +95,17 @@ class Drafter(ABC):
 
     def reset(self) -> None:
         """Called before each new request. Default: nothing."""
+
+    def spawn(self) -> Drafter:
+        """A drafter for another request decoded at the same time (another row of a batch): it shares
+        what serves every request (weights, a datastore, a cache of earlier responses, which then learns
+        each finished row through `finish`) and owns its per-request state, so rows drafting in turns
+        propose what each would alone. `reset` is called on it before its request.
+
+        Default: a shallow copy. Right when `reset` and every per-request update assign new objects
+        rather than change shared ones in place; a drafter that changes per-request state in place
+        overrides this (`specframe.testing.checks.check_spawned_drafters` tests it)."""
+        return copy.copy(self)
 
     def finish(self, prompt: Sequence[int], response: Sequence[int]) -> None:
         """Called once when a request this drafter drafted for ends, whatever ended it (EOS, a stop string,
@@ -221,6 +233,16 @@ class StateBackend(ABC):
         otherwise (`redeem` does).
         """
 
+    def batch(self) -> BatchBackend:
+        """The state of several sequences decoded together (`SpeculativeDecoder.generate_batch`), each
+        row with its own committed tokens and pending root, started empty.
+
+        Default: `RowByRow`, one copy of this backend per row, scored one after the other: right for any
+        backend whose `prefill` starts a sequence's whole state afresh, and no faster than decoding the
+        rows alone. A backend that can score every row's tree in one forward overrides this (`kv` does).
+        """
+        return RowByRow(self)
+
     def issue(self, scores: TargetScores) -> TargetScores:
         """Make `scores` the only ones `redeem` accepts and return them; earlier scores become stale.
 
@@ -238,3 +260,78 @@ class StateBackend(ABC):
                 "(a newer score() replaced them, they were committed already, or they come from another "
                 "backend); commit exactly what the latest score() returned")
         self._issued = None
+
+
+Commit = tuple[TargetScores, list[int], int]  # what one row commits: its scores, accepted path, bonus
+
+
+class BatchBackend(ABC):
+    """The target's state for several sequences (rows) decoded together: each step scores every active
+    row's tree, ideally in one forward, and commits each row's accepted path on its own.
+
+    Rows are keyed by the int `add` returns and may come and go between steps (a finished request's row
+    is removed, a queued one added: continuous batching). A row's scores must be what
+    `StateBackend.score` would give for that row's tree alone, so that each row decodes exactly as its
+    request would alone; how a backend keeps that true across batch shapes is for it to say and test
+    (`specframe.testing.checks` has the check). `one_forward` says whether a step's rows share one
+    forward (False: scored one after the other, as `RowByRow` does).
+    """
+
+    one_forward: ClassVar[bool] = False
+
+    def __init__(self, backend: StateBackend):
+        self.backend = backend  # the single-sequence backend this batches (its options, its target)
+
+    @abstractmethod
+    def add(self, ids: list[int]) -> int:
+        """Start a row: process `ids[:-1]`, keep `ids[-1]` pending (as `StateBackend.prefill`); its key."""
+
+    @abstractmethod
+    def remove(self, row: int) -> None:
+        """Drop a row and free its state."""
+
+    @abstractmethod
+    def committed_length(self, row: int) -> int:
+        """Tokens in `row`'s committed state, its pending root excluded."""
+
+    @abstractmethod
+    def score(self, trees: Mapping[int, TokenTree]) -> dict[int, TargetScores]:
+        """Target logits at the root and every node of each row's tree (rows not in `trees` idle this
+        step). Never changes a committed state; a new `score` discards the previous uncommitted one."""
+
+    @abstractmethod
+    def commit(self, accepted: Mapping[int, Commit]) -> None:
+        """For each row in `accepted`: append the root and the nodes `path` of its scored tree, make
+        `bonus` pending (as `StateBackend.commit`). Every row scored by the latest `score` is committed
+        in this one call."""
+
+
+class RowByRow(BatchBackend):
+    """A batch as one copy of a single-sequence backend per row, scored one after the other: the default
+    `StateBackend.batch` (see there). Each copy starts its own state at `prefill`; what the copies share
+    (the target, measured limits) is read-only."""
+
+    def __init__(self, backend: StateBackend):
+        super().__init__(backend)
+        self.rows: dict[int, StateBackend] = {}
+        self._next = 0
+
+    def add(self, ids: list[int]) -> int:
+        row, self._next = self._next, self._next + 1
+        state = copy.copy(self.backend)
+        state.prefill(ids)
+        self.rows[row] = state
+        return row
+
+    def remove(self, row: int) -> None:
+        del self.rows[row]
+
+    def committed_length(self, row: int) -> int:
+        return self.rows[row].committed_length
+
+    def score(self, trees: Mapping[int, TokenTree]) -> dict[int, TargetScores]:
+        return {row: self.rows[row].score(tree) for row, tree in trees.items()}
+
+    def commit(self, accepted: Mapping[int, Commit]) -> None:
+        for row, (scored, path, bonus) in accepted.items():
+            self.rows[row].commit(scored, path, bonus)
