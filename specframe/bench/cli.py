@@ -57,9 +57,17 @@ def bench_command(
     ray_workers: int = typer.Option(2, "--ray-workers", help="Ray actors under --ray, each with its own copy "
                                     "of the model and --threads torch threads (--threads then defaults to "
                                     "1)."),
+    batch: str = typer.Option("1", "--batch", help="Rows decoded together: B, or a comma list such as "
+                              "1,2,4,8,16 (a sweep in one process, with batch_speedup.png). 1 (the default) "
+                              "decodes one request at a time, every turn. At B > 1 (or in a sweep) every "
+                              "method and the plain baseline decode the FIRST TURN of every question, B rows "
+                              "at a time with continuous batching, greedily; methods need a fixed budget "
+                              "(NAME@N or --budget N); the only peer is hf-generate, B left-padded prompts "
+                              "per call. Writes batch_results.md and batch_records.jsonl."),
     list_methods: bool = typer.Option(False, "--list-methods", help="Print the presets and exit."),
 ) -> None:
     """Benchmark speculative methods against plain decoding and transformers, Spec-Bench style."""
+    from specframe.bench.batch import batched, parse_batches
     from specframe.bench.harness import check_options, run_benchmark
     from specframe.plugging.models import model_recipes
     from specframe.runtime.load import load_target
@@ -69,6 +77,14 @@ def bench_command(
 
     if list_methods:
         typer.echo(preset_listing(get_registry()))
+        return
+    sizes = parse_batches(batch)
+    if batched(sizes):
+        bench_batches(sizes, suite, _split(methods), out, model=model, device=device, dtype=dtype,
+                      threads=threads, clock=clock, ray=ray, shard=shard, sampling=SamplingParams(
+                          temperature=temperature, seed=seed), synthetic_acceptance=synthetic_acceptance,
+                      peers=peers, limit=limit, repeats=repeats, max_new_tokens=max_new_tokens,
+                      budget=budget, keep=keep, plots=plots, fresh=fresh, phase_timing=phase_timing)
         return
     if ray is not None:
         from specframe.bench.distributed import require_ray
@@ -98,6 +114,32 @@ def bench_command(
     typer.echo(f"written under {out}: records.jsonl, results.json, results.md" + (", *.png" if plots else ""))
     if run.mismatches:
         typer.secho(f"{len(run.mismatches)} LOSSLESS MISMATCH(ES): see {out / 'results.md'}",
+                    fg="red", err=True)
+        raise typer.Exit(3)
+
+
+def bench_batches(sizes: list[int], suite: str, methods: list[str], out: Path, *, model: str, device: str,
+                  dtype: str, threads: int | None, clock: str, ray: str | None, shard: str | None, sampling,
+                  synthetic_acceptance: float | None, **options) -> None:
+    """`specframe bench --batch B` (or a sweep): every option checked before the model loads, then
+    `specframe.bench.batch.run_batch_benchmark`; exits 3 on a lossless mismatch."""
+    from specframe.bench.batch import check_batch_run, run_batch_benchmark
+    from specframe.plugging.models import model_recipes
+    from specframe.runtime.load import load_target
+    from specframe.support.paths import check_writable_dir
+
+    set_timing(threads, clock, device)
+    check_writable_dir(out, "--out", "pass a writable directory with --out")
+    checked = {k: options[k] for k in ("peers", "limit", "repeats", "max_new_tokens", "budget", "keep")}
+    check_batch_run(suite, methods, sizes, sampling=sampling, ray=ray, shard=shard,
+                    synthetic_acceptance=synthetic_acceptance, **checked)
+    target = load_target(model, device=device, dtype=dtype, recipes=model_recipes)
+    run, _ = run_batch_benchmark(target, suite, methods, out, batches=sizes, **options)
+    typer.echo((out / "batch_results.md").read_text("utf-8"))
+    typer.echo(f"written under {out}: batch_records.jsonl, batch_results.json, batch_results.md"
+               + (", batch_speedup.png" if options["plots"] else ""))
+    if run.mismatches:
+        typer.secho(f"{len(run.mismatches)} LOSSLESS MISMATCH(ES): see {out / 'batch_results.md'}",
                     fg="red", err=True)
         raise typer.Exit(3)
 

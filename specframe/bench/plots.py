@@ -108,3 +108,33 @@ def time_split_plot(plt, table: dict, path: Path, title: str) -> Path:
     ax.set_title(title or "time per step by phase")
     ax.legend(fontsize=8, ncol=len(PHASES), loc="upper center", bbox_to_anchor=(0.5, -0.25), frameon=False)
     return _save(fig, path)
+
+
+def batch_speedup_plot(table: dict, path: Path, title: str = "") -> Path:
+    """Speedup over plain batched decoding against the batch size B (`specframe.bench.batch_report`
+    table): one line per method, the `hf-generate` peer included, baselines left out (they are the 1.0
+    line)."""
+    plt = _pyplot()
+    sizes = list(table)
+    labels = [m for m in dict.fromkeys(m for rows in table.values() for m in rows)
+              if any(rows.get(m, {}).get("baseline") for rows in table.values())]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for label in labels:
+        points = [(b, table[b][label]["speedup_plain"]) for b in sizes
+                  if label in table[b] and table[b][label]["speedup_plain"]]
+        ax.errorbar([b for b, _ in points], [s["mean"] for _, s in points],
+                    yerr=[s["std"] for _, s in points], marker="o", capsize=2, label=label,
+                    linestyle="--" if label.startswith("hf-") else "-")
+    ax.axhline(1.0, color="black", linewidth=0.8, linestyle=":")
+    if len(sizes) > 1:
+        ax.set_xscale("log", base=2)
+    ax.set_xticks(sizes, [str(b) for b in sizes])
+    ax.minorticks_off()
+    ax.set_xlabel("batch size B (rows decoded together)")
+    ax.set_ylabel("speedup over plain batched decoding")
+    ax.set_title(title or "speedup by batch size")
+    if labels:
+        ax.legend(fontsize=8)
+    path = _save(fig, path)
+    plt.close(fig)
+    return path

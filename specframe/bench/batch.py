@@ -1,0 +1,358 @@
+"""`specframe bench --batch B`: batched speculative decoding, timed against plain batched decoding through
+the same backend and against transformers' own batched `generate` in the same process.
+
+At B > 1, or in a sweep (`--batch 1,2,4,8`), every method and its plain baseline decode the first turn of
+every question with `SpeculativeDecoder.generate_batch(..., batch_size=B)`: B rows at a time, a finished
+row replaced at once by the next waiting prompt (continuous batching), greedily. The peer `hf-generate`
+reads the same prompts B at a time, left padded, one `model.generate` call per B prompts (transformers
+batches statically). Every method's rows must equal its baseline's token for token (lossless); the peer's
+may differ (padding changes the numbers in float32), so its differing rows are counted, not failed.
+
+One `generate_batch` call covers the whole suite, so a batch run resumes per call, not per question: every
+finished (method, B, repeat) is one line of `batch_records.jsonl`, appended under `--out`'s lock
+(`specframe.bench.runner.bench_lock`), and a rerun runs only the calls it finds no line for. Batch runs
+keep their own files (`batch_*`), so a one-request run and a batch run can share an `--out`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from specframe.support.atomic_dirs import write_atomically
+from specframe.support.paths import check_writable_dir
+from specframe.support.progress import bar as progress_bar
+from specframe.support.prompt_suites import BenchPrompt, encode_turn
+from specframe.terms.budget import parse_budget
+from specframe.terms.errors import ConfigurationError
+from specframe.terms.metrics import now
+from specframe.terms.sampling import SamplingParams
+from specframe.terms.target import Target
+from specframe.runtime.devices import synchronize
+from specframe.plugging.registry import PluginRegistry, get_registry
+
+from specframe.bench.batch_report import BatchRun, write_batch_results
+from specframe.bench.harness import bench_settings, check_options, target_settings
+from specframe.bench.methods import MethodSpec
+from specframe.bench.peers import PeerSpec, parse_peers
+from specframe.bench.runner import (WARMUP_PROMPT, WARMUP_TOKENS, Mismatch, PipelineRunner, bench_lock,
+                                    build_runners, check_run_args, compare, read_settings, rotation)
+
+SETTINGS, RECORDS = "batch_settings.json", "batch_records.jsonl"
+BATCH_PEERS = ("hf-generate",)  # transformers' prompt lookup and assisted generation take one prompt
+# The fields every line of `batch_records.jsonl` holds, and the metrics the reports read from it.
+RECORD_FIELDS = {"method": str, "batch": int, "repeat": int, "qids": list, "tokens": list, "metrics": dict}
+RECORD_METRICS = ("wall_s", "new_tokens", "tokens_per_s", "latency_s", "steps", "accepted_draft_tokens")
+
+
+def parse_batches(text: str) -> list[int]:
+    """`--batch`: one batch size (rows decoded together), or a comma list of them, a sweep."""
+    sizes = []
+    for part in str(text).split(","):
+        try:
+            size = int(part.strip())
+        except ValueError:
+            raise ConfigurationError(f"--batch takes a number of rows or a comma list of them (e.g. 4, or "
+                                     f"1,2,4,8 for a sweep), got {text!r}") from None
+        if size < 1:
+            raise ConfigurationError(f"--batch sizes must be >= 1 (1 decodes one request at a time), got "
+                                     f"{size} in {text!r}")
+        sizes.append(size)
+    if len(set(sizes)) < len(sizes):
+        raise ConfigurationError(f"--batch names a size twice in {text!r}: list each batch size once")
+    return sizes
+
+
+def batched(sizes: list[int]) -> bool:
+    """Whether `--batch` asks for batched decoding: anything but the default one request at a time."""
+    return sizes != [1]
+
+
+def batch_peers(text: str) -> list[PeerSpec]:
+    """`--peers` at B > 1: `all` is `hf-generate`, the one transformers peer that decodes batches."""
+    peers = parse_peers("hf-generate" if text.strip() == "all" else text)
+    for peer in peers:
+        if peer.name not in BATCH_PEERS:
+            raise ConfigurationError(
+                f"peer '{peer.label}' cannot decode batches (it takes one prompt at a time): at --batch > 1 "
+                f"pass --peers {' or '.join(BATCH_PEERS)}, or --peers none")
+    return peers
+
+
+def check_batch_run(suite: str | list[BenchPrompt], methods: list[str], sizes: list[int], *,
+                    peers: str = "all", limit: int | None = None, repeats: int = 3,
+                    max_new_tokens: int = 128, budget: int | str = "auto", keep: str = "all",
+                    sampling: SamplingParams | None = None, ray: str | None = None, shard: str | None = None,
+                    synthetic_acceptance: float | None = None, registry: PluginRegistry | None = None
+                    ) -> tuple[list[BenchPrompt], list[MethodSpec], list[PeerSpec]]:
+    """Refuse every option a batch run cannot honour before a model is loaded; return its prompts (first
+    turns only), methods and peers."""
+    sampling = sampling or SamplingParams()
+    refused = {"--temperature": not sampling.greedy, "--ray": ray is not None, "--shard": shard is not None,
+               "--synthetic-acceptance": synthetic_acceptance is not None}
+    why = {"--temperature": "batched runs decode greedily, so that every row is checked against plain "
+                            "decoding; drop --temperature",
+           "--ray": "a batch run decodes in one process; drop --ray",
+           "--shard": "one generate_batch call covers the whole suite; cut it with --limit instead",
+           "--synthetic-acceptance": "its drafter reads the baseline's answer one request at a time; run "
+                                     "it at --batch 1"}
+    for option, bad in refused.items():
+        if bad:
+            raise ConfigurationError(f"{option} does not go with --batch {','.join(map(str, sizes))}: "
+                                     f"{why[option]}")
+    prompts, specs, _ = check_options(suite, methods, peers="none", limit=limit, repeats=repeats,
+                                      max_new_tokens=max_new_tokens, budget=budget, keep=keep,
+                                      sampling=sampling, registry=registry)
+    adaptive = [spec.label for spec in specs if parse_budget(spec.budget)[1]]
+    if adaptive:
+        raise ConfigurationError(
+            f"method(s) {', '.join(adaptive)} have budget 'auto' (from --budget or their preset), which "
+            "generate_batch cannot plan for a batch yet: give each a fixed budget ('pld@8') or pass "
+            "--budget 8")
+    return prompts, specs, batch_peers(peers)
+
+
+class PipelineBatches:
+    """A specframe pipeline (a `PipelineRunner`) decoding a suite B rows at a time."""
+
+    def __init__(self, runner: PipelineRunner):
+        self.runner, self.label, self.baseline = runner, runner.label, runner.baseline
+        self.lossless = runner.lossless
+
+    def generate_batch(self, prompts: list[list[int]], max_new_tokens: int,
+                       size: int) -> tuple[list[list[int]], dict]:
+        """Every prompt's new tokens, and the metrics of the whole call (`call_metrics`)."""
+        decoder = self.runner.decoder
+        device = decoder.target.device
+        synchronize(device)
+        start = now()
+        results = decoder.generate_batch(prompts, max_new_tokens, batch_size=size)
+        synchronize(device)
+        wall = now() - start
+        rows = [r.metrics for r in results]
+        return [r.tokens for r in results], call_metrics(
+            wall, [m.new_tokens for m in rows], [m.wall_s for m in rows], sum(m.steps for m in rows),
+            sum(m.accepted_draft_tokens for m in rows))
+
+
+class GeneratePeerBatches:
+    """transformers' own greedy `generate` on the same target (peer `hf-generate`): B prompts per call,
+    left padded. Every row of a call ends with the call, so each row's latency is its call's time."""
+
+    lossless = False  # padding changes the numbers: its rows are counted against the baseline, not failed
+
+    def __init__(self, target: Target, spec: PeerSpec, baseline: str):
+        self.target, self.label, self.baseline = target, spec.label, baseline
+        eos = sorted(target.eos_token_ids)
+        pad = getattr(target.tokenizer, "pad_token_id", None)
+        self.eos = set(eos)
+        self.pad = eos[0] if eos else pad if pad is not None else 0
+
+    def generate_batch(self, prompts: list[list[int]], max_new_tokens: int,
+                       size: int) -> tuple[list[list[int]], dict]:
+        """Every prompt's new tokens (cut after its first EOS), and the metrics of all the calls."""
+        tokens, latency, wall = [], [], 0.0
+        for first in range(0, len(prompts), size):
+            rows, seconds = self.call(prompts[first:first + size], max_new_tokens)
+            tokens += rows
+            latency += [seconds] * len(rows)
+            wall += seconds
+        lengths = [len(t) for t in tokens]
+        return tokens, call_metrics(wall, lengths, latency, sum(lengths), 0)  # a forward emits one token
+
+    @torch.inference_mode()
+    def call(self, prompts: list[list[int]], max_new_tokens: int) -> tuple[list[list[int]], float]:
+        """One `generate` call on `prompts`, left padded: their new tokens and its seconds."""
+        device = self.target.device
+        width = max(len(p) for p in prompts)
+        padded = [[self.pad] * (width - len(p)) + p for p in prompts]
+        input_ids = torch.tensor(padded, device=device)  # (B, L)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)  # (B, L)
+        synchronize(device)
+        start = now()
+        stops = {"eos_token_id": sorted(self.eos)} if self.eos else {}  # where specframe's rows stop
+        out = self.target.model.generate(input_ids, attention_mask=mask, max_new_tokens=max_new_tokens,
+                                         do_sample=False, pad_token_id=self.pad, **stops)  # (B, L + new)
+        synchronize(device)
+        seconds = now() - start
+        return [cut_after_eos(row, self.eos) for row in out[:, width:].tolist()], seconds
+
+
+def cut_after_eos(tokens: list[int], eos: set[int]) -> list[int]:
+    """`tokens` up to and including the first EOS: what follows in a batch is padding."""
+    end = next((i + 1 for i, token in enumerate(tokens) if token in eos), len(tokens))
+    return tokens[:end]
+
+
+def call_metrics(wall_s: float, new_tokens: list[int], latency_s: list[float], steps: int,
+                 accepted: int) -> dict:
+    """What a record keeps of one batched call: its seconds, every row's new tokens and latency, and the
+    steps and accepted draft tokens of all rows (tau = (accepted + steps) / steps)."""
+    total = sum(new_tokens)
+    return {"wall_s": wall_s, "new_tokens": total, "tokens_per_s": total / wall_s if wall_s > 0 else 0.0,
+            "row_new_tokens": new_tokens, "latency_s": latency_s, "steps": steps,
+            "accepted_draft_tokens": accepted}
+
+
+class BatchStore:
+    """`batch_records.jsonl`: one line per finished (method, B, repeat), beside `batch_settings.json`.
+
+    A directory whose records were made with other settings is refused (or emptied with `fresh`); a line
+    cut short by an interruption is skipped, so its call is run again."""
+
+    def __init__(self, out: Path, settings: dict, fresh: bool = False):
+        check_writable_dir(out, "--out", "pass an --out directory you can write to")
+        self.path, self.settings_path, self.settings = out / RECORDS, out / SETTINGS, settings
+        with bench_lock(out):
+            if fresh:
+                self.path.unlink(missing_ok=True)
+                self.settings_path.unlink(missing_ok=True)
+            records = self.read() if self.path.exists() else []
+            old = read_settings(self.settings_path) if self.settings_path.exists() else None
+            if records and old is not None and old != settings:
+                changed = {k: (old.get(k), v) for k, v in settings.items() if old.get(k) != v}
+                raise ConfigurationError(
+                    f"{out} holds batch results made with other settings ({changed}, as (old, new)); resume "
+                    "with the same settings, or pass another --out (or --fresh to start over)")
+            if not records or old is None:
+                write_atomically(self.settings_path, json.dumps(settings, indent=2))
+        self.records = {self.key(r): r for r in records}
+
+    @staticmethod
+    def key(record: dict) -> tuple:
+        return record["method"], record["batch"], record["repeat"]
+
+    def get(self, method: str, size: int, repeat: int, qids: list[str]) -> dict | None:
+        """The finished call, None when there is none or it decoded other questions."""
+        record = self.records.get((method, size, repeat))
+        return record if record is not None and record["qids"] == qids else None
+
+    def add(self, record: dict) -> None:
+        with bench_lock(self.path.parent):
+            if read_settings(self.settings_path) != self.settings:
+                raise ConfigurationError(
+                    f"{self.settings_path} was replaced while this run was writing to {self.path.parent} "
+                    "(another batch run with other settings, or --fresh, started there): run one batch "
+                    "benchmark per --out")
+            with self.path.open("a", encoding="utf-8") as f:
+                f.write(json.dumps(record) + "\n")
+        self.records[self.key(record)] = record
+
+    def read(self) -> list[dict]:
+        records = []
+        for number, line in enumerate(self.path.read_text("utf-8", errors="replace").splitlines(), 1):
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut short by an interrupted write: that call is simply run again
+            problem = record_problem(record)
+            if problem:
+                raise ConfigurationError(
+                    f"{self.path}, line {number} is not a batch record: {problem}. Delete that line to redo "
+                    "the call it stood for, or pass --fresh to discard every earlier record")
+            records.append(record)
+        return records
+
+
+def record_problem(record) -> str | None:
+    """What is wrong with one parsed line of `batch_records.jsonl`, None when it holds what is read."""
+    if not isinstance(record, dict):
+        return f"expected a JSON object, got {json.dumps(record)[:40]}"
+    for name, kind in RECORD_FIELDS.items():
+        value = record.get(name)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            return f"field '{name}' is missing or not a JSON {kind.__name__}"
+    missing = [m for m in RECORD_METRICS if m not in record["metrics"]]
+    return f"its metrics lack {', '.join(missing)}" if missing else None
+
+
+def run_batches(target: Target, prompts: list[BenchPrompt], runners: list, sizes: list[int], *,
+                repeats: int, max_new_tokens: int, store: BatchStore, warmup: bool = True,
+                progress: bool = True) -> BatchRun:
+    """Every runner decodes the first turns of `prompts` at every batch size `repeats` times, the runners'
+    order rotated by one place per (size, repeat); each method's rows are checked against its baseline's."""
+    tokenizer = target.tokenizer
+    ids = [encode_turn(tokenizer, p, 0, []) for p in prompts]
+    qids = [p.qid for p in prompts]
+    wanted = [(r.label, size, rep) for size in sizes for rep in range(repeats) for r in runners]
+    missing = [k for k in wanted if store.get(*k, qids) is None]
+    todo = {label for label, _, _ in missing}
+    bar = progress_bar(total=len(wanted), initial=len(wanted) - len(missing), desc="bench --batch",
+                       unit="call", show=progress)
+    if warmup and todo:
+        # Two rows of a prompt of no suite, untimed: the first batched step of each runner pays no setup.
+        warm_prompt = BenchPrompt("warmup", "warmup", (WARMUP_PROMPT,), prompts[0].chat)
+        warm = encode_turn(tokenizer, warm_prompt, 0, [])
+        for runner in runners:
+            if runner.label in todo:
+                runner.generate_batch([warm, warm], min(WARMUP_TOKENS, max_new_tokens), 2)
+    peer = next((r.label for r in runners if isinstance(r, GeneratePeerBatches)), None)
+    run = BatchRun([], runners, prompts, sizes, peer)
+    for index, size in enumerate(sizes):
+        for rep in range(repeats):
+            done: dict[str, dict] = {}
+            for runner in rotation(runners, index * repeats + rep):
+                record = store.get(runner.label, size, rep, qids)
+                if record is None:
+                    tokens, metrics = runner.generate_batch(ids, max_new_tokens, size)
+                    record = {"method": runner.label, "batch": size, "repeat": rep, "qids": qids,
+                              "tokens": tokens, "metrics": metrics}
+                    store.add(record)
+                    bar.update()
+                done[runner.label] = record
+                run.records.append(record)
+            for mismatch in lossless_check(done, runners, prompts, tokenizer):
+                run.mismatches.append((size, mismatch))
+                bar.write(f"\033[1;31mbatch {size}: {mismatch.describe()}\033[0m")
+    bar.close()
+    return run
+
+
+def lossless_check(done: dict[str, dict], runners: list, prompts: list[BenchPrompt],
+                   tokenizer) -> list[Mismatch]:
+    """The first row where each lossless method departs from its baseline in one (B, repeat)."""
+    mismatches = []
+    for runner in runners:
+        if runner.baseline is None or not runner.lossless:
+            continue
+        mine, base = done[runner.label], done[runner.baseline]
+        for prompt, a, b in zip(prompts, mine["tokens"], base["tokens"]):
+            row = {"method": runner.label, "qid": prompt.qid, "category": prompt.category, "turn": 0,
+                   "repeat": mine["repeat"]}
+            mismatch = compare({**row, "tokens": a}, {**row, "tokens": b}, runner.baseline, tokenizer)
+            if mismatch:
+                mismatches.append(mismatch)
+                break
+    return mismatches
+
+
+def run_batch_benchmark(target: Target, suite: str | list[BenchPrompt], methods: list[str], out: str | Path,
+                        *, batches: list[int], peers: str = "all", limit: int | None = None, repeats: int = 3,
+                        max_new_tokens: int = 128, budget: int | str = "auto",
+                        registry: PluginRegistry | None = None, plots: bool = True, progress: bool = True,
+                        fresh: bool = False, warmup: bool = True, phase_timing: bool = True,
+                        keep: str = "all", command: str | None = None) -> tuple[BatchRun, dict]:
+    """Benchmark `methods` at every batch size of `batches` against plain batched decoding and
+    transformers' batched `generate`; write `batch_records.jsonl`, `batch_results.json`,
+    `batch_results.md` and `batch_speedup.png` under `out`. Returns the run and its table
+    ({B: {method: stats}}, `specframe.bench.batch_report.summarize`)."""
+    registry = registry or get_registry()
+    out = Path(out)
+    prompts, specs, peer_specs = check_batch_run(suite, methods, batches, peers=peers, limit=limit,
+                                                 repeats=repeats, max_new_tokens=max_new_tokens,
+                                                 budget=budget, keep=keep, registry=registry)
+    check_run_args(target, repeats, max_new_tokens)
+    greedy = SamplingParams()
+    runners: list = [PipelineBatches(r) for r in build_runners(target, specs, [], greedy, registry,
+                                                                default_budget=budget,
+                                                                phase_timing=phase_timing)]
+    runners += [GeneratePeerBatches(target, peer, runners[0].label) for peer in peer_specs]
+    settings = {**bench_settings(target_settings(target), suite, max_new_tokens, budget, greedy),
+                "limit": limit, "questions": len(prompts)}
+    store = BatchStore(out, settings, fresh)
+    run = run_batches(target, prompts, runners, batches, repeats=repeats, max_new_tokens=max_new_tokens,
+                      store=store, warmup=warmup, progress=progress)
+    table = write_batch_results(run, out, settings, repeats=repeats, plots=plots, keep=keep, command=command)
+    return run, table

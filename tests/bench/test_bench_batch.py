@@ -1,0 +1,184 @@
+"""`specframe bench --batch`: batched decoding against plain batched decoding and transformers' batched
+`generate`, on a tiny random Llama with the character-level tokenizer.
+
+The table has its columns; every method's rows are checked against plain decoding (a verifier broken on
+purpose is caught); a sweep writes its method x B table and plot and resumes without rerunning finished
+calls; bad `--batch` values and options a batch run cannot honour are refused before a model loads.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import specframe
+from specframe.bench import BenchPrompt
+from specframe.bench import batch as bench_batch
+from specframe.bench.batch import parse_batches, run_batch_benchmark
+from specframe.bench.batch_report import COLUMNS
+from specframe.terms.errors import ConfigurationError, SpecframeError
+from specframe.testing import tiny_target
+
+PROMPTS = [
+    BenchPrompt("a", "code", ("abcabcabcabc",), chat=False),
+    BenchPrompt("b", "code", ("xyz xyz xyz xyz xyz", "a second turn, never read at B > 1"), chat=False),
+    BenchPrompt("c", "prose", ("the cat sat on the mat, the cat",), chat=False),
+]
+NEW_TOKENS = 8
+QUIET = dict(repeats=1, max_new_tokens=NEW_TOKENS, progress=False)
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # fixture in conftest.py
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_target(seed=3)
+
+
+def test_the_table_has_its_columns_and_every_row_equals_plain_decoding(target, tmp_path):
+    methods = ["pld(min_ngram=1)@4", "pld(min_ngram=1)+trie@4"]
+    run, table = run_batch_benchmark(target, PROMPTS, methods, tmp_path, batches=[2], peers="hf-generate",
+                                     plots=False, **QUIET)
+    assert run.mismatches == []
+    rows = table[2]
+    assert list(rows) == ["baseline", *methods, "hf-generate"]
+    assert rows["baseline"]["speedup_plain"]["mean"] == 1.0 and rows["baseline"]["tau"] == 1.0
+    assert rows["hf-generate"]["speedup_hf"]["mean"] == 1.0
+    assert all(s["new_tokens"] == len(PROMPTS) * NEW_TOKENS and s["latency_p90_s"] > 0 for s in rows.values())
+    assert rows["hf-generate"]["rows_compared"] == len(PROMPTS)  # counted against plain, never failed
+    # plain batched rows are plain greedy decoding of each first turn alone
+    plain = specframe.SpeculativeDecoder.from_names(target, "none", budget=1)
+    base = next(r for r in run.records if r["method"] == "baseline")
+    for prompt, tokens in zip(PROMPTS, base["tokens"]):
+        ids = target.tokenizer(prompt.turns[0], add_special_tokens=False)["input_ids"]
+        assert plain.generate(ids, max_new_tokens=NEW_TOKENS).tokens == tokens
+
+    markdown = (tmp_path / "batch_results.md").read_text()
+    assert "| " + " | ".join(COLUMNS) + " |" in markdown
+    for label in rows:
+        assert f"| {label} | 2 |" in markdown
+    results = json.loads((tmp_path / "batch_results.json").read_text())
+    assert set(results["batches"]["2"]) == set(rows) and results["mismatches"] == []
+
+
+class AcceptEverything(specframe.Verifier):
+    """A broken verifier that claims to be lossless but accepts every draft token."""
+
+    name = "accept-everything"
+    capabilities = specframe.VerifierCapabilities(lossless=True)
+
+    def verify(self, tree, scores, sampling):
+        path, node = [], -1
+        while tree.children[node + 1]:
+            node = tree.children[node + 1][0]
+            path.append(node)
+        return specframe.VerifyResult(path=path, bonus=int(scores.logits[node + 1].argmax()))
+
+
+class BrokenPlugin:
+    @specframe.hookimpl
+    def register_verifiers(register):
+        register(AcceptEverything)
+
+
+def test_a_row_that_departs_from_plain_decoding_is_a_mismatch(target, tmp_path):
+    registry = specframe.PluginRegistry()
+    registry.register_plugin(BrokenPlugin, name="broken")
+    method = "pld(min_ngram=1)+chain+accept-everything@4"
+    run, table = run_batch_benchmark(target, PROMPTS, [method], tmp_path, batches=[2], peers="none",
+                                     registry=registry, plots=False, **QUIET)
+    assert run.mismatches and {(size, m.method) for size, m in run.mismatches} == {(2, method)}
+    assert table[2][method]["rows_differing"] > 0
+    assert "MISMATCH" in (tmp_path / "batch_results.md").read_text()
+
+
+def test_a_sweep_writes_its_table_and_plot_and_resumes_without_rerunning(target, tmp_path, monkeypatch):
+    kwargs = dict(batches=[1, 2], peers="hf-generate", **QUIET)
+    run, table = run_batch_benchmark(target, PROMPTS, ["pld@4"], tmp_path, **kwargs)
+    assert list(table) == [1, 2] and run.mismatches == []
+    assert (tmp_path / "batch_speedup.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    markdown = (tmp_path / "batch_results.md").read_text()
+    assert "| method | B=1 | B=2 |" in markdown
+    assert not (tmp_path / "results.md").exists()  # a one-request run's files are left alone
+    lines = (tmp_path / "batch_records.jsonl").read_text().splitlines()
+    assert len(lines) == 2 * 3  # (baseline, pld@4, hf-generate) x (B=1, B=2)
+
+    (tmp_path / "batch_records.jsonl").write_text("\n".join(lines[:-1]) + "\n" + lines[-1][:20])
+    calls = []
+    for runner in (bench_batch.PipelineBatches, bench_batch.GeneratePeerBatches):
+        real = runner.generate_batch
+
+        def counted(self, *args, real=real):
+            calls.append(self.label)
+            return real(self, *args)
+
+        monkeypatch.setattr(runner, "generate_batch", counted)
+    again, _ = run_batch_benchmark(target, PROMPTS, ["pld@4"], tmp_path, warmup=False, plots=False, **kwargs)
+    last = json.loads(lines[-1])
+    assert calls == [last["method"]]  # only the call whose line was cut short ran again
+    assert len(again.records) == 6
+
+    with pytest.raises(ConfigurationError, match="other settings"):
+        run_batch_benchmark(target, PROMPTS, ["pld@4"], tmp_path, **{**kwargs, "max_new_tokens": 5})
+
+
+@pytest.mark.parametrize("text, sizes", [("1", [1]), ("4", [4]), (" 1, 2,4 ", [1, 2, 4])])
+def test_batch_values_parse(text, sizes):
+    assert parse_batches(text) == sizes
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--batch", "0"], "--batch sizes must be >= 1"),
+    (["--batch", "-2"], "--batch sizes must be >= 1"),
+    (["--batch", "two"], "--batch takes a number of rows"),
+    (["--batch", "1.5"], "--batch takes a number of rows"),
+    (["--batch", "2,2"], "names a size twice"),
+    (["--batch", "2", "--methods", "pld"], "budget 'auto'"),
+    (["--batch", "1,2", "--methods", "pld@4,pld(min_ngram=1)"], "pld(min_ngram=1) have budget"),
+    (["--batch", "2", "--methods", "pld@4", "--peers", "hf-generate,hf-pld"], "peer 'hf-pld' cannot decode"),
+    (["--batch", "2", "--methods", "pld@4", "--peers", "none", "--temperature", "0.7"], "decode greedily"),
+    (["--batch", "2", "--methods", "pld@4", "--peers", "none", "--shard", "0/2"], "--limit instead"),
+    (["--batch", "2", "--methods", "pld@4", "--peers", "none", "--synthetic-acceptance", "0.5"],
+     "run it at --batch 1"),
+])
+def test_bad_batch_options_are_refused_before_the_model_loads(monkeypatch, tmp_path, args, message):
+    from typer.testing import CliRunner
+
+    import specframe.runtime.load
+    from specframe.cli import app
+
+    def no_loading(*_, **__):
+        raise AssertionError("the model was loaded before the options were checked")
+
+    monkeypatch.setattr(specframe.runtime.load, "load_target", no_loading)
+    result = CliRunner().invoke(app, ["bench", "--out", str(tmp_path / "out"), *args])
+    assert isinstance(result.exception, SpecframeError), result.output
+    assert message in str(result.exception)
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_the_bench_command_runs_a_sweep(target, tmp_path):
+    from typer.testing import CliRunner
+
+    from specframe.cli import app
+
+    from specframe.testing.targets import tiny_tokenizer
+
+    model_dir = tmp_path / "model"
+    target.model.save_pretrained(model_dir)
+    tokenizer = tiny_tokenizer()
+    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"  # the suite chats
+    tokenizer.save_pretrained(model_dir)
+    questions = tmp_path / "questions.jsonl"
+    questions.write_text("".join(json.dumps({"question_id": i, "category": "qa", "turns": [text]}) + "\n"
+                                 for i, text in enumerate(["abcabcabc", "hello hello hello", "1 2 3 1 2 3"])))
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, [
+        "bench", "--model", str(model_dir), "--suite", str(questions), "--methods", "pld@4",
+        "--peers", "hf-generate", "--repeats", "1", "--max-new-tokens", "6", "--batch", "1,2",
+        "--threads", "1", "--clock", "cpu", "--device", "cpu", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "| pld@4 | 2 |" in result.output and "| method | B=1 | B=2 |" in result.output
+    assert {p.name for p in out.iterdir()} >= {"batch_records.jsonl", "batch_results.json",
+                                               "batch_results.md", "batch_speedup.png"}
