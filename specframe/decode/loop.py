@@ -2,36 +2,33 @@
 
 from __future__ import annotations
 
+import copy
 import numbers
 import warnings
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
-
+from specframe.terms.budget import parse_budget
+from specframe.terms.cost import CostModel
+from specframe.terms.errors import ConfigurationError, PromptError, SpecframeWarning
+from specframe.terms.kinds import DEFAULT_BUDGET
+from specframe.terms.metrics import PhaseTimer, now, peak_memory_bytes, reset_peak_memory
+from specframe.terms.request import check_request_input
+from specframe.terms.result import GenerationResult
+from specframe.terms.sampling import SamplingParams
+from specframe.terms.target import Target
+from specframe.support.paths import check_writable_dir
+from specframe.runtime.devices import synchronizer
+from specframe.plugging.pipeline import Pipeline, assemble, check_request
+from specframe.plugging.registry import PluginRegistry, get_registry
+from specframe.decode.batch import is_batch, shared_phase
+from specframe.decode.batch_planner import batch_planner_of
 from specframe.decode.planner import (
     AdaptivePlanner, FixedPlanner, make_adaptive_planner, make_fixed_planner, plans_blind,
 )
-from specframe.terms.budget import parse_budget
-from specframe.terms.cost import CostModel
-from specframe.runtime.devices import synchronizer
-from specframe.terms.errors import ConfigurationError, PromptError, SpecframeWarning
-from specframe.contract.interfaces import BuildContext
-from specframe.terms.kinds import DEFAULT_BUDGET
-from specframe.terms.metrics import DecodeMetrics, PhaseTimer, now, peak_memory_bytes, reset_peak_memory
-from specframe.support.paths import check_writable_dir
-from specframe.terms.target import Target
-from specframe.plugging.pipeline import Pipeline, assemble, check_request
-from specframe.terms.proposal import DraftContext, DraftProposal
-from specframe.terms.records import StepEvent, StepOutcome
-from specframe.terms.request import check_request_input
-from specframe.terms.result import GenerationResult
-from specframe.plugging.registry import PluginRegistry, get_registry
-from specframe.terms.sampling import Sampler, SamplingParams
-from specframe.terms.stopping import StopStrings
-from specframe.terms.tree import TokenTree
-
+from specframe.decode.row import RequestRow
 
 class SpeculativeDecoder:
     """A reusable decoder: one target, one pipeline of components, any number of requests."""
@@ -79,27 +76,24 @@ class SpeculativeDecoder:
         tensor), stopping at EOS or at a `stop` string (one string, or several).
 
         `seed` replaces the sampling seed for this request only (e.g. one seed per sample of best-of-n);
-        None keeps `sampling.seed`."""
-        stop = check_request_input(prompt, max_new_tokens, stop)
-        prompt_ids = self._encode(prompt)
-        self._check_request(prompt_ids, max_new_tokens, stop)
-        sampling = self.sampling if seed is None else replace(self.sampling, seed=seed)
-        check_request(self.pipeline, sampling, self.registry)  # `sampling` may have changed since assembly
+        None keeps `sampling.seed`. Several prompts (a list of texts, or of id lists) go to
+        `generate_batch` and a list of results comes back."""
+        if is_batch(prompt):
+            return self.generate_batch(prompt, max_new_tokens, stop, seeds=None if seed is None else [seed])
+        prompt_ids, stop = self._checked(prompt, max_new_tokens, stop)
+        sampling = self._sampling(seed)
         planner = self._planner()  # the first request may calibrate the cost: not part of its time
-        hook = self.registry.hook
-        hook.on_decode_start(prompt_ids=prompt_ids)
+        row = self.make_row(self.pipeline.drafter, planner, prompt_ids, max_new_tokens, stop, sampling)
+        self.registry.hook.on_decode_start(prompt_ids=prompt_ids)
         device, sync = self.target.device, synchronizer(self.target.device)
         reset_peak_memory(device)  # on CUDA the peak is this request's, not the process's
         start = now()
-        tokens, metrics, reason = self._decode(planner, prompt_ids, max_new_tokens, stop, sampling)
+        self._decode(row)
         if sync is not None:
             sync()  # queued work is part of the request's time
-        metrics.wall_s = now() - start
-        metrics.peak_memory_bytes = peak_memory_bytes(device)
-        tokenizer = self.target.tokenizer
-        text = tokenizer.decode(tokens, skip_special_tokens=True) if tokenizer is not None else None
-        result = GenerationResult(tokens, text, reason, metrics)
-        self.pipeline.drafter.finish(prompt_ids, result.tokens)  # not timed: the request is over
+        row.metrics.wall_s = now() - start
+        row.metrics.peak_memory_bytes = peak_memory_bytes(device)
+        result = self.finish_row(row)
         if self.acceptance_file is not None and isinstance(self.planner, AdaptivePlanner):
             try:
                 self.planner.acceptance.save(self.acceptance_file)
@@ -107,61 +101,144 @@ class SpeculativeDecoder:
                 warnings.warn(SpecframeWarning(
                     f"the acceptance counts could not be saved to {self.acceptance_file} ({err}); they are "
                     "kept and saved after the next request"), stacklevel=2)
-        hook.on_decode_end(prompt_ids=prompt_ids, result=result)
+        self.registry.hook.on_decode_end(prompt_ids=prompt_ids, result=result)
         return result
 
-    def _decode(self, planner: FixedPlanner | AdaptivePlanner, prompt_ids: list[int], max_new_tokens: int,
-                stop: Sequence[str], sampling: SamplingParams):
-        """The loop, in the paper's words. Returns (new tokens, metrics, finish reason)."""
-        drafter, tree_builder, verifier, backend = (
-            self.pipeline.drafter, self.pipeline.tree_builder, self.pipeline.verifier, self.pipeline.backend)
-        sampler = Sampler(sampling, device=self.target.device)
-        stops = StopStrings(self.target.tokenizer, stop)
-        metrics = DecodeMetrics(prompt_tokens=len(prompt_ids), phase_timing=self.phase_timing)
+    def _decode(self, row: RequestRow) -> None:
+        """The loop, in the paper's words: draft, build the tree, score it, verify, commit."""
+        backend = self.pipeline.backend
         sync = synchronizer(self.target.device)  # None on the CPU
         phase_sync = sync if self.phase_timing else None
-        drafter.reset()
-        planner.start_request(blind=plans_blind(self.pipeline, sampling))  # this request's sampling decides
+        row.start()
         t0 = now()
-        backend.prefill(prompt_ids)
+        backend.prefill(row.prompt_ids)
         if sync is not None:
             sync()  # once per request, even without phase timing: keeps prefill_s and decode tokens/s right
-        metrics.prefill_s = now() - t0
-        tokens, new, hidden, reason = np.array(prompt_ids, dtype=np.int64), [], None, None
-        while reason is None:
+        row.metrics.prefill_s = now() - t0
+        while row.reason is None:
             timer = self.step_timer(phase_sync)
-            room = min(max_new_tokens - len(new) - 1, self._room(tokens))
-            planner.start_step(len(tokens))
-            with timer("draft"):
-                drafting = room > 0 and planner.should_draft()
-                budget = planner.build_budget(room) if drafting else 0
-                context = DraftContext(tokens, len(prompt_ids), budget, hidden, sampler)
-                proposal = drafter.propose(context) if drafting else DraftProposal.empty()
-            with timer("tree"):
-                tree = (tree_builder.build(proposal, BuildContext(budget, planner.cost)) if len(proposal)
-                        else TokenTree.empty())
-                tree, predicted = planner.choose(proposal, tree)
+            tree = row.draft(timer)
             with timer("forward"):
                 scores = backend.score(tree)
-            with timer("verify"):
-                result = verifier.verify(tree, scores, sampler)
+            result = row.verify(scores, timer)
             with timer("commit"):
                 backend.commit(scores, result.path, result.bonus)
-            emitted = [int(t) for t in tree.tokens[result.path]] + [result.bonus]
-            last = result.path[-1] + 1 if result.path else 0
-            hidden = scores.hidden[last] if scores.hidden is not None else None
-            drafter.observe(StepOutcome(proposal, len(tree), emitted[:-1], result.bonus, hidden))
-            emitted, reason = self._finish(new, emitted, max_new_tokens, stops)
-            new += emitted
-            tokens = np.concatenate([tokens, np.asarray(emitted, dtype=np.int64)])
-            times = timer.close()
-            planner.observe(tree, result, times)
-            skipped = room > 0 and not drafting  # the planner judged drafting not worth it
-            metrics.record_step(len(tree), result.accepted, times, result.fallback, predicted, skipped)
-            self.registry.hook.on_step(event=StepEvent(
-                metrics.steps, len(tree), result.accepted, emitted, times, predicted, not skipped))
-        metrics.new_tokens = len(new)
-        return new, metrics, reason
+            row.advance(scores, result, timer)
+        row.metrics.new_tokens = len(row.new)
+
+    def generate_batch(self, prompts: Sequence[str | Sequence[int]],
+                       max_new_tokens: int | Sequence[int] = 128, stop: str | Sequence[str] = (), *,
+                       seeds: Sequence[int | None] | None = None,
+                       batch_size: int | None = None) -> list[GenerationResult]:
+        """Decode several prompts together, each to its own end (EOS, a stop string, `max_new_tokens`):
+        every step drafts and builds a tree for each row, scores all the trees together (in one forward
+        where the backend batches: `StateBackend.batch`), then verifies and commits each row on its own.
+        Returns one result per prompt, in order; each is what `generate` gives for that prompt alone.
+        `max_new_tokens` is one limit for every prompt, or one per prompt.
+
+        `seeds[i]` is prompt i's sampling seed (None keeps `sampling.seed`): a row samples from its own
+        generator, so its draws do not depend on what else is in the batch. `batch_size` caps the rows
+        decoded at once: when a row ends, the next waiting prompt takes its place (continuous batching);
+        None decodes all prompts at once. A result's `wall_s` runs from its row's start to its end."""
+        if isinstance(prompts, str) or not len(prompts):
+            raise PromptError("generate_batch takes a non-empty list of prompts (texts or token id lists); "
+                              "for one prompt call generate")
+        seeds = [None] * len(prompts) if seeds is None else list(seeds)
+        if len(seeds) != len(prompts):
+            raise ConfigurationError(f"{len(seeds)} seeds for {len(prompts)} prompts: pass one per prompt")
+        if batch_size is not None and batch_size < 1:
+            raise ConfigurationError(f"batch_size must be at least 1, got {batch_size}")
+        limits = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
+        if len(limits) != len(prompts):
+            raise ConfigurationError(f"{len(limits)} max_new_tokens for {len(prompts)} prompts: pass one "
+                                     "limit, or one per prompt")
+        requests = [(*self._checked(prompt, limit, stop), limit) for prompt, limit in zip(prompts, limits)]
+        samplings = [self._sampling(seed) for seed in seeds]
+        return self._decode_batch(requests, samplings, batch_size or len(prompts))
+
+    def _decode_batch(self, requests: Sequence[tuple[list[int], tuple[str, ...], int]],
+                      samplings: Sequence[SamplingParams], size: int) -> list[GenerationResult]:
+        """Decode `requests` (prompt ids, stop strings, max_new_tokens) at most `size` at a time; their
+        results in order."""
+        pipeline, hook = self.pipeline, self.registry.hook
+        sync = synchronizer(self.target.device)
+        phase_sync = sync if self.phase_timing else None
+        planner = self._planner()
+        batch_planner = batch_planner_of(planner) if self.adaptive else None
+        batch = pipeline.backend.batch()
+        waiting = deque(range(len(requests)))
+        active: dict[int, tuple[int, RequestRow, float]] = {}  # backend row -> (request, its row, its start)
+        results: list[GenerationResult | None] = [None] * len(requests)
+        reset_peak_memory(self.target.device)
+        while waiting or active:
+            while waiting and len(active) < size:  # admit: the row's prefill is part of its own time
+                index = waiting.popleft()
+                prompt_ids, stop, limit = requests[index]
+                plan = batch_planner.row() if batch_planner else copy.copy(planner)
+                row = self.make_row(pipeline.drafter.spawn(), plan, prompt_ids, limit, stop, samplings[index])
+                hook.on_decode_start(prompt_ids=prompt_ids)
+                row.start()
+                start = now()
+                key = batch.add(prompt_ids)
+                if sync is not None:
+                    sync()
+                row.metrics.prefill_s = now() - start
+                active[key] = (index, row, start)
+            step_start = now()
+            timers = {key: PhaseTimer(phase_sync) for key in active}
+            trees = {key: row.draft(timers[key]) for key, (_, row, _) in active.items()}
+            if batch_planner is not None:  # every row's tree sized together
+                cut = batch_planner.cut(trees, {key: row.planner for key, (_, row, _) in active.items()})
+                for key, (tree, predicted) in cut.items():
+                    active[key][1].keep(tree, predicted)
+                    trees[key] = tree
+            with shared_phase(timers.values(), "forward", phase_sync) as forward:
+                scores = batch.score(trees)
+            verdicts = {key: row.verify(scores[key], timers[key]) for key, (_, row, _) in active.items()}
+            with shared_phase(timers.values(), "commit", phase_sync):
+                batch.commit({key: (scores[key], v.path, v.bonus) for key, v in verdicts.items()})
+            if batch_planner is not None:
+                batch_planner.observe(forward.seconds, now() - step_start)
+            for key, (index, row, start) in list(active.items()):
+                row.advance(scores[key], verdicts[key], timers[key])
+                if row.reason is not None:
+                    row.metrics.new_tokens = len(row.new)
+                    row.metrics.wall_s = now() - start
+                    row.metrics.peak_memory_bytes = peak_memory_bytes(self.target.device)
+                    results[index] = self.finish_row(row)
+                    batch.remove(key)
+                    del active[key]
+                    hook.on_decode_end(prompt_ids=row.prompt_ids, result=results[index])
+        return results
+
+    def _checked(self, prompt, max_new_tokens: int, stop) -> tuple[list[int], tuple[str, ...]]:
+        """A request's prompt ids and stop strings, refused with a clear error before any work."""
+        stop = check_request_input(prompt, max_new_tokens, stop)
+        prompt_ids = self._encode(prompt)
+        self._check_request(prompt_ids, max_new_tokens, stop)
+        return prompt_ids, stop
+
+    def _sampling(self, seed: int | None) -> SamplingParams:
+        """The request's sampling (`seed` replacing the decoder's), checked against the pipeline."""
+        sampling = self.sampling if seed is None else replace(self.sampling, seed=seed)
+        check_request(self.pipeline, sampling, self.registry)  # `sampling` may have changed since assembly
+        return sampling
+
+    def make_row(self, drafter, planner, prompt_ids: list[int], max_new_tokens: int, stop: Sequence[str],
+                 sampling: SamplingParams) -> RequestRow:
+        """A request's decoding state, drafted by `drafter` and planned by `planner`."""
+        return RequestRow(self.target, self.pipeline, drafter, planner, prompt_ids, max_new_tokens, stop,
+                          sampling, blind=plans_blind(self.pipeline, sampling), hook=self.registry.hook,
+                          phase_timing=self.phase_timing)
+
+    def finish_row(self, row: RequestRow) -> GenerationResult:
+        """The result of a row that ended; its drafter learns the response (not timed: the request is
+        over)."""
+        tokenizer = self.target.tokenizer
+        text = tokenizer.decode(row.new, skip_special_tokens=True) if tokenizer is not None else None
+        result = GenerationResult(row.new, text, row.reason, row.metrics)
+        row.drafter.finish(row.prompt_ids, result.tokens)
+        return result
 
     def _planner(self) -> FixedPlanner | AdaptivePlanner:
         """The step planner, made once: for `budget="auto"` this measures (or loads) the backend's cost
@@ -172,23 +249,6 @@ class SpeculativeDecoder:
         elif self.planner is None:
             self.planner = make_fixed_planner(self.pipeline, self.budget)
         return self.planner
-
-    def _finish(self, new: list[int], emitted: list[int], max_new_tokens: int, stops: StopStrings):
-        """Cut `emitted` at EOS, a stop string or the length limit; say why decoding ends, if it does."""
-        eos = self.target.eos_token_ids
-        for i, tok in enumerate(emitted):
-            if tok in eos:
-                return emitted[: i + 1], "eos"
-        if len(new) + len(emitted) >= max_new_tokens:
-            return emitted[: max_new_tokens - len(new)], "length"
-        hit = stops.first_hit(new, emitted)
-        if hit is not None:
-            return emitted[: hit + 1], "stop"
-        return emitted, None
-
-    def _room(self, tokens: np.ndarray) -> int:
-        """Tree nodes that still fit the model's context after the pending root."""
-        return self.target.max_context - len(tokens) - 1
 
     def _encode(self, prompt: str | Sequence[int]) -> list[int]:
         if isinstance(prompt, str):

@@ -7,7 +7,7 @@ under test.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -188,6 +188,31 @@ def check_lossless(decoder: SpeculativeDecoder, prompts: Sequence[Sequence[int]]
                          min(len(got), len(expected)))
                 _fail(f"{label} is not lossless ({attempt} run): greedy output differs from plain decoding "
                       f"at new token {k}: got {got[k:k + 8]}..., expected {expected[k:k + 8]}...")
+
+
+def check_batch_rows(make_decoder: Callable[[], SpeculativeDecoder], prompts: Sequence[Sequence[int]],
+                     max_new_tokens: int = 32, label: str = "pipeline") -> None:
+    """Each row of `generate_batch` decodes as its request alone through a fresh decoder: the same greedy
+    tokens (lossless per row) and, unless the drafter remembers requests (`remembers_requests`: rows that
+    end earlier rightly feed the others), the same tree sizes and accepted drafts step by step, which shows
+    that `Drafter.spawn` keeps each row's per-request state apart. The prompts are decoded all at once,
+    then again two at a time (rows leaving and joining the batch)."""
+    remembers = make_decoder().pipeline.drafter.capabilities.remembers_requests
+    alone = [make_decoder().generate(list(prompt), max_new_tokens=max_new_tokens) for prompt in prompts]
+    for size in (len(prompts), 2):
+        rows = make_decoder().generate_batch([list(p) for p in prompts], max_new_tokens, batch_size=size)
+        for i, (row, one) in enumerate(zip(rows, alone)):
+            where = f"{label}, prompt {i} of a batch decoded {size} at a time"
+            if row.tokens != one.tokens:
+                k = next((j for j, (a, b) in enumerate(zip(row.tokens, one.tokens)) if a != b),
+                         min(len(row.tokens), len(one.tokens)))
+                _fail(f"{where}: its tokens differ from the request decoded alone at new token {k}: got "
+                      f"{row.tokens[k:k + 8]}..., alone {one.tokens[k:k + 8]}...")
+            if not remembers and (row.metrics.tree_sizes, row.metrics.accepted_draft_tokens) != (
+                    one.metrics.tree_sizes, one.metrics.accepted_draft_tokens):
+                _fail(f"{where}: it drafted differently from the request alone (tree sizes "
+                      f"{row.metrics.tree_sizes[:12]}... vs {one.metrics.tree_sizes[:12]}...): rows share "
+                      "per-request drafter state; override `Drafter.spawn` to give each row its own")
 
 
 def check_verifier_greedy(verifier: Verifier, rng: np.random.Generator, vocab_size: int = 16,

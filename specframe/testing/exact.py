@@ -164,16 +164,25 @@ def spelled(tree, node: int) -> tuple[int, ...]:
 
 
 def decoder_counts(decoder, prompt: Sequence[int], depth: int, runs: int, params: SamplingParams,
-                   max_new_tokens: int | None = None) -> tuple[Counter, int]:
+                   max_new_tokens: int | None = None, batch: int | None = None) -> tuple[Counter, int]:
     """Counts of the first `depth` tokens over `runs` requests with seeds 0..runs-1, and the number of
-    draft tokens accepted in all of them (to show the trees were exercised)."""
+    draft tokens accepted in all of them (to show the trees were exercised). With `batch`, the requests
+    are decoded `batch` at a time as rows of one `generate_batch`, each row with its own seed: each row's
+    law is then tested."""
     counts: Counter = Counter()
     accepted = 0
-    for seed in range(runs):
-        decoder.sampling = SamplingParams(params.temperature, params.top_p, params.top_k, seed=seed)
-        result = decoder.generate(list(prompt), max_new_tokens=max_new_tokens or depth)
-        counts[tuple(result.tokens[:depth])] += 1
-        accepted += result.metrics.accepted_draft_tokens
+    limit = max_new_tokens or depth
+    for first in range(0, runs, batch or 1):
+        seeds = list(range(first, min(first + (batch or 1), runs)))
+        if batch is None:
+            decoder.sampling = SamplingParams(params.temperature, params.top_p, params.top_k, seed=first)
+            results = [decoder.generate(list(prompt), max_new_tokens=limit)]
+        else:
+            decoder.sampling = SamplingParams(params.temperature, params.top_p, params.top_k)
+            results = decoder.generate_batch([list(prompt)] * len(seeds), limit, seeds=seeds)
+        for result in results:
+            counts[tuple(result.tokens[:depth])] += 1
+            accepted += result.metrics.accepted_draft_tokens
     return counts, accepted
 
 

@@ -110,6 +110,11 @@ class DrafterConformance(_Conformance):
         self._checked(decoder, target)
         checks.check_lossless(decoder, prompts, self.max_new_tokens, f"drafter '{self.cls.name}' + first-n")
 
+    def test_rows_of_a_batch_draft_as_requests_alone(self, target, prompts):
+        prompts = [*prompts, list(prompts[0][:25]), list(prompts[1][5:])]  # four rows, four lengths
+        checks.check_batch_rows(lambda: self.decoder(target, tree="first-n"), prompts, self.max_new_tokens,
+                                f"drafter '{self.cls.name}' + first-n")
+
     def test_proposes_drafts(self, target, prompts):
         if not self.proposes:
             pytest.skip(f"drafter '{self.cls.name}' is declared to propose nothing here (proposes = False)")

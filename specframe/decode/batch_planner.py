@@ -1,0 +1,156 @@
+"""`budget="auto"` at batch B: every row's tree sized at once for the batch's most tokens per second.
+
+Alone, a step over a subtree S emits E(S) = 1 + sum of P_i over its nodes and takes t(|S|) seconds
+(`specframe.decode.selection`). In a batch of R rows, one forward scores every row's root and kept nodes,
+so the step emits R + sum of P_i over all kept nodes of all rows and takes T(R + k) seconds for k kept
+nodes in all. The k nodes of largest P, over all rows (parents before children within a row: P never
+grows from a parent to a child), maximise the tokens for that k; the planner keeps the k of most
+tokens per second. So a row whose drafts are unlikely keeps nothing (a plain step for it) while a row
+in a long copied span keeps a deep chain, and as B grows each node must be likelier to pay: the rows
+already fill the forward's matrix products, and a node adds nearly a full row's cost.
+
+T is the backend's calibrated single-sequence cost read at R - 1 + k nodes (a forward's cost follows its
+query rows; attention over R contexts instead of one is learned as a speed factor from the realised
+forwards, with the step's overhead besides the forward). Acceptance is one `AcceptanceModel` for every
+row, as alone. Rows draft to the cap (drafting is per row and not sized first here) and sampled trees
+verified with their q (`plans_blind`) are kept whole, their size being the cap.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from specframe.decode.acceptance import AcceptanceModel, NodeFeatures, matched_outcomes
+from specframe.decode.planner import EMA, CostAtContext
+from specframe.decode.selection import path_probabilities
+from specframe.terms.cost import CostModel
+from specframe.terms.proposal import DraftProposal
+from specframe.terms.records import Prediction, VerifyResult
+from specframe.terms.tree import TokenTree
+
+
+class RowPlan:
+    """A row's side of the batch planner, with the interface `RequestRow` calls (as a planner's): it
+    drafts to the cap and defers the cut to `BatchPlanner.cut`, then learns acceptance from its row."""
+
+    def __init__(self, planner: BatchPlanner):
+        self.planner = planner
+        self.blind = False
+        self.proposal = DraftProposal.empty()
+        self.built: TokenTree | None = None  # the tree before the cut, when it was cut
+        self.built_features: NodeFeatures | None = None
+        self.features: NodeFeatures | None = None  # of the kept nodes
+
+    @property
+    def cost(self) -> CostModel | None:
+        return self.planner.cost
+
+    def start_request(self, blind: bool = False) -> None:
+        self.blind = blind
+
+    def start_step(self, context: int) -> None:
+        self.planner.contexts.append(context)
+
+    def should_draft(self) -> bool:
+        return True
+
+    def build_budget(self, room: int) -> int:
+        return min(self.planner.cap, room)
+
+    def choose(self, proposal: DraftProposal, tree: TokenTree) -> tuple[TokenTree, Prediction | None]:
+        self.proposal, self.built, self.built_features = proposal, None, None
+        prunable = not self.blind and tree.origin is not None and len(tree) > 0
+        self.features = NodeFeatures.of(proposal, tree.origin, tree.depth) if prunable else None
+        return tree, None  # cut with every row's tree in view: `BatchPlanner.cut`
+
+    def observe(self, tree: TokenTree, result: VerifyResult, times: dict[str, float]) -> None:
+        """Learn which nodes the target accepted (also those the cut left out, where the step matched the
+        target's draws: `AdaptivePlanner` learns the same way)."""
+        acceptance = self.planner.acceptance
+        if self.built is not None and (self.planner.matches_draws or result.fallback is not None):
+            emitted = [*tree.tokens[result.path].tolist(), result.bonus]
+            acceptance.record(self.built_features, *matched_outcomes(
+                self.built.tokens, self.built.parents, self.built.depth, emitted))
+        elif self.features is not None and len(tree):
+            acceptance.update(self.features, tree.parents, result.path)
+        self.features = self.built = self.built_features = None
+
+
+class BatchPlanner(CostAtContext):
+    """Sizes the trees of a batch's rows together (see the module docstring); `cap` bounds each row's."""
+
+    def __init__(self, cost: CostModel, cap: int, acceptance: AcceptanceModel | None = None,
+                 matches_draws: bool = False, learn_speed: bool = True):
+        super().__init__(cost)
+        self.cap = cap
+        self.acceptance = acceptance or AcceptanceModel()
+        self.matches_draws = matches_draws
+        self.learn_speed = learn_speed
+        self.speed = 1.0  # realised batch forward over the calibrated cost at its rows, running mean
+        self.overhead_s = 0.0  # a batch step's seconds besides the forward, running mean
+        self.contexts: list[int] = []  # this step's rows' contexts
+        self._calibrated_s = 0.0  # the calibrated forward of the step's chosen rows
+
+    def row(self) -> RowPlan:
+        return RowPlan(self)
+
+    def cut(self, trees: dict[int, TokenTree],
+            plans: dict[int, RowPlan]) -> dict[int, tuple[TokenTree, Prediction]]:
+        """Every row's kept subtree and its prediction (its expected tokens; the batch step's seconds)."""
+        if self.contexts:
+            self.start_step(int(np.mean(self.contexts)))
+            self.contexts.clear()
+        rows = len(trees)
+        fixed = sum(len(t) for key, t in trees.items() if plans[key].features is None)  # kept whole
+        owners, nodes, probs, depths = [], [], [], []
+        for key, tree in trees.items():
+            features = plans[key].features
+            if features is None:
+                continue
+            path = path_probabilities(tree.parents, self.acceptance.predict(features))
+            owners += [key] * len(tree)
+            nodes.append(np.arange(len(tree)))
+            probs.append(path)
+            depths.append(tree.depth)
+        if not owners:
+            self._calibrated_s = self.cost.step_seconds(rows - 1 + fixed, 0)
+            seconds = self.speed * self._calibrated_s + self.overhead_s
+            return {key: (tree, Prediction(1.0, seconds)) for key, tree in trees.items()}
+        owners = np.asarray(owners)
+        nodes, probs, depths = (np.concatenate(x) for x in (nodes, probs, depths))
+        order = np.lexsort((nodes, -probs))  # best first; parents first (lower index, P at least the child's)
+        tokens = rows + np.concatenate([[0.0], np.cumsum(probs[order])])
+        deepest = np.concatenate([[0], np.maximum.accumulate(depths[order])])
+        counts = np.arange(len(order) + 1)
+        calibrated = self.cost.many(rows - 1 + fixed + counts, deepest)
+        seconds = self.speed * calibrated + self.overhead_s
+        best = int(np.argmax(tokens / np.maximum(seconds, 1e-12)))
+        self._calibrated_s = float(calibrated[best])
+        chosen = order[:best]
+        out = {}
+        for key, tree in trees.items():
+            plan = plans[key]
+            if plan.features is None:
+                out[key] = (tree, Prediction(1.0, float(seconds[best])))
+                continue
+            mine = chosen[owners[chosen] == key]
+            keep = np.sort(nodes[mine])
+            expected = 1.0 + float(probs[mine].sum())
+            if len(keep) < len(tree):
+                plan.built, plan.built_features = tree, plan.features
+                plan.features, tree = plan.features.take(keep), tree.subtree(keep)
+            out[key] = (tree, Prediction(expected, float(seconds[best])))
+        return out
+
+    def observe(self, forward_s: float, step_s: float) -> None:
+        """Learn the machine's speed at batch shapes and the step's overhead from one batch step."""
+        if self.learn_speed and self._calibrated_s > 0:
+            self.speed += EMA * (forward_s / self._calibrated_s - self.speed)
+        self.overhead_s += EMA * (max(step_s - forward_s, 0.0) - self.overhead_s)
+
+
+def batch_planner_of(planner) -> BatchPlanner:
+    """A batch planner with what `planner` (the decoder's `AdaptivePlanner`) has: its calibrated cost, its
+    cap, its acceptance counts (shared, so single requests and batches learn together) and settings."""
+    return BatchPlanner(planner.calibrated, planner.cap, planner.acceptance,
+                        matches_draws=planner.matches_draws, learn_speed=planner.learn_speed)

@@ -1,0 +1,113 @@
+"""One request in flight: its tokens, its drafter and planner, and what one step does for it.
+
+`SpeculativeDecoder` decodes a request alone, or several together (a batch): either way each request is a
+`RequestRow`, and a step is the same four moves for every row: `draft` (propose and build its tree),
+the backend scores the trees (alone, or every row's in one forward), `verify`, then `advance` (commit
+bookkeeping, the drafter's and planner's feedback, the stop checks). Only the scoring and the commit are
+shared between rows, so a row decodes exactly as its request would alone, given the same scores.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from specframe.contract.interfaces import BuildContext
+from specframe.plugging.pipeline import Pipeline
+from specframe.terms.metrics import DecodeMetrics, PhaseTimer
+from specframe.terms.proposal import DraftContext, DraftProposal
+from specframe.terms.records import Prediction, StepEvent, StepOutcome, TargetScores, VerifyResult
+from specframe.terms.sampling import Sampler, SamplingParams
+from specframe.terms.stopping import StopStrings
+from specframe.terms.target import Target
+from specframe.terms.tree import TokenTree
+
+
+class RequestRow:
+    """The decoding state of one request between steps (see the module docstring).
+
+    `drafter` is the pipeline's own for a request decoded alone, a `Drafter.spawn` of it for a row of a
+    batch; `planner` is the row's (`FixedPlanner` or `AdaptivePlanner`), already made."""
+
+    def __init__(self, target: Target, pipeline: Pipeline, drafter, planner, prompt_ids: list[int],
+                 max_new_tokens: int, stop: Sequence[str], sampling: SamplingParams, *, blind: bool,
+                 hook, phase_timing: bool = True):
+        self.target, self.pipeline, self.drafter, self.planner = target, pipeline, drafter, planner
+        self.prompt_ids, self.max_new_tokens = prompt_ids, max_new_tokens
+        self.sampler = Sampler(sampling, device=target.device)
+        self.stops = StopStrings(target.tokenizer, stop)
+        self.metrics = DecodeMetrics(prompt_tokens=len(prompt_ids), phase_timing=phase_timing)
+        self.hook = hook
+        self.tokens = np.array(prompt_ids, dtype=np.int64)
+        self.new: list[int] = []
+        self.hidden = None  # the target's feature at the last emitted token, for drafters that want it
+        self.reason: str | None = None  # why decoding ended: "eos", "stop", "length"; None while it runs
+        self._blind = blind
+        # What `draft` chose this step, for `verify` and `advance`
+        self._proposal = DraftProposal.empty()
+        self._tree = TokenTree.empty()
+        self._predicted: Prediction | None = None
+        self._drafting = self._skipped = False
+
+    def start(self) -> None:
+        """Before the request's prefill: a fresh drafter state and planner request."""
+        self.drafter.reset()
+        self.planner.start_request(blind=self._blind)
+
+    def draft(self, timer: PhaseTimer) -> TokenTree:
+        """Propose and build this step's tree (the empty tree when the planner skips drafting or no node
+        fits), timed as the "draft" and "tree" phases."""
+        planner = self.planner
+        room = min(self.max_new_tokens - len(self.new) - 1, self.target.max_context - len(self.tokens) - 1)
+        planner.start_step(len(self.tokens))
+        with timer("draft"):
+            self._drafting = room > 0 and planner.should_draft()
+            budget = planner.build_budget(room) if self._drafting else 0
+            context = DraftContext(self.tokens, len(self.prompt_ids), budget, self.hidden, self.sampler)
+            self._proposal = self.drafter.propose(context) if self._drafting else DraftProposal.empty()
+        with timer("tree"):
+            tree = (self.pipeline.tree_builder.build(self._proposal, BuildContext(budget, planner.cost))
+                    if len(self._proposal) else TokenTree.empty())
+            self._tree, self._predicted = planner.choose(self._proposal, tree)
+        self._skipped = room > 0 and not self._drafting  # the planner judged drafting not worth it
+        return self._tree
+
+    def keep(self, tree: TokenTree, predicted: Prediction) -> None:
+        """The planner of a batch cut this step's tree to `tree` (a subtree of it), predicting `predicted`."""
+        self._tree, self._predicted = tree, predicted
+
+    def verify(self, scores: TargetScores, timer: PhaseTimer) -> VerifyResult:
+        """What the target accepts of this step's tree, timed as the "verify" phase."""
+        with timer("verify"):
+            return self.pipeline.verifier.verify(self._tree, scores, self.sampler)
+
+    def advance(self, scores: TargetScores, result: VerifyResult, timer: PhaseTimer) -> None:
+        """After the backend committed `result`: emit its tokens (cut at EOS, a stop string or the length
+        limit, which end decoding), tell the drafter, the planner, the metrics and the observers."""
+        tree = self._tree
+        emitted = [int(t) for t in tree.tokens[result.path]] + [result.bonus]
+        last = result.path[-1] + 1 if result.path else 0
+        self.hidden = scores.hidden[last] if scores.hidden is not None else None
+        self.drafter.observe(StepOutcome(self._proposal, len(tree), emitted[:-1], result.bonus, self.hidden))
+        emitted, self.reason = self._cut(emitted)
+        self.new += emitted
+        self.tokens = np.concatenate([self.tokens, np.asarray(emitted, dtype=np.int64)])
+        times = timer.close()
+        self.planner.observe(tree, result, times)
+        self.metrics.record_step(len(tree), result.accepted, times, result.fallback, self._predicted,
+                                 self._skipped)
+        self.hook.on_step(event=StepEvent(self.metrics.steps, len(tree), result.accepted, emitted, times,
+                                          self._predicted, not self._skipped))
+
+    def _cut(self, emitted: list[int]) -> tuple[list[int], str | None]:
+        """`emitted` cut at EOS, a stop string or the length limit, and why decoding ends, if it does."""
+        for i, tok in enumerate(emitted):
+            if tok in self.target.eos_token_ids:
+                return emitted[: i + 1], "eos"
+        if len(self.new) + len(emitted) >= self.max_new_tokens:
+            return emitted[: self.max_new_tokens - len(self.new)], "length"
+        hit = self.stops.first_hit(self.new, emitted)
+        if hit is not None:
+            return emitted[: hit + 1], "stop"
+        return emitted, None
