@@ -25,7 +25,6 @@ from specframe.support.atomic_dirs import write_atomically
 from specframe.support.paths import check_writable_dir
 from specframe.support.progress import bar as progress_bar
 from specframe.support.prompt_suites import BenchPrompt, encode_turn
-from specframe.terms.budget import parse_budget
 from specframe.terms.errors import ConfigurationError
 from specframe.terms.metrics import now
 from specframe.terms.sampling import SamplingParams
@@ -105,12 +104,6 @@ def check_batch_run(suite: str | list[BenchPrompt], methods: list[str], sizes: l
     prompts, specs, _ = check_options(suite, methods, peers="none", limit=limit, repeats=repeats,
                                       max_new_tokens=max_new_tokens, budget=budget, keep=keep,
                                       sampling=sampling, registry=registry)
-    adaptive = [spec.label for spec in specs if parse_budget(spec.budget)[1]]
-    if adaptive:
-        raise ConfigurationError(
-            f"method(s) {', '.join(adaptive)} have budget 'auto' (from --budget or their preset), which "
-            "generate_batch cannot plan for a batch yet: give each a fixed budget ('pld@8') or pass "
-            "--budget 8")
     return prompts, specs, batch_peers(peers)
 
 

@@ -134,8 +134,6 @@ def test_batch_values_parse(text, sizes):
     (["--batch", "two"], "--batch takes a number of rows"),
     (["--batch", "1.5"], "--batch takes a number of rows"),
     (["--batch", "2,2"], "names a size twice"),
-    (["--batch", "2", "--methods", "pld"], "budget 'auto'"),
-    (["--batch", "1,2", "--methods", "pld@4,pld(min_ngram=1)"], "pld(min_ngram=1) have budget"),
     (["--batch", "2", "--methods", "pld@4", "--peers", "hf-generate,hf-pld"], "peer 'hf-pld' cannot decode"),
     (["--batch", "2", "--methods", "pld@4", "--peers", "none", "--temperature", "0.7"], "decode greedily"),
     (["--batch", "2", "--methods", "pld@4", "--peers", "none", "--shard", "0/2"], "--limit instead"),
