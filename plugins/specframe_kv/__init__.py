@@ -25,6 +25,9 @@ linears on the development CPU, 32 with torch's own): a larger tree is scored by
 several forwards of at most that many rows each, in order, each reading the rows before it from the
 cache. The limit is measured again when torch's thread count changes, as kernels depend on it.
 
+`batch()` gives `specframe_kv.rows.KVRows`: several sequences in one cache, scored in one forward per step,
+each row's logits what this backend gives it alone (bit for bit in bfloat16 with exact attention).
+
 The backend serves only the model families it has been shown to serve exactly (`VERIFIED_MODEL_TYPES`):
 a layer that keeps state outside its keys/values (RWKV's time mixing, xLSTM's matrix memory) is not
 rolled back by cropping, and a model without typed layers cannot say it has one. A refusal recommends
@@ -175,6 +178,13 @@ class KVCacheBackend(StateBackend):
     @property
     def committed_length(self) -> int:
         return self._committed
+
+    def batch(self):
+        """Rows sharing one cache, every step's trees scored in one forward, each row's logits those of
+        `score` alone (`specframe_kv.rows`, which says how they stay so across batch shapes)."""
+        from specframe_kv.rows import KVRows  # imports torch: not at registration
+
+        return KVRows(self)
 
     @inference_mode
     def prefill(self, ids: list[int]) -> None:

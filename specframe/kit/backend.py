@@ -14,6 +14,9 @@ a model name.
   `rows - 1` nodes cost.
 - `buffered_cache(config)` is a transformers `DynamicCache` whose attention layers append in place, so a
   step copies no cache.
+- `RaggedCache(config)` is a transformers cache for several sequences of different lengths scored in one
+  forward (a batch's rows), each in a slot of one buffer per layer; `BatchBackend` is the interface such a
+  batch implements (`StateBackend.batch`), re-exported here for backends that override it.
 - `exact_rows(model)` is how many rows one forward may take and still give each row exactly what a
   forward of that row alone would, on the CPU's exact attention (None where the model is not computed
   exactly anyway): the most rows a backend may score at once and keep greedy decoding identical.
@@ -25,12 +28,13 @@ Imports torch and transformers: import it inside the methods that build or run t
 plugin module's top.
 """
 
+from specframe.contract.interfaces import BatchBackend
 from specframe.decode.calibration import stored_cost, stored_min_rows
 from specframe.runtime.attention import exact_rows
 from specframe.runtime.devices import forward_min_rows, pads_by_measurement
-from specframe.runtime.kv_cache import buffered_cache
+from specframe.runtime.kv_cache import RaggedCache, buffered_cache
 from specframe.runtime.load import gguf_file
 from specframe.terms.cost import PaddedCost
 
-__all__ = ["PaddedCost", "buffered_cache", "exact_rows", "forward_min_rows", "gguf_file",
-           "pads_by_measurement", "stored_cost", "stored_min_rows"]
+__all__ = ["BatchBackend", "PaddedCost", "RaggedCache", "buffered_cache", "exact_rows", "forward_min_rows",
+           "gguf_file", "pads_by_measurement", "stored_cost", "stored_min_rows"]

@@ -35,10 +35,13 @@ too: `load_target` packs a bfloat16 CPU target's linears so that they are, for u
 measures that on the CPU it runs on, because where they are not packed (`SPECFRAME_CPU_LINEAR=torch`, or
 a CPU without native bfloat16) torch's own kernels decide, and they may keep fewer rows.
 
-Forwards of more than `EXACT_ROWS` query rows (prefills) go to torch's kernel: a prompt is read once,
-by the same call in plain and speculative decoding, so its keys and values are the same either way. So
-do batches of several sequences, which the decoders never score. A backend scores a larger tree in
-forwards of at most `exact_rows(model)` rows. `docs/explanation/metrics-and-costs.md` has what this costs.
+Forwards of more than `EXACT_ROWS` query rows per sequence (prefills) go to torch's kernel: a prompt is
+read once, by the same call in plain and speculative decoding, so its keys and values are the same either
+way. A forward of several sequences (a batch of rows scored together, each with its own slice of a 4D
+mask) computes each sequence as a forward of that sequence alone would, by the same float64 sums; the
+linears then see the rows of every sequence at once, so `exact_rows(model)` bounds the rows of all
+sequences together. A backend scores a larger tree, or a larger batch, in forwards of at most
+`exact_rows(model)` rows. `docs/explanation/metrics-and-costs.md` has what this costs.
 
 `load_target` switches CPU targets on `sdpa` to the one for their dtype (`SPECFRAME_CPU_ATTENTION=auto`,
 the default); `specframe_sdpa`, `specframe_exact` or `sdpa` (transformers' own) choose one for every dtype.
@@ -151,24 +154,32 @@ def exact_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
                             **kwargs) -> tuple[torch.Tensor, None]:
     """transformers' attention signature: (batch, heads, rows, dim) in, (batch, rows, heads, dim) out.
     `attention_mask` is additive (float, large negative where masked) or boolean (True = may attend),
-    of shape (batch, 1, rows, keys); None means causal (unless the module or `is_causal` says not)."""
+    of shape (batch or 1, 1, rows, keys); None means causal (unless the module or `is_causal` says not).
+    Each batch row (a sequence of a batch) is computed from its own queries, keys and mask slice alone."""
     batch, heads, rows, dim = query.shape
     kv_heads, length = key.shape[1], key.shape[2]
-    # Prefills, several sequences at once (the decoders score one), and what this does not compute.
-    if rows > EXACT_ROWS or batch != 1 or not _plain_scaled(kwargs, dropout) or heads % kv_heads:
+    # Prefills and what this does not compute.
+    if rows > EXACT_ROWS or not _plain_scaled(kwargs, dropout) or heads % kv_heads:
         return grouped_sdpa_forward(module, query, key, value, attention_mask, dropout=dropout,
                                     scaling=scaling, is_causal=is_causal, **kwargs)
     groups = heads // kv_heads
     scale = dim ** -0.5 if scaling is None else scaling
-    # Query head h reads key/value head h // groups: stack each head's group of queries into one matrix.
-    grouped = query.reshape(kv_heads, groups * rows, dim).to(ACCUMULATE).mul_(scale)
-    keys = key.reshape(kv_heads, length, dim).to(ACCUMULATE).transpose(1, 2)
+    # Query head h reads key/value head h // groups: stack each head's group of queries into one matrix,
+    # one matrix per (batch row, key/value head).
+    grouped = query.reshape(batch * kv_heads, groups * rows, dim).to(ACCUMULATE).mul_(scale)
+    keys = key.to(ACCUMULATE).reshape(batch * kv_heads, length, dim).transpose(1, 2)
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
-    bias = _bias(attention_mask, rows, length, groups, causal)
+    bias = _bias(attention_mask, rows, length, groups, causal)  # (groups * rows, keys) or per batch row
     # Products of bfloat16 (or float32) numbers summed in float64: the order of the sum does not matter.
-    scores = torch.bmm(grouped, keys) if bias is None else torch.baddbmm(bias, grouped, keys)
+    if bias is None:
+        scores = torch.bmm(grouped, keys)
+    elif bias.dim() == 2:
+        scores = torch.baddbmm(bias, grouped, keys)
+    else:  # a mask per batch row: (batch, groups * rows, keys) added to each of its key/value heads
+        scores = torch.bmm(grouped, keys).view(batch, kv_heads, groups * rows, length).add_(bias[:, None])
+        scores = scores.view(batch * kv_heads, groups * rows, length)
     weights = torch.softmax(scores, -1)  # its sum over the keys: float64, so its order does not matter
-    out = torch.bmm(weights, value.reshape(kv_heads, length, dim).to(ACCUMULATE))
+    out = torch.bmm(weights, value.to(ACCUMULATE).reshape(batch * kv_heads, length, dim))
     out = out.to(query.dtype).reshape(batch, heads, rows, dim)
     return out.transpose(1, 2).contiguous(), None
 
@@ -180,18 +191,19 @@ _BIAS_CACHE: dict = {}
 
 def _bias(mask: torch.Tensor | None, rows: int, length: int, groups: int,
           causal: bool = True) -> torch.Tensor | None:
-    """The float64 bias (0 where allowed, -inf where masked) of every stacked query row, (groups * rows,
-    keys); None when every row sees every key. Made once per forward: every layer gets the same mask.
+    """The float64 bias (0 where allowed, -inf where masked) of every stacked query row: (groups * rows,
+    keys) for a mask of one batch row (or none), (batch, groups * rows, keys) for a mask with a slice per
+    batch row; None when every row sees every key. Made once per forward: every layer gets the same mask.
     Without a mask the rows are causal, as transformers' `sdpa` makes them, unless `causal` is False."""
     if mask is None and (rows == 1 or not causal):
         return None
     if mask is None:  # causal: row i sees the keys up to its own position, length - rows + i
         allowed = torch.ones(rows, length, dtype=torch.bool).tril(length - rows)
         return _bias_of(allowed, groups)
-    seen, key = _BIAS_CACHE.get("mask"), (rows, length, groups)
+    seen, key = _BIAS_CACHE.get("mask"), (tuple(mask.shape), rows, length, groups)
     if seen is not None and seen() is mask and _BIAS_CACHE["key"] == key:
         return _BIAS_CACHE["bias"]
-    rows_mask = mask[0, 0, :, :length]
+    rows_mask = mask[:, 0, :, :length] if mask.shape[0] > 1 else mask[0, 0, :, :length]
     allowed = rows_mask if rows_mask.dtype == torch.bool else rows_mask > torch.finfo(rows_mask.dtype).min / 2
     bias = _bias_of(allowed, groups)
     _BIAS_CACHE.update(mask=weakref.ref(mask), key=key, bias=bias)
@@ -199,8 +211,10 @@ def _bias(mask: torch.Tensor | None, rows: int, length: int, groups: int,
 
 
 def _bias_of(allowed: torch.Tensor, groups: int) -> torch.Tensor:
+    """(..., rows, keys) allowed -> (..., groups * rows, keys) bias, row g * rows + i that of row i."""
     bias = torch.zeros(allowed.shape, dtype=ACCUMULATE, device=allowed.device)
-    return bias.masked_fill_(~allowed, float("-inf")).repeat(groups, 1)
+    repeats = (1,) * (allowed.dim() - 2) + (groups, 1)
+    return bias.masked_fill_(~allowed, float("-inf")).repeat(*repeats)
 
 
 def _plain_scaled(extra: dict, dropout: float) -> bool:

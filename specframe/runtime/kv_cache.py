@@ -17,13 +17,19 @@ Anything that replaces `keys` or `values` with a tensor of its own (transformers
 batch selection, offloading) is noticed at the next append, which copies that tensor into a new buffer:
 the layer never writes into storage it no longer owns. The numbers are those of `DynamicLayer`: the same
 rows reach attention in the same order, only their storage differs.
+
+`RaggedCache` holds several sequences of different lengths for forwards that score them together (the
+`kv` backend's batch): one buffer per layer of (slots, kv_heads, columns, head_dim), each sequence in a
+slot, every forward writing each selected slot's new rows at that slot's own length.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import Cache, DynamicLayer
 
 MIN_ROOM = 256  # rows of spare room a buffer gets when it grows
 GROWTH = 1.5  # a grown buffer holds this many times the rows it must
@@ -91,3 +97,128 @@ def buffered_cache(config) -> DynamicCache:
     cache = DynamicCache(config=config)
     cache.layers = [BufferedLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
     return cache
+
+
+# --- several sequences of different lengths (`RaggedCache`) ------------------------------------------
+
+
+@dataclass
+class Selection:
+    """The sequences (slots) one forward computes and where their new rows go, set by
+    `RaggedCache.select` and read by every layer's `update`."""
+
+    write: tuple[torch.Tensor, torch.Tensor] | None = None  # (R, T) slot and cache column of each new row
+    read: slice | torch.Tensor | None = None  # the slots attention reads, in the forward's batch order
+    end: int = 0  # cache columns attention reads: the longest selected sequence after its new rows
+    slots: int = 0  # slots the buffers must hold
+
+
+class RaggedLayer(DynamicLayer):
+    """One attention layer's keys and values for several sequences of different lengths: buffers of
+    (slots, kv_heads, columns, head_dim) where slot b holds its sequence's rows in columns [0, len_b).
+
+    `update` writes a forward's T new rows of each selected slot at that slot's own start column (one
+    indexed write per buffer, whatever the number of slots) and returns the selected slots' columns
+    [0, end): views of the buffers when the slots are consecutive, else a copy of those slots. Columns
+    past a slot's own rows hold zeros or stale rows, finite either way, which the caller's mask hides.
+    Buffers grow as `BufferedLayer`'s do (by half, at least `MIN_ROOM` columns), and start zeroed so
+    that no uninitialised memory (a NaN would survive any mask) reaches attention.
+    """
+
+    def __init__(self, selection: Selection):
+        super().__init__()
+        self.selection = selection  # shared by every layer of the cache
+        self.key_buffer: torch.Tensor | None = None
+        self.value_buffer: torch.Tensor | None = None
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args,
+               **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        selected = self.selection
+        self.reserve(selected.slots, selected.end, key_states)
+        slots, columns = selected.write  # (R, T) each
+        self.key_buffer[slots, :, columns] = key_states.transpose(1, 2)  # (R, T, kv_heads, head_dim)
+        self.value_buffer[slots, :, columns] = value_states.transpose(1, 2)
+        self.keys, self.values = (_read(buffer, selected) for buffer in (self.key_buffer, self.value_buffer))
+        return self.keys, self.values
+
+    def reserve(self, slots: int, columns: int, like: torch.Tensor) -> None:
+        """Make the buffers hold at least `slots` slots of `columns` columns, keeping what they hold;
+        `like` (any tensor of shape (., kv_heads, ., head_dim)) gives their layout when they are new."""
+        if not self.is_initialized:
+            self.lazy_initialization(like, like)
+        have = (0, 0) if self.key_buffer is None else (self.key_buffer.shape[0], self.key_buffer.shape[2])
+        if slots <= have[0] and columns <= have[1]:
+            return
+        size = (max(slots, int(have[0] * GROWTH)) if slots > have[0] else have[0],
+                max(int(columns * GROWTH), columns + MIN_ROOM) if columns > have[1] else have[1])
+        shape = (size[0], like.shape[1], size[1], like.shape[-1])
+        for name in ("key_buffer", "value_buffer"):
+            old, new = getattr(self, name), like.new_zeros(shape)
+            if old is not None:
+                new[:have[0], :, :have[1]].copy_(old)
+            setattr(self, name, new)
+
+    def reset(self) -> None:
+        super().reset()
+        self.key_buffer = self.value_buffer = None
+
+
+def _read(buffer: torch.Tensor, selected: Selection) -> torch.Tensor:
+    """The selected slots' first `selected.end` columns of `buffer`: (R, kv_heads, end, head_dim)."""
+    if isinstance(selected.read, slice):
+        return buffer[selected.read, :, :selected.end]
+    return buffer[:, :, :selected.end].index_select(0, selected.read)
+
+
+class RaggedCache(Cache):
+    """A transformers cache for several sequences of different lengths in one forward (a batch of
+    speculative rows): each layer a `RaggedLayer`, every sequence in a slot. Before each forward,
+    `select` says which slots it computes, in which batch order, and at which column each slot's new
+    rows start; the caller passes the model a 4D mask that shows each query its own slot's rows only.
+    Models whose cache has layers other than plain attention (sliding windows, recurrent state) are
+    refused: their state is not rows of keys and values."""
+
+    def __init__(self, config):
+        layers = DynamicCache(config=config).layers
+        if any(type(layer) is not DynamicLayer for layer in layers):
+            kinds = sorted({type(layer).__name__ for layer in layers} - {"DynamicLayer"})
+            raise ValueError(f"a ragged cache holds plain attention layers only; this model's cache also has "
+                             f"{', '.join(kinds)}: score its sequences one at a time")
+        self.selection = Selection()
+        super().__init__(layers=[RaggedLayer(self.selection) for _ in layers])
+
+    def select(self, slots: list[int], starts: list[int], rows: int, device: torch.device | str) -> None:
+        """The next forward computes `rows` new rows for each slot of `slots` (its batch order), written
+        from column `starts[i]` of slot `slots[i]` on."""
+        index = torch.tensor(slots, device=device)  # (R,)
+        columns = torch.tensor(starts, device=device)[:, None] + torch.arange(rows, device=device)  # (R, T)
+        consecutive = slots == list(range(slots[0], slots[0] + len(slots)))
+        self.selection.write = (index[:, None].expand(-1, rows), columns)
+        self.selection.read = slice(slots[0], slots[0] + len(slots)) if consecutive else index
+        self.selection.end = max(starts) + rows
+        self.selection.slots = max(slots) + 1
+
+    def store(self, slot: int, source: Cache) -> None:
+        """Copy the rows of a single-sequence cache (batch 1, e.g. a prompt read alone) into `slot`."""
+        for layer, alone in zip(self.layers, source.layers):
+            length = alone.get_seq_length()
+            if length:
+                layer.reserve(slot + 1, length, alone.keys)
+                layer.key_buffer[slot, :, :length].copy_(alone.keys[0])
+                layer.value_buffer[slot, :, :length].copy_(alone.values[0])
+
+    def gather(self, slots: list[int], sources: list[int], targets: list[int], device) -> None:
+        """For each i, copy column `sources[i]` of slot `slots[i]` to its column `targets[i]`, in every
+        layer (a commit keeping an accepted branch); all sources are read before any target is written."""
+        slot, source, target = (torch.tensor(values, device=device) for values in (slots, sources, targets))
+        for layer in self.layers:
+            if layer.key_buffer is not None:
+                layer.key_buffer[slot, :, target] = layer.key_buffer[slot, :, source]  # (n, kv_heads, dim)
+                layer.value_buffer[slot, :, target] = layer.value_buffer[slot, :, source]
+
+    def move(self, source: int, target: int, columns: int) -> None:
+        """Copy slot `source`'s first `columns` columns into slot `target`, in every layer."""
+        for layer in self.layers:
+            if layer.key_buffer is not None and columns:
+                layer.key_buffer[target, :, :columns].copy_(layer.key_buffer[source, :, :columns])
+                layer.value_buffer[target, :, :columns].copy_(layer.value_buffer[source, :, :columns])

@@ -1,0 +1,223 @@
+"""`kv`'s batch (`KVCacheBackend.batch()`): several sequences (rows) scored in one forward, each as alone.
+
+All rows share one cache (`specframe.kit.backend.RaggedCache`): per layer a buffer of (slots, kv_heads,
+columns, head_dim) where a row's slot holds its committed keys and values in columns [0, length). Active
+rows fill slots 0..N-1: removing a row moves the last slot's row into the freed one (one copy of that
+row), so a step that scores every row reads the buffers as views, without gathering the rows.
+
+- `add(ids)` reads the prompt exactly as the single-row backend does (a batch-1 forward of `ids[:-1]`,
+  `KVCacheBackend.prefill` itself on a copy of the backend), so a row's prompt keys are the bits it
+  would have alone, then copies them into a free slot.
+- `score(trees)` runs one forward of shape (R, T) over the R rows given (rows left out idle and are not
+  computed): T is 1 + the largest of their trees, each row's input its pending root, its tree's tokens and
+  throwaway padding, at positions `length + depth`. A 4D additive mask (R, 1, T, K) shows each query its
+  own row's committed prefix, its tree ancestors and itself; padding queries see only themselves (no row
+  is wholly masked, so no NaN) and nobody sees them; columns past a row's own are masked. The forward
+  writes each row's T new keys at [length, length + T) of its slot; they stay there until `commit`
+  keeps the accepted ones, as in the single-row backend.
+- `commit(accepted)` moves each row's root and accepted nodes to [length, length + 1 + len(path)) with
+  one indexed copy per layer for all rows, and makes each bonus token pending.
+
+How rows stay exact across batch shapes. A row's logits must not depend on which other rows, or how
+many, share its forward. In bfloat16 on the CPU (`specframe_exact` attention and row-invariant packed
+linears, see `specframe.kit.backend.exact_rows`) every batch row's attention is computed from its own
+queries, keys and mask slice with float64 sums, and the linears give each of a product's rows the bits it
+gets alone for up to `exact_rows(model)` rows: the rows of all sequences of a forward together. So the
+rows are split into several forwards, each of whole rows, at most that many rows each (a row whose tree
+alone is larger is scored by itself in chunks of forwards, as the single-row backend scores it), and each
+row's logits are then the single-row backend's bit for bit (tests/plugins/kv/test_kv_rows.py checks it).
+In float32 (`specframe_sdpa`, torch's kernels) nothing is split: a row's logits differ from its single-row
+scores in the last bits (about 1e-6 on the tiny test models), as a tree's rows differ from plain steps.
+
+Padding (`KVCacheBackend.min_rows`): a CPU multiplies 1 or 2 rows more slowly than 4, so a forward of
+fewer than `min_rows` rows in all is padded, each row's T raised until R * T reaches `min_rows` (never past
+the exact-rows limit); a batch of `min_rows` rows or more is not padded. The single-row backend's
+`cache` option does not apply: the shared cache always appends in place.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from specframe import TargetScores, TokenTree
+from specframe.kit.backend import BatchBackend, RaggedCache
+from specframe.kit.inference import inference_mode
+
+
+@dataclass
+class _Row:
+    """Where a row stands: its slot in the shared cache, committed length and pending root."""
+
+    slot: int
+    length: int  # committed tokens, the pending root excluded
+    pending: int  # the root of its next tree
+    written: int = 0  # columns past `length` its latest scoring wrote (carried along when the row moves)
+
+
+class KVRows(BatchBackend):
+    """Rows of the `kv` backend sharing one cache and one forward per step (see the module docstring)."""
+
+    one_forward = True
+
+    def __init__(self, backend):
+        super().__init__(backend)
+        self.model, self.device = backend.model, backend.target.device
+        self.cache = RaggedCache(self.model.config)
+        self.rows: dict[int, _Row] = {}
+        self._next = 0
+        self._issued: dict[int, TargetScores] = {}  # what the latest `score` returned, until committed
+
+    # --- rows ------------------------------------------------------------------------------------
+
+    @inference_mode
+    def add(self, ids: list[int]) -> int:
+        alone = copy.copy(self.backend)
+        alone.prefill(ids)  # the single-row backend's own prompt forward: the same keys, bit for bit
+        row, self._next = self._next, self._next + 1
+        state = _Row(slot=len(self.rows), length=len(ids) - 1, pending=int(ids[-1]))
+        self.cache.store(state.slot, alone.cache)
+        self.rows[row] = state
+        return row
+
+    @inference_mode
+    def remove(self, row: int) -> None:
+        gone = self._row(row)
+        del self.rows[row]
+        self._issued.pop(row, None)
+        last = len(self.rows)  # the slot that empties: its row moves into the freed one
+        if gone.slot != last:
+            mover = next(state for state in self.rows.values() if state.slot == last)
+            self.cache.move(last, gone.slot, mover.length + mover.written)
+            mover.slot = gone.slot
+
+    def committed_length(self, row: int) -> int:
+        return self._row(row).length
+
+    def _row(self, row: int) -> _Row:
+        if row not in self.rows:
+            raise KeyError(f"backend '{self.backend.name}': row {row} is not in this batch (it was removed, "
+                           f"or never added); rows now: {sorted(self.rows)}")
+        return self.rows[row]
+
+    # --- scoring ---------------------------------------------------------------------------------
+
+    @inference_mode
+    def score(self, trees: Mapping[int, TokenTree]) -> dict[int, TargetScores]:
+        self._issued = {}  # a new score discards the previous uncommitted one
+        order = sorted(trees, key=lambda row: self._row(row).slot)  # consecutive slots read as views
+        scores: dict[int, TargetScores] = {}
+        for group in self._groups(order, trees):
+            scores.update(self._score_group(group, trees))
+        self._issued = {row: scores[row] for row in trees}
+        return dict(self._issued)
+
+    def _groups(self, order: list[int], trees: Mapping[int, TokenTree]) -> Iterator[list[int]]:
+        """`order` cut into runs of whole rows whose forward keeps to `max_rows` rows in all (each row
+        padded to the run's largest tree); a row whose tree alone exceeds it runs by itself."""
+        limit, group, width = self.backend.max_rows, [], 0
+        for row in order:
+            need = len(trees[row]) + 1
+            if group and limit and (len(group) + 1) * max(width, need) > limit:
+                yield group
+                group, width = [], 0
+            group.append(row)
+            width = max(width, need)
+        if group:
+            yield group
+
+    def _score_group(self, rows: list[int], trees: Mapping[int, TokenTree]) -> dict[int, TargetScores]:
+        """Scores of `rows` from one forward (or, for one row over the limit, several in order)."""
+        limit, count = self.backend.max_rows, len(rows)
+        pad_to = -(-self.backend.min_rows // count)  # see the module docstring
+        if limit:
+            pad_to = min(pad_to, max(limit // count, 1))
+        width = max(max(len(trees[row]) + 1 for row in rows), pad_to)
+        ids, positions, mask = self._inputs(rows, trees, width)
+        chunk = max(limit // count, 1) if limit else width
+        outs = [self._forward(rows, ids, positions, mask, start, min(start + chunk, width))
+                for start in range(0, width, chunk)]
+        logits = torch.cat([out[0] for out in outs], dim=1)  # (R, T, V)
+        hidden = torch.cat([out[1] for out in outs], dim=1) if self.backend.want_hidden else None  # (R, T, H)
+        scores = {}
+        for i, row in enumerate(rows):
+            self.rows[row].written = width
+            n = len(trees[row]) + 1
+            scores[row] = TargetScores(logits=logits[i, :n].float(), tree=trees[row],
+                                       hidden=None if hidden is None else hidden[i, :n])
+        return scores
+
+    def _inputs(self, rows: list[int], trees: Mapping[int, TokenTree],
+                width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Input ids and positions (R, T), and the additive mask (R, 1, T, longest + T) of `rows`."""
+        states = [self.rows[row] for row in rows]
+        longest = max(state.length for state in states)
+        ids = np.empty((len(rows), width), np.int64)
+        positions = np.empty((len(rows), width), np.int64)
+        allowed = np.zeros((len(rows), width, longest + width), bool)
+        for i, (state, tree) in enumerate(zip(states, (trees[row] for row in rows))):
+            n, start = len(tree) + 1, state.length
+            ids[i], ids[i, 1:n] = state.pending, tree.tokens
+            positions[i], positions[i, :n] = start, start + tree.position_offsets
+            allowed[i, :n, :start] = True  # the committed prefix
+            allowed[i, :n, start:start + n] = tree.ancestor_mask  # ancestors and itself
+            padding = np.arange(n, width)
+            allowed[i, padding, start + padding] = True  # a throwaway row sees itself alone
+        dtype = self.model.dtype
+        mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~torch.from_numpy(allowed),
+                                                                   torch.finfo(dtype).min)
+        return (torch.from_numpy(ids).to(self.device), torch.from_numpy(positions).to(self.device),
+                mask[:, None].to(self.device))
+
+    def _forward(self, rows: list[int], ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
+                 start: int, end: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One forward over columns `start:end` of every row's input, written to the rows' slots: logits
+        (R, end - start, V) and last hidden states when wanted."""
+        states = [self.rows[row] for row in rows]
+        self.cache.select([state.slot for state in states], [state.length + start for state in states],
+                          end - start, self.device)
+        keys = max(state.length for state in states) + end
+        out = self.model(input_ids=ids[:, start:end], position_ids=positions[:, start:end],
+                         attention_mask=mask[..., start:end, :keys], past_key_values=self.cache,
+                         use_cache=True, output_hidden_states=self.backend.want_hidden)
+        return out.logits, out.hidden_states[-1] if self.backend.want_hidden else None
+
+    # --- committing ------------------------------------------------------------------------------
+
+    @inference_mode
+    def commit(self, accepted: Mapping[int, tuple[TargetScores, list[int], int]]) -> None:
+        self._redeem(accepted)
+        slots, sources, targets = [], [], []
+        for row, (_, path, bonus) in accepted.items():
+            state = self.rows[row]
+            keep = [state.length] + [state.length + 1 + i for i in path]  # the root, then the path
+            target = list(range(state.length, state.length + len(keep)))
+            if keep != target:  # a branch other than the first chain
+                slots += [state.slot] * len(keep)
+                sources += keep
+                targets += target
+            state.length, state.pending, state.written = state.length + len(keep), int(bonus), 0
+        if slots:
+            self.cache.gather(slots, sources, targets, self.device)
+
+    def _redeem(self, accepted: Mapping[int, tuple[TargetScores, list[int], int]]) -> None:
+        """Raise `ValueError` unless `accepted` commits exactly the rows of the latest `score`, each
+        with the scores it returned for that row; then nothing is committable until the next `score`."""
+        name = self.backend.name
+        missing = sorted(set(self._issued) - set(accepted))
+        if missing:
+            raise ValueError(f"backend '{name}': rows {missing} were scored but are not in commit(); commit "
+                             "every row of the latest score() in one call (an empty path keeps the root "
+                             "alone)")
+        for row, (scored, _, _) in accepted.items():
+            if scored is None or self._issued.get(row) is not scored:
+                raise ValueError(
+                    f"backend '{name}': commit() was given scores for row {row} other than those of the "
+                    "latest score() (a newer score() replaced them, they were committed already, the row "
+                    "was not scored, or they come from another backend); commit exactly what the latest "
+                    "score() returned")
+        self._issued = {}
