@@ -19,8 +19,8 @@ if TYPE_CHECKING:
     from specframe.contract.extensions import CliOption, ModelRecipe, Preset
     from specframe.contract.hookspecs import hookimpl
     from specframe.contract.interfaces import (
-        BackendCapabilities, BuildContext, Drafter, DrafterCapabilities, StateBackend, TreeBuilder,
-        TreeBuilderCapabilities, Verifier, VerifierCapabilities,
+        BackendCapabilities, BatchBackend, BuildContext, Drafter, DrafterCapabilities, RowByRow, StateBackend,
+        TreeBuilder, TreeBuilderCapabilities, Verifier, VerifierCapabilities,
     )
     from specframe.terms.cost import CostModel, PolynomialCost
     from specframe.terms.kinds import ComponentKind
@@ -46,9 +46,9 @@ _EXPORTS = {
                                "UnknownComponentError", "UnsupportedModelError"),
     "specframe.contract.extensions": ("CliOption", "ModelRecipe", "Preset"),
     "specframe.contract.hookspecs": ("hookimpl",),
-    "specframe.contract.interfaces": ("BackendCapabilities", "BuildContext", "Drafter", "DrafterCapabilities",
-                             "StateBackend", "TreeBuilder", "TreeBuilderCapabilities", "Verifier",
-                             "VerifierCapabilities"),
+    "specframe.contract.interfaces": ("BackendCapabilities", "BatchBackend", "BuildContext", "Drafter",
+                                      "DrafterCapabilities", "RowByRow", "StateBackend", "TreeBuilder",
+                                      "TreeBuilderCapabilities", "Verifier", "VerifierCapabilities"),
     "specframe.terms.cost": ("CostModel", "PolynomialCost"),
     "specframe.terms.kinds": ("ComponentKind",),
     "specframe.terms.metrics": ("DecodeMetrics",),
@@ -79,12 +79,14 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
-    "assemble", "BackendCapabilities", "BuildContext", "CapabilityError", "CliOption", "ComponentKind",
+    "assemble", "BackendCapabilities", "BatchBackend", "BuildContext", "CapabilityError", "CliOption",
+    "ComponentKind",
     "ComponentSpec", "ConfigurationError", "CostModel", "DecodeMetrics", "DEFAULT_BUDGET", "DraftContext",
     "Drafter", "DrafterCapabilities", "DraftProposal", "DrawMethod", "DuplicateComponentError", "generate",
     "GenerationResult", "get_registry", "hookimpl", "load_target", "ModelLoadError", "ModelRecipe",
-    "Pipeline", "PluginRegistry", "PolynomialCost", "Preset", "PromptError", "Sampler", "SamplingParams",
-    "ScoreKind", "SpecframeError", "SpecframeWarning", "SpeculativeDecoder", "StateBackend", "StepEvent",
+    "Pipeline", "PluginRegistry", "PolynomialCost", "Preset", "PromptError", "RowByRow", "Sampler",
+    "SamplingParams", "ScoreKind", "SpecframeError", "SpecframeWarning", "SpeculativeDecoder", "StateBackend",
+    "StepEvent",
     "StepOutcome", "Target", "TargetScores", "TokenTree", "TreeBuilder", "TreeBuilderCapabilities",
     "UnknownComponentError", "UnsupportedModelError", "Verifier", "VerifierCapabilities", "VerifyResult",
 ]

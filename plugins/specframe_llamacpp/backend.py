@@ -83,6 +83,13 @@ class LlamaCppBackend(StateBackend):
     def committed_length(self) -> int:
         return self._committed
 
+    def batch(self):
+        """Refused: one llama.cpp context holds one sequence's cache here, so the default row-by-row copies
+        would share it. (llama.cpp could hold several sequences in one context; not built yet.)"""
+        raise ConfigurationError(
+            "backend 'llamacpp' decodes one request at a time: call generate for each prompt, or decode the "
+            "batch with --backend kv, whose batches score every row in one forward")
+
     def prefill(self, ids: list[int]) -> None:
         import torch
 

@@ -163,9 +163,9 @@ class SpeculativeDecoder:
         pipeline, hook = self.pipeline, self.registry.hook
         sync = synchronizer(self.target.device)
         phase_sync = sync if self.phase_timing else None
+        batch = pipeline.backend.batch()  # first: a backend that cannot batch refuses before any work
         planner = self._planner()
         batch_planner = batch_planner_of(planner) if self.adaptive else None
-        batch = pipeline.backend.batch()
         waiting = deque(range(len(requests)))
         active: dict[int, tuple[int, RequestRow, float]] = {}  # backend row -> (request, its row, its start)
         results: list[GenerationResult | None] = [None] * len(requests)

@@ -198,3 +198,18 @@ class BackendConformance(_Conformance):
         tree = "first-n" if self.cls.capabilities.supports_trees else "chain"
         decoder = self.decoder(target, drafter="pld(matches=3)", tree=tree)
         checks.check_lossless(decoder, prompts, self.max_new_tokens, f"backend '{self.cls.name}' + {tree}")
+
+    def test_rows_of_a_batch_decode_as_plain_greedy_alone(self, target, prompts):
+        """`StateBackend.batch` (the backend's own, or the row-by-row default): each row of a batch of
+        prompts of different lengths, rows leaving and joining, equals plain greedy decoding alone."""
+        tree = "first-n" if self.cls.capabilities.supports_trees else "chain"
+        prompts = [*prompts, list(prompts[0][:25]), list(prompts[1][5:])]
+        for size in (len(prompts), 2):
+            decoder = self.decoder(target, drafter="pld(matches=3)", tree=tree)
+            rows = decoder.generate_batch([list(p) for p in prompts], self.max_new_tokens, batch_size=size)
+            for i, (prompt, row) in enumerate(zip(prompts, rows)):
+                expected = checks.reference_greedy(target, prompt, self.max_new_tokens)
+                assert row.tokens == expected, (
+                    f"backend '{self.cls.name}' batch ({type(decoder.pipeline.backend.batch()).__name__}, "
+                    f"{size} rows at a time): row {i} differs from plain greedy decoding of its prompt alone")
+

@@ -249,3 +249,9 @@ def test_padded_forwards_give_the_same_rows_and_state(target, prompt, tree):
         backend.prefill(prompt)
         backend.commit(backend.score(tree), [1] if len(tree) else [], 7)
     assert torch.equal(padded.score(tree).logits, unpadded.score(tree).logits)
+
+
+def test_a_batch_is_refused_before_any_work_with_what_to_do(target, prompt):
+    decoder = specframe.SpeculativeDecoder.from_names(target, "pld", "chain", "greedy", "llamacpp", budget=4)
+    with pytest.raises(specframe.ConfigurationError, match="one request at a time.*--backend kv"):
+        decoder.generate_batch([prompt, prompt[:5]], max_new_tokens=4)
