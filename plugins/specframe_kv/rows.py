@@ -7,7 +7,8 @@ row), so a step that scores every row reads the buffers as views, without gather
 
 - `add(ids)` reads the prompt exactly as the single-row backend does (a batch-1 forward of `ids[:-1]`,
   `KVCacheBackend.prefill` itself on a copy of the backend), so a row's prompt keys are the bits it
-  would have alone, then copies them into a free slot.
+  would have alone, then copies them into a free slot. A row with the same prompt as the row added just
+  before it (the samples of best-of-n) copies that prompt's keys instead of reading it again.
 - `score(trees)` runs one forward of shape (R, T) over the R rows given (rows left out idle and are not
   computed): T is 1 + the largest of their trees, each row's input its pending root, its tree's tokens and
   throwaway padding, at positions `length + depth`. A 4D additive mask (R, 1, T, K) shows each query its
@@ -71,13 +72,18 @@ class KVRows(BatchBackend):
         self.rows: dict[int, _Row] = {}
         self._next = 0
         self._issued: dict[int, TargetScores] = {}  # what the latest `score` returned, until committed
+        self._prompt: tuple[list[int], object] | None = None  # the latest prompt read, and its backend
 
     # --- rows ------------------------------------------------------------------------------------
 
     @inference_mode
     def add(self, ids: list[int]) -> int:
-        alone = copy.copy(self.backend)
-        alone.prefill(ids)  # the single-row backend's own prompt forward: the same keys, bit for bit
+        if self._prompt is not None and self._prompt[0] == list(ids):
+            alone = self._prompt[1]  # rows of one prompt (best-of-n samples) read it once
+        else:
+            alone = copy.copy(self.backend)
+            alone.prefill(ids)  # the single-row backend's own prompt forward: the same keys, bit for bit
+            self._prompt = (list(ids), alone)
         row, self._next = self._next, self._next + 1
         state = _Row(slot=len(self.rows), length=len(ids) - 1, pending=int(ids[-1]))
         self.cache.store(state.slot, alone.cache)

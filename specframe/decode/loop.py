@@ -128,8 +128,8 @@ class SpeculativeDecoder:
 
     def generate_batch(self, prompts: Sequence[str | Sequence[int]],
                        max_new_tokens: int | Sequence[int] = 128, stop: str | Sequence[str] = (), *,
-                       seeds: Sequence[int | None] | None = None,
-                       batch_size: int | None = None) -> list[GenerationResult]:
+                       seeds: Sequence[int | None] | None = None, batch_size: int | None = None,
+                       logprobs: bool = False) -> list[GenerationResult]:
         """Decode several prompts together, each to its own end (EOS, a stop string, `max_new_tokens`):
         every step drafts and builds a tree for each row, scores all the trees together (in one forward
         where the backend batches: `StateBackend.batch`), then verifies and commits each row on its own.
@@ -139,7 +139,8 @@ class SpeculativeDecoder:
         `seeds[i]` is prompt i's sampling seed (None keeps `sampling.seed`): a row samples from its own
         generator, so its draws do not depend on what else is in the batch. `batch_size` caps the rows
         decoded at once: when a row ends, the next waiting prompt takes its place (continuous batching);
-        None decodes all prompts at once. A result's `wall_s` runs from its row's start to its end."""
+        None decodes all prompts at once. A result's `wall_s` runs from its row's start to its end.
+        `logprobs` fills each result's `logprob` (the target's log-probability of its tokens)."""
         if isinstance(prompts, str) or not len(prompts):
             raise PromptError("generate_batch takes a non-empty list of prompts (texts or token id lists); "
                               "for one prompt call generate")
@@ -154,10 +155,27 @@ class SpeculativeDecoder:
                                      "limit, or one per prompt")
         requests = [(*self._checked(prompt, limit, stop), limit) for prompt, limit in zip(prompts, limits)]
         samplings = [self._sampling(seed) for seed in seeds]
-        return self._decode_batch(requests, samplings, batch_size or len(prompts))
+        return self._decode_batch(requests, samplings, batch_size or len(prompts), logprobs)
+
+    def best_of(self, prompt: str | Sequence[int], n: int, max_new_tokens: int = 128,
+                stop: str | Sequence[str] = (), *, seed: int | None = None) -> list[GenerationResult]:
+        """`n` samples of `prompt` decoded as one batch whose rows share the prompt (the `kv` backend reads
+        it once), best first: by the mean log-probability the target gives a sample's tokens
+        (`GenerationResult.logprob` over its length). Sample i draws with seed `seed + i` (default: the
+        sampling's seed, else 0), so each sample is what `generate(prompt, seed=seed + i)` gives."""
+        if self.sampling.greedy:
+            raise ConfigurationError("best_of draws n samples, and greedy decoding gives one answer n times: "
+                                     "set sampling=SamplingParams(temperature=...) above 0")
+        if n < 1:
+            raise ConfigurationError(f"best_of needs n >= 1 samples, got {n}")
+        first = seed if seed is not None else (self.sampling.seed or 0)
+        samples = self.generate_batch([prompt] * n, max_new_tokens, stop, seeds=[first + i for i in range(n)],
+                                      logprobs=True)
+        return sorted(samples, key=lambda r: -r.logprob / max(len(r.tokens), 1))
 
     def _decode_batch(self, requests: Sequence[tuple[list[int], tuple[str, ...], int]],
-                      samplings: Sequence[SamplingParams], size: int) -> list[GenerationResult]:
+                      samplings: Sequence[SamplingParams], size: int,
+                      logprobs: bool = False) -> list[GenerationResult]:
         """Decode `requests` (prompt ids, stop strings, max_new_tokens) at most `size` at a time; their
         results in order."""
         pipeline, hook = self.pipeline, self.registry.hook
@@ -175,7 +193,8 @@ class SpeculativeDecoder:
                 index = waiting.popleft()
                 prompt_ids, stop, limit = requests[index]
                 plan = batch_planner.row() if batch_planner else copy.copy(planner)
-                row = self.make_row(pipeline.drafter.spawn(), plan, prompt_ids, limit, stop, samplings[index])
+                row = self.make_row(pipeline.drafter.spawn(), plan, prompt_ids, limit, stop, samplings[index],
+                                    logprobs)
                 hook.on_decode_start(prompt_ids=prompt_ids)
                 row.start()
                 start = now()
@@ -225,18 +244,18 @@ class SpeculativeDecoder:
         return sampling
 
     def make_row(self, drafter, planner, prompt_ids: list[int], max_new_tokens: int, stop: Sequence[str],
-                 sampling: SamplingParams) -> RequestRow:
+                 sampling: SamplingParams, logprobs: bool = False) -> RequestRow:
         """A request's decoding state, drafted by `drafter` and planned by `planner`."""
         return RequestRow(self.target, self.pipeline, drafter, planner, prompt_ids, max_new_tokens, stop,
                           sampling, blind=plans_blind(self.pipeline, sampling), hook=self.registry.hook,
-                          phase_timing=self.phase_timing)
+                          phase_timing=self.phase_timing, logprobs=logprobs)
 
     def finish_row(self, row: RequestRow) -> GenerationResult:
         """The result of a row that ended; its drafter learns the response (not timed: the request is
         over)."""
         tokenizer = self.target.tokenizer
         text = tokenizer.decode(row.new, skip_special_tokens=True) if tokenizer is not None else None
-        result = GenerationResult(row.new, text, row.reason, row.metrics)
+        result = GenerationResult(row.new, text, row.reason, row.metrics, row.logprob)
         row.drafter.finish(row.prompt_ids, result.tokens)
         return result
 

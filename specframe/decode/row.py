@@ -32,7 +32,7 @@ class RequestRow:
 
     def __init__(self, target: Target, pipeline: Pipeline, drafter, planner, prompt_ids: list[int],
                  max_new_tokens: int, stop: Sequence[str], sampling: SamplingParams, *, blind: bool,
-                 hook, phase_timing: bool = True):
+                 hook, phase_timing: bool = True, logprobs: bool = False):
         self.target, self.pipeline, self.drafter, self.planner = target, pipeline, drafter, planner
         self.prompt_ids, self.max_new_tokens = prompt_ids, max_new_tokens
         self.sampler = Sampler(sampling, device=target.device)
@@ -43,6 +43,7 @@ class RequestRow:
         self.new: list[int] = []
         self.hidden = None  # the target's feature at the last emitted token, for drafters that want it
         self.reason: str | None = None  # why decoding ended: "eos", "stop", "length"; None while it runs
+        self.logprob = 0.0 if logprobs else None  # the target's log-probability of `new`, when wanted
         self._blind = blind
         # What `draft` chose this step, for `verify` and `advance`
         self._proposal = DraftProposal.empty()
@@ -91,6 +92,8 @@ class RequestRow:
         self.hidden = scores.hidden[last] if scores.hidden is not None else None
         self.drafter.observe(StepOutcome(self._proposal, len(tree), emitted[:-1], result.bonus, self.hidden))
         emitted, self.reason = self._cut(emitted)
+        if self.logprob is not None:
+            self.logprob += _logprob(scores.logits, [0, *(i + 1 for i in result.path)], emitted)
         self.new += emitted
         self.tokens = np.concatenate([self.tokens, np.asarray(emitted, dtype=np.int64)])
         times = timer.close()
@@ -111,3 +114,12 @@ class RequestRow:
         if hit is not None:
             return emitted[: hit + 1], "stop"
         return emitted, None
+
+
+def _logprob(logits, rows: list[int], tokens: list[int]) -> float:
+    """The sum of log softmax(logits[rows[i]])[tokens[i]]: token i was emitted after row i's token."""
+    import torch
+
+    rows = rows[: len(tokens)]
+    picked = torch.log_softmax(logits[rows].double(), dim=-1)[torch.arange(len(rows)), tokens]
+    return float(picked.sum())

@@ -15,3 +15,6 @@ class GenerationResult:
     text: str | None
     finish_reason: str  # "length", "eos" or "stop"
     metrics: DecodeMetrics = field(default_factory=DecodeMetrics)
+    # The sum of the target's log-probabilities (its raw logits, before temperature or top-k/top-p) of the
+    # new tokens, when asked for (`generate_batch(..., logprobs=True)`, `best_of`); None otherwise.
+    logprob: float | None = None

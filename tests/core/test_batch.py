@@ -10,6 +10,7 @@ backend's own batch and for the row-by-row default.
 from __future__ import annotations
 
 import pytest
+import torch
 from lossless_mutants import ByScoreChain
 
 from specframe import (
@@ -22,7 +23,7 @@ from specframe.testing import checks
 from specframe.testing.exact import (
     P_CATCH, P_PASS, LogitTable, TableBackend, decoder_counts, exact_law, law_test,
 )
-from specframe.testing.targets import reference_greedy, repetitive_prompt, tiny_target
+from specframe.testing.targets import reference_greedy, reference_logits, repetitive_prompt, tiny_target
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # fixture in conftest.py
 
@@ -210,3 +211,26 @@ def test_the_batch_planner_keeps_nodes_only_where_they_pay(target, prompts, coef
     nodes = sum(sum(r.metrics.tree_sizes) for r in rows)
     assert (nodes > 0) is kept
     assert [r.tokens for r in rows] == [reference_greedy(target, p, 24) for p in prompts]
+
+
+def test_best_of_n_samples_are_the_requests_alone_ranked_by_mean_log_probability(target, prompts):
+    hot = SamplingParams(temperature=1.0, seed=5)
+    decoder = checks.make_decoder(target, "pld", "chain", "sample-match", "kv", budget=4, sampling=hot)
+    samples = decoder.best_of(prompts[1], 6, max_new_tokens=16)
+    means = [s.logprob / len(s.tokens) for s in samples]
+    assert means == sorted(means, reverse=True)
+    alone = [decoder.generate(prompts[1], max_new_tokens=16, seed=5 + i) for i in range(6)]
+    assert sorted(map(tuple, (s.tokens for s in samples))) == sorted(map(tuple, (a.tokens for a in alone)))
+    # the log-probability is the target's, token by token, under its raw logits
+    best = samples[0]
+    ids = list(prompts[1]) + best.tokens
+    logits = reference_logits(target, ids)  # (len(ids), V): row i predicts token i + 1
+    expected = sum(torch.log_softmax(logits[len(prompts[1]) - 1 + i].double(), -1)[tok].item()
+                   for i, tok in enumerate(best.tokens))
+    assert best.logprob == pytest.approx(expected, abs=1e-3)
+
+
+def test_best_of_refuses_greedy_decoding_with_what_to_do(target, prompts):
+    decoder = checks.make_decoder(target, "pld", "chain", "greedy", "kv", budget=4)
+    with pytest.raises(ConfigurationError, match="temperature"):
+        decoder.best_of(prompts[0], 3)
