@@ -27,6 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PLAN = ROOT / "benchmarks" / "plan.toml"
 RECORDS = ROOT / "results" / "records"
+BATCH_RESULTS = "batch_results.json"  # what `specframe bench --batch` writes once its sweep is complete
 PACKAGES = ("specframe", "torch", "transformers")
 
 
@@ -57,7 +58,7 @@ def run_plan(plan: dict, records: Path, only: list[str] | None) -> None:
     for i, (name, run) in enumerate(runs.items(), 1):
         out = records / name
         print(f"[{i}/{len(runs)}] {name}: {run['about']}", flush=True)
-        if (out / "results.json").exists():
+        if (out / "results.json").exists() or (out / BATCH_RESULTS).exists():
             print(f"    complete in {out}; delete that folder to measure it again", flush=True)
             continue
         if run.get("gpu") and not torch.cuda.is_available():
@@ -106,6 +107,16 @@ def load_run(folder: Path) -> dict | None:
     methods = [{"label": label, "baseline": baseline_of(label)} for label in labels]
     return {"settings": settings, "methods": methods, "categories": {"overall": table}, "records": records,
             "mismatches": None, "machine": extra}
+
+
+def load_batch_run(folder: Path) -> dict | None:
+    """A `specframe bench --batch` output folder as {settings, methods, batches, mismatches, machine};
+    None until its sweep has written `batch_results.json` (`make results` resumes a stopped one)."""
+    if not (folder / BATCH_RESULTS).exists():
+        return None
+    about = folder / "machine.json"
+    run = json.loads((folder / BATCH_RESULTS).read_text("utf-8"))
+    return {**run, "machine": json.loads(about.read_text("utf-8")) if about.exists() else {}}
 
 
 def overall(run: dict) -> dict:
@@ -169,16 +180,18 @@ def rows_of(run: dict, patterns: list[str] | None) -> dict:
     return {m: s for m, s in table.items() if any(fnmatch.fnmatchcase(m, p) for p in patterns)}
 
 
-def provenance(run: dict) -> list[str]:
-    """The lines under a table: machine and versions, settings, command."""
+def provenance(run: dict, setting: str | None = None) -> list[str]:
+    """The lines under a table: machine and versions, settings (`setting`, else a one-request run's),
+    command."""
     s, extra = run["settings"], run.get("machine", {})
     versions = ", ".join(f"{k} {v}" for k, v in extra.get("versions", {}).items()) or "versions not recorded"
     timing = ("fastest of the repeats" if s.get("keep") == "fastest"
               else "one timed run per turn" if s.get("repeats") == 1 else "mean over repeats")
-    setting = (f"{s.get('model')}, {s.get('suite')}, {s.get('limit') or 'all'} per category, "
-               f"{s.get('max_new_tokens')} new tokens, {s.get('dtype') or 'float32'}, "
-               f"{s.get('device') or 'cpu'}, {s.get('threads')} thread(s), {s.get('clock') or 'wall'} clock, "
-               f"{timing}")
+    setting = setting or (
+        f"{s.get('model')}, {s.get('suite')}, {s.get('limit') or 'all'} per category, "
+        f"{s.get('max_new_tokens')} new tokens, {s.get('dtype') or 'float32'}, "
+        f"{s.get('device') or 'cpu'}, {s.get('threads')} thread(s), {s.get('clock') or 'wall'} clock, "
+        f"{timing}")
     command = s.get("command") or extra.get("command") or "not recorded with these records"
     return [f"Machine: {extra.get('machine', 'not recorded with these records')}; {versions}.  ",
             f"Settings: {setting}.  ", f"Command: `{command}`"]
@@ -276,13 +289,70 @@ def lossless_table(runs: list[dict], spec: dict) -> list[str]:
     return markdown_table(head, rows)
 
 
+def batch_table(runs: list[dict], spec: dict) -> list[str]:
+    """One row per method and batch size B of a `--batch` sweep: throughput, both speedups (plain decoding
+    batched through the same backend, transformers' batched generate), tau and rows equal to plain's.
+    Without records: the table's head and a row saying so."""
+    run = runs[0]
+    head = ["method", "B", "tokens/s", "x plain batched", "x hf-generate", "tau", "identical rows"]
+    if run is None:
+        return markdown_table(head, [no_records(spec["runs"][0], head)]) + [
+            "", f"No records yet for {spec['runs'][0]}: run `make results`."]
+    labels = [m["label"] for m in run["methods"]]
+    patterns = spec.get("rows")
+    if patterns:
+        labels = [label for label in labels if any(fnmatch.fnmatchcase(label, p) for p in patterns)]
+    rows = []
+    for label in labels:
+        for size, table in run["batches"].items():
+            s = table.get(label)
+            if s is not None:
+                rows.append([f"`{label}`", size, num(s["tokens_per_s"]["mean"], 1),
+                             num((s["speedup_plain"] or {}).get("mean"), 2, "x"),
+                             num((s["speedup_hf"] or {}).get("mean"), 2, "x"), num(s["tau"]),
+                             identical_rows(s)])
+    return markdown_table(head, rows) + ["", *provenance(run, batch_setting(run)), "", batch_noise_line(run)]
+
+
+def identical_rows(stats: dict) -> str:
+    """How many of a method's rows equal plain batched decoding's, token for token ("-" for plain)."""
+    if stats.get("baseline") is None:
+        return "-"
+    compared = stats["rows_compared"]
+    return f"{compared - stats['rows_differing']} of {compared} rows"
+
+
+def batch_setting(run: dict) -> str:
+    """The settings line of a `--batch` sweep: its rows are every question's first turn."""
+    s = run["settings"]
+    timing = ("fastest of the repeats" if s.get("keep") == "fastest"
+              else "one timed call per method and B" if s.get("repeats") == 1 else "mean over repeats")
+    sizes = ", ".join(str(b) for b in s.get("batches") or run["batches"])
+    return (f"{s.get('model')}, {s.get('suite')}, first turns of {s.get('questions')} question(s) "
+            f"({s.get('limit') or 'all'} per category), {s.get('max_new_tokens')} new tokens, B = {sizes}, "
+            f"{s.get('dtype') or 'float32'}, {s.get('device') or 'cpu'}, {s.get('threads')} thread(s), "
+            f"{s.get('clock') or 'wall'} clock, {timing}")
+
+
+def batch_noise_line(run: dict) -> str:
+    """The largest spread of a throughput over its repeats; without repeats, the usual rule of thumb."""
+    spread = [s["tokens_per_s"]["std"] / s["tokens_per_s"]["mean"] for table in run["batches"].values()
+              for s in table.values() if s["repeats"] > 1 and s["tokens_per_s"]["mean"]]
+    if not spread:
+        return ("Noise floor: one timed call per method and B, so no spread was measured; read differences "
+                "under about 5 % as noise.")
+    return (f"Noise floor: a throughput's standard deviation over its repeats is at most "
+            f"{100 * max(spread):.0f} % of its mean.")
+
+
 KINDS = {"speed": speed_table, "categories": categories_table, "choice": choice_table,
-         "memory": memory_table, "lossless": lossless_table}
+         "memory": memory_table, "lossless": lossless_table, "batch": batch_table}
 
 
 def render_table(spec: dict, records: Path) -> list[str]:
-    runs = [load_run(records / name) for name in spec["runs"]]
-    if spec["kind"] != "choice" and all(r is None for r in runs):
+    load = load_batch_run if spec["kind"] == "batch" else load_run
+    runs = [load(records / name) for name in spec["runs"]]
+    if spec["kind"] not in ("choice", "batch") and all(r is None for r in runs):
         return [f"No records yet for {', '.join(spec['runs'])}: run `make results`."]
     if spec["kind"] in ("speed", "categories"):
         if runs[0] is None:

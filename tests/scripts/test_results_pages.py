@@ -59,3 +59,84 @@ def test_every_planned_table_has_its_markers_in_its_page():
         text = (ROOT / spec["page"]).read_text()
         for edge in ("begin", "end"):
             assert f"<!-- results:{edge} {spec['name']} -->" in text, spec["name"]
+
+
+def batch_stats(tps: float, plain: float, hf: float | None, tau: float, baseline: str | None,
+                differing: int = 0, repeats: int = 1, std: float = 0.0) -> dict:
+    """One (method, B) entry of `batch_results.json`, as `specframe.bench.batch_report.row_stats` makes it."""
+    return {"tokens_per_s": {"mean": tps, "std": std}, "latency_mean_s": 1.0, "latency_p90_s": 1.5,
+            "tau": tau, "speedup_plain": {"mean": plain, "std": 0.0},
+            "speedup_hf": None if hf is None else {"mean": hf, "std": 0.0}, "new_tokens": 64,
+            "repeats": repeats, "rows_differing": differing, "rows_compared": 0 if baseline is None else 4,
+            "baseline": baseline}
+
+
+@pytest.fixture
+def batch_records(tmp_path: Path) -> Path:
+    """A finished `specframe bench --batch 1,4` sweep: batch_results.json and machine.json."""
+    run = tmp_path / "batch-code-cpu"
+    run.mkdir()
+    settings = {"model": "m", "suite": "humaneval", "max_new_tokens": 16, "threads": 1, "device": "cpu",
+                "clock": "cpu", "dtype": "float32", "limit": 4, "questions": 4, "batches": [1, 4],
+                "repeats": 1, "keep": "all", "command": "specframe bench --suite humaneval --batch 1,4"}
+    methods = [{"label": "baseline", "baseline": None, "lossless": True, "kind": "PipelineBatches"},
+               {"label": "pld@auto", "baseline": "baseline", "lossless": True, "kind": "PipelineBatches"},
+               {"label": "hf-generate", "baseline": "baseline", "lossless": False,
+                "kind": "GeneratePeerBatches"}]
+    batches = {"1": {"baseline": batch_stats(30.0, 1.0, 0.9, 1.0, None),
+                     "pld@auto": batch_stats(45.0, 1.5, 1.35, 1.8, "baseline"),
+                     "hf-generate": batch_stats(33.0, 1.1, 1.0, 1.0, "baseline")},
+               "4": {"baseline": batch_stats(80.0, 1.0, 0.8, 1.0, None),
+                     "pld@auto": batch_stats(84.0, 1.05, 0.84, 1.4, "baseline"),
+                     "hf-generate": batch_stats(100.0, 1.25, 1.0, 1.0, "baseline", differing=1)}}
+    run.joinpath("batch_results.json").write_text(json.dumps(
+        {"settings": settings, "methods": methods, "batches": batches, "mismatches": [], "records": []}))
+    run.joinpath("machine.json").write_text(json.dumps({"machine": "a test CPU, 2 cores",
+                                                        "versions": {"torch": "2.0"}}))
+    return tmp_path
+
+
+def test_a_batch_sweep_is_rendered_by_method_and_batch_size(batch_records):
+    spec = {"name": "t", "page": "p.md", "kind": "batch", "runs": ["batch-code-cpu"]}
+    lines = results.render_table(spec, batch_records)
+    assert lines[0] == ("| method | B | tokens/s | x plain batched | x hf-generate | tau | identical rows |")
+    rows = [line for line in lines if line.startswith("| `")]
+    assert rows == ["| `baseline` | 1 | 30.0 | 1.00x | 0.90x | 1.00 | - |",
+                    "| `baseline` | 4 | 80.0 | 1.00x | 0.80x | 1.00 | - |",
+                    "| `pld@auto` | 1 | 45.0 | 1.50x | 1.35x | 1.80 | 4 of 4 rows |",
+                    "| `pld@auto` | 4 | 84.0 | 1.05x | 0.84x | 1.40 | 4 of 4 rows |",
+                    "| `hf-generate` | 1 | 33.0 | 1.10x | 1.00x | 1.00 | 4 of 4 rows |",
+                    "| `hf-generate` | 4 | 100.0 | 1.25x | 1.00x | 1.00 | 3 of 4 rows |"]
+    text = "\n".join(lines)
+    assert "Machine: a test CPU, 2 cores; torch 2.0." in text
+    assert "first turns of 4 question(s)" in text and "B = 1, 4" in text
+    assert "Command: `specframe bench --suite humaneval --batch 1,4`" in text
+    assert "Noise floor: one timed call per method and B" in text
+
+
+def test_a_batch_table_keeps_the_rows_asked_for_and_reports_the_spread_of_repeats(batch_records):
+    path = batch_records / "batch-code-cpu" / "batch_results.json"
+    run = json.loads(path.read_text())
+    run["batches"]["4"]["pld@auto"] = batch_stats(84.0, 1.05, 0.84, 1.4, "baseline", repeats=3, std=4.2)
+    path.write_text(json.dumps(run))
+    spec = {"name": "t", "page": "p.md", "kind": "batch", "runs": ["batch-code-cpu"], "rows": ["*@auto"]}
+    lines = results.render_table(spec, batch_records)
+    assert [line.split(" | ")[0] for line in lines if line.startswith("| `")] == ["| `pld@auto`"] * 2
+    assert "at most 5 % of its mean" in "\n".join(lines)
+
+
+def test_a_batch_table_without_records_keeps_its_head_and_says_so(tmp_path):
+    stopped = tmp_path / "batch-chat-cpu"  # a sweep stopped before its tables: records only
+    stopped.mkdir()
+    stopped.joinpath("batch_records.jsonl").write_text("")
+    spec = {"name": "t", "page": "p.md", "kind": "batch", "runs": ["batch-chat-cpu"]}
+    lines = results.render_table(spec, tmp_path)
+    assert lines[0].startswith("| method | B | tokens/s |")
+    assert lines[2].startswith("| batch-chat-cpu | no records |")
+    assert lines[-1] == "No records yet for batch-chat-cpu: run `make results`."
+
+
+def test_a_finished_batch_sweep_is_not_measured_again(batch_records, capsys):
+    plan = {"runs": {"batch-code-cpu": {"about": "a sweep", "gpu": False, "args": ["--batch", "1,4"]}}}
+    results.run_plan(plan, batch_records, None)  # would run `specframe bench` if it were not complete
+    assert "complete in" in capsys.readouterr().out
