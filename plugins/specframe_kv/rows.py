@@ -117,17 +117,24 @@ class KVRows(BatchBackend):
         self._issued = {}  # a new score discards the previous uncommitted one
         order = sorted(trees, key=lambda row: self._row(row).slot)  # consecutive slots read as views
         scores: dict[int, TargetScores] = {}
-        for group in self._groups(order, trees):
+        for group in self._groups(order, {row: len(tree) for row, tree in trees.items()}):
             scores.update(self._score_group(group, trees))
         self._issued = {row: scores[row] for row in trees}
         return dict(self._issued)
 
-    def _groups(self, order: list[int], trees: Mapping[int, TokenTree]) -> Iterator[list[int]]:
+    def forward_rows(self, sizes: Mapping[int, int]) -> list[int]:
+        """The query rows of each forward `score` runs for trees of `sizes[row]` nodes: every row of a
+        forward is padded to its largest tree (and small forwards to `min_rows`), which the batch planner
+        prices, so nodes that fill a row up to the widest cost nothing."""
+        order = sorted(sizes, key=lambda row: self._row(row).slot)
+        return [len(group) * self._width(group, sizes) for group in self._groups(order, sizes)]
+
+    def _groups(self, order: list[int], sizes: Mapping[int, int]) -> Iterator[list[int]]:
         """`order` cut into runs of whole rows whose forward keeps to `max_rows` rows in all (each row
         padded to the run's largest tree); a row whose tree alone exceeds it runs by itself."""
         limit, group, width = self.backend.max_rows, [], 0
         for row in order:
-            need = len(trees[row]) + 1
+            need = sizes[row] + 1
             if group and limit and (len(group) + 1) * max(width, need) > limit:
                 yield group
                 group, width = [], 0
@@ -139,10 +146,7 @@ class KVRows(BatchBackend):
     def _score_group(self, rows: list[int], trees: Mapping[int, TokenTree]) -> dict[int, TargetScores]:
         """Scores of `rows` from one forward (or, for one row over the limit, several in order)."""
         limit, count = self.backend.max_rows, len(rows)
-        pad_to = -(-self.backend.min_rows // count)  # see the module docstring
-        if limit:
-            pad_to = min(pad_to, max(limit // count, 1))
-        width = max(max(len(trees[row]) + 1 for row in rows), pad_to)
+        width = self._width(rows, {row: len(trees[row]) for row in rows})
         ids, positions, mask = self._inputs(rows, trees, width)
         chunk = max(limit // count, 1) if limit else width
         outs = [self._forward(rows, ids, positions, mask, start, min(start + chunk, width))
@@ -156,6 +160,14 @@ class KVRows(BatchBackend):
             scores[row] = TargetScores(logits=logits[i, :n].float(), tree=trees[row],
                                        hidden=None if hidden is None else hidden[i, :n])
         return scores
+
+    def _width(self, rows: list[int], sizes: Mapping[int, int]) -> int:
+        """Columns of one forward over `rows`: the largest tree and its root, or the `min_rows` padding."""
+        limit, count = self.backend.max_rows, len(rows)
+        pad_to = -(-self.backend.min_rows // count)  # see the module docstring
+        if limit:
+            pad_to = min(pad_to, max(limit // count, 1))
+        return max(max(sizes[row] + 1 for row in rows), pad_to)
 
     def _inputs(self, rows: list[int], trees: Mapping[int, TokenTree],
                 width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

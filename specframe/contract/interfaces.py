@@ -299,6 +299,13 @@ class BatchBackend(ABC):
         """Target logits at the root and every node of each row's tree (rows not in `trees` idle this
         step). Never changes a committed state; a new `score` discards the previous uncommitted one."""
 
+    def forward_rows(self, sizes: Mapping[int, int]) -> list[int]:
+        """The query rows of each forward one `score` runs for trees of `sizes[row]` nodes: what the
+        batch planner prices with the backend's single-sequence cost (a forward of n rows costs what a
+        tree of n - 1 nodes costs alone). Default: one forward per row, its root and nodes, as `RowByRow`
+        scores; a backend that packs rows into one forward says how (padding included)."""
+        return [n + 1 for n in sizes.values()]
+
     @abstractmethod
     def commit(self, accepted: Mapping[int, Commit]) -> None:
         """For each row in `accepted`: append the root and the nodes `path` of its scored tree, make

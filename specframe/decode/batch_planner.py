@@ -9,11 +9,13 @@ tokens per second. So a row whose drafts are unlikely keeps nothing (a plain ste
 in a long copied span keeps a deep chain, and as B grows each node must be likelier to pay: the rows
 already fill the forward's matrix products, and a node adds nearly a full row's cost.
 
-T is the backend's calibrated single-sequence cost read at R - 1 + k nodes (a forward's cost follows its
-query rows; attention over R contexts instead of one is learned as a speed factor from the realised
-forwards, with the step's overhead besides the forward). Acceptance is one `AcceptanceModel` for every
-row, as alone. Rows draft to the cap (drafting is per row and not sized first here) and sampled trees
-verified with their q (`plans_blind`) are kept whole, their size being the cap.
+T prices the forwards the batch runs for those trees (`BatchBackend.forward_rows`: `kv` pads every row of a
+forward to its widest tree, so nodes that fill a row up to the widest are free, and RowByRow runs one
+forward per row) with the backend's calibrated single-sequence cost: a forward of n query rows costs what
+a tree of n - 1 nodes costs alone, attention over R contexts instead of one being learned as a speed
+factor from the realised forwards, with the step's overhead besides the forward. Acceptance is one
+`AcceptanceModel` for every row, as alone. Rows draft to the cap (drafting is per row and not sized first
+here) and sampled trees verified with their q (`plans_blind`) are kept whole, their size being the cap.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import numpy as np
 from specframe.decode.acceptance import AcceptanceModel, NodeFeatures, matched_outcomes
 from specframe.decode.planner import EMA, CostAtContext
 from specframe.decode.selection import path_probabilities
+from specframe.contract.interfaces import BatchBackend
 from specframe.terms.cost import CostModel
 from specframe.terms.proposal import DraftProposal
 from specframe.terms.records import Prediction, VerifyResult
@@ -94,35 +97,29 @@ class BatchPlanner(CostAtContext):
     def row(self) -> RowPlan:
         return RowPlan(self)
 
-    def cut(self, trees: dict[int, TokenTree],
-            plans: dict[int, RowPlan]) -> dict[int, tuple[TokenTree, Prediction]]:
-        """Every row's kept subtree and its prediction (its expected tokens; the batch step's seconds)."""
+    def cut(self, trees: dict[int, TokenTree], plans: dict[int, RowPlan],
+            batch: BatchBackend) -> dict[int, tuple[TokenTree, Prediction]]:
+        """Every row's kept subtree and its prediction (its expected tokens; the batch step's seconds),
+        the forward priced as `batch` runs it (`BatchBackend.forward_rows`)."""
         if self.contexts:
             self.start_step(int(np.mean(self.contexts)))
             self.contexts.clear()
-        rows = len(trees)
-        fixed = sum(len(t) for key, t in trees.items() if plans[key].features is None)  # kept whole
-        owners, nodes, probs, depths = [], [], [], []
+        sizes = {key: len(tree) if plans[key].features is None else 0 for key, tree in trees.items()}
+        owners, nodes, probs = [], [], []
         for key, tree in trees.items():
-            features = plans[key].features
-            if features is None:
-                continue
-            path = path_probabilities(tree.parents, self.acceptance.predict(features))
-            owners += [key] * len(tree)
-            nodes.append(np.arange(len(tree)))
-            probs.append(path)
-            depths.append(tree.depth)
-        if not owners:
-            self._calibrated_s = self.cost.step_seconds(rows - 1 + fixed, 0)
-            seconds = self.speed * self._calibrated_s + self.overhead_s
-            return {key: (tree, Prediction(1.0, seconds)) for key, tree in trees.items()}
-        owners = np.asarray(owners)
-        nodes, probs, depths = (np.concatenate(x) for x in (nodes, probs, depths))
+            if plans[key].features is not None:
+                owners += [key] * len(tree)
+                nodes.append(np.arange(len(tree)))
+                probs.append(path_probabilities(tree.parents, self.acceptance.predict(plans[key].features)))
+        owners = np.asarray(owners, np.int64)
+        nodes, probs = (np.concatenate(x) if x else np.zeros(0) for x in (nodes, probs))
         order = np.lexsort((nodes, -probs))  # best first; parents first (lower index, P at least the child's)
-        tokens = rows + np.concatenate([[0.0], np.cumsum(probs[order])])
-        deepest = np.concatenate([[0], np.maximum.accumulate(depths[order])])
-        counts = np.arange(len(order) + 1)
-        calibrated = self.cost.many(rows - 1 + fixed + counts, deepest)
+        tokens = len(trees) + np.concatenate([[0.0], np.cumsum(probs[order])])
+        calibrated = np.empty(len(order) + 1)
+        for k in range(len(order) + 1):  # the k likeliest nodes kept, in the forwards `batch` would run
+            if k:
+                sizes[int(owners[order[k - 1]])] += 1
+            calibrated[k] = sum(self.cost.step_seconds(rows - 1, 1) for rows in batch.forward_rows(sizes))
         seconds = self.speed * calibrated + self.overhead_s
         best = int(np.argmax(tokens / np.maximum(seconds, 1e-12)))
         self._calibrated_s = float(calibrated[best])
@@ -134,12 +131,11 @@ class BatchPlanner(CostAtContext):
                 out[key] = (tree, Prediction(1.0, float(seconds[best])))
                 continue
             mine = chosen[owners[chosen] == key]
-            keep = np.sort(nodes[mine])
-            expected = 1.0 + float(probs[mine].sum())
+            keep = np.sort(nodes[mine]).astype(np.int64)
             if len(keep) < len(tree):
                 plan.built, plan.built_features = tree, plan.features
                 plan.features, tree = plan.features.take(keep), tree.subtree(keep)
-            out[key] = (tree, Prediction(expected, float(seconds[best])))
+            out[key] = (tree, Prediction(1.0 + float(probs[mine].sum()), float(seconds[best])))
         return out
 
     def observe(self, forward_s: float, step_s: float) -> None:

@@ -207,7 +207,8 @@ class SpeculativeDecoder:
             timers = {key: PhaseTimer(phase_sync) for key in active}
             trees = {key: row.draft(timers[key]) for key, (_, row, _) in active.items()}
             if batch_planner is not None:  # every row's tree sized together
-                cut = batch_planner.cut(trees, {key: row.planner for key, (_, row, _) in active.items()})
+                plans = {key: row.planner for key, (_, row, _) in active.items()}
+                cut = batch_planner.cut(trees, plans, batch)
                 for key, (tree, predicted) in cut.items():
                     active[key][1].keep(tree, predicted)
                     trees[key] = tree

@@ -9,6 +9,7 @@ backend's own batch and for the row-by-row default.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from lossless_mutants import ByScoreChain
@@ -17,8 +18,10 @@ from specframe import (
     ConfigurationError, Pipeline, PolynomialCost, PromptError, SamplingParams, SpeculativeDecoder,
 )
 from specframe.contract.interfaces import Drafter, RowByRow
+from specframe.decode.batch_planner import BatchPlanner
 from specframe.plugging.registry import get_registry
 from specframe.terms.proposal import DraftProposal
+from specframe.terms.tree import TokenTree
 from specframe.testing import checks
 from specframe.testing.exact import (
     P_CATCH, P_PASS, LogitTable, TableBackend, decoder_counts, exact_law, law_test,
@@ -234,3 +237,32 @@ def test_best_of_refuses_greedy_decoding_with_what_to_do(target, prompts):
     decoder = checks.make_decoder(target, "pld", "chain", "greedy", "kv", budget=4)
     with pytest.raises(ConfigurationError, match="temperature"):
         decoder.best_of(prompts[0], 3)
+
+
+class PaddedForward:
+    """Prices a step as `kv`'s batch runs it: one forward, every row padded to the widest tree."""
+
+    def forward_rows(self, sizes):
+        return [len(sizes) * (max(sizes.values()) + 1)]
+
+
+class ForwardPerRow:
+    """Prices a step as `RowByRow` runs it: one forward per row."""
+
+    def forward_rows(self, sizes):
+        return [n + 1 for n in sizes.values()]
+
+
+@pytest.mark.parametrize("batch,kept", [(PaddedForward(), {0: 3, 1: 3}), (ForwardPerRow(), {0: 3, 1: 0})])
+def test_the_batch_planner_prices_the_forwards_the_batch_runs(batch, kept):
+    """Row 0 holds a likely chain, row 1 an unlikely one. Where every row is padded to the widest tree,
+    row 1's nodes fill its padding and cost nothing, so they are kept; scored row by row they cost."""
+    planner = BatchPlanner(PolynomialCost((0.1, 1.0)), cap=3)  # a forward of n rows: 1 + 0.1 n
+    planner.acceptance.predict = lambda conditional: conditional  # features stand for their p here
+    trees, plans = {}, {}
+    for key, p in ((0, 0.95), (1, 0.1)):
+        trees[key] = TokenTree(np.arange(3, dtype=np.int64), np.arange(3, dtype=np.int64) - 1)
+        plans[key] = planner.row()
+        plans[key].features = np.full(3, p)
+    cut = planner.cut(trees, plans, batch)
+    assert {key: len(tree) for key, (tree, _) in cut.items()} == kept
