@@ -61,9 +61,9 @@ def bench_command(
                               "1,2,4,8,16 (a sweep in one process, with batch_speedup.png). 1 (the default) "
                               "decodes one request at a time, every turn. At B > 1 (or in a sweep) every "
                               "method and the plain baseline decode the FIRST TURN of every question, B rows "
-                              "at a time with continuous batching, greedily; methods need a fixed budget "
-                              "(NAME@N or --budget N); the only peer is hf-generate, B left-padded prompts "
-                              "per call. Writes batch_results.md and batch_records.jsonl."),
+                              "at a time with continuous batching, greedily; at auto every row's tree is "
+                              "sized together for the batch; the only peer is hf-generate, B left-padded "
+                              "prompts per call. Writes batch_results.md and batch_records.jsonl."),
     list_methods: bool = typer.Option(False, "--list-methods", help="Print the presets and exit."),
 ) -> None:
     """Benchmark speculative methods against plain decoding and transformers, Spec-Bench style."""

@@ -104,7 +104,7 @@ class Drafter(ABC):
 
         Default: a shallow copy. Right when `reset` and every per-request update assign new objects
         rather than change shared ones in place; a drafter that changes per-request state in place
-        overrides this (`specframe.testing.checks.check_spawned_drafters` tests it)."""
+        overrides this (`specframe.testing.check_batch_rows` tests it)."""
         return copy.copy(self)
 
     def finish(self, prompt: Sequence[int], response: Sequence[int]) -> None:

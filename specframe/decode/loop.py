@@ -77,9 +77,10 @@ class SpeculativeDecoder:
 
         `seed` replaces the sampling seed for this request only (e.g. one seed per sample of best-of-n);
         None keeps `sampling.seed`. Several prompts (a list of texts, or of id lists) go to
-        `generate_batch` and a list of results comes back."""
+        `generate_batch` and a list of results comes back (each row with `seed`, as if alone)."""
         if is_batch(prompt):
-            return self.generate_batch(prompt, max_new_tokens, stop, seeds=None if seed is None else [seed])
+            return self.generate_batch(prompt, max_new_tokens, stop,
+                                       seeds=None if seed is None else [seed] * len(prompt))
         prompt_ids, stop = self._checked(prompt, max_new_tokens, stop)
         sampling = self._sampling(seed)
         planner = self._planner()  # the first request may calibrate the cost: not part of its time
