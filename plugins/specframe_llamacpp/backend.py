@@ -51,6 +51,7 @@ class LlamaCppBackend(StateBackend):
                                          threads=torch.get_num_threads())
         self._committed = 0
         self._pending: int | None = None
+        self._scored = False  # whether the cache holds rows of a score not yet committed
 
     @classmethod
     def unsupported_reason(cls, target) -> str | None:
@@ -97,6 +98,7 @@ class LlamaCppBackend(StateBackend):
         self._check_room(len(ids), "the prompt")
         self.engine.clear()
         prefix = np.asarray(ids[:-1], dtype=np.int32)
+        self._scored = False
         self.engine.decode(prefix, np.arange(len(prefix), dtype=np.int32))
         self._committed, self._pending = len(prefix), int(ids[-1])
 
@@ -112,7 +114,9 @@ class LlamaCppBackend(StateBackend):
                 f"for {self.max_leaves}: pass --backend 'llamacpp(max_leaves={layout.paths})' or a smaller "
                 "budget")
         self._check_room(start + layout.rows, "this step")
-        self.engine.drop_from(start)  # the rows of an earlier, uncommitted score
+        if self._scored:
+            self.engine.drop_from(start)  # the rows of an earlier, uncommitted score
+        self._scored = True
         self.engine.share(layout.paths)
         tokens = np.concatenate([[self._pending], run.tokens]).astype(np.int32)
         logits = self.engine.decode(tokens, start + layout.offsets, layout.seq_ids, outputs=rows,
@@ -127,6 +131,7 @@ class LlamaCppBackend(StateBackend):
             self.engine.keep(seq, end)
         else:
             self.engine.compact(seq, start, end)
+        self._scored = False
         self._committed, self._pending = end, int(bonus)
 
     def _check_room(self, positions: int, what: str) -> None:

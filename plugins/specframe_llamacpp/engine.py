@@ -184,7 +184,8 @@ class LlamaEngine:
         """Run the rows `tokens` at `positions` into the cache, in sequences `seq_ids` (None: sequence 0),
         in calls of at most `rows` rows (default: as many as a call takes): the (outputs, V) logits of
         the first `outputs` rows."""
-        lib, out, rows = llama(), [], min(rows or self.rows, self.rows)
+        lib, rows = llama(), min(rows or self.rows, self.rows)
+        out = np.empty((outputs, self.vocab), np.float32)  # (outputs, V)
         for start in range(0, len(tokens), rows):
             end = min(start + rows, len(tokens))
             wanted = min(max(outputs - start, 0), end - start)
@@ -195,9 +196,15 @@ class LlamaEngine:
                 raise RuntimeError(f"llama_decode failed with code {code} on {end - start} rows at positions "
                                    f"{int(positions[start])}..{int(positions[end - 1])}")
             if wanted:
-                logits = lib.llama_get_logits(self.ctx)
-                out.append(np.ctypeslib.as_array(logits, shape=(wanted, self.vocab)).copy())
-        return np.concatenate(out) if out else np.zeros((0, self.vocab), np.float32)
+                out[start:start + wanted] = self.logits(wanted)
+        return out
+
+    def logits(self, rows: int) -> np.ndarray:
+        """The (rows, V) logits of the last `llama_decode`, as a numpy view of llama.cpp's buffer (valid
+        until the next call): one copy out of it, with no ctypes conversion per element or per row."""
+        address = ctypes.cast(llama().llama_get_logits(self.ctx), ctypes.c_void_p).value
+        buffer = (ctypes.c_float * (rows * self.vocab)).from_address(address)
+        return np.frombuffer(buffer, np.float32).reshape(rows, self.vocab)
 
     def clear(self) -> None:
         """Empty the cache (metadata only)."""
@@ -216,10 +223,17 @@ class LlamaEngine:
         self.shared = max(self.shared, paths)
 
     def keep(self, seq: int, end: int) -> None:
-        """Keep the cells of sequence `seq` before position `end`, in sequence 0 only, and free the rest."""
+        """Keep the cells of sequence `seq` before position `end`, in sequence 0 only, and free the rest.
+
+        The other sequences are removed one id at a time rather than with `llama_memory_seq_keep`, which
+        frees the same cells but updates every cell of the cache on the way (0.28 ms at 4096 cells, 1 % of
+        a SmolLM2 step, where removing one id takes 7 us). Only ids below `shared` are ever in use, so a
+        plain step (one sequence) removes nothing but its tail."""
         lib = llama()
         lib.llama_memory_seq_rm(self.memory, seq, end, -1)
-        lib.llama_memory_seq_keep(self.memory, seq)
+        for other in range(self.shared):
+            if other != seq:
+                lib.llama_memory_seq_rm(self.memory, other, -1, -1)
         if seq != 0:
             lib.llama_memory_seq_cp(self.memory, seq, 0, -1, -1)
             lib.llama_memory_seq_rm(self.memory, seq, -1, -1)

@@ -34,8 +34,14 @@ class TreeLayout:
         return len(self.offsets)
 
 
+ROOT_ONLY = TreeLayout(np.zeros(1, dtype=np.int64), [[0]], 1)  # a plain step's: the root in sequence 0
+ROOT_ONLY.offsets.setflags(write=False)
+
+
 def tree_layout(tree: TokenTree) -> TreeLayout:
     """The layout of the packed `tree` (root, then its nodes in order)."""
+    if len(tree) == 0:
+        return ROOT_ONLY
     parents = tree.packed_parents  # (R,)
     leaf = np.ones(len(parents), dtype=bool)
     leaf[parents[1:]] = False
