@@ -78,6 +78,7 @@ def load_run(folder: Path) -> dict | None:
 
     A run stopped before its tables has records.jsonl and settings.json only: its overall table is then
     computed here as `specframe bench` would, each method against the baseline of its own backend."""
+    from specframe.bench.llamacpp_peers import LLAMACPP_PEERS
     from specframe.bench.report import method_stats
 
     about = folder / "machine.json"
@@ -91,10 +92,15 @@ def load_run(folder: Path) -> dict | None:
     labels = list(dict.fromkeys(r["method"] for r in records))
     bases = [label for label in labels if label.startswith("baseline")]
 
+    def llama_peer(label: str) -> bool:
+        """llama.cpp's own decoding: measured against plain decoding through `llamacpp`, and not lossless
+        (its logits are not the backend's bit for bit), as bench records it."""
+        return label.split("(")[0] in LLAMACPP_PEERS
+
     def baseline_of(label: str) -> str | None:
         if label in bases:
             return None
-        backend = label.split("@")[0].rsplit("+", 1)[-1]
+        backend = "llamacpp" if llama_peer(label) else label.split("@")[0].rsplit("+", 1)[-1]
         return f"baseline[{backend}]" if f"baseline[{backend}]" in bases else bases[0]
 
     by_label = {label: [r for r in records if r["method"] == label] for label in labels}
@@ -104,7 +110,8 @@ def load_run(folder: Path) -> dict | None:
         keyed = None if base is None else {(r["qid"], r["turn"], r["repeat"]): r for r in by_label[base]}
         table[label] = {**method_stats(by_label[label], keyed), "mismatches": None}
     settings = json.loads((folder / "settings.json").read_text("utf-8"))
-    methods = [{"label": label, "baseline": baseline_of(label)} for label in labels]
+    methods = [{"label": label, "baseline": baseline_of(label), "lossless": not llama_peer(label)}
+               for label in labels]
     return {"settings": settings, "methods": methods, "categories": {"overall": table}, "records": records,
             "mismatches": None, "machine": extra}
 
@@ -126,7 +133,8 @@ def overall(run: dict) -> dict:
 
 
 def identical(run: dict) -> dict[str, tuple[int, int] | None]:
-    """(turns compared with the baseline, mismatching turns) per method; None where not checked."""
+    """(turns compared with the baseline, mismatching turns) per method; None where not checked (sampled
+    runs, and methods that do not claim to be lossless, such as llama.cpp's own decoding)."""
     if run["settings"].get("temperature"):
         return {}
     base_tokens = {}
@@ -134,7 +142,7 @@ def identical(run: dict) -> dict[str, tuple[int, int] | None]:
         if r["method"].startswith("baseline"):
             base_tokens[(r["method"], r["qid"], r["turn"], r["repeat"])] = r["tokens"]
     counts: dict[str, list[int]] = {}
-    baseline = {m["label"]: m.get("baseline") for m in run["methods"]}
+    baseline = {m["label"]: m.get("baseline") for m in run["methods"] if m.get("lossless", True)}
     for r in run.get("records", []):
         base = baseline.get(r["method"])
         key = (base, r["qid"], r["turn"], r["repeat"])

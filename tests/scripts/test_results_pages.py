@@ -61,6 +61,38 @@ def test_every_planned_table_has_its_markers_in_its_page():
             assert f"<!-- results:{edge} {spec['name']} -->" in text, spec["name"]
 
 
+@pytest.fixture
+def llamacpp_records(tmp_path: Path) -> Path:
+    """A stopped run with methods on the `llamacpp` backend and llama.cpp's own decoding as peers: plain
+    decoding through `kv` (`baseline`) and through `llamacpp` (`baseline[llamacpp]`) at different speeds."""
+    run = tmp_path / "llamacpp-cpu"
+    run.mkdir()
+    plain, pld = "none+chain+greedy+llamacpp@1", "pld+chain+greedy+llamacpp@8"
+    rows = [record("baseline", q, 40.0, [1, 2]) for q in ("a", "b")]
+    rows += [record("baseline[llamacpp]", q, 20.0, [1, 2]) for q in ("a", "b")]
+    rows += [record(plain, "a", 22.0, [1, 2]), record(plain, "b", 20.0, [1, 2])]
+    rows += [record(pld, q, 30.0, [1, 2]) for q in ("a", "b")]
+    rows += [record("llamacpp-generate", q, 25.0, [1, 4]) for q in ("a", "b")]
+    run.joinpath("records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run.joinpath("settings.json").write_text(json.dumps({"model": "m", "suite": "humaneval", "threads": 1}))
+    return tmp_path
+
+
+def test_llamacpp_methods_and_peers_are_measured_against_plain_llamacpp_decoding(llamacpp_records):
+    plan = tomllib.loads((ROOT / "benchmarks" / "plan.toml").read_text())
+    spec = next(t for t in plan["tables"] if t["name"] == "llamacpp-cpu")
+    rows = {line.split(" | ")[0][3:-1]: line.split(" | ")[1:] for line in
+            results.render_table(spec, llamacpp_records) if line.startswith("| `")}
+    assert list(rows) == ["pld+chain+greedy+llamacpp@8", "llamacpp-generate", "none+chain+greedy+llamacpp@1",
+                          "baseline[llamacpp]"]  # by speedup; the kv baseline is left out
+    assert rows["pld+chain+greedy+llamacpp@8"][:2] == ["1.50x", "1.20x"]  # 30 over 20 tok/s; over 25
+    assert rows["llamacpp-generate"][0] == "1.25x" and rows["llamacpp-generate"][-1] == "- |"  # not compared
+    assert rows["none+chain+greedy+llamacpp@1"][-1] == "2 of 2 turns |"
+    noise = results.render_table(spec, llamacpp_records)[-1]
+    assert noise.startswith("Noise floor: `none+chain+greedy+llamacpp@1` decodes exactly like the baseline "
+                            "and measured 1.05x")
+
+
 def batch_stats(tps: float, plain: float, hf: float | None, tau: float, baseline: str | None,
                 differing: int = 0, repeats: int = 1, std: float = 0.0) -> dict:
     """One (method, B) entry of `batch_results.json`, as `specframe.bench.batch_report.row_stats` makes it."""
