@@ -3,10 +3,13 @@ from (see the package docstring for the contract and its limits)."""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from specframe import (
-    BackendCapabilities, ConfigurationError, SpecframeError, StateBackend, TargetScores, TokenTree,
+    BackendCapabilities, ConfigurationError, SpecframeError, SpecframeWarning, StateBackend, TargetScores,
+    TokenTree,
 )
 from specframe_llamacpp import engine
 from specframe_llamacpp.layout import kept_in_place, kept_sequence, tree_layout
@@ -47,8 +50,7 @@ class LlamaCppBackend(StateBackend):
         self.auto_padding = pads_by_measurement(min_rows, cpu, "llama.cpp")
         self.min_rows = forward_min_rows(min_rows, cpu, self.name, "llama.cpp",
                                          calibrated=lambda: stored_min_rows(self))
-        self.engine = engine.LlamaEngine(self.path, context=self.context, paths=self.max_leaves,
-                                         threads=torch.get_num_threads())
+        self.engine = engine.LlamaEngine(self.path, context=self.context, paths=self.max_leaves, threads=1)
         self._committed = 0
         self._pending: int | None = None
         self._scored = False  # whether the cache holds rows of a score not yet committed
@@ -94,7 +96,7 @@ class LlamaCppBackend(StateBackend):
     def prefill(self, ids: list[int]) -> None:
         import torch
 
-        self.engine.set_threads(torch.get_num_threads())  # `--threads` sets torch's count
+        self.engine.set_threads(exact_threads(torch.get_num_threads()))
         self._check_room(len(ids), "the prompt")
         self.engine.clear()
         prefix = np.asarray(ids[:-1], dtype=np.int32)
@@ -172,3 +174,15 @@ def check_count(option: str, value: int, most: int) -> int:
                                  f"got {value!r}")
     return value
 
+
+def exact_threads(asked: int) -> int:
+    """The threads llama.cpp runs on: one. On more, its CPU flash attention splits a one-row step over
+    the threads once the cache holds a few hundred cells (seen from about 256 at two threads), and that
+    row's logits then differ from the same token's row in a tree, so greedy output parts from plain
+    decoding within a few tokens. A request for more threads is warned about and served on one."""
+    if asked > 1:
+        warnings.warn(SpecframeWarning(
+            f"backend 'llamacpp' runs llama.cpp on 1 thread, not {asked}: on more threads its one-row steps "
+            "and tree rows are not computed alike, which would make speculative output differ from plain "
+            "decoding; run several requests in separate processes to use more cores"), stacklevel=3)
+    return 1
