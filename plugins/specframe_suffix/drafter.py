@@ -20,6 +20,7 @@ labels) is in this package. See docs/explanation/suffix-decoding.md.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
 import os
@@ -156,6 +157,14 @@ class SuffixDrafter(Drafter):
         """Called before each request: close the previous one, if `finish` did not (a request that raised,
         or direct use): its prompt is dropped and the tokens it emitted join the earlier responses."""
         self._close()
+
+    def spawn(self) -> SuffixDrafter:
+        """Another row's drafter: the same library (the tree of earlier responses, which learns every
+        finished row, and the request ids), cache file and corpora; a request of its own."""
+        other = copy.copy(self)
+        other._request, other._prompt_len = None, 0
+        other._known, other._pending = np.zeros(0, np.int32), []
+        return other
 
     # --- requests in the library -------------------------------------------------------------------
 

@@ -31,6 +31,7 @@ from specframe.terms.sampling import SamplingParams
 from specframe.terms.target import Target
 from specframe.runtime.devices import synchronize
 from specframe.plugging.registry import PluginRegistry, get_registry
+from specframe.decode.loop import SpeculativeDecoder
 
 from specframe.bench.batch_report import BatchRun, write_batch_results
 from specframe.bench.harness import bench_settings, check_options, target_settings
@@ -116,8 +117,14 @@ class PipelineBatches:
 
     def generate_batch(self, prompts: list[list[int]], max_new_tokens: int,
                        size: int) -> tuple[list[list[int]], dict]:
-        """Every prompt's new tokens, and the metrics of the whole call (`call_metrics`)."""
+        """Every prompt's new tokens, and the metrics of the whole call (`call_metrics`). A drafter that
+        remembers requests (suffix) starts each call with no memory, so that every B (and repeat) decodes
+        the suite alike rather than copying the answers of the calls before it."""
         decoder = self.runner.decoder
+        if self.runner.remembers:
+            decoder = SpeculativeDecoder.from_names(
+                decoder.target, *self.runner.spec.components, budget=self.runner.spec.budget,
+                sampling=decoder.sampling, registry=decoder.registry, phase_timing=decoder.phase_timing)
         device = decoder.target.device
         synchronize(device)
         start = now()

@@ -180,3 +180,15 @@ def test_the_bench_command_runs_a_sweep(target, tmp_path):
     assert "| pld@4 | 2 |" in result.output and "| method | B=1 | B=2 |" in result.output
     assert {p.name for p in out.iterdir()} >= {"batch_records.jsonl", "batch_results.json",
                                                "batch_results.md", "batch_speedup.png"}
+
+
+def test_a_drafter_that_remembers_requests_starts_every_batch_size_afresh(target, tmp_path):
+    """suffix learns every finished row; each timed call starts with no memory, so the second batch size
+    does not copy the first one's answers (its drafts then match those of the same size run alone)."""
+    sweep, _ = run_batch_benchmark(target, PROMPTS, ["suffix@4"], tmp_path / "sweep", batches=[2, 3],
+                                   peers="none", plots=False, **QUIET)
+    alone, _ = run_batch_benchmark(target, PROMPTS, ["suffix@4"], tmp_path / "alone", batches=[3],
+                                   peers="none", plots=False, **QUIET)
+    steps = {(r["batch"], r["method"]): r["metrics"]["steps"] for r in sweep.records}
+    assert steps[(3, "suffix@4")] == next(r["metrics"]["steps"] for r in alone.records
+                                          if r["method"] == "suffix@4")
