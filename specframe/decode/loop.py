@@ -24,7 +24,7 @@ from specframe.runtime.devices import synchronizer
 from specframe.plugging.pipeline import Pipeline, assemble, check_request
 from specframe.plugging.registry import PluginRegistry, get_registry
 from specframe.decode.batch import is_batch, shared_phase
-from specframe.decode.batch_planner import batch_planner_of
+from specframe.decode.batch_planner import BatchPlanner, batch_planner_of
 from specframe.decode.planner import (
     AdaptivePlanner, FixedPlanner, make_adaptive_planner, make_fixed_planner, plans_blind,
 )
@@ -179,10 +179,7 @@ class SpeculativeDecoder:
                       logprobs: bool = False) -> list[GenerationResult]:
         """Decode `requests` (prompt ids, stop strings, max_new_tokens) at most `size` at a time; their
         results in order."""
-        pipeline, hook = self.pipeline, self.registry.hook
-        sync = synchronizer(self.target.device)
-        phase_sync = sync if self.phase_timing else None
-        batch = pipeline.backend.batch()  # first: a backend that cannot batch refuses before any work
+        batch = self.pipeline.backend.batch()  # first: a backend that cannot batch refuses before any work
         planner = self._planner()
         batch_planner = batch_planner_of(planner) if self.adaptive else None
         waiting = deque(range(len(requests)))
@@ -190,47 +187,66 @@ class SpeculativeDecoder:
         results: list[GenerationResult | None] = [None] * len(requests)
         reset_peak_memory(self.target.device)
         while waiting or active:
-            while waiting and len(active) < size:  # admit: the row's prefill is part of its own time
+            while waiting and len(active) < size:  # a free place: the next request takes it
                 index = waiting.popleft()
-                prompt_ids, stop, limit = requests[index]
                 plan = batch_planner.row() if batch_planner else copy.copy(planner)
-                row = self.make_row(pipeline.drafter.spawn(), plan, prompt_ids, limit, stop, samplings[index],
-                                    logprobs)
-                hook.on_decode_start(prompt_ids=prompt_ids)
-                row.start()
-                start = now()
-                key = batch.add(prompt_ids)
-                if sync is not None:
-                    sync()
-                row.metrics.prefill_s = now() - start
+                key, row, start = self._admit(batch, requests[index], samplings[index], plan, logprobs)
                 active[key] = (index, row, start)
-            step_start = now()
-            timers = {key: PhaseTimer(phase_sync) for key in active}
-            trees = {key: row.draft(timers[key]) for key, (_, row, _) in active.items()}
-            if batch_planner is not None:  # every row's tree sized together
-                plans = {key: row.planner for key, (_, row, _) in active.items()}
-                cut = batch_planner.cut(trees, plans, batch)
-                for key, (tree, predicted) in cut.items():
-                    active[key][1].keep(tree, predicted)
-                    trees[key] = tree
-            with shared_phase(timers.values(), "forward", phase_sync) as forward:
-                scores = batch.score(trees)
-            verdicts = {key: row.verify(scores[key], timers[key]) for key, (_, row, _) in active.items()}
-            with shared_phase(timers.values(), "commit", phase_sync):
-                batch.commit({key: (scores[key], v.path, v.bonus) for key, v in verdicts.items()})
-            if batch_planner is not None:
-                batch_planner.observe(forward.seconds, now() - step_start)
+            self._batch_step(batch, {key: row for key, (_, row, _) in active.items()}, batch_planner)
             for key, (index, row, start) in list(active.items()):
-                row.advance(scores[key], verdicts[key], timers[key])
                 if row.reason is not None:
-                    row.metrics.new_tokens = len(row.new)
-                    row.metrics.wall_s = now() - start
-                    row.metrics.peak_memory_bytes = peak_memory_bytes(self.target.device)
-                    results[index] = self.finish_row(row)
-                    batch.remove(key)
+                    results[index] = self._retire(batch, key, row, start)
                     del active[key]
-                    hook.on_decode_end(prompt_ids=row.prompt_ids, result=results[index])
         return results
+
+    def _admit(self, batch, request: tuple[list[int], tuple[str, ...], int], sampling: SamplingParams, plan,
+               logprobs: bool) -> tuple[int, RequestRow, float]:
+        """Start a request in the batch (its prefill is part of its own time): its backend row key, its
+        row and its start time."""
+        prompt_ids, stop, limit = request
+        row = self.make_row(self.pipeline.drafter.spawn(), plan, prompt_ids, limit, stop, sampling, logprobs)
+        self.registry.hook.on_decode_start(prompt_ids=prompt_ids)
+        row.start()
+        start = now()
+        key = batch.add(prompt_ids)
+        sync = synchronizer(self.target.device)
+        if sync is not None:
+            sync()
+        row.metrics.prefill_s = now() - start
+        return key, row, start
+
+    def _batch_step(self, batch, rows: dict[int, RequestRow], batch_planner: BatchPlanner | None) -> None:
+        """One step of every row: each drafts its tree (sized together at `budget="auto"`), one scoring of
+        all the trees, each row verified, one commit, each row advanced."""
+        sync = synchronizer(self.target.device)
+        phase_sync = sync if self.phase_timing else None
+        step_start = now()
+        timers = {key: PhaseTimer(phase_sync) for key in rows}
+        trees = {key: row.draft(timers[key]) for key, row in rows.items()}
+        if batch_planner is not None:
+            cut = batch_planner.cut(trees, {key: row.planner for key, row in rows.items()}, batch)
+            for key, (tree, predicted) in cut.items():
+                rows[key].keep(tree, predicted)
+                trees[key] = tree
+        with shared_phase(timers.values(), "forward", phase_sync) as forward:
+            scores = batch.score(trees)
+        verdicts = {key: row.verify(scores[key], timers[key]) for key, row in rows.items()}
+        with shared_phase(timers.values(), "commit", phase_sync):
+            batch.commit({key: (scores[key], v.path, v.bonus) for key, v in verdicts.items()})
+        if batch_planner is not None:
+            batch_planner.observe(forward.seconds, now() - step_start)
+        for key, row in rows.items():
+            row.advance(scores[key], verdicts[key], timers[key])
+
+    def _retire(self, batch, key: int, row: RequestRow, start: float) -> GenerationResult:
+        """A row that ended leaves the batch: its result, its drafter told, its observers told."""
+        row.metrics.new_tokens = len(row.new)
+        row.metrics.wall_s = now() - start
+        row.metrics.peak_memory_bytes = peak_memory_bytes(self.target.device)
+        result = self.finish_row(row)
+        batch.remove(key)
+        self.registry.hook.on_decode_end(prompt_ids=row.prompt_ids, result=result)
+        return result
 
     def _checked(self, prompt, max_new_tokens: int, stop) -> tuple[list[int], tuple[str, ...]]:
         """A request's prompt ids and stop strings, refused with a clear error before any work."""
