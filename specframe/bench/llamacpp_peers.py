@@ -5,8 +5,9 @@ target was loaded from, greedy:
 - `llamacpp-pld(num_tokens=10)`: the same with llama-cpp-python's prompt lookup draft model
   (`LlamaPromptLookupDecoding`), its own speculative decoding.
 
-Both take `context` (2048 positions by default, at most the model's; the prompt lookup peer keeps logits
-for every position of it, 400 MB for SmolLM2's vocabulary at 2048). The model loads without llama.cpp's
+Both take `context` (4096 positions by default, as the `llamacpp` backend, at most the model's; the
+prompt lookup peer keeps logits for every position of it, 800 MB for SmolLM2's vocabulary at 4096; a
+request that does not fit is refused naming the option). The model loads without llama.cpp's
 extra weight buffers, as the `llamacpp` backend loads it (see `plugins/specframe_llamacpp/engine.py`:
 the AMX repacking crashes on a CPU that reports AMX without letting a process use it), with torch's
 thread count (`--threads`), and llama-cpp-python's other defaults (flash attention off, for one). Their
@@ -27,7 +28,7 @@ from specframe.terms.metrics import DecodeMetrics, now, peak_memory_bytes
 from specframe.terms.sampling import SamplingParams
 from specframe.terms.target import Target
 
-LLAMACPP_PEERS = {"llamacpp-generate": {"context": 2048}, "llamacpp-pld": {"num_tokens": 10, "context": 2048}}
+LLAMACPP_PEERS = {"llamacpp-generate": {"context": 4096}, "llamacpp-pld": {"num_tokens": 10, "context": 4096}}
 GREEDY = {"top_k": 1, "top_p": 1.0, "min_p": 0.0, "temp": 0.0, "repeat_penalty": 1.0}
 
 
@@ -90,6 +91,12 @@ class LlamaCppPeerRunner:
 
     def generate(self, prompt_ids: list[int], max_new_tokens: int,
                  seed: int | None = None) -> tuple[list[int], dict]:
+        room = self.llm.n_ctx()
+        if len(prompt_ids) + max_new_tokens > room:  # llama-cpp-python would fail on a numpy shape
+            raise ConfigurationError(
+                f"peer '{self.label}': the prompt ({len(prompt_ids)} tokens) and {max_new_tokens} new tokens "
+                f"exceed its llama.cpp context of {room} positions: pass --peers "
+                f"'{self.spec.name}(context=N)' with a larger N (at most the model's), or fewer new tokens")
         eos = self.target.eos_token_ids
         self.llm.reset()  # no prompt reused from the previous request
         self.evals = 0

@@ -26,8 +26,8 @@ def target(tmp_path_factory):
 def test_all_means_the_transformers_peers_and_llamacpp_ones_are_named():
     assert [p.name for p in parse_peers("all")] == ["hf-generate", "hf-pld", "hf-assisted"]
     named = parse_peers("llamacpp-generate,llamacpp-pld(num_tokens=4)")
-    assert [(p.name, p.options) for p in named] == [("llamacpp-generate", {"context": 2048}),
-                                                    ("llamacpp-pld", {"num_tokens": 4, "context": 2048})]
+    assert [(p.name, p.options) for p in named] == [("llamacpp-generate", {"context": 4096}),
+                                                    ("llamacpp-pld", {"num_tokens": 4, "context": 4096})]
     with pytest.raises(ConfigurationError, match="takes options"):
         parse_peers("llamacpp-generate(num_tokens=4)")
 
@@ -67,3 +67,10 @@ def test_llama_cpp_peers_are_measured_against_plain_decoding_through_the_backend
                                                                 "llamacpp-generate": "baseline[llamacpp]"}
     without = build_runners(target, [], peers[1:], SamplingParams(), registry)
     assert without[-1].baseline == "baseline"
+
+
+def test_a_request_longer_than_the_peers_context_is_refused_naming_the_option(target):
+    peer = parse_peers("llamacpp-generate(context=64)")[0]
+    runner = peer_runner(target, peer, SamplingParams(), "baseline")
+    with pytest.raises(ConfigurationError, match=r"llamacpp-generate\(context=N\)"):
+        runner.generate(list(range(1, 90)) * 3, max_new_tokens=16)  # llama.cpp rounds 64 up to 256
