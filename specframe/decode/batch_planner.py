@@ -12,8 +12,9 @@ already fill the forward's matrix products, and a node adds nearly a full row's 
 T prices the forwards the batch runs for those trees (`BatchBackend.forward_rows`: `kv` pads every row of a
 forward to its widest tree, so nodes that fill a row up to the widest are free, and RowByRow runs one
 forward per row) with the backend's calibrated single-sequence cost: a forward of n query rows costs what
-a tree of n - 1 nodes costs alone, attention over R contexts instead of one being learned as a speed
-factor from the realised forwards, with the step's overhead besides the forward. Acceptance is one
+a tree of n - 1 nodes costs alone, times a factor learned from the realised forwards as a line in their
+rows (`SpeedByRows`: attention over R contexts, and products of more rows than the calibration timed),
+plus the step's overhead besides the forward. Acceptance is one
 `AcceptanceModel` for every row, as alone. Rows draft to the cap (drafting is per row and not sized first
 here) and sampled trees verified with their q (`plans_blind`) are kept whole, their size being the cap.
 """
@@ -79,6 +80,32 @@ class RowPlan:
         self.features = self.built = self.built_features = None
 
 
+class SpeedByRows:
+    """The realised forward over the calibrated one as a + b * rows (the query rows the forward computed),
+    least squares over batch steps, each weighing `memory` as much one step later; 1 before any step.
+
+    The calibration times one sequence's trees, up to a few dozen rows, where a CPU forward is bound by
+    reading the weights; a batch's forwards take more rows, where the arithmetic grows with every row,
+    so a single factor learned at one size would misprice the others (at batch 8 in float32 on the
+    development CPU a planner with one factor kept large trees that cost more than they gained)."""
+
+    def __init__(self, memory: float = 0.97):
+        self.memory = memory
+        self.sums = np.zeros(5)  # weighted sums of 1, r, r^2, y, y r
+
+    def add(self, rows: int, ratio: float) -> None:
+        r = float(rows)
+        self.sums = self.memory * self.sums + (1.0, r, r * r, ratio, ratio * r)
+
+    def factor(self, rows) -> np.ndarray | float:
+        n, sr, srr, sy, syr = self.sums
+        if n <= 0:
+            return 1.0
+        spread = n * srr - sr * sr
+        slope = (n * syr - sr * sy) / spread if spread > 1e-9 * max(n * srr, 1.0) else 0.0
+        return np.maximum((sy - slope * sr) / n + slope * np.asarray(rows, float), 0.25)
+
+
 class BatchPlanner(CostAtContext):
     """Sizes the trees of a batch's rows together (see the module docstring); `cap` bounds each row's."""
 
@@ -89,10 +116,11 @@ class BatchPlanner(CostAtContext):
         self.acceptance = acceptance or AcceptanceModel()
         self.matches_draws = matches_draws
         self.learn_speed = learn_speed
-        self.speed = 1.0  # realised batch forward over the calibrated cost at its rows, running mean
+        self.speed = SpeedByRows()  # realised batch forward over the calibrated cost, by rows
         self.overhead_s = 0.0  # a batch step's seconds besides the forward, running mean
         self.contexts: list[int] = []  # this step's rows' contexts
         self._calibrated_s = 0.0  # the calibrated forward of the step's chosen rows
+        self._rows = 0  # the query rows of the step's chosen forwards
 
     def row(self) -> RowPlan:
         return RowPlan(self)
@@ -115,14 +143,16 @@ class BatchPlanner(CostAtContext):
         nodes, probs = (np.concatenate(x) if x else np.zeros(0) for x in (nodes, probs))
         order = np.lexsort((nodes, -probs))  # best first; parents first (lower index, P at least the child's)
         tokens = len(trees) + np.concatenate([[0.0], np.cumsum(probs[order])])
-        calibrated = np.empty(len(order) + 1)
+        calibrated, rows = np.empty(len(order) + 1), np.empty(len(order) + 1, np.int64)
         for k in range(len(order) + 1):  # the k likeliest nodes kept, in the forwards `batch` would run
             if k:
                 sizes[int(owners[order[k - 1]])] += 1
-            calibrated[k] = sum(self.cost.step_seconds(rows - 1, 1) for rows in batch.forward_rows(sizes))
-        seconds = self.speed * calibrated + self.overhead_s
+            forwards = batch.forward_rows(sizes)
+            calibrated[k] = sum(self.cost.step_seconds(n - 1, 1) for n in forwards)
+            rows[k] = sum(forwards)
+        seconds = self.speed.factor(rows) * calibrated + self.overhead_s
         best = int(np.argmax(tokens / np.maximum(seconds, 1e-12)))
-        self._calibrated_s = float(calibrated[best])
+        self._calibrated_s, self._rows = float(calibrated[best]), int(rows[best])
         chosen = order[:best]
         out = {}
         for key, tree in trees.items():
@@ -141,7 +171,7 @@ class BatchPlanner(CostAtContext):
     def observe(self, forward_s: float, step_s: float) -> None:
         """Learn the machine's speed at batch shapes and the step's overhead from one batch step."""
         if self.learn_speed and self._calibrated_s > 0:
-            self.speed += EMA * (forward_s / self._calibrated_s - self.speed)
+            self.speed.add(self._rows, forward_s / self._calibrated_s)
         self.overhead_s += EMA * (max(step_s - forward_s, 0.0) - self.overhead_s)
 
 

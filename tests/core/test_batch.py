@@ -266,3 +266,24 @@ def test_the_batch_planner_prices_the_forwards_the_batch_runs(batch, kept):
         plans[key].features = np.full(3, p)
     cut = planner.cut(trees, plans, batch)
     assert {key: len(tree) for key, (tree, _) in cut.items()} == kept
+
+
+def test_the_batch_planner_learns_that_large_forwards_cost_more_than_calibrated():
+    """Calibrated on one sequence, a forward's cost grows slowly with its rows; a batch's forwards of
+    many rows may grow much faster. Learned from realised forwards of several sizes, the steeper line
+    makes the planner keep fewer nodes."""
+    planner = BatchPlanner(PolynomialCost((0.01, 1.0)), cap=4)  # calibrated: a row costs 1 % of a step
+    planner.acceptance.predict = lambda conditional: conditional
+
+    def kept() -> int:
+        trees = {key: TokenTree(np.arange(4, dtype=np.int64), np.arange(4, dtype=np.int64) - 1)
+                 for key in range(4)}
+        plans = {key: planner.row() for key in trees}
+        for plan in plans.values():
+            plan.features = np.full(4, 0.6)
+        return sum(len(tree) for tree, _ in planner.cut(trees, plans, PaddedForward()).values())
+
+    before = kept()
+    for rows in (4, 8, 12, 16, 20) * 4:  # realised: each row costs half a step
+        planner.speed.add(rows, (1 + 0.5 * rows) / (1 + 0.01 * rows))
+    assert before == 16 and kept() < before
