@@ -78,8 +78,10 @@ class LlamaCppPeerRunner:
         threads = torch.get_num_threads()
         with without_extra_buffers():
             context = min(int(spec.options["context"]), target.max_context)
+            # A draft model makes llama-cpp-python keep logits for every position, but it sizes that
+            # buffer by `logits_all` as passed, so without it a prompt longer than one batch (512) fails
             self.llm = Llama(str(path), n_ctx=context, n_threads=threads, n_threads_batch=threads,
-                             verbose=False, draft_model=draft)
+                             verbose=False, draft_model=draft, logits_all=draft is not None)
         self.evals = 0
         evaluate = self.llm.eval
 

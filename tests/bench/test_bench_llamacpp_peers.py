@@ -74,3 +74,20 @@ def test_a_request_longer_than_the_peers_context_is_refused_naming_the_option(ta
     runner = peer_runner(target, peer, SamplingParams(), "baseline")
     with pytest.raises(ConfigurationError, match=r"llamacpp-generate\(context=N\)"):
         runner.generate(list(range(1, 90)) * 3, max_new_tokens=16)  # llama.cpp rounds 64 up to 256
+
+
+def test_prompt_lookup_keeps_logits_for_every_position_of_its_context(target, monkeypatch):
+    """llama-cpp-python reads a prompt in batches (512 tokens) and its prompt lookup writes every
+    position's logits into a buffer it sizes by `logits_all` as passed: without it the buffer holds one
+    batch, and a Spec-Bench prompt longer than that failed inside llama-cpp-python. Batches of 128 here
+    make a 300-token prompt longer than one, within the tiny model's 512 positions."""
+    import functools
+
+    import llama_cpp
+
+    monkeypatch.setattr(llama_cpp, "Llama", functools.partial(llama_cpp.Llama, n_batch=128))
+    peer = parse_peers("llamacpp-pld(num_tokens=4)")[0]
+    runner = peer_runner(target, peer, SamplingParams(), "baseline")
+    assert runner.llm.scores.shape[0] == runner.llm.n_ctx()
+    tokens, _ = runner.generate(repetitive_prompt(target.vocab_size, 300), max_new_tokens=8)
+    assert len(tokens) == 8
