@@ -41,20 +41,23 @@ class ModelAnswers(Source):
     target: object = None
     cache: Path | None = None
     prompts: list[str] = field(default_factory=list)
+    template: bool = True  # False: continue each prompt as raw text (`model-continue:`), as code is fed
 
     @classmethod
     def from_spec(cls, spec: str, max_new_tokens: int = 256, batch_size: int = ANSWER_BATCH) -> ModelAnswers:
+        """`model:PROMPTS.jsonl` (answers in the chat template) or `model-continue:PROMPTS.jsonl` (raw)."""
         check_generation(spec, max_new_tokens, batch_size)
-        path = Path(spec.removeprefix("model:")).expanduser()
+        template = not spec.startswith("model-continue:")
+        path = Path(spec.removeprefix("model:").removeprefix("model-continue:")).expanduser()
         if not path.is_file():
             raise DatastoreError(f"datastore source '{spec}': prompt file '{path}' does not exist")
         prompts = read_prompts(path)
         if not prompts:
             raise DatastoreError(f"datastore source '{spec}': no prompts in '{path}'")
         meta = {"prompts": len(prompts), "max_new_tokens": max_new_tokens}
-        return cls(
-            spec, "model-answers", len(prompts), meta, path, max_new_tokens, batch_size, prompts=prompts
-        )
+        kind = "model-answers" if template else "model-continuations"
+        return cls(spec, kind, len(prompts), meta, path, max_new_tokens, batch_size, prompts=prompts,
+                   template=template)
 
     def prepare(self, target, out: Path) -> None:
         """Bind the target and put the resumable cache beside the output directory."""
@@ -74,7 +77,8 @@ class ModelAnswers(Source):
         ).batches()
 
     def _settings(self) -> dict:
-        return {"model": self.target.name, "max_new_tokens": self.max_new_tokens}
+        raw = {} if self.template else {"template": False}  # chat answers keep the caches they always had
+        return {"model": self.target.name, "max_new_tokens": self.max_new_tokens, **raw}
 
     def _generate_missing(self) -> dict[int, list[int]]:
         settings = self._settings()
@@ -121,7 +125,7 @@ class ModelAnswers(Source):
 
     def _answer(self, prompts: list[str]) -> list[list[int]]:
         """Greedy answers (without the EOS token) for one batch of prompts."""
-        encoded = [prompt_ids(self.target.tokenizer, p) for p in prompts]
+        encoded = [prompt_ids(self.target.tokenizer, p, self.template) for p in prompts]
         return generate_batch(self.target, encoded, self.max_new_tokens, do_sample=False)
 
 
@@ -155,8 +159,9 @@ def prompt_key(prompt: str) -> str:
     return hashlib.sha256(prompt.encode("utf-8")).hexdigest()[:24]
 
 
-def prompt_ids(tokenizer, prompt: str) -> list[int]:
-    if getattr(tokenizer, "chat_template", None):
+def prompt_ids(tokenizer, prompt: str, template: bool = True) -> list[int]:
+    """A prompt's ids as the target reads it: in its chat template (if it has one and `template`), or raw."""
+    if template and getattr(tokenizer, "chat_template", None):
         encoded = tokenizer.apply_chat_template(
             [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True, return_dict=True
         )

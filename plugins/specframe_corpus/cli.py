@@ -20,7 +20,9 @@ def build(
     source: list[str] = typer.Option(
         ...,
         help="A directory, a JSONL or text file, python-stdlib, python-site, model:PROMPTS.jsonl (the "
-        "target's answers to your prompts) or model:self (to prompts it writes itself) (repeatable).",
+        "target's answers to your prompts), model:self (to prompts it writes itself), "
+        "model-continue:PROMPTS.jsonl (its raw continuations) or model-continue:python-stubs (its bodies "
+        "for standard-library function stubs) (repeatable).",
     ),
     out: str = typer.Option(
         ..., help="Datastore directory to create (a bare name goes under $SPECFRAME_HOME/datastores)."
@@ -37,7 +39,8 @@ def build(
     overwrite: bool = typer.Option(False, help="Replace an existing datastore."),
     answer_tokens: int = typer.Option(256, min=1, help="model: sources: new tokens per answer."),
     batch_size: int = typer.Option(ANSWER_BATCH, min=1, help="model: sources: prompts per generation batch."),
-    self_prompts: int = typer.Option(2000, min=1, help="model:self: how many prompts the target writes."),
+    self_prompts: int = typer.Option(2000, min=1, help="model:self: how many prompts the target writes; "
+                                      "model-continue:python-stubs: how many stubs it continues."),
     shards: Optional[int] = typer.Option(
         None, help="Split the corpus into N shards of whole documents, each an ordinary datastore, under "
         "one manifest; the drafter searches them as one store."

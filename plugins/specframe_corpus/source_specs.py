@@ -2,7 +2,9 @@
 
 A directory (with a glob), a JSONL file (a text field or chat turns), a single text file,
 `python-stdlib`, `python-site`, `model:PROMPTS.jsonl` (the target's own answers to a prompt file, see
-`answers.py`) or `model:self` (the target's answers to prompts it wrote itself, see `self_prompts.py`).
+`answers.py`), `model:self` (the target's answers to prompts it wrote itself, see `self_prompts.py`),
+`model-continue:PROMPTS.jsonl` (its raw continuations, no chat template) or `model-continue:python-stubs`
+(its continuations of standard-library function stubs, see `code_stubs.py`).
 This module sits above every kind of source, so that the sources themselves import none of each other.
 """
 
@@ -41,7 +43,11 @@ def parse_source(spec: str, glob: str = "**/*", field_name: str | None = None, *
         from specframe_corpus.self_prompts import SelfPrompts
 
         return SelfPrompts.from_spec(spec, self_prompts, **answer_options)
-    if spec.startswith("model:"):
+    if spec == "model-continue:python-stubs":
+        from specframe_corpus.code_stubs import PythonStubs
+
+        return PythonStubs.from_spec(spec, self_prompts, **answer_options)
+    if spec.startswith(("model:", "model-continue:")):
         from specframe_corpus.answers import ModelAnswers
 
         return ModelAnswers.from_spec(spec, **answer_options)
@@ -57,5 +63,6 @@ def parse_source(spec: str, glob: str = "**/*", field_name: str | None = None, *
         return TextFiles(spec, "file", 1, {}, [path])
     raise DatastoreError(
         f"datastore source '{spec}' is neither a directory, a file, python-stdlib, "
-        "python-site, model:self nor model:PROMPTS.jsonl"
+        "python-site, model:self, model:PROMPTS.jsonl, model-continue:PROMPTS.jsonl nor "
+        "model-continue:python-stubs"
     )

@@ -19,7 +19,8 @@ def train_s4c(
     device: str = device_option(),
     dtype: str = dtype_option(),
     data: list[str] = typer.Option(["python-stdlib"], help="corpus: python-stdlib[:N], a dir, .jsonl, text, "
-                                   "or answers:NAME (the chats of a `model:self` datastore build)"),
+                                   "or answers:NAME (the target's own chats or code: a `model:self` or "
+                                   "`model-continue:python-stubs` datastore build)"),
     out: Path = typer.Option(Path("s4c-run"),
                              help="run directory: state.safetensors (resumable) and heads.safetensors"),
     steps: int = typer.Option(1000, min=1, help="optimizer steps (length of the cosine schedule)"),

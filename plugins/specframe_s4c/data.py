@@ -7,8 +7,9 @@ A `--data` source is one of:
 - any other file: its text;
 - `answers:NAME`: the target's own chats from a `model:self` datastore build named NAME (its
   `NAME.prompts.jsonl` and cached greedy answers `NAME.answers.jsonl` in the datastore directory), each
-  as token ids: the prompt in the chat template, then the answer. Heads trained on these learn what
-  the target itself says, which is what they must predict when drafting for it.
+  as token ids: the prompt in the chat template, then the answer; or its own code from a
+  `model-continue:python-stubs` build (a stub as raw text, then the body the target wrote). Heads trained
+  on these learn what the target itself says, which is what they must predict when drafting for it.
 `source[:N]` keeps the first N documents (e.g. `python-stdlib:400`).
 """
 
@@ -54,16 +55,18 @@ def _answers(name: str, tokenizer) -> Iterator[list[int]]:
         raise ConfigurationError(
             f"s4c training: no prompts and answers of a datastore build '{name}' in {datastore_home()}; "
             f"make them with `specframe datastore build --source model:self --out {name}`")
-    cached = {}
+    cached, template = {}, True
     for line in answers.read_text(encoding="utf-8").splitlines():
         record = json.loads(line)
         if "ids" in record:
             cached[record["prompt"]] = record["ids"]
+        elif "settings" in record:  # `model-continue:` builds continue their prompts raw, as code is fed
+            template = record["settings"].get("template", True)
     for line in prompts.read_text(encoding="utf-8").splitlines():
         record = json.loads(line)
         answer = cached.get(prompt_key(record["prompt"])) if "prompt" in record else None
         if answer:
-            yield prompt_ids(tokenizer, record["prompt"]) + list(answer)
+            yield prompt_ids(tokenizer, record["prompt"], template) + list(answer)
 
 
 def _documents(name: str) -> Iterator[str]:

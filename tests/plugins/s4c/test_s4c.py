@@ -246,3 +246,31 @@ def test_answers_data_are_the_targets_own_chats(tmp_path, monkeypatch):
     (home / "chat.answers.jsonl").write_text("".join(json.dumps(line) + "\n" for line in answers))
     blocks = token_blocks(Letters(), ["answers:chat"], block=4, eos=0)
     assert blocks.reshape(-1).tolist() == [1, 2, 30, 31, 32, 0, 5, 40]  # one EOS after each chat
+
+
+def test_answers_data_of_a_raw_build_read_their_prompts_raw(tmp_path, monkeypatch):
+    """A `model-continue:` build continued its prompts as raw text: its training ids are that text, not the
+    prompt in the chat template."""
+    import json
+
+    from specframe_corpus.answers import prompt_key
+    from specframe_s4c.data import token_blocks
+
+    class Chat:
+        chat_template = "yes"
+
+        def __call__(self, text, add_special_tokens=False):
+            return {"input_ids": [ord(c) - 96 for c in text]}
+
+        def apply_chat_template(self, messages, **kwargs):
+            return {"input_ids": [9] + self(messages[0]["content"])["input_ids"] + [9]}
+
+    monkeypatch.setenv("SPECFRAME_HOME", str(tmp_path))
+    home = tmp_path / "datastores"
+    home.mkdir()
+    (home / "code.prompts.jsonl").write_text(json.dumps({"prompt": "ab"}) + "\n")
+    for settings, first in (({"template": False}, [1, 2]), ({}, [9, 1, 2, 9])):
+        answers = [{"settings": settings}, {"prompt": prompt_key("ab"), "ids": [30]}]
+        (home / "code.answers.jsonl").write_text("".join(json.dumps(line) + "\n" for line in answers))
+        blocks = token_blocks(Chat(), ["answers:code"], block=len(first) + 2, eos=0)
+        assert blocks.reshape(-1).tolist() == first + [30, 0]
