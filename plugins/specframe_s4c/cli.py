@@ -35,6 +35,10 @@ def train_s4c(
     max_tokens: int = typer.Option(None, min=1, help="use at most this many corpus tokens"),
     threads: int = typer.Option(None, min=1, help="torch CPU threads"),
     fresh: bool = typer.Option(False, help="ignore an existing training state in --out"),
+    init: Path = typer.Option(None, help="start from these heads' weights (a heads.safetensors for the same "
+                              "model and --heads); the draft vocabulary is chosen from --data"),
+    amp: bool = typer.Option(False, help="train in bfloat16 autocast (float32 weights): about 1.7x faster "
+                             "steps on CPUs with native bfloat16 (AVX-512 BF16, AMX)"),
 ) -> None:
     """Train S4C draft heads; progress goes to stdout, state to OUT/state.safetensors every few steps."""
     import torch
@@ -48,7 +52,9 @@ def train_s4c(
 
     start = time.time()
     config = TrainConfig(num_heads=heads, block=block, batch=batch, lr=lr, steps=steps,
-                         draft_vocab=draft_vocab)  # refuses bad settings before the model loads
+                         draft_vocab=draft_vocab, init=str(init or ""), amp=amp)  # refuses bad settings
+    if init is not None and not init.is_file():
+        raise typer.BadParameter(f"no heads file at {init}", param_hint="--init")
     if threads:
         torch.set_num_threads(threads)
     target = specframe.load_target(model, device=device, dtype=dtype)

@@ -107,6 +107,35 @@ def test_checkpoint_round_trip_and_resume(tmp_path):
         other.resume()
 
 
+def test_training_starts_from_earlier_heads_with_a_new_vocabulary(tmp_path):
+    """`--init`: the head weights carry over; the draft vocabulary is chosen from the new data."""
+    first = _tiny_trainer(tmp_path / "a", steps=3)
+    first.run()
+    path = tmp_path / "a" / "heads.safetensors"
+    first.export(path, "specframe train s4c ...", ["test"])
+    warm = _tiny_trainer(tmp_path / "b", steps=3, init=str(path), draft_vocab=32)
+    assert len(warm.heads.vocab_ids) == 32
+    for name, a in first.heads.state_dict().items():
+        if name != "vocab_ids":
+            torch.testing.assert_close(a, warm.heads.state_dict()[name], atol=2e-3, rtol=2e-3, msg=name)
+    cold = _tiny_trainer(tmp_path / "c", steps=3)
+    assert not torch.equal(cold.heads.heads[0].fc.weight, warm.heads.heads[0].fc.weight)
+    with pytest.raises(specframe.ConfigurationError, match="holds 3 heads, not 2; pass --heads 3"):
+        _tiny_trainer(tmp_path / "d", steps=3, init=str(path), num_heads=2)
+
+
+def test_a_bfloat16_autocast_step_lowers_the_loss(tmp_path):
+    trainer = _tiny_trainer(tmp_path, steps=30, amp=True)
+    ids, feats = trainer.cache.batch(np.arange(4))
+    with torch.no_grad():
+        before, _ = head_losses(trainer.heads, trainer.target, ids, feats)
+    for _ in range(5):
+        trainer.train_step()
+    with torch.no_grad():
+        after, _ = head_losses(trainer.heads, trainer.target, ids, feats)
+    assert after.item() < before.item() and trainer.heads.heads[0].fc.weight.dtype == torch.float32
+
+
 def test_heads_for_another_model_are_a_clear_error():
     with pytest.raises(S4CHeadsMismatch, match="trained for model 'tiny-llama-0'.*embed_checksum"):
         S4CHeads.load(tiny_target(seed=1), tiny_heads_file(0))
