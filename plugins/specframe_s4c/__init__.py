@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import specframe
 
+HEADS_BELOW = 0.85  # `suffix-s4c` runs the heads on steps whose best copied root child is less likely
+
 
 @specframe.hookimpl
 def register_commands(cli):
@@ -24,6 +26,13 @@ def register_drafters(register):
 def register_presets(register):
     register(specframe.Preset("s4c", "s4c+static+greedy", unusable=no_packaged_heads,
                               help="S4C with the heads shipped for the model"))
+    # The heads as one more source of SuffixDecoding's merge: they draft where nothing was copied (chat)
+    # and rest where a copied root child is already more than HEADS_BELOW likely (code). With one head
+    # costing ~7 % of a plain step and its top-2 children holding the next token about half the time,
+    # the heads are worth running while the copy sources leave more than ~15 % of that step uncovered.
+    register(specframe.Preset("suffix-s4c", f"suffix-heads(heads_below={HEADS_BELOW})+trie+greedy",
+                              unusable=no_packaged_heads,
+                              help="suffix plus the shipped S4C heads, for what nothing copied says"))
 
 
 def no_packaged_heads(target) -> str | None:

@@ -11,8 +11,8 @@ speculation learns how far the heads can be trusted and keeps their nodes only w
 
 The heads always draft their top-k tokens (never samples), so the merged forest is deterministic and
 is verified like any copied draft (greedy, or sample-and-match when the request samples). On
-SmolLM2-135M on a CPU one head costs 6-7 % of a plain step and returns about 3 % more tokens per step,
-so no preset uses it (`docs/explanation/suffix-decoding.md`, `docs/results/conclusions.md`).
+SmolLM2-135M on a CPU one head costs 6-7 % of a plain step; the `s4c` plugin's `suffix-s4c` preset runs
+it only on steps whose copied drafts are weak (`docs/explanation/suffix-decoding.md`).
 """
 
 from __future__ import annotations

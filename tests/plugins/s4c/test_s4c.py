@@ -303,3 +303,20 @@ def test_answers_data_of_a_raw_build_read_their_prompts_raw(tmp_path, monkeypatc
         (home / "code.answers.jsonl").write_text("".join(json.dumps(line) + "\n" for line in answers))
         blocks = token_blocks(Chat(), ["answers:code"], block=len(first) + 2, eos=0)
         assert blocks.reshape(-1).tolist() == first + [30, 0]
+
+
+@pytest.mark.slow
+def test_suffix_s4c_preset_is_lossless_and_drafts_with_the_heads_where_nothing_is_copied(smollm2):
+    """`suffix-s4c`: the shipped heads join SuffixDecoding's sources; on a chat turn the copy sources find
+    little and the heads draft, and the output is still plain greedy decoding's."""
+    from specframe_s4c import HEADS_BELOW
+
+    drafter = f"suffix-heads(heads_below={HEADS_BELOW})"
+    assert specframe.get_registry().preset("suffix-s4c").spec == f"{drafter}+trie+greedy"
+    decoder = specframe.SpeculativeDecoder.from_names(smollm2, drafter, "trie", budget=8)
+    prompt = smollm2.tokenizer.apply_chat_template([{"role": "user", "content": "Why is the sky blue?"}],
+                                                   add_generation_prompt=True, tokenize=False)
+    ids = smollm2.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    result = decoder.generate(ids, max_new_tokens=32)
+    assert result.tokens == reference_greedy(smollm2, ids, 32)
+    assert decoder.pipeline.drafter.head_steps > 0
