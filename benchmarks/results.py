@@ -159,11 +159,16 @@ def identical(run: dict) -> dict[str, tuple[int, int] | None]:
 
 def per_turn_ratio(run: dict, method: str, reference: str) -> float | None:
     """Mean over turns of (tokens/s of `method`) / (tokens/s of `reference`) on the same turn."""
+    ratios = turn_ratios(run, method, reference)
+    return statistics.fmean(ratios) if ratios else None
+
+
+def turn_ratios(run: dict, method: str, reference: str) -> list[float]:
+    """(tokens/s of `method`) / (tokens/s of `reference`) on each turn both decoded."""
     ref = {(r["qid"], r["turn"], r["repeat"]): r["metrics"]["tokens_per_s"]
            for r in run.get("records", []) if r["method"] == reference}
-    ratios = [r["metrics"]["tokens_per_s"] / ref[k] for r in run.get("records", []) if r["method"] == method
-              for k in [(r["qid"], r["turn"], r["repeat"])] if ref.get(k)]
-    return statistics.fmean(ratios) if ratios else None
+    return [r["metrics"]["tokens_per_s"] / ref[k] for r in run.get("records", []) if r["method"] == method
+            for k in [(r["qid"], r["turn"], r["repeat"])] if ref.get(k)]
 
 
 def num(value: float | None, digits: int = 2, suffix: str = "") -> str:
@@ -230,6 +235,35 @@ def speed_table(runs: list[dict], spec: dict) -> list[str]:
                      *([num(per_turn_ratio(run, label, ref), 2, "x")] if ref else []), num(s["tau"]),
                      num(s["tokens_per_s"]["mean"], 1), num(s.get("mean_tree_size"), 1),
                      "-" if s.get("slow_turns") is None else f"{100 * s['slow_turns']:.0f} %",
+                     "-" if same is None else f"{same[0] - same[1]} of {same[0]} turns"])
+    return markdown_table(head, rows) + ["", *provenance(run), "", noise_line(run, spec.get("control"))]
+
+
+SAFE = 0.97  # a preset is safe to turn on when no turn runs below this share of plain decoding
+
+
+def presets_table(runs: list[dict], spec: dict) -> list[str]:
+    """Whether each preset is safe to turn on: its worst turn against plain decoding, how many turns fall
+    below SAFE, what drafting costs per step, and how deep its drafts are accepted (the share of steps
+    accepting at least 1, 2 and 3 drafted tokens: for S4C, what each head adds)."""
+    run = runs[0]
+    ref, base = spec.get("reference"), "baseline"
+    checked = identical(run)
+    head = ["method", "speedup", *([f"vs {ref} (per turn)"] if ref else []), "worst turn",
+            f"turns < {SAFE}x", "tau", "accepted >= 1 / 2 / 3", "draft ms per step", "identical to plain"]
+    rows = []
+    for label, s in sorted(rows_of(run, spec.get("rows")).items(), key=lambda kv: -kv[1]["speedup"]["mean"]):
+        ratios = turn_ratios(run, label, base) if label != base else []
+        counts = s.get("acceptance_histogram") or []
+        steps = sum(counts)
+        deep = (" / ".join(f"{sum(counts[k:]) / steps:.2f}" for k in (1, 2, 3))
+                if steps and len(counts) > 1 else "-")
+        same = checked.get(label)
+        rows.append([f"`{label}`", num(s["speedup"]["mean"], 2, "x"),
+                     *([num(per_turn_ratio(run, label, ref), 2, "x")] if ref else []),
+                     num(min(ratios), 2, "x") if ratios else "-",
+                     f"{sum(r < SAFE for r in ratios)} of {len(ratios)}" if ratios else "-",
+                     num(s["tau"]), deep, num((s.get("time_per_step_ms") or {}).get("draft"), 1),
                      "-" if same is None else f"{same[0] - same[1]} of {same[0]} turns"])
     return markdown_table(head, rows) + ["", *provenance(run), "", noise_line(run, spec.get("control"))]
 
@@ -354,7 +388,7 @@ def batch_noise_line(run: dict) -> str:
 
 
 KINDS = {"speed": speed_table, "categories": categories_table, "choice": choice_table,
-         "memory": memory_table, "lossless": lossless_table, "batch": batch_table}
+         "memory": memory_table, "lossless": lossless_table, "batch": batch_table, "presets": presets_table}
 
 
 def render_table(spec: dict, records: Path) -> list[str]:
@@ -362,7 +396,7 @@ def render_table(spec: dict, records: Path) -> list[str]:
     runs = [load(records / name) for name in spec["runs"]]
     if spec["kind"] not in ("choice", "batch") and all(r is None for r in runs):
         return [f"No records yet for {', '.join(spec['runs'])}: run `make results`."]
-    if spec["kind"] in ("speed", "categories"):
+    if spec["kind"] in ("speed", "categories", "presets"):
         if runs[0] is None:
             return [f"No records yet for {spec['runs'][0]}: run `make results`."]
     return KINDS[spec["kind"]](runs, spec)

@@ -47,6 +47,23 @@ def test_a_table_is_rendered_between_its_markers_and_the_prose_stays(records, tm
     assert "Command: `specframe bench --suite humaneval`" in text and "Noise floor:" in text
 
 
+def test_a_presets_table_shows_the_worst_turn_and_how_deep_drafts_are_accepted(records):
+    run = records / "code-cpu"
+    lines = run.joinpath("records.jsonl").read_text().splitlines()
+    slow = record("s4c@auto", "a", 9.5, [1, 2]) | {}
+    slow["metrics"] = slow["metrics"] | {"acceptance_histogram": [4, 3, 2, 1]}
+    fast = record("s4c@auto", "b", 12.0, [1, 3])
+    fast["metrics"] = fast["metrics"] | {"acceptance_histogram": [4, 3, 2, 1]}
+    run.joinpath("records.jsonl").write_text("\n".join([*lines, json.dumps(slow), json.dumps(fast)]) + "\n")
+    spec = {"name": "t", "page": "p.md", "kind": "presets", "runs": ["code-cpu"]}
+    text = "\n".join(results.render_table(spec, records))
+    row = next(line for line in text.splitlines() if line.startswith("| `s4c@auto`"))
+    # turns at 0.95x and 1.20x of plain: the worst is 0.95x, one of two below 0.97x; of 20 steps, 12
+    # accepted at least one drafted token, 6 at least two, 2 at least three
+    assert "| 0.95x | 1 of 2 |" in row and "| 0.60 / 0.30 / 0.10 |" in row
+    assert "| `baseline` | 1.00x | - | - |" in text
+
+
 def test_a_run_without_records_says_so(tmp_path):
     spec = {"name": "t", "page": "p.md", "kind": "speed", "runs": ["code-gpu"]}
     assert "No records yet for code-gpu" in results.render_table(spec, tmp_path)[0]
