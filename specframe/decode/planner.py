@@ -43,6 +43,14 @@ DRAFT_MEMORY = 0.97
 OPTIMISM = 2.0
 GAIN_SD_FLOOR = 0.3  # the per-step spread assumed at least: a few cold steps alike do not make it 0
 OPTIMISTIC_GAIN, OPTIMISTIC_STEPS = 2.0, 4.0  # the record starts with 4 steps at twice plain speed
+# Requests differ more than the steps of one request do (S4C's heads pay 1.2x on code and lose on RAG), so
+# a new request starts from what earlier requests showed weighed as at most REQUEST_PRIOR drafted steps: a
+# prior that the request's own steps outweigh within a few drafted steps. The weight is the shrinkage
+# ratio of the two spreads: tokens accepted per drafted step vary by about 0.45 from step to step and by
+# about 0.16 from request to request (S4C on HumanEval 0-39 and Spec-Bench's first turns, replayed), and
+# (0.45 / 0.16)^2 = 8. At full weight (~30 steps), a 47-step answer that followed paying ones drafted on
+# every step to accept 3 tokens (0.90x plain, replayed; 0.93x with the prior).
+REQUEST_PRIOR = 8.0
 # A drafted step counts at most twice the time of a typical one (or of a plain step, whichever is more):
 # the first draft of a decoder compiles its kernels (S4C's heads: 88 ms, three plain steps). The probe
 # budget below counts every step in full.
@@ -88,11 +96,21 @@ class DraftingGain:
 
     def forget(self) -> None:
         """A step passed: every drafted step recorded weighs `memory` as much."""
-        self.optimism *= self.memory
-        self.tokens *= self.memory
-        self.cost *= self.memory
-        self.weight *= self.memory
-        self.gains *= self.memory
+        self.shrink(self.memory)
+
+    def start_request(self) -> None:
+        """A new request: the record, kept at its mean and spread, weighs at most `REQUEST_PRIOR` steps."""
+        total = self.weight + self.optimism
+        if total > REQUEST_PRIOR:
+            self.shrink(REQUEST_PRIOR / total)
+
+    def shrink(self, factor: float) -> None:
+        """Weigh everything recorded `factor` as much (the mean and the spread stay)."""
+        self.optimism *= factor
+        self.tokens *= factor
+        self.cost *= factor
+        self.weight *= factor
+        self.gains *= factor
 
     def add(self, tokens: int, cost: float) -> None:
         """A drafted step that emitted `tokens` in `cost` plain steps' time (clipped: `OUTLIER`)."""
@@ -252,11 +270,13 @@ class AdaptivePlanner(CostAtContext):
     # --- before the step -----------------------------------------------------------------------------
 
     def start_request(self, blind: bool = False) -> None:
-        """A new request: its drafter has read none of it, and its probes have earned nothing yet.
+        """A new request: its drafter has read none of it, its probes have earned nothing yet, and what
+        earlier requests showed of drafting's gain is a prior of `REQUEST_PRIOR` steps.
         `blind` (`plans_blind` of the request's sampling): its sampled trees are verified with their q,
         so sizes are chosen before drafting and nothing is pruned."""
         self.draw_order_only = blind
         self._read = 0
+        self.gain.start_request()
         self.probes.start_request()
 
     def start_step(self, context: int) -> None:
