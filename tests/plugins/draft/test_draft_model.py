@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -9,6 +12,7 @@ import torch
 import specframe
 from specframe import DrawMethod, ScoreKind, StepOutcome
 from specframe.terms.errors import ConfigurationError, UnsupportedModelError
+from specframe.terms.metrics import PhaseTimer
 from specframe.testing import DrafterConformance, reference_greedy, repetitive_prompt, tiny_target
 from specframe_draft.drafter import (
     DraftModelDrafter, check_same_tokenizer, common_prefix, forest_from_picks, truncated_model,
@@ -113,3 +117,88 @@ def test_self_speculation_on_the_real_model_is_lossless(smollm2):
     result = decoder.generate(prompt, max_new_tokens=32)
     assert result.tokens == reference_greedy(smollm2, ids, 32)
     assert result.metrics.accepted_draft_tokens > 0
+
+
+class SteeredDrafter(DraftModelDrafter):
+    """`draft-model` that runs (and counts) its forwards as usual, but proposes the target's own next tokens
+    while `right`, else tokens the target never emits there: a draft model that pays, then one that
+    never does, with the same forwards and cache."""
+
+    def __init__(self, target, **options):
+        super().__init__(target, **options)
+        self.truth: list[int] = []  # the prompt and the target's greedy continuation
+        self.right = True
+        self.forwards = self.read = 0  # forwards run, tokens they read
+
+    def _feed(self, ids: list[int]):
+        self.forwards, self.read = self.forwards + 1, self.read + len(ids)
+        return super()._feed(ids)
+
+    def propose(self, context):
+        proposal = super().propose(context)
+        start = len(context.tokens)  # the chain's node at depth d stands for token start + d - 1
+        truth = np.array(self.truth[start:start + len(proposal)])
+        if len(truth) < len(proposal):
+            return proposal
+        tokens = truth if self.right else (truth + 1) % self.target.vocab_size
+        return dataclasses.replace(proposal, tokens=tokens[proposal.depth - 1])
+
+
+class ModelledSteps(PhaseTimer):
+    """A step timed as modelled, never by the clock: the forward by `COST` at the scored tree's size, and
+    drafting at 0.3 of a plain step per draft-model forward (the first of 3 layers, and the LM head)."""
+
+    def __init__(self, drafter: SteeredDrafter, backend):
+        super().__init__()
+        self.drafter, self.backend, self.forwards = drafter, backend, drafter.forwards
+
+    @contextlib.contextmanager
+    def __call__(self, phase: str):
+        yield
+        if phase == "draft":
+            self.times["draft"] = 0.3 * (self.drafter.forwards - self.forwards)
+        elif phase == "forward":
+            self.times["forward"] = COST.step_seconds(self.backend.scored)
+
+    def close(self) -> dict[str, float]:
+        return self.times
+
+
+COST = specframe.PolynomialCost((0.05, 0.95))  # 1 s a plain step, 0.05 s more a node
+
+
+def test_a_draft_model_that_stops_paying_runs_few_forwards_and_reads_each_token_once():
+    """Two requests where the draft model's chains are right, then four where they never are. Off, a
+    step runs no draft forward (its cache is not kept up to date); a drafted step reads every token since
+    the last one in one forward. Carried at full weight into the first losing request, the paying
+    requests' record kept drafting on for 25 steps (96 forwards); as the planner's request prior, 14
+    (52 forwards), and none in the later losing requests."""
+    target = tiny_target(seed=0, layers=3)
+    drafter = SteeredDrafter(target, layers=1, num_tokens=4)
+    pipeline = specframe.assemble(target, "none", "chain", "greedy", "kv")
+    pipeline.drafter = drafter
+    backend = pipeline.backend
+    score = backend.score
+
+    def scored(tree):
+        backend.scored = len(tree)
+        return score(tree)
+
+    backend.score = scored
+    decoder = specframe.SpeculativeDecoder(target, pipeline, budget="auto", cost=COST,
+                                           step_timer=lambda sync: ModelledSteps(drafter, backend))
+    losing = []
+    for request in range(6):
+        prompt = repetitive_prompt(target.vocab_size, 24, seed=request)
+        drafter.truth = prompt + reference_greedy(target, prompt, 60)
+        drafter.right = request < 2
+        before = (drafter.forwards, drafter.read)
+        result = decoder.generate(prompt, max_new_tokens=60)
+        assert result.tokens == drafter.truth[len(prompt):]
+        drafted = result.metrics.steps - result.metrics.drafting_skipped
+        if not drafter.right:
+            forwards, read = drafter.forwards - before[0], drafter.read - before[1]
+            losing.append(forwards)
+            assert forwards <= 4 * drafted  # the catch-up and the chain: one forward each, per drafted step
+            assert read <= len(prompt) + 60 + 4 * drafted  # each token once, and each rejected draft again
+    assert sum(losing) <= 64 and losing[1:] == [0, 0, 0]
