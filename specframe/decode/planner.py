@@ -47,9 +47,11 @@ OPTIMISTIC_GAIN, OPTIMISTIC_STEPS = 2.0, 4.0  # the record starts with 4 steps a
 # a new request starts from what earlier requests showed weighed as at most REQUEST_PRIOR drafted steps: a
 # prior that the request's own steps outweigh within a few drafted steps. The weight is the shrinkage
 # ratio of the two spreads: tokens accepted per drafted step vary by about 0.45 from step to step and by
-# about 0.16 from request to request (S4C on HumanEval 0-39 and Spec-Bench's first turns, replayed), and
+# 0.16 (Spec-Bench's first turns) to 0.21 (HumanEval) from request to request (S4C, replayed), and
 # (0.45 / 0.16)^2 = 8. At full weight (~30 steps), a 47-step answer that followed paying ones drafted on
-# every step to accept 3 tokens (0.90x plain, replayed; 0.93x with the prior).
+# every step to accept 3 tokens (0.90x plain, replayed; 0.93x with the prior). A harder rule, stopping a
+# request's drafting once its own drafted steps lost half a plain step, also stopped paying requests after
+# an unlucky start: 1.5 % slower on Spec-Bench with S4C, for no better worst turn.
 REQUEST_PRIOR = 8.0
 # A drafted step counts at most twice the time of a typical one (or of a plain step, whichever is more):
 # the first draft of a decoder compiles its kernels (S4C's heads: 88 ms, three plain steps). The probe
@@ -62,12 +64,6 @@ OUTLIER = 2.0
 # 50 ms steps on long Spec-Bench prompts), so one probe alone may cost a short request 4 %.
 PROBE_SHARE = 0.01
 PROBE_ALLOWANCE = 2.0  # plain steps a decoder's first probes may lose before any step was skipped
-# Drafting because the record says it pays is a bet on earlier requests: a request whose own drafted steps
-# have lost more than UNPROVEN_LOSS plain steps drafts only as probes until they win the loss back
-# (`RequestLoss`). A request where drafting stopped paying then loses about that, however well drafting
-# paid before and however short the request: without it, a 30-token answer after requests where drafting
-# (a fifth of a step) paid 1.5x drafted 18 of its steps for nothing (0.89x plain, simulated).
-UNPROVEN_LOSS = 0.5
 # The cost model moves to the step's context every 16 tokens (on SmolLM2 at two CPU threads, 16 tokens add
 # at most 0.2 ms to a 16-node tree's 31 ms): tree selection then reuses one model for several steps.
 CONTEXT_STEP = 16
@@ -118,9 +114,8 @@ class DraftingGain:
         self.weight *= factor
         self.gains *= factor
 
-    def add(self, tokens: int, cost: float) -> float:
-        """A drafted step that emitted `tokens` in `cost` plain steps' time (clipped: `OUTLIER`); returns
-        the cost as clipped."""
+    def add(self, tokens: int, cost: float) -> None:
+        """A drafted step that emitted `tokens` in `cost` plain steps' time (clipped: `OUTLIER`)."""
         typical = self.cost / self.weight if self.weight > 0 else 1.0
         cost = min(cost, OUTLIER * max(typical, 1.0))
         gain = tokens / max(cost, 1e-9)
@@ -128,7 +123,6 @@ class DraftingGain:
         self.cost += cost
         self.weight += 1.0
         self.gains += (gain, gain * gain)
-        return cost
 
     @property
     def mean(self) -> float:
@@ -205,31 +199,6 @@ class ProbeBudget:
         self.rest_s += EMA * (loss_s - drafting_s - self.rest_s)
 
 
-class RequestLoss:
-    """What drafting has lost in this request: the seconds its drafted steps took over what plain steps
-    would have taken for the same tokens (a gain counts negative; a step's time clipped as in
-    `DraftingGain`), against what the request allows drafting on earlier requests' word alone:
-    `UNPROVEN_LOSS` plain steps. Past that, only probes draft (`ProbeBudget`), and those that pay win the
-    loss back. A decoder's first request has no earlier requests to go by: its record is the optimistic
-    start of `DraftingGain`, meant to outlast cold first drafts, so the bound holds from the first
-    request that starts with drafted steps on record."""
-
-    def __init__(self):
-        self.lost_s = 0.0
-        self.bounded = False  # whether the record held drafted steps of earlier requests when this one began
-
-    def start_request(self, record_weight: float) -> None:
-        self.lost_s = 0.0
-        self.bounded = record_weight > 0
-
-    def allows(self, plain_s: float) -> bool:
-        return not self.bounded or self.lost_s <= UNPROVEN_LOSS * plain_s
-
-    def add(self, lost_s: float) -> None:
-        """A drafted step that took `lost_s` seconds more than plain steps for its tokens would have."""
-        self.lost_s += lost_s
-
-
 class CostAtContext:
     """The cost of a step at the step's context: `calibrated` holds the model over all contexts, `cost`
     the model at the current step's (`CostModel.at_context`), moved every `CONTEXT_STEP` tokens."""
@@ -291,7 +260,6 @@ class AdaptivePlanner(CostAtContext):
         self.draft_node_s = 0.0  # drafting time per proposed node, running mean
         self.gain = DraftingGain()  # realised speed of drafted steps over plain steps
         self.probes = ProbeBudget()  # what probes may still lose in this request
-        self.loss = RequestLoss()  # what drafting has lost in this request
         self._step_context = 0  # tokens of the current step's context
         self._read = 0  # context of this request's last drafted step: what the drafter has read
         self._drafted = False
@@ -312,7 +280,6 @@ class AdaptivePlanner(CostAtContext):
         self._read = 0
         self.gain.start_request()
         self.probes.start_request()
-        self.loss.start_request(self.gain.weight)
 
     def start_step(self, context: int) -> None:
         super().start_step(context)
@@ -336,13 +303,12 @@ class AdaptivePlanner(CostAtContext):
         return min(best, room)
 
     def should_draft(self) -> bool:
-        """Draft unless drafting is expensive (over `CHEAP_DRAFT` of a plain step) and either drafted steps
-        have emitted more slowly than plain ones or this request's drafted steps have lost more than it
-        allows (`RequestLoss`); then probe while the gain's upper bound is above 1 (see `DraftingGain`)
-        and the request has earned what a probe is expected to lose (`ProbeBudget`)."""
+        """Draft unless drafting is expensive (over `CHEAP_DRAFT` of a plain step) and drafted steps have
+        emitted more slowly than plain ones; then probe while the gain's upper bound is above 1 (see
+        `DraftingGain`) and the request has earned what a probe is expected to lose (`ProbeBudget`)."""
         self.gain.forget()
         self._probing = False
-        if not self._expensive() or (self.gain.mean > 1.0 and self.loss.allows(self._seconds(0, 0))):
+        if not self._expensive() or self.gain.mean > 1.0:
             self._drafted = True
         else:
             self._probing = self._drafted = (self.gain.upper() > 1.0
@@ -388,8 +354,7 @@ class AdaptivePlanner(CostAtContext):
             if self._proposed:
                 self.draft_node_s += EMA * (drafting / self._proposed - self.draft_node_s)
             plain = self._seconds(0, 0)
-            cost = self.gain.add(result.accepted + 1, (step + drafting) / plain)
-            self.loss.add((cost - result.accepted - 1) * plain)
+            self.gain.add(result.accepted + 1, (step + drafting) / plain)
             self.probes.drafted(self._unread(), drafting)
             self._read = self._step_context
             if self._probing:  # its time over plain steps' for the same tokens

@@ -401,11 +401,10 @@ def test_expensive_drafting_that_loses_a_little_is_mostly_off(seed):
     assert gain == pytest.approx(0.92, abs=0.01) and drafted[100:].mean() < 0.15
 
 
-def requests_drafted(acceptances: list[float], steps: int | list[int] = 128,
-                     seed: int = 0) -> list[tuple[int, float]]:
-    """A planner fed one request of `steps` tokens (or `steps[i]` for request i) per entry of `acceptances`
-    (each drafted step's one node accepted with that probability; drafting costs 0.2 of a 1 s step): per
-    request, (steps drafted, tokens per second over plain decoding's)."""
+def requests_drafted(acceptances: list[float], steps: int = 128, seed: int = 0) -> list[tuple[int, float]]:
+    """A planner fed one request of `steps` tokens per entry of `acceptances` (each drafted step's one node
+    accepted with that probability; drafting costs 0.2 of a 1 s step): per request, (steps drafted,
+    tokens per second over plain decoding's)."""
     from specframe.decode.planner import AdaptivePlanner
     from specframe.terms.records import VerifyResult
     from specframe.terms.tree import TokenTree
@@ -413,11 +412,10 @@ def requests_drafted(acceptances: list[float], steps: int | list[int] = 128,
     planner = AdaptivePlanner(PolynomialCost((0.0, 1.0)), cap=8, drafting_grows_with_budget=False)
     rng = np.random.default_rng(seed)
     out = []
-    lengths = [steps] * len(acceptances) if isinstance(steps, int) else steps
-    for acceptance, length in zip(acceptances, lengths):
+    for acceptance in acceptances:
         planner.start_request()
         drafted, tokens, seconds = 0, 0, 0.0
-        while tokens < length:
+        while tokens < steps:
             draft = planner.should_draft()
             tree = TokenTree(np.arange(1), np.array([-1])) if draft else TokenTree.empty()
             planner.choose(DraftProposal.empty(), tree)
@@ -440,22 +438,12 @@ def test_a_request_where_drafting_does_not_pay_is_not_held_to_the_verdict_of_ear
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_a_short_request_where_drafting_does_not_pay_loses_little_after_requests_where_it_paid_well(seed):
-    """After requests where drafting paid 1.5x, a prior of 8 steps still says it pays for the first ~20
-    failing steps: a 30-token answer that accepted nothing ran at 0.89x plain. The request's own losses
-    stop it once they pass `UNPROVEN_LOSS` plain steps (then a probe or two: 0.97x)."""
-    *_, (drafted, speed) = requests_drafted([0.0, 0.6, 0.8, 0.0], steps=[128, 128, 128, 30], seed=seed)
-    assert drafted <= 6 and speed > 0.96
-
-
-@pytest.mark.parametrize("seed", [0, 1, 2])
 def test_requests_that_pay_a_little_keep_drafting_across_request_starts(seed):
     """The prior is no reset: a drafter paying 1.09x on every request (a third of its nodes accepted) keeps
     drafting through the starts of later requests, whose first steps may all fail. (A prior of 2 steps
-    left one request drafting 31 of its steps, at 1.01x.) An unlucky start may still stop it in one
-    request: its drafted steps lost what `UNPROVEN_LOSS` allows."""
+    left one request drafting 31 of its steps, at 1.01x.)"""
     later = requests_drafted([0.31] * 6, seed=seed)[1:]
-    assert np.mean([speed for _, speed in later]) > 1.05 and sum(drafted < 64 for drafted, _ in later) <= 1
+    assert np.mean([speed for _, speed in later]) > 1.05 and min(drafted for drafted, _ in later) > 45
 
 
 def probe_share(probe_cost, steps: int) -> float:
