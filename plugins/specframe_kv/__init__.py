@@ -8,16 +8,19 @@ The cache appends in place (`kv(cache="buffer")`, the default: `specframe.kit.ba
 of copying itself at every step as transformers' own `DynamicLayer` does (`kv(cache="concat")`); the logits
 are the same either way.
 
-On a CPU, a forward over 1 or 2 tokens costs more than over 4: with torch's own linear kernel
+On some CPUs a forward over 1 or 2 tokens costs more than over 4: with torch's own linear kernel
 (`SPECFRAME_CPU_LINEAR=torch`) the BLAS switches from one streaming pass over each weight matrix to a per-row
 one; with the default oneDNN-packed weights (`specframe.kit.models.PackedLinear`) its 1- and 2-row kernels
 stream the weights more slowly than its 4-row one (SmolLM2 at one thread on an Intel Xeon: 72 ms for a 1-node
 tree, 57 ms padded to 4 rows, 55 ms for a 3-node tree, 61 ms for a plain step; on an AMD EPYC a plain step
 57.2 ms, padded to 4 rows 51.7: `benchmarks/plain_padding.py`). So every forward, a plain step (the root
-alone) included, is padded with throwaway rows up to `min_rows` (see docs/explanation/metrics-and-costs.md).
-Nothing attends to the padding and its logits and cache rows are dropped, so results are unchanged. Whether a
-CPU pads is measured for the model by its calibration (`specframe.kit.backend.forward_min_rows`); without one,
-`kv` pads, as measured for SmolLM2.
+alone) included, may be padded with throwaway rows up to `min_rows` (docs/explanation/metrics-and-costs.md).
+Nothing attends to the padding and its logits and cache rows are dropped, so results are unchanged. On other
+CPUs padding loses (an Intel Xeon with AMX: a plain step padded to 4 rows took 1.10 times a one-row one), so
+whether a CPU pads is measured for the model by its calibration (`specframe.kit.backend.forward_min_rows`).
+Without one `kv` does not pad, so that plain decoding runs the one-row forward transformers' `generate` runs;
+a calibration measured later in the process (the first `budget="auto"` request) sets the padding of the
+backends built before it (`specframe.kit.backend.stored_min_rows`).
 
 A CPU target in bfloat16 computes each row of a forward exactly as a plain step would
 (`specframe.runtime.attention`) only up to `exact_rows(model)` rows (measured on the CPU: 64 with packed
@@ -123,7 +126,7 @@ class KVCacheBackend(StateBackend):
         # Rows (root + nodes) a tree forward is padded to: see the module docstring. 1 turns padding off.
         linear = linear_kernel(target.model)
         self.auto_padding = pads_by_measurement(min_rows, target.device, linear)  # decided by calibration
-        self.min_rows = forward_min_rows(min_rows, target.device, self.name, linear, pads_uncalibrated=True,
+        self.min_rows = forward_min_rows(min_rows, target.device, self.name, linear,
                                          calibrated=lambda: stored_min_rows(self))
         self._max_rows: dict[int, int | None] = {}  # `exact_rows(model)` by torch's thread count
         self._fixed_rows: tuple[int | None] | None = None

@@ -21,6 +21,7 @@ import math
 import platform
 import sys
 import time
+import weakref
 from dataclasses import asdict
 from pathlib import Path
 
@@ -47,6 +48,10 @@ SLOPE_SIZES = (0, 2, 8, 16, 32)  # where the context slope is measured: it grows
 # Part of `cost_key`, so of the file name: raised whenever what a calibration measures or stores changes
 # (sizes, rounds, slopes, padding), so that a stored calibration of another kind is measured again.
 FORMAT = 9
+# Backends that leave their padding to calibration and found none stored when they were built, with their
+# keys: a calibration for the same keys measured later in this process sets their padding too
+# (`stored_min_rows`). Weak: a backend nobody holds is forgotten.
+_AWAITING_PADDING: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def calibrate(backend: StateBackend, sizes=SIZES, rounds: int = ROUNDS, progress: bool = True,
@@ -67,6 +72,7 @@ def calibrate(backend: StateBackend, sizes=SIZES, rounds: int = ROUNDS, progress
     if getattr(backend, "auto_padding", False):
         padding = probe_padding(backend, rounds=rounds, seed=seed)
         backend.min_rows = padded_rows(*padding, CPU_MIN_ROWS)
+        share_padding(cost_key(backend), backend.min_rows)
     measured = {"min_rows": getattr(backend, "min_rows", 1), "padding_s": padding}
     prompts = sorted({prompt_room(backend.target, sizes, n) for n in (PROMPT_TOKENS, LONG_PROMPT_TOKENS)})
     chains = chain_sizes(sizes)
@@ -235,6 +241,8 @@ def cached_cost(backend: StateBackend, options: dict | None = None, refresh: boo
     if not refresh:
         cost = read_cost(path, key)
         if cost is not None:
+            if cost.padding_s and options is None:
+                follow_padding(backend, cost.min_rows)  # it may have been stored after the backend was built
             return cost
     cost = measure_cost(backend, progress)
     store_cost(path, key, cost)
@@ -275,9 +283,34 @@ def write_cost(path: Path, key: dict, cost: MeasuredCost) -> None:
 
 def stored_min_rows(backend: StateBackend) -> int | None:
     """The rows that the stored calibration of `backend` chose to pad its forwards to, measured
-    (`probe_padding`), or None where there is none: what a backend with `auto_padding` runs with."""
-    cost = stored_cost(backend)
-    return cost.min_rows if cost is not None and cost.padding_s else None
+    (`probe_padding`), or None where there is none: what a backend with `auto_padding` runs with.
+
+    A backend with `auto_padding` that finds none is told the choice of a calibration for its keys
+    measured later in this process (`share_padding`): built before that calibration (a bench builds its
+    plain baseline before the first `budget="auto"` method calibrates), it would otherwise keep the
+    uncalibrated default for as long as it lives."""
+    key = cost_key(backend)
+    cost = read_cost(cost_path(key), key)
+    if cost is not None and cost.padding_s:
+        return cost.min_rows
+    if getattr(backend, "auto_padding", False):
+        _AWAITING_PADDING[backend] = key
+    return None
+
+
+def share_padding(key: dict, rows: int) -> None:
+    """A calibration for `key` chose to pad forwards to `rows`: the backends awaiting a choice for the
+    same keys (`stored_min_rows`) pad so from now on."""
+    for backend, awaited in list(_AWAITING_PADDING.items()):
+        if awaited == key:
+            follow_padding(backend, rows)
+
+
+def follow_padding(backend: StateBackend, rows: int) -> None:
+    """Pad `backend`'s forwards to the `rows` its calibration chose, if it leaves padding to calibration."""
+    if getattr(backend, "auto_padding", False):
+        backend.min_rows = rows
+        _AWAITING_PADDING.pop(backend, None)
 
 
 def stored_cost(backend: StateBackend, options: dict | None = None) -> MeasuredCost | None:

@@ -9,7 +9,8 @@ a model name.
   forwards can pay; where other work grows with the rows it is a loss, hence measured per model.
 - `stored_min_rows(backend)` and `stored_cost(backend)` read what `specframe calibrate` stored for the
   backend on this machine (never measuring): the padding it chose and the measured step cost, which
-  `cost_model()` may return.
+  `cost_model()` may return. A backend whose `calibrated()` found no padding choice gets the one a
+  calibration for it measures later in the process (its `min_rows` is set then).
 - `PaddedCost(base, rows)` is a cost model for a backend that pads: trees of fewer nodes cost what
   `rows - 1` nodes cost.
 - `buffered_cache(config)` is a transformers `DynamicCache` whose attention layers append in place, so a

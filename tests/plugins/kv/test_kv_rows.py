@@ -127,21 +127,23 @@ def drive(twins: Twins, data, steps: int) -> None:
 
 
 @needs_bf16
-# None: the backend's measured limit (64 rows here); 24: several forwards of whole rows; 7: big trees chunked
-@pytest.mark.parametrize("max_rows", [None, 24, 7])
+# max_rows None: the backend's measured limit (64 rows here); 24: several forwards of whole rows; 7: big
+# trees chunked. min_rows 4: small forwards padded, as where calibration measured padding to pay.
+@pytest.mark.parametrize("max_rows,min_rows", [(None, 1), (None, 4), (24, 4), (7, 4)])
 @settings(max_examples=4, deadline=None)
 @given(data=st.data())
-def test_rows_together_equal_rows_alone_bit_for_bit_in_bfloat16(tiny_bf16, max_rows, data):
-    twins = Twins(tiny_bf16, bit_for_bit, want_hidden=True)
+def test_rows_together_equal_rows_alone_bit_for_bit_in_bfloat16(tiny_bf16, max_rows, min_rows, data):
+    twins = Twins(tiny_bf16, bit_for_bit, want_hidden=True, min_rows=min_rows)
     if max_rows is not None:  # the rows alone keep the backend's own limit
         twins.batch.backend.max_rows = max_rows
     drive(twins, data, steps=4)
 
 
+@pytest.mark.parametrize("min_rows", [1, 4])
 @settings(max_examples=6, deadline=None)
 @given(data=st.data())
-def test_rows_together_equal_rows_alone_closely_in_float32(tiny_f32, data):
-    drive(Twins(tiny_f32, close), data, steps=5)
+def test_rows_together_equal_rows_alone_closely_in_float32(tiny_f32, min_rows, data):
+    drive(Twins(tiny_f32, close, min_rows=min_rows), data, steps=5)
 
 
 @needs_bf16
