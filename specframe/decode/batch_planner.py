@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from specframe.decode.acceptance import AcceptanceModel, NodeFeatures, matched_outcomes
-from specframe.decode.planner import EMA, CostAtContext
+from specframe.decode.planner import EMA, CostAtContext, DecayedLine
 from specframe.decode.selection import path_probabilities
 from specframe.contract.interfaces import BatchBackend
 from specframe.terms.cost import CostModel
@@ -80,9 +80,10 @@ class RowPlan:
         self.features = self.built = self.built_features = None
 
 
-class SpeedByRows:
+class SpeedByRows(DecayedLine):
     """The realised forward over the calibrated one as a + b * rows (the query rows the forward computed),
-    least squares over batch steps, each weighing `memory` as much one step later; 1 before any step.
+    least squares over batch steps, each weighing `memory` as much one step later; at least 0.25, and 1
+    before any step.
 
     The calibration times one sequence's trees, up to a few dozen rows, where a CPU forward is bound by
     reading the weights; a batch's forwards take more rows, where the arithmetic grows with every row,
@@ -90,20 +91,10 @@ class SpeedByRows:
     development CPU a planner with one factor kept large trees that cost more than they gained)."""
 
     def __init__(self, memory: float = 0.97):
-        self.memory = memory
-        self.sums = np.zeros(5)  # weighted sums of 1, r, r^2, y, y r
-
-    def add(self, rows: int, ratio: float) -> None:
-        r = float(rows)
-        self.sums = self.memory * self.sums + (1.0, r, r * r, ratio, ratio * r)
+        super().__init__(memory, floor=0.25, empty=1.0)
 
     def factor(self, rows) -> np.ndarray | float:
-        n, sr, srr, sy, syr = self.sums
-        if n <= 0:
-            return 1.0
-        spread = n * srr - sr * sr
-        slope = (n * syr - sr * sy) / spread if spread > 1e-9 * max(n * srr, 1.0) else 0.0
-        return np.maximum((sy - slope * sr) / n + slope * np.asarray(rows, float), 0.25)
+        return self.at(rows)
 
 
 class BatchPlanner(CostAtContext):

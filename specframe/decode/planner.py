@@ -139,26 +139,44 @@ class DraftingGain:
         return self.mean + OPTIMISM * spread / np.sqrt(self.weight)
 
 
-class DraftTime:
+class DecayedLine:
+    """y = a + b * x by least squares over the points added, each weighing `memory` as much one point
+    later. The slope is clipped below at `min_slope` (None: not clipped) and the line's values below at
+    `floor` (a noisy fit may dip below what can be); before any point the line is `empty` everywhere."""
+
+    def __init__(self, memory: float, min_slope: float | None = None, floor: float = -np.inf,
+                 empty: float = 0.0):
+        self.memory = memory
+        self.min_slope, self.floor, self.empty = min_slope, floor, empty
+        self.sums = np.zeros(5)  # weighted sums of 1, x, x^2, y, y x
+
+    def add(self, x: float, y: float) -> None:
+        x = float(x)
+        self.sums = self.memory * self.sums + (1.0, x, x * x, y, y * x)
+
+    def at(self, x):
+        """The line at `x`, a number or an array (then one value per element)."""
+        n, sx, sxx, sy, sxy = self.sums
+        if n <= 0:
+            return self.empty
+        spread = n * sxx - sx * sx
+        slope = (n * sxy - sx * sy) / spread if spread > 1e-9 * max(n * sxx, 1.0) else 0.0
+        if self.min_slope is not None:
+            slope = max(slope, self.min_slope)
+        return np.maximum((sy - slope * sx) / n + slope * np.asarray(x, float), self.floor)
+
+
+class DraftTime(DecayedLine):
     """Drafting seconds as a + b * (tokens the drafter has not read yet), least squares over drafted
     steps, each weighing DRAFT_MEMORY as much one drafted step later. S4C's heads cost the same each
-    step (b ~ 0); a draft model reads what it has not seen before it drafts (b > 0)."""
+    step (b ~ 0); a draft model reads what it has not seen before it drafts (b > 0). Neither b nor the
+    forecast goes below 0, and before any drafted step no cost is known (0)."""
 
     def __init__(self, memory: float = DRAFT_MEMORY):
-        self.memory = memory
-        self.sums = np.zeros(5)  # weighted sums of 1, u, u^2, d, d u
-
-    def add(self, unread: int, seconds: float) -> None:
-        u = float(unread)
-        self.sums = self.memory * self.sums + (1.0, u, u * u, seconds, seconds * u)
+        super().__init__(memory, min_slope=0.0, floor=0.0, empty=0.0)
 
     def forecast(self, unread: int) -> float:
-        n, su, suu, sd, sdu = self.sums
-        if n <= 0:
-            return 0.0
-        spread = n * suu - su * su
-        slope = max((n * sdu - su * sd) / spread, 0.0) if spread > 1e-9 * max(n * suu, 1.0) else 0.0
-        return max((sd - slope * su) / n + slope * unread, 0.0)  # a noisy fit may dip below 0
+        return self.at(unread)
 
 
 class ProbeBudget:

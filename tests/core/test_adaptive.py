@@ -686,6 +686,38 @@ def test_each_request_is_planned_blind_or_not_by_its_own_sampling(tiny):
     assert modes == [False, True, False]
 
 
+def test_a_decayed_line_recovers_a_line_forgets_old_points_and_clips():
+    """The fit behind `DraftTime` and the batch planner's `SpeedByRows`: least squares, each point
+    weighing `memory` as much one point later, the slope and the values clipped from below."""
+    from specframe.decode.planner import DecayedLine
+
+    line = DecayedLine(0.9)
+    for x in (3, 40, 7, 12, 0, 25):
+        line.add(x, 2.0 - 0.5 * x)
+    assert line.at(10) == pytest.approx(-3.0)
+    np.testing.assert_allclose(line.at(np.array([0, 6, 100])), [2.0, -1.0, -48.0])
+
+    # Old points fade: after a jump, a short memory sits near the new line, a long one between the two.
+    short, long = DecayedLine(0.5), DecayedLine(0.999)
+    for y in [1.0] * 50 + [3.0] * 10:
+        short.add(7, y)
+        long.add(7, y)
+    assert short.at(7) == pytest.approx(3.0, abs=0.01)
+    assert 1.2 < long.at(7) < 1.6  # 10 recent points against 50 older ones, barely decayed
+
+    # The clips: a falling line's slope held at `min_slope`, its values at `floor`, and `empty` first.
+    falling = DecayedLine(0.9, min_slope=0.0, floor=0.5, empty=7.0)
+    assert falling.at(3) == 7.0
+    for x in (1, 2, 3):
+        falling.add(x, 4.0 - x)  # slope -1, mean 2: flat at the weighted mean of y when clipped at 0
+    mean = (0.81 * 3 + 0.9 * 2 + 1) / (0.81 + 0.9 + 1)
+    assert falling.at(0) == pytest.approx(mean) and falling.at(100) == pytest.approx(mean)
+    floored = DecayedLine(0.9, floor=0.5)
+    for x in (1, 2, 3):
+        floored.add(x, 4.0 - x)
+    np.testing.assert_allclose(floored.at(np.array([1, 3, 10])), [3.0, 1.0, 0.5])
+
+
 def test_drafting_time_is_fitted_in_the_tokens_the_drafter_has_not_read():
     """A draft model's drafting grows with what it must read first; S4C's heads cost the same always."""
     from specframe.decode.planner import DraftTime
