@@ -111,7 +111,8 @@ def _tree_backend_reason(target) -> str | None:
 
 class KVCacheBackend(StateBackend):
     name = "kv"
-    capabilities = BackendCapabilities(supports_trees=True, provides_hidden_states=True)
+    capabilities = BackendCapabilities(supports_trees=True, provides_hidden_states=True,
+                                       fresh_state_per_copy=True)  # prefill makes a new cache
 
     def __init__(self, target, *, want_hidden: bool = False, min_rows: int | None = None,
                  cache: CacheKind = "buffer"):

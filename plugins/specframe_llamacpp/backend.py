@@ -28,7 +28,10 @@ class LlamaCppBackend(StateBackend):
     else no padding)."""
 
     name = "llamacpp"
-    capabilities = BackendCapabilities(supports_trees=True, provides_hidden_states=False)
+    # One llama.cpp context holds one sequence's cache, which copies of the backend would share: the default
+    # `batch()` refuses it. (llama.cpp can hold several sequences in one context; this backend uses one.)
+    capabilities = BackendCapabilities(supports_trees=True, provides_hidden_states=False,
+                                       fresh_state_per_copy=False)
 
     def __init__(self, target, *, want_hidden: bool = False, context: int | None = None,
                  max_leaves: int = DEFAULT_LEAVES, ubatch: int = DEFAULT_UBATCH, min_rows: int | None = None):
@@ -85,13 +88,6 @@ class LlamaCppBackend(StateBackend):
     @property
     def committed_length(self) -> int:
         return self._committed
-
-    def batch(self):
-        """Refused: one llama.cpp context holds one sequence's cache here, so the default row-by-row copies
-        would share it. (llama.cpp could hold several sequences in one context; not built yet.)"""
-        raise ConfigurationError(
-            "backend 'llamacpp' decodes one request at a time: call generate for each prompt, or decode the "
-            "batch with --backend kv, whose batches score every row in one forward")
 
     def prefill(self, ids: list[int]) -> None:
         import torch

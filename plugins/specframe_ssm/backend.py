@@ -35,7 +35,8 @@ SCANS = get_args(ScanImpl)
 class SSMBackendBase(StateBackend):
     """What both SSM backends share: model checks, prefill, and the model call with explicit positions."""
 
-    capabilities = BackendCapabilities(supports_trees=True, provides_hidden_states=True)
+    capabilities = BackendCapabilities(supports_trees=True, provides_hidden_states=True,
+                                       fresh_state_per_copy=True)  # prefill makes a new cache
     min_rows = 1  # rows every forward is padded to (root included); 1: no padding
 
     def __init__(self, target, *, want_hidden: bool = False):

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from specframe.terms.cost import CostModel
+from specframe.terms.errors import ConfigurationError
+from specframe.terms.kinds import DEFAULT_COMPONENTS, ComponentKind
 from specframe.terms.proposal import DraftContext, DraftProposal, ScoreKind
 from specframe.terms.records import StepOutcome, TargetScores, VerifyResult
 from specframe.terms.sampling import Sampler
@@ -65,6 +67,10 @@ class VerifierCapabilities:
 class BackendCapabilities:
     supports_trees: bool = True  # scores branching trees, not only chains
     provides_hidden_states: bool = False
+    # `prefill` starts all of a sequence's state afresh (assigns new objects; nothing a shallow copy of the
+    # backend shares with it is changed in place), so copies prefilled with different prompts are independent
+    # sequences. The default `StateBackend.batch` (`RowByRow`) needs it and refuses backends without it.
+    fresh_state_per_copy: bool = False
 
 
 class Drafter(ABC):
@@ -237,9 +243,11 @@ class StateBackend(ABC):
         """The state of several sequences decoded together (`SpeculativeDecoder.generate_batch`), each
         row with its own committed tokens and pending root, started empty.
 
-        Default: `RowByRow`, one copy of this backend per row, scored one after the other: right for any
-        backend whose `prefill` starts a sequence's whole state afresh, and no faster than decoding the
-        rows alone. A backend that can score every row's tree in one forward overrides this (`kv` does).
+        Default: `RowByRow`, one copy of this backend per row, scored one after the other: right for a
+        backend whose `prefill` starts a sequence's whole state afresh, which it declares
+        (`BackendCapabilities.fresh_state_per_copy`; without it this raises `ConfigurationError`), and no
+        faster than decoding the rows alone. A backend that can score every row's tree in one forward
+        overrides this (`kv` does).
         """
         return RowByRow(self)
 
@@ -316,9 +324,19 @@ class BatchBackend(ABC):
 class RowByRow(BatchBackend):
     """A batch as one copy of a single-sequence backend per row, scored one after the other: the default
     `StateBackend.batch` (see there). Each copy starts its own state at `prefill`; what the copies share
-    (the target, measured limits) is read-only."""
+    (the target, measured limits) is read-only. Refuses a backend that does not declare so
+    (`BackendCapabilities.fresh_state_per_copy`): its copies could share one sequence's state."""
 
     def __init__(self, backend: StateBackend):
+        if not backend.capabilities.fresh_state_per_copy:
+            name, default = backend.name, DEFAULT_COMPONENTS[ComponentKind.BACKEND]
+            raise ConfigurationError(
+                f"backend '{name}' cannot decode a batch: its rows would be copies of one backend, "
+                f"independent only when prefill starts all of a sequence's state afresh, and '{name}' does "
+                "not declare that (BackendCapabilities.fresh_state_per_copy). Call generate for each "
+                f"prompt, or decode the batch with a backend that batches, such as --backend {default}; a "
+                "backend's author declares fresh_state_per_copy=True when prefill makes all state new, or "
+                "overrides batch() (docs/how-to/batch-decoding.md)")
         super().__init__(backend)
         self.rows: dict[int, StateBackend] = {}
         self._next = 0

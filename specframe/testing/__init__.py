@@ -14,8 +14,8 @@ Importing this package imports pytest only through `specframe.testing.suites`.
 """
 
 from specframe.testing.checks import (
-    check_backend_scores, check_batch_rows, check_class, check_lossless, check_proposal, check_tree,
-    check_tree_builder, check_verifier_greedy, make_decoder,
+    check_backend_scores, check_batch_rows, check_class, check_fresh_state_per_copy, check_lossless,
+    check_proposal, check_tree, check_tree_builder, check_verifier_greedy, make_decoder,
 )
 from specframe.testing.exact import LawTest, LogitTable, TableBackend, exact_law, law_test
 from specframe.testing.law import check_decoder_law, check_tree_builder_law, check_verifier_law
@@ -39,7 +39,8 @@ def __getattr__(name: str):
 __all__ = [
     "BackendConformance", "DrafterConformance", "FirstNodesTreeBuilder", "LawTest", "LogitTable",
     "MarkovProblem", "NoisyTargetDrafter", "TableBackend", "TreeBuilderConformance", "VerifierConformance",
-    "check_backend_scores", "check_batch_rows", "check_class", "check_decoder_law", "check_lossless",
+    "check_backend_scores", "check_batch_rows", "check_class", "check_decoder_law",
+    "check_fresh_state_per_copy", "check_lossless",
     "check_proposal", "check_tree", "check_tree_builder", "check_tree_builder_law", "check_verifier_greedy",
     "check_verifier_law", "exact_law", "law_test", "make_decoder", "random_proposal", "random_tree",
     "reference_greedy", "reference_hidden", "reference_logits", "repetitive_prompt", "tiny_target",

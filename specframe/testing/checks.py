@@ -7,6 +7,7 @@ under test.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -327,6 +328,51 @@ def check_backend_scores(backend_cls: type, target: Target, prompt: Sequence[int
     if not torch.allclose(final, ref, atol=atol, rtol=1e-3):
         _fail(f"backend '{name}': after {trees} commits the next-token logits differ from a plain forward "
               f"over the same {len(history)} tokens by {(final - ref).abs().max():.2e}")
+
+
+def check_fresh_state_per_copy(backend_cls: type, target: Target, prompts: Sequence[Sequence[int]],
+                               rng: np.random.Generator, steps: int = 3, atol: float = 1e-4,
+                               options: dict | None = None) -> None:
+    """What `BackendCapabilities.fresh_state_per_copy` declares and the default `StateBackend.batch`
+    (`RowByRow`) relies on: shallow copies of one backend, prefilled with different prompts one after the
+    other, then scored all and committed all in turns, each give a plain forward's logits over their own
+    tokens, so no copy disturbs another."""
+    name = backend_cls.name
+    want_hidden = backend_cls.capabilities.provides_hidden_states
+    original = backend_cls(target, want_hidden=want_hidden, **(options or {}))
+    vocab = target.vocab_size
+    rows = []
+    for prompt in prompts:  # as `RowByRow.add` does
+        row = copy.copy(original)
+        row.prefill(list(prompt))
+        rows.append((row, list(prompt)))
+
+    def expect(i: int, history: list[int], logits: torch.Tensor, where: str) -> None:
+        ref = reference_logits(target, history)[-1].cpu()  # (V,)
+        got = logits.float().cpu()
+        if not torch.allclose(got, ref, atol=atol, rtol=1e-3):
+            _fail(f"backend '{name}' declares fresh_state_per_copy, but copy {i} of {len(rows)} copies of "
+                  f"one backend, prefilled with different prompts and stepped in turns, gave logits {where} "
+                  f"that differ from a plain forward over its own tokens by {(got - ref).abs().max():.2e}: "
+                  "the copies share state that prefill, score or commit changes in place. Make prefill "
+                  "assign new objects, or leave fresh_state_per_copy False (the default batch() then "
+                  "refuses)")
+
+    for step in range(steps):
+        trees = [_draw_tree(backend_cls, rng, vocab) for _ in rows]
+        scored = [_score_checked(row, tree, vocab) for (row, _), tree in zip(rows, trees)]
+        for i, ((_, history), tree, scores) in enumerate(zip(rows, trees, scored)):
+            for node in range(-1, len(tree)):
+                path = [] if node < 0 else tree.path_to(node)
+                expect(i, history + [int(t) for t in tree.tokens[path]], scores.logits[node + 1],
+                       f"at step {step}, tree node {node}")
+        for (row, history), tree, scores in zip(rows, trees, scored):
+            path = tree.path_to(int(rng.integers(len(tree)))) if len(tree) else []
+            bonus = int(rng.integers(vocab))
+            row.commit(scores, path, bonus)
+            history += [int(t) for t in tree.tokens[path]] + [bonus]
+    for i, (row, history) in enumerate(rows):
+        expect(i, history, row.score(TokenTree.empty()).logits[0], f"after {steps} commits")
 
 
 def _draw_tree(backend_cls: type, rng: np.random.Generator, vocab: int) -> TokenTree:

@@ -195,7 +195,8 @@ class TableBackend(StateBackend):
     """
 
     name = "table"
-    capabilities = BackendCapabilities(supports_trees=True, provides_hidden_states=True)
+    capabilities = BackendCapabilities(supports_trees=True, provides_hidden_states=True,
+                                       fresh_state_per_copy=True)  # prefill assigns a new context
 
     def __init__(self, target, *, table: LogitTable, want_hidden: bool = False):
         super().__init__(target, want_hidden=want_hidden)

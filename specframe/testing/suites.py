@@ -187,7 +187,8 @@ class VerifierConformance(_Conformance):
 
 class BackendConformance(_Conformance):
     """Checks for a `StateBackend`: tree logits equal plain forward logits, scores carry their tree, only
-    the latest scores commit, commits match plain decoding, lossless decoding."""
+    the latest scores commit, commits match plain decoding, lossless decoding, copies independent when
+    the backend declares `fresh_state_per_copy`, and the rows of a batch decode as alone."""
 
     kind, base = ComponentKind.BACKEND, StateBackend
 
@@ -199,9 +200,19 @@ class BackendConformance(_Conformance):
         decoder = self.decoder(target, drafter="pld(matches=3)", tree=tree)
         checks.check_lossless(decoder, prompts, self.max_new_tokens, f"backend '{self.cls.name}' + {tree}")
 
+    def test_prefilled_copies_are_independent_sequences(self, target, prompts, rng):
+        """`BackendCapabilities.fresh_state_per_copy`, where declared: copies of one backend prefilled with
+        different prompts and stepped in turns each decode their own sequence (`RowByRow` relies on it)."""
+        if not self.cls.capabilities.fresh_state_per_copy:
+            pytest.skip(f"backend '{self.cls.name}' does not declare fresh_state_per_copy")
+        checks.check_fresh_state_per_copy(self.cls, target, prompts, rng, options=self.all_options)
+
     def test_rows_of_a_batch_decode_as_plain_greedy_alone(self, target, prompts):
         """`StateBackend.batch` (the backend's own, or the row-by-row default): each row of a batch of
         prompts of different lengths, rows leaving and joining, equals plain greedy decoding alone."""
+        if self.cls.batch is StateBackend.batch and not self.cls.capabilities.fresh_state_per_copy:
+            pytest.skip(f"backend '{self.cls.name}' refuses batches: no batch() of its own, and the default "
+                        "needs fresh_state_per_copy")
         tree = "first-n" if self.cls.capabilities.supports_trees else "chain"
         prompts = [*prompts, list(prompts[0][:25]), list(prompts[1][5:])]
         for size in (len(prompts), 2):

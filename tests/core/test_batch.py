@@ -15,9 +15,10 @@ import torch
 from lossless_mutants import ByScoreChain
 
 from specframe import (
-    ConfigurationError, Pipeline, PolynomialCost, PromptError, SamplingParams, SpeculativeDecoder,
+    BackendCapabilities, ConfigurationError, Pipeline, PolynomialCost, PromptError, SamplingParams,
+    SpeculativeDecoder,
 )
-from specframe.contract.interfaces import Drafter, RowByRow
+from specframe.contract.interfaces import Drafter, RowByRow, StateBackend
 from specframe.decode.batch_planner import BatchPlanner
 from specframe.plugging.registry import get_registry
 from specframe.terms.proposal import DraftProposal
@@ -190,6 +191,23 @@ def test_bad_batches_are_refused_before_any_work(target, prompts, call, match):
     decoder = checks.make_decoder(target, "pld", "chain", "greedy", "kv", budget=4)
     with pytest.raises((ConfigurationError, PromptError), match=match):
         call(decoder, prompts[:3])
+
+
+def test_the_row_by_row_default_refuses_a_backend_without_fresh_state_per_copy(target, prompts):
+    """Copies of a backend that does not declare that prefill starts all state afresh could share one
+    sequence's state: the default batch refuses it before any work, naming it and what to do."""
+    kv = get_registry().get("backend", "kv")
+
+    class Undeclared(kv):
+        name = "undeclared"
+        capabilities = BackendCapabilities(supports_trees=True, provides_hidden_states=True)
+        batch = StateBackend.batch  # the default, `RowByRow`
+
+    decoder = checks.make_decoder(target, "pld", "chain", "greedy", Undeclared, budget=4)
+    with pytest.raises(ConfigurationError, match=r"backend 'undeclared' cannot decode a batch.*"
+                       r"fresh_state_per_copy.*generate for each prompt.*--backend kv"):
+        decoder.generate_batch(prompts[:2], 8)
+    assert decoder.pipeline.backend.cache is None  # nothing was prefilled
 
 
 @pytest.mark.parametrize("batching", BATCHING)

@@ -4,6 +4,8 @@ the suites on the first-party components."""
 
 from __future__ import annotations
 
+import types
+
 import numpy as np
 import pytest
 import torch
@@ -13,6 +15,7 @@ from specframe import DrawMethod, TargetScores, TokenTree, Verifier, VerifierCap
 from specframe.testing import check_tree_builder_law, check_verifier_law
 from specframe.testing import (
     DrafterConformance, MarkovProblem, VerifierConformance, checks, random_proposal, reference_greedy,
+    repetitive_prompt,
 )
 
 
@@ -147,6 +150,30 @@ def test_backend_check_catches_scores_without_their_tree_and_stale_commits(tiny_
         checks.check_backend_scores(Treeless, tiny_target, tiny_prompt, np.random.default_rng(0))
     with pytest.raises(AssertionError, match="accepted scores of an earlier score"):
         checks.check_backend_scores(Forgetful, tiny_target, tiny_prompt, np.random.default_rng(0))
+
+
+def test_copy_check_catches_a_backend_whose_copies_share_their_state(tiny_target):
+    """A backend that declares `fresh_state_per_copy` but keeps its sequence in an object its copies share
+    (the second copy's prefill takes over the first's row) is caught; `kv`, whose prefill makes a new
+    cache, passes."""
+    kv = specframe.get_registry().get("backend", "kv")
+
+    def shared(name: str) -> property:
+        return property(lambda self: getattr(self.state, name),
+                        lambda self, value: setattr(self.state, name, value))
+
+    class OneState(kv):  # its cache, length and pending root live in a helper that shallow copies share
+        name = "one-state"
+        cache, _committed, _pending = shared("cache"), shared("_committed"), shared("_pending")
+
+        def __init__(self, target, **options):
+            self.state = types.SimpleNamespace()
+            super().__init__(target, **options)
+
+    prompts = [repetitive_prompt(tiny_target.vocab_size, n, seed=s) for n, s in ((40, 0), (25, 1))]
+    checks.check_fresh_state_per_copy(kv, tiny_target, prompts, np.random.default_rng(0))
+    with pytest.raises(AssertionError, match="declares fresh_state_per_copy, but copy 0 of 2"):
+        checks.check_fresh_state_per_copy(OneState, tiny_target, prompts, np.random.default_rng(0))
 
 
 def test_tree_check_catches_over_budget_and_invented_paths():

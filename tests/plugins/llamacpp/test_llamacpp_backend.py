@@ -256,5 +256,5 @@ def test_padded_forwards_give_the_same_rows_and_state(target, prompt, tree):
 
 def test_a_batch_is_refused_before_any_work_with_what_to_do(target, prompt):
     decoder = specframe.SpeculativeDecoder.from_names(target, "pld", "chain", "greedy", "llamacpp", budget=4)
-    with pytest.raises(specframe.ConfigurationError, match="one request at a time.*--backend kv"):
+    with pytest.raises(specframe.ConfigurationError, match="'llamacpp' cannot decode a batch.*--backend kv"):
         decoder.generate_batch([prompt, prompt[:5]], max_new_tokens=4)

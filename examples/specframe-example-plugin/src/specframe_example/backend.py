@@ -24,7 +24,9 @@ SERVED_TYPES = {"full_attention", "mlp", "moe"}
 
 class RecomputeBackend(StateBackend):
     name = "recompute"
-    capabilities = BackendCapabilities(supports_trees=True, provides_hidden_states=True)
+    # prefill assigns a new token list, so copies of the backend, each prefilled, decode independent rows
+    capabilities = BackendCapabilities(supports_trees=True, provides_hidden_states=True,
+                                       fresh_state_per_copy=True)
 
     def __init__(self, target, *, want_hidden: bool = False):
         super().__init__(target, want_hidden=want_hidden)  # unknown options raise a clear error
