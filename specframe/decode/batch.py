@@ -10,16 +10,17 @@ long queue keeps the batch full.
 Timing: every row's step timer runs from the step's start, so a row's "other" phase holds the time it
 waits while the other rows draft and verify, and the shared forward and commit are charged in full to
 every row they served. A row's `wall_s` runs from its admission (its prefill included) to its end: the
-latency a user of that request sees, once the batch has room for it.
+latency a user of that request sees, once the batch has room for it. So the rows' splits add up to more
+than the call took; `BatchMetrics` keeps the call's own split, each step's phases counted once.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from specframe.terms.metrics import now
+from specframe.terms.metrics import PHASES, now
 
 
 @dataclass
@@ -40,6 +41,41 @@ def shared_phase(timers, phase: str, sync=None) -> Iterator[Phase]:
         timed.seconds = now() - start
         for timer in timers:
             timer.times[phase] = timer.times.get(phase, 0.0) + timed.seconds
+
+
+@dataclass
+class BatchMetrics:
+    """The time split of one `generate_batch` call as a whole (`SpeculativeDecoder.batch_metrics`).
+
+    A step's draft, tree and verify phases are summed over its rows (the rows take them in turn), its
+    forward and commit counted once, and its "other" is the rest of the step (the batch planner's cut,
+    every row's bookkeeping). `prefill_s` sums the admissions' prefills. What the call spends outside
+    steps and prefills (retiring rows, admitting them) is in neither, so `time` and `prefill_s` add up to
+    a little less than the call's seconds."""
+
+    steps: int = 0  # batched steps: one shared scoring each
+    prefill_s: float = 0.0
+    time: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+
+    def record_step(self, seconds: float, shared: dict[str, float],
+                    row_times: list[dict[str, float]]) -> None:
+        """Count one step that took `seconds`: `shared` holds the phases timed once for every row,
+        `row_times` each row's closed timer, whose shared phases and waits ("other") are not added again."""
+        step = dict(shared)
+        for times in row_times:
+            for phase, spent in times.items():
+                if phase not in shared and phase != "other":
+                    step[phase] = step.get(phase, 0.0) + spent
+        step["other"] = seconds - sum(step.values())
+        self.steps += 1
+        for phase, spent in step.items():
+            self.time[phase] = self.time.get(phase, 0.0) + spent
+
+    def to_dict(self) -> dict:
+        """Steps, prefill seconds, seconds by phase and milliseconds by phase per batched step."""
+        per_step = {k: 1000 * v / self.steps if self.steps else 0.0 for k, v in self.time.items()}
+        return {"batch_steps": self.steps, "prefill_s": self.prefill_s, "time_s": dict(self.time),
+                "time_per_step_ms": per_step}
 
 
 def is_batch(prompt) -> bool:

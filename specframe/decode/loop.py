@@ -23,7 +23,7 @@ from specframe.support.paths import check_writable_dir
 from specframe.runtime.devices import synchronizer
 from specframe.plugging.pipeline import Pipeline, assemble, check_request
 from specframe.plugging.registry import PluginRegistry, get_registry
-from specframe.decode.batch import is_batch, shared_phase
+from specframe.decode.batch import BatchMetrics, is_batch, shared_phase
 from specframe.decode.batch_planner import BatchPlanner, batch_planner_of
 from specframe.decode.planner import (
     AdaptivePlanner, FixedPlanner, make_adaptive_planner, make_fixed_planner, plans_blind,
@@ -61,6 +61,9 @@ class SpeculativeDecoder:
         # outputs (`specframe.bench.replay`) models the forward it does not run.
         self.step_timer = step_timer
         self.planner: FixedPlanner | AdaptivePlanner | None = None  # made at the first request
+        # The time split of the latest `generate_batch` call as a whole: each row's own split holds the
+        # shared forward and commit in full, so the rows' splits add up to more than the call took.
+        self.batch_metrics: BatchMetrics | None = None
 
     @classmethod
     def from_names(cls, target: Target, drafter="pld", tree="chain", verifier="greedy", backend="kv", *,
@@ -141,7 +144,8 @@ class SpeculativeDecoder:
         generator, so its draws do not depend on what else is in the batch. `batch_size` caps the rows
         decoded at once: when a row ends, the next waiting prompt takes its place (continuous batching);
         None decodes all prompts at once. A result's `wall_s` runs from its row's start to its end.
-        `logprobs` fills each result's `logprob` (the target's log-probability of its tokens)."""
+        `logprobs` fills each result's `logprob` (the target's log-probability of its tokens).
+        Afterwards `batch_metrics` holds the call's time split, every step's phases counted once."""
         if isinstance(prompts, str) or not len(prompts):
             raise PromptError("generate_batch takes a non-empty list of prompts (texts or token id lists); "
                               "for one prompt call generate")
@@ -185,6 +189,7 @@ class SpeculativeDecoder:
         waiting = deque(range(len(requests)))
         active: dict[int, tuple[int, RequestRow, float]] = {}  # backend row -> (request, its row, its start)
         results: list[GenerationResult | None] = [None] * len(requests)
+        account = self.batch_metrics = BatchMetrics()
         reset_peak_memory(self.target.device)
         while waiting or active:
             while waiting and len(active) < size:  # a free place: the next request takes it
@@ -192,7 +197,8 @@ class SpeculativeDecoder:
                 plan = batch_planner.row() if batch_planner else copy.copy(planner)
                 key, row, start = self._admit(batch, requests[index], samplings[index], plan, logprobs)
                 active[key] = (index, row, start)
-            self._batch_step(batch, {key: row for key, (_, row, _) in active.items()}, batch_planner)
+                account.prefill_s += row.metrics.prefill_s
+            self._batch_step(batch, {key: row for key, (_, row, _) in active.items()}, batch_planner, account)
             for key, (index, row, start) in list(active.items()):
                 if row.reason is not None:
                     results[index] = self._retire(batch, key, row, start)
@@ -215,9 +221,10 @@ class SpeculativeDecoder:
         row.metrics.prefill_s = now() - start
         return key, row, start
 
-    def _batch_step(self, batch, rows: dict[int, RequestRow], batch_planner: BatchPlanner | None) -> None:
+    def _batch_step(self, batch, rows: dict[int, RequestRow], batch_planner: BatchPlanner | None,
+                    account: BatchMetrics) -> None:
         """One step of every row: each drafts its tree (sized together at `budget="auto"`), one scoring of
-        all the trees, each row verified, one commit, each row advanced."""
+        all the trees, each row verified, one commit, each row advanced; `account` counts its phases once."""
         sync = synchronizer(self.target.device)
         phase_sync = sync if self.phase_timing else None
         step_start = now()
@@ -231,12 +238,14 @@ class SpeculativeDecoder:
         with shared_phase(timers.values(), "forward", phase_sync) as forward:
             scores = batch.score(trees)
         verdicts = {key: row.verify(scores[key], timers[key]) for key, row in rows.items()}
-        with shared_phase(timers.values(), "commit", phase_sync):
+        with shared_phase(timers.values(), "commit", phase_sync) as commit:
             batch.commit({key: (scores[key], v.path, v.bonus) for key, v in verdicts.items()})
         if batch_planner is not None:
             batch_planner.observe(forward.seconds, now() - step_start)
         for key, row in rows.items():
             row.advance(scores[key], verdicts[key], timers[key])
+        account.record_step(now() - step_start, {"forward": forward.seconds, "commit": commit.seconds},
+                            [timer.times for timer in timers.values()])
 
     def _retire(self, batch, key: int, row: RequestRow, start: float) -> GenerationResult:
         """A row that ended leaves the batch: its result, its drafter told, its observers told."""
