@@ -8,15 +8,24 @@ reads the same prompts B at a time, left padded, one `model.generate` call per B
 batches statically). Every method's rows must equal its baseline's token for token (lossless); the peer's
 may differ (padding changes the numbers in float32), so its differing rows are counted, not failed.
 
-One `generate_batch` call covers the whole suite, so a batch run resumes per call, not per question: every
-finished (method, B, repeat) is one line of `batch_records.jsonl`, appended under `--out`'s lock
-(`specframe.bench.runner.bench_lock`), and a rerun runs only the calls it finds no line for. Batch runs
-keep their own files (`batch_*`), so a one-request run and a batch run can share an `--out`.
+The methods take turns chunk by chunk: the suite is cut into consecutive chunks of prompts (`chunk_size`),
+and at every (B, repeat) every method decodes the first chunk before any decodes the second, their order
+rotated by one place per chunk. On a shared machine whose load drifts over minutes every method then meets
+the same load, where one call per method over the whole suite would time each under another (on a shared
+2-core CPU the ratios between methods moved by 15-20 % between two such runs). Within a chunk the rows
+are batched continuously. The tables add a method's chunks up (all new tokens over all seconds) and take
+the spread of its speedups from them (`specframe.bench.batch_report.ratio_interval`).
+
+A batch run resumes per call: every finished (method, B, repeat, chunk) is one line of
+`batch_records.jsonl`, appended under `--out`'s lock (`specframe.bench.runner.bench_lock`), and a rerun
+runs only the calls it finds no line for. Batch runs keep their own files (`batch_*`), so a one-request
+run and a batch run can share an `--out`.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import torch
@@ -45,6 +54,9 @@ BATCH_PEERS = ("hf-generate",)  # transformers' prompt lookup and assisted gener
 # The fields every line of `batch_records.jsonl` holds, and the metrics the reports read from it.
 RECORD_FIELDS = {"method": str, "batch": int, "repeat": int, "qids": list, "tokens": list, "metrics": dict}
 RECORD_METRICS = ("wall_s", "new_tokens", "tokens_per_s", "latency_s", "steps", "accepted_draft_tokens")
+# Prompts per chunk at least (`chunk_size`): at B = 4 two fills of the batch, about a minute of decoding per
+# method on one CPU thread at 128 new tokens, so that the methods' turns stay minutes apart.
+MIN_CHUNK = 8
 
 
 def parse_batches(text: str) -> list[int]:
@@ -70,6 +82,20 @@ def batched(sizes: list[int]) -> bool:
     return sizes != [1]
 
 
+def chunk_size(size: int, chunk: int | None = None) -> int:
+    """Prompts per chunk at batch size `size`: `chunk` when given (`--batch-chunk`), else 2 `size`, at
+    least `MIN_CHUNK`, a multiple of `size`. Small, so that every method decodes a chunk within minutes of
+    the others; at least two fills of the batch, so that a chunk's rows are refilled before it drains (its
+    last rows decode in a batch of fewer than B, which costs every method some throughput); a multiple of
+    B, so that hf-generate's calls group the same prompts as they would over the whole suite."""
+    return chunk or size * max(2, math.ceil(MIN_CHUNK / size))
+
+
+def chunks(count: int, size: int) -> list[range]:
+    """The indices of `count` prompts cut into consecutive chunks of `size` (the last may be shorter)."""
+    return [range(first, min(first + size, count)) for first in range(0, count, size)]
+
+
 def batch_peers(text: str) -> list[PeerSpec]:
     """`--peers` at B > 1: `all` is `hf-generate`, the one transformers peer that decodes batches."""
     peers = parse_peers("hf-generate" if text.strip() == "all" else text)
@@ -85,8 +111,8 @@ def check_batch_run(suite: str | list[BenchPrompt], methods: list[str], sizes: l
                     peers: str = "all", limit: int | None = None, repeats: int = 3,
                     max_new_tokens: int = 128, budget: int | str = "auto", keep: str = "all",
                     sampling: SamplingParams | None = None, ray: str | None = None, shard: str | None = None,
-                    synthetic_acceptance: float | None = None, registry: PluginRegistry | None = None
-                    ) -> tuple[list[BenchPrompt], list[MethodSpec], list[PeerSpec]]:
+                    synthetic_acceptance: float | None = None, registry: PluginRegistry | None = None,
+                    chunk: int | None = None) -> tuple[list[BenchPrompt], list[MethodSpec], list[PeerSpec]]:
     """Refuse every option a batch run cannot honour before a model is loaded; return its prompts (first
     turns only), methods and peers."""
     sampling = sampling or SamplingParams()
@@ -95,13 +121,17 @@ def check_batch_run(suite: str | list[BenchPrompt], methods: list[str], sizes: l
     why = {"--temperature": "batched runs decode greedily, so that every row is checked against plain "
                             "decoding; drop --temperature",
            "--ray": "a batch run decodes in one process; drop --ray",
-           "--shard": "one generate_batch call covers the whole suite; cut it with --limit instead",
+           "--shard": "a batch run takes its methods in turns over the whole suite; cut it with --limit "
+                      "instead",
            "--synthetic-acceptance": "its drafter reads the baseline's answer one request at a time; run "
                                      "it at --batch 1"}
     for option, bad in refused.items():
         if bad:
             raise ConfigurationError(f"{option} does not go with --batch {','.join(map(str, sizes))}: "
                                      f"{why[option]}")
+    if chunk is not None and chunk < 1:
+        raise ConfigurationError(f"--batch-chunk takes the prompts each method decodes before the next "
+                                 f"method takes its turn, at least 1, got {chunk}; leave it out for 2 B")
     prompts, specs, _ = check_options(suite, methods, peers="none", limit=limit, repeats=repeats,
                                       max_new_tokens=max_new_tokens, budget=budget, keep=keep,
                                       sampling=sampling, registry=registry)
@@ -134,7 +164,7 @@ class PipelineBatches:
         rows = [r.metrics for r in results]
         return [r.tokens for r in results], call_metrics(
             wall, [m.new_tokens for m in rows], [m.wall_s for m in rows], sum(m.steps for m in rows),
-            sum(m.accepted_draft_tokens for m in rows))
+            sum(m.accepted_draft_tokens for m in rows), decoder.batch_metrics.to_dict())
 
 
 class GeneratePeerBatches:
@@ -187,17 +217,20 @@ def cut_after_eos(tokens: list[int], eos: set[int]) -> list[int]:
 
 
 def call_metrics(wall_s: float, new_tokens: list[int], latency_s: list[float], steps: int,
-                 accepted: int) -> dict:
-    """What a record keeps of one batched call: its seconds, every row's new tokens and latency, and the
-    steps and accepted draft tokens of all rows (tau = (accepted + steps) / steps)."""
+                 accepted: int, split: dict | None = None) -> dict:
+    """What a record keeps of one batched call: its seconds, every row's new tokens and latency, the
+    steps and accepted draft tokens of all rows (tau = (accepted + steps) / steps), and for a specframe
+    pipeline the call's time split as a whole (`split`: `specframe.decode.batch.BatchMetrics.to_dict`:
+    batched steps, prefill seconds, seconds and ms per batched step by phase)."""
     total = sum(new_tokens)
     return {"wall_s": wall_s, "new_tokens": total, "tokens_per_s": total / wall_s if wall_s > 0 else 0.0,
             "row_new_tokens": new_tokens, "latency_s": latency_s, "steps": steps,
-            "accepted_draft_tokens": accepted}
+            "accepted_draft_tokens": accepted, **(split or {})}
 
 
 class BatchStore:
-    """`batch_records.jsonl`: one line per finished (method, B, repeat), beside `batch_settings.json`.
+    """`batch_records.jsonl`: one line per finished (method, B, repeat, chunk), beside
+    `batch_settings.json`.
 
     A directory whose records were made with other settings is refused (or emptied with `fresh`); a line
     cut short by an interruption is skipped, so its call is run again."""
@@ -222,12 +255,11 @@ class BatchStore:
 
     @staticmethod
     def key(record: dict) -> tuple:
-        return record["method"], record["batch"], record["repeat"]
+        return record["method"], record["batch"], record["repeat"], tuple(record["qids"])
 
     def get(self, method: str, size: int, repeat: int, qids: list[str]) -> dict | None:
-        """The finished call, None when there is none or it decoded other questions."""
-        record = self.records.get((method, size, repeat))
-        return record if record is not None and record["qids"] == qids else None
+        """The finished call on the questions `qids` (a chunk), None when there is none."""
+        return self.records.get((method, size, repeat, tuple(qids)))
 
     def add(self, record: dict) -> None:
         with bench_lock(self.path.parent):
@@ -270,15 +302,19 @@ def record_problem(record) -> str | None:
 
 def run_batches(target: Target, prompts: list[BenchPrompt], runners: list, sizes: list[int], *,
                 repeats: int, max_new_tokens: int, store: BatchStore, warmup: bool = True,
-                progress: bool = True) -> BatchRun:
-    """Every runner decodes the first turns of `prompts` at every batch size `repeats` times, the runners'
-    order rotated by one place per (size, repeat); each method's rows are checked against its baseline's."""
+                progress: bool = True, chunk: int | None = None) -> BatchRun:
+    """Every runner decodes the first turns of `prompts` at every batch size `repeats` times, in chunks
+    (`chunk_size`, `chunk` prompts when given): at each (size, repeat) every runner decodes a chunk before
+    any decodes the next, the runners' order rotated by one place per chunk. Each method's rows are
+    checked against its baseline's, chunk by chunk."""
     tokenizer = target.tokenizer
     ids = [encode_turn(tokenizer, p, 0, []) for p in prompts]
-    qids = [p.qid for p in prompts]
-    wanted = [(r.label, size, rep) for size in sizes for rep in range(repeats) for r in runners]
-    missing = [k for k in wanted if store.get(*k, qids) is None]
-    todo = {label for label, _, _ in missing}
+    plan = [(size, rep, number, [prompts[i].qid for i in part], part) for size in sizes
+            for rep in range(repeats)
+            for number, part in enumerate(chunks(len(prompts), chunk_size(size, chunk)))]
+    wanted = [(r.label, size, rep, qids) for size, rep, _, qids, _ in plan for r in runners]
+    missing = [k for k in wanted if store.get(*k) is None]
+    todo = {label for label, *_ in missing}
     bar = progress_bar(total=len(wanted), initial=len(wanted) - len(missing), desc="bench --batch",
                        unit="call", show=progress)
     if warmup and todo:
@@ -289,30 +325,30 @@ def run_batches(target: Target, prompts: list[BenchPrompt], runners: list, sizes
             if runner.label in todo:
                 runner.generate_batch([warm, warm], min(WARMUP_TOKENS, max_new_tokens), 2)
     peer = next((r.label for r in runners if isinstance(r, GeneratePeerBatches)), None)
-    run = BatchRun([], runners, prompts, sizes, peer)
-    for index, size in enumerate(sizes):
-        for rep in range(repeats):
-            done: dict[str, dict] = {}
-            for runner in rotation(runners, index * repeats + rep):
-                record = store.get(runner.label, size, rep, qids)
-                if record is None:
-                    tokens, metrics = runner.generate_batch(ids, max_new_tokens, size)
-                    record = {"method": runner.label, "batch": size, "repeat": rep, "qids": qids,
-                              "tokens": tokens, "metrics": metrics}
-                    store.add(record)
-                    bar.update()
-                done[runner.label] = record
-                run.records.append(record)
-            for mismatch in lossless_check(done, runners, prompts, tokenizer):
-                run.mismatches.append((size, mismatch))
-                bar.write(f"\033[1;31mbatch {size}: {mismatch.describe()}\033[0m")
+    run = BatchRun([], runners, prompts, sizes, peer,
+                   chunks={size: chunk_size(size, chunk) for size in sizes})
+    for shift, (size, rep, number, qids, part) in enumerate(plan):
+        done: dict[str, dict] = {}
+        for runner in rotation(runners, shift):
+            record = store.get(runner.label, size, rep, qids)
+            if record is None:
+                tokens, metrics = runner.generate_batch([ids[i] for i in part], max_new_tokens, size)
+                record = {"method": runner.label, "batch": size, "repeat": rep, "chunk": number, "qids": qids,
+                          "tokens": tokens, "metrics": metrics}
+                store.add(record)
+                bar.update()
+            done[runner.label] = record
+            run.records.append(record)
+        for mismatch in lossless_check(done, runners, [prompts[i] for i in part], tokenizer):
+            run.mismatches.append((size, mismatch))
+            bar.write(f"\033[1;31mbatch {size}: {mismatch.describe()}\033[0m")
     bar.close()
     return run
 
 
 def lossless_check(done: dict[str, dict], runners: list, prompts: list[BenchPrompt],
                    tokenizer) -> list[Mismatch]:
-    """The first row where each lossless method departs from its baseline in one (B, repeat)."""
+    """The first row where each lossless method departs from its baseline in one (B, repeat, chunk)."""
     mismatches = []
     for runner in runners:
         if runner.baseline is None or not runner.lossless:
@@ -333,16 +369,18 @@ def run_batch_benchmark(target: Target, suite: str | list[BenchPrompt], methods:
                         max_new_tokens: int = 128, budget: int | str = "auto",
                         registry: PluginRegistry | None = None, plots: bool = True, progress: bool = True,
                         fresh: bool = False, warmup: bool = True, phase_timing: bool = True,
-                        keep: str = "all", command: str | None = None) -> tuple[BatchRun, dict]:
+                        keep: str = "all", command: str | None = None,
+                        chunk: int | None = None) -> tuple[BatchRun, dict]:
     """Benchmark `methods` at every batch size of `batches` against plain batched decoding and
-    transformers' batched `generate`; write `batch_records.jsonl`, `batch_results.json`,
-    `batch_results.md` and `batch_speedup.png` under `out`. Returns the run and its table
-    ({B: {method: stats}}, `specframe.bench.batch_report.summarize`)."""
+    transformers' batched `generate`, the methods taking turns chunk by chunk (`chunk` prompts, default
+    `chunk_size`); write `batch_records.jsonl`, `batch_results.json`, `batch_results.md` and
+    `batch_speedup.png` under `out`. Returns the run and its table ({B: {method: stats}},
+    `specframe.bench.batch_report.summarize`)."""
     registry = registry or get_registry()
     out = Path(out)
     prompts, specs, peer_specs = check_batch_run(suite, methods, batches, peers=peers, limit=limit,
                                                  repeats=repeats, max_new_tokens=max_new_tokens,
-                                                 budget=budget, keep=keep, registry=registry)
+                                                 budget=budget, keep=keep, registry=registry, chunk=chunk)
     check_run_args(target, repeats, max_new_tokens)
     greedy = SamplingParams()
     runners: list = [PipelineBatches(r) for r in build_runners(target, specs, [], greedy, registry,
@@ -353,6 +391,6 @@ def run_batch_benchmark(target: Target, suite: str | list[BenchPrompt], methods:
                 "limit": limit, "questions": len(prompts)}
     store = BatchStore(out, settings, fresh)
     run = run_batches(target, prompts, runners, batches, repeats=repeats, max_new_tokens=max_new_tokens,
-                      store=store, warmup=warmup, progress=progress)
+                      store=store, warmup=warmup, progress=progress, chunk=chunk)
     table = write_batch_results(run, out, settings, repeats=repeats, plots=plots, keep=keep, command=command)
     return run, table

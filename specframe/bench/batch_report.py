@@ -1,18 +1,22 @@
 """The tables of a batch run (`specframe bench --batch`): `batch_results.json`, `batch_results.md` and the
 plot `batch_speedup.png`.
 
-Per method and batch size B: throughput = new tokens of all rows / seconds of the whole call (for
-`hf-generate`, of all its calls); latency = each row's own seconds (`GenerationResult.metrics.wall_s`: its
-admission to its end; for `hf-generate`, its call's), mean and 90th percentile over the rows; tau =
-(accepted draft tokens + steps) / steps over all rows; speedups = throughput over the plain baseline's
-through the same backend, and over `hf-generate`'s, at the same B and repeat. Throughputs and speedups are
-the mean ± std over repeats (`keep="all"`) or come from each runner's fastest repeat (`keep="fastest"`).
+Per method and batch size B: throughput = new tokens of all rows / seconds of all its calls, one call per
+chunk of the suite (for `hf-generate`, of all its calls); latency = each row's own seconds
+(`GenerationResult.metrics.wall_s`: its admission to its end; for `hf-generate`, its call's), mean and
+90th percentile over the rows; tau = (accepted draft tokens + steps) / steps over all rows; draft and
+forward ms per batched step, from the calls' own time split (`specframe.decode.batch.BatchMetrics`: the
+rows' drafting summed, the shared forward once); speedups = throughput over the plain baseline's through
+the same backend, and over `hf-generate`'s, at the same B and repeat, with a 95 % bootstrap interval over
+the chunks (`ratio_interval`). Throughputs and speedups are the mean ± std over repeats (`keep="all"`) or
+come from each runner's fastest repeat (`keep="fastest"`).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import random
 import shlex
 import statistics
 import sys
@@ -26,8 +30,11 @@ from specframe.support.prompt_suites import BenchPrompt
 from specframe.bench.runner import Mismatch, bench_lock
 
 RESULTS_JSON, RESULTS_MD, PLOT = "batch_results.json", "batch_results.md", "batch_speedup.png"
-COLUMNS = ("method", "B", "tokens/s", "mean latency s", "p90 latency s", "tau", "x plain batched",
-           "x hf-generate", "outputs")
+COLUMNS = ("method", "B", "tokens/s", "mean latency s", "p90 latency s", "tau", "draft ms/step",
+           "forward ms/step", "x plain batched", "x hf-generate", "outputs")
+# The speedups' intervals: percentile bootstrap over chunks. At 2000 draws their ends move by well under
+# 1 % of the speedup from one seed to another; the seed is fixed, so a table is rendered the same twice.
+DRAWS, LEVEL, SEED = 2000, 0.95, 0
 
 
 @dataclass
@@ -40,6 +47,7 @@ class BatchRun:
     sizes: list[int]
     peer: str | None = None  # the label of transformers' batched generate, when it ran
     mismatches: list[tuple[int, Mismatch]] = field(default_factory=list)  # (B, the first differing row)
+    chunks: dict[int, int] = field(default_factory=dict)  # prompts per chunk, by B
 
 
 def kept(records: dict[int, dict], keep: str) -> dict:
@@ -56,10 +64,69 @@ def mean_std(values: list[float]) -> dict | None:
     return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0}
 
 
+def merge_chunks(records: list[dict]) -> dict:
+    """One (method, B, repeat)'s records, one per chunk, as one record: the rows in suite order, the
+    metrics summed (tokens/s = all new tokens over all seconds, not a mean of the chunks' rates; the time
+    split only when every chunk has one), and under `chunks` each chunk's (new tokens, seconds) by its
+    question ids, for pairing with another method's on the same chunk (`ratio_interval`)."""
+    records = sorted(records, key=lambda r: r.get("chunk", 0))
+    metrics = [r["metrics"] for r in records]
+    wall, total = sum(m["wall_s"] for m in metrics), sum(m["new_tokens"] for m in metrics)
+    summed = {"wall_s": wall, "new_tokens": total, "tokens_per_s": total / wall if wall > 0 else 0.0,
+              "latency_s": [s for m in metrics for s in m["latency_s"]],
+              "steps": sum(m["steps"] for m in metrics),
+              "accepted_draft_tokens": sum(m["accepted_draft_tokens"] for m in metrics),
+              "batch_steps": None, "time_s": None}
+    if all(m.get("time_s") is not None for m in metrics):
+        summed["batch_steps"] = sum(m["batch_steps"] for m in metrics)
+        summed["time_s"] = {k: sum(m["time_s"].get(k, 0.0) for m in metrics) for k in metrics[0]["time_s"]}
+    return {"method": records[0]["method"], "batch": records[0]["batch"], "repeat": records[0]["repeat"],
+            "tokens": [row for r in records for row in r["tokens"]], "metrics": summed,
+            "chunks": {tuple(r["qids"]): (r["metrics"]["new_tokens"], r["metrics"]["wall_s"])
+                       for r in records}}
+
+
 def speedup(mine: dict, other: dict) -> dict | None:
     """Throughput of `mine` over `other`, repeat by repeat (the fastest with the fastest)."""
     return mean_std([mine[k]["metrics"]["tokens_per_s"] / other[k]["metrics"]["tokens_per_s"]
                      for k in mine if k in other and other[k]["metrics"]["tokens_per_s"] > 0])
+
+
+def pooled_ratio(units: list[tuple[int, float, int, float]]) -> float | None:
+    """Throughput over the other's on the chunks `units` ((new tokens, seconds, the other's new tokens,
+    the other's seconds) each): all new tokens over all seconds on either side."""
+    tokens, seconds, other_tokens, other_seconds = (sum(u[i] for u in units) for i in range(4))
+    if seconds <= 0 or other_tokens <= 0 or other_seconds <= 0:
+        return None
+    return (tokens / seconds) / (other_tokens / other_seconds)
+
+
+def ratio_interval(mine: dict, other: dict, draws: int = DRAWS, seed: int = SEED) -> list[float] | None:
+    """The 95 % percentile bootstrap interval of `mine`'s throughput over `other`'s: the chunks both
+    decoded (in every repeat both kept) drawn with replacement, a chunk's seconds staying paired with the
+    other's on the same chunk, each draw's ratio pooled (`pooled_ratio`). It holds the load's drift from
+    chunk to chunk and the chunks' own spread of speedup, so it is a floor under which two methods cannot
+    be told apart on this suite. None under two chunks."""
+    units = [(*a["chunks"][q], *other[k]["chunks"][q]) for k, a in mine.items() if k in other
+             for q in a["chunks"] if q in other[k]["chunks"]]
+    if len(units) < 2:
+        return None
+    rng = random.Random(seed)
+    ratios = sorted(r for r in (pooled_ratio(rng.choices(units, k=len(units))) for _ in range(draws))
+                    if r is not None)
+    if not ratios:
+        return None
+    tail = (1 - LEVEL) / 2
+    return [ratios[round(tail * (len(ratios) - 1))], ratios[round((1 - tail) * (len(ratios) - 1))]]
+
+
+def time_split(metrics: list[dict]) -> dict[str, float] | None:
+    """Milliseconds per batched step by phase over every call (None when a call has no split: the peer,
+    or records made before calls kept one)."""
+    steps = sum(m.get("batch_steps") or 0 for m in metrics)
+    if not steps or any(m.get("time_s") is None for m in metrics):
+        return None
+    return {k: 1000 * sum(m["time_s"].get(k, 0.0) for m in metrics) / steps for k in metrics[0]["time_s"]}
 
 
 def p90(values: list[float]) -> float:
@@ -74,9 +141,10 @@ def differing_rows(mine: dict, base: dict) -> tuple[int, int]:
     return sum(a != b for a, b in pairs), len(pairs)
 
 
-def row_stats(mine: dict, base: dict | None, peer: dict | None) -> dict:
-    """The table row of one runner at one batch size; `base` is its baseline's records (None for a
-    baseline), `peer` hf-generate's (None without the peer)."""
+def row_stats(mine: dict, base: dict | None, peer: dict | None, is_peer: bool = False) -> dict:
+    """The table row of one runner at one batch size from its records merged by repeat (`merge_chunks`);
+    `base` is its baseline's (None for a baseline), `peer` hf-generate's (None without the peer);
+    `is_peer` when the runner is hf-generate itself."""
     metrics = [r["metrics"] for r in mine.values()]
     latency = [s for m in metrics for s in m["latency_s"]]
     steps = sum(m["steps"] for m in metrics)
@@ -87,15 +155,21 @@ def row_stats(mine: dict, base: dict | None, peer: dict | None) -> dict:
             "tau": (sum(m["accepted_draft_tokens"] for m in metrics) + steps) / steps if steps else None,
             "speedup_plain": speedup(mine, base) if base is not None else mean_std([1.0]),
             "speedup_hf": speedup(mine, peer) if peer else None,
+            "speedup_plain_interval": ratio_interval(mine, base) if base is not None else None,
+            "speedup_hf_interval": ratio_interval(mine, peer) if peer and not is_peer else None,
+            "time_per_step_ms": time_split(metrics),
+            "chunks": max(len(r["chunks"]) for r in mine.values()),
             "new_tokens": sum(m["new_tokens"] for m in metrics), "repeats": len(metrics),
             "rows_differing": differ, "rows_compared": rows}
 
 
 def summarize(run: BatchRun, keep: str = "all") -> dict[int, dict[str, dict]]:
     """{B: {method: stats}} (`row_stats`), runners in their run order."""
-    by: dict[tuple, dict] = {}
+    parts: dict[tuple, dict[int, list[dict]]] = {}
     for record in run.records:
-        by.setdefault((record["method"], record["batch"]), {})[record["repeat"]] = record
+        by_repeat = parts.setdefault((record["method"], record["batch"]), {})
+        by_repeat.setdefault(record["repeat"], []).append(record)
+    by = {key: {rep: merge_chunks(chunks) for rep, chunks in reps.items()} for key, reps in parts.items()}
     hf = run.peer
     table: dict[int, dict[str, dict]] = {}
     for size in run.sizes:
@@ -105,7 +179,8 @@ def summarize(run: BatchRun, keep: str = "all") -> dict[int, dict[str, dict]]:
             mine = kept(by.get((runner.label, size), {}), keep)
             if mine:
                 base = kept(by.get((runner.baseline, size), {}), keep) if runner.baseline else None
-                table[size][runner.label] = {**row_stats(mine, base, peer), "baseline": runner.baseline}
+                table[size][runner.label] = {**row_stats(mine, base, peer, runner.label == hf),
+                                             "baseline": runner.baseline}
     return table
 
 
@@ -118,6 +193,37 @@ def _stat(stat: dict | None, digits: int = 2) -> str:
 
 def _num(value: float | None, digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _speedup(stat: dict | None, interval: list[float] | None) -> str:
+    """A speedup cell: mean (± std over repeats), then its interval over chunks in brackets."""
+    return _stat(stat) + (f" [{interval[0]:.2f}, {interval[1]:.2f}]" if interval else "")
+
+
+def _ms(stats: dict, phase: str) -> str:
+    return _num((stats.get("time_per_step_ms") or {}).get(phase), 1)
+
+
+def half_width(interval: list[float] | None) -> float | None:
+    """An interval's half width over its middle: [0.9, 1.1] is ±10 %."""
+    return (interval[1] - interval[0]) / (interval[1] + interval[0]) if interval else None
+
+
+def noise_line(table: dict[int, dict[str, dict]], chunks: dict[int, int]) -> str:
+    """The widest interval of a speedup over plain batched and over hf-generate, as ± % of the speedup."""
+    widths = {key: [w for rows in table.values() for s in rows.values()
+                    if (w := half_width(s.get(f"{key}_interval"))) is not None]
+              for key in ("speedup_plain", "speedup_hf")}
+    sizes = ", ".join(f"{n} prompts per chunk at B = {b}" for b, n in chunks.items())
+    if not widths["speedup_plain"] and not widths["speedup_hf"]:
+        return (f"*Noise*: one chunk per method and B ({sizes}), so no interval was "
+                "measured; read differences under about 5 % as noise.")
+    names = {"speedup_plain": "over plain batched", "speedup_hf": "over hf-generate"}
+    parts = [f"±{100 * max(w):.1f} % {names[key]}" for key, w in widths.items() if w]
+    return (f"*Noise*: the methods take turns chunk by chunk ({sizes}); [lo, hi] is a "
+            f"speedup's 95 % bootstrap interval over its chunks (drawn with replacement, paired with the "
+            f"other method's seconds on the same chunk), at widest {' and '.join(parts)}: read differences "
+            "inside it as noise.")
 
 
 def outputs_cell(stats: dict, lossless: bool) -> str:
@@ -141,14 +247,18 @@ def markdown(table: dict[int, dict[str, dict]], run: BatchRun, header: str = "")
             s = rows.get(label)
             if s is not None:
                 cells = [label, str(size), _stat(s["tokens_per_s"], 1), _num(s["latency_mean_s"]),
-                         _num(s["latency_p90_s"]), _num(s["tau"]), _stat(s["speedup_plain"]),
-                         _stat(s["speedup_hf"]), outputs_cell(s, lossless[label])]
+                         _num(s["latency_p90_s"]), _num(s["tau"]), _ms(s, "draft"), _ms(s, "forward"),
+                         _speedup(s["speedup_plain"], s.get("speedup_plain_interval")),
+                         _speedup(s["speedup_hf"], s.get("speedup_hf_interval")),
+                         outputs_cell(s, lossless[label])]
                 lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "*tokens/s*: new tokens of all rows over the seconds of the whole batched call; *latency*: "
-              "each request's seconds from its admission to its end (hf-generate: its call's); *tau*: tokens "
-              "per row per step, (accepted + steps) / steps; *x plain batched*: throughput over plain "
+    lines += ["", "*tokens/s*: new tokens of all rows over the seconds of all the batched calls, one per "
+              "chunk of the suite; *latency*: each request's seconds from its admission to its end "
+              "(hf-generate: its call's); *tau*: tokens per row per step, (accepted + steps) / steps; "
+              "*draft / forward ms/step*: per batched step, the drafting of all its rows summed and the one "
+              "forward that scores them (hf-generate: not split); *x plain batched*: throughput over plain "
               "decoding through the same backend at the same B; *x hf-generate*: over transformers' own "
-              "batched generate, B left-padded prompts per call.", ""]
+              "batched generate, B left-padded prompts per call.", "", noise_line(table, run.chunks), ""]
     if len(table) > 1:
         lines += sweep_table(table)
     if run.mismatches:
@@ -185,7 +295,7 @@ def write_batch_results(run: BatchRun, out: Path, settings: dict, *, repeats: in
               f"{settings['threads']} torch thread(s), {settings['clock']} clock\n\nCommand: `{command}`\n")
     table = summarize(run, keep)
     payload = {"settings": {**settings, "batches": run.sizes, "repeats": repeats, "keep": keep,
-                            "command": command},
+                            "command": command, "chunk_prompts": {str(b): n for b, n in run.chunks.items()}},
                "methods": [{"label": r.label, "baseline": r.baseline, "lossless": r.lossless,
                             "kind": type(r).__name__} for r in run.runners],
                "batches": {str(size): rows for size, rows in table.items()},

@@ -64,6 +64,10 @@ def bench_command(
                               "at a time with continuous batching, greedily; at auto every row's tree is "
                               "sized together for the batch; the only peer is hf-generate, B left-padded "
                               "prompts per call. Writes batch_results.md and batch_records.jsonl."),
+    batch_chunk: Optional[int] = typer.Option(
+        None, "--batch-chunk", help="At --batch > 1: prompts each method decodes before the next method "
+        "takes its turn (default 2 B, at least 8). The methods take turns chunk by chunk so that a shared "
+        "machine's drifting load falls on all of them; the speedups' intervals are taken over the chunks."),
     list_methods: bool = typer.Option(False, "--list-methods", help="Print the presets and exit."),
 ) -> None:
     """Benchmark speculative methods against plain decoding and transformers, Spec-Bench style."""
@@ -84,7 +88,8 @@ def bench_command(
                       threads=threads, clock=clock, ray=ray, shard=shard, sampling=SamplingParams(
                           temperature=temperature, seed=seed), synthetic_acceptance=synthetic_acceptance,
                       peers=peers, limit=limit, repeats=repeats, max_new_tokens=max_new_tokens,
-                      budget=budget, keep=keep, plots=plots, fresh=fresh, phase_timing=phase_timing)
+                      budget=budget, keep=keep, plots=plots, fresh=fresh, phase_timing=phase_timing,
+                      chunk=batch_chunk)
         return
     if ray is not None:
         from specframe.bench.distributed import require_ray
@@ -130,7 +135,8 @@ def bench_batches(sizes: list[int], suite: str, methods: list[str], out: Path, *
 
     set_timing(threads, clock, device)
     check_writable_dir(out, "--out", "pass a writable directory with --out")
-    checked = {k: options[k] for k in ("peers", "limit", "repeats", "max_new_tokens", "budget", "keep")}
+    checked = {k: options[k] for k in ("peers", "limit", "repeats", "max_new_tokens", "budget", "keep",
+                                       "chunk")}
     check_batch_run(suite, methods, sizes, sampling=sampling, ray=ray, shard=shard,
                     synthetic_acceptance=synthetic_acceptance, **checked)
     target = load_target(model, device=device, dtype=dtype, recipes=model_recipes)

@@ -3,7 +3,9 @@
 
 The table has its columns; every method's rows are checked against plain decoding (a verifier broken on
 purpose is caught); a sweep writes its method x B table and plot and resumes without rerunning finished
-calls; bad `--batch` values and options a batch run cannot honour are refused before a model loads.
+calls; bad `--batch` values and options a batch run cannot honour are refused before a model loads; a
+call's time split counts the shared forward once. (The order of the calls, chunk by chunk, and the
+tables' arithmetic: test_bench_batch_chunks.py.)
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from specframe.bench import batch as bench_batch
 from specframe.bench.batch import parse_batches, run_batch_benchmark
 from specframe.bench.batch_report import COLUMNS
 from specframe.terms.errors import ConfigurationError, SpecframeError
+from specframe.terms.metrics import clock_name, now, set_clock
 from specframe.testing import tiny_target
 
 PROMPTS = [
@@ -47,6 +50,12 @@ def test_the_table_has_its_columns_and_every_row_equals_plain_decoding(target, t
     assert rows["hf-generate"]["speedup_hf"]["mean"] == 1.0
     assert all(s["new_tokens"] == len(PROMPTS) * NEW_TOKENS and s["latency_p90_s"] > 0 for s in rows.values())
     assert rows["hf-generate"]["rows_compared"] == len(PROMPTS)  # counted against plain, never failed
+    assert rows["baseline"]["time_per_step_ms"]["forward"] > 0
+    assert rows["hf-generate"]["time_per_step_ms"] is None  # transformers' generate is not split
+    for record in run.records:
+        split = record["metrics"].get("time_s")
+        if record["method"] != "hf-generate":  # a call's split and prefills lie within its seconds
+            assert 0 < sum(split.values()) + record["metrics"]["prefill_s"] <= record["metrics"]["wall_s"]
     # plain batched rows are plain greedy decoding of each first turn alone
     plain = specframe.SpeculativeDecoder.from_names(target, "none", budget=1)
     base = next(r for r in run.records if r["method"] == "baseline")
@@ -192,3 +201,31 @@ def test_a_drafter_that_remembers_requests_starts_every_batch_size_afresh(target
     steps = {(r["batch"], r["method"]): r["metrics"]["steps"] for r in sweep.records}
     assert steps[(3, "suffix@4")] == next(r["metrics"]["steps"] for r in alone.records
                                           if r["method"] == "suffix@4")
+
+
+def test_a_calls_time_split_counts_the_shared_forward_once_and_lies_within_the_call(target):
+    """Each row's own split holds the shared forward of every step it took part in; the call's split
+    (`SpeculativeDecoder.batch_metrics`) counts a step's forward once and sums its rows' drafting and
+    verifying, so that with the prefills it adds up to the call's seconds less what the call spends
+    outside its steps (admitting and retiring rows). On the CPU clock, which other processes' load does
+    not inflate."""
+    decoder = specframe.SpeculativeDecoder.from_names(target, "pld(min_ngram=1)", budget=4)
+    ids = [target.tokenizer(p.turns[0], add_special_tokens=False)["input_ids"] for p in PROMPTS]
+    previous = clock_name()
+    set_clock("cpu")
+    try:
+        start = now()
+        results = decoder.generate_batch(ids, NEW_TOKENS, batch_size=len(ids))
+        wall = now() - start
+    finally:
+        set_clock(previous)
+    split, rows = decoder.batch_metrics, [r.metrics for r in results]
+    assert split.steps == max(m.steps for m in rows)  # every row admitted at once: one forward per step
+    for phase in ("draft", "tree", "verify"):
+        assert split.time[phase] == pytest.approx(sum(m.time[phase] for m in rows))
+    longest = max(rows, key=lambda m: m.steps)
+    assert split.time["forward"] == pytest.approx(longest.time["forward"])  # it took part in every step
+    assert sum(m.time["forward"] for m in rows) > split.time["forward"]  # summing rows counts it again
+    assert split.prefill_s == pytest.approx(sum(m.prefill_s for m in rows))
+    rest = wall - sum(split.time.values()) - split.prefill_s
+    assert 0 <= rest < 0.5 * wall
