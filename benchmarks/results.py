@@ -333,10 +333,11 @@ def lossless_table(runs: list[dict], spec: dict) -> list[str]:
 
 def batch_table(runs: list[dict], spec: dict) -> list[str]:
     """One row per method and batch size B of a `--batch` sweep: throughput, both speedups (plain decoding
-    batched through the same backend, transformers' batched generate), tau and rows equal to plain's.
-    Without records: the table's head and a row saying so."""
+    batched through the same backend, transformers' batched generate), tau, drafting and forward ms per
+    batched step, and rows equal to plain's. Without records: the table's head and a row saying so."""
     run = runs[0]
-    head = ["method", "B", "tokens/s", "x plain batched", "x hf-generate", "tau", "identical rows"]
+    head = ["method", "B", "tokens/s", "x plain batched", "x hf-generate", "tau", "draft ms/step",
+            "forward ms/step", "identical rows"]
     if run is None:
         return markdown_table(head, [no_records(spec["runs"][0], head)]) + [
             "", f"No records yet for {spec['runs'][0]}: run `make results`."]
@@ -349,10 +350,11 @@ def batch_table(runs: list[dict], spec: dict) -> list[str]:
         for size, table in run["batches"].items():
             s = table.get(label)
             if s is not None:
+                split = s.get("time_per_step_ms") or {}
                 rows.append([f"`{label}`", size, num(s["tokens_per_s"]["mean"], 1),
                              num((s["speedup_plain"] or {}).get("mean"), 2, "x"),
                              num((s["speedup_hf"] or {}).get("mean"), 2, "x"), num(s["tau"]),
-                             identical_rows(s)])
+                             num(split.get("draft"), 1), num(split.get("forward"), 1), identical_rows(s)])
     return markdown_table(head, rows) + ["", *provenance(run, batch_setting(run)), "", batch_noise_line(run)]
 
 
@@ -367,8 +369,13 @@ def identical_rows(stats: dict) -> str:
 def batch_setting(run: dict) -> str:
     """The settings line of a `--batch` sweep: its rows are every question's first turn."""
     s = run["settings"]
+    chunks = s.get("chunk_prompts")  # absent from records made with one call per method over the suite
+    once = "one timed call per method, B and chunk" if chunks else "one timed call per method and B"
     timing = ("fastest of the repeats" if s.get("keep") == "fastest"
-              else "one timed call per method and B" if s.get("repeats") == 1 else "mean over repeats")
+              else once if s.get("repeats") == 1 else "mean over repeats")
+    if chunks:
+        timing = ("methods taking turns in chunks of "
+                  + ", ".join(f"{n} prompts at B = {b}" for b, n in chunks.items()) + f", {timing}")
     sizes = ", ".join(str(b) for b in s.get("batches") or run["batches"])
     return (f"{s.get('model')}, {s.get('suite')}, first turns of {s.get('questions')} question(s) "
             f"({s.get('limit') or 'all'} per category), {s.get('max_new_tokens')} new tokens, B = {sizes}, "
@@ -376,8 +383,25 @@ def batch_setting(run: dict) -> str:
             f"{s.get('clock') or 'wall'} clock, {timing}")
 
 
+def half_width(interval: list[float] | None) -> float | None:
+    """An interval's half width over its middle: [0.9, 1.1] is ±10 %."""
+    return (interval[1] - interval[0]) / (interval[1] + interval[0]) if interval else None
+
+
 def batch_noise_line(run: dict) -> str:
-    """The largest spread of a throughput over its repeats; without repeats, the usual rule of thumb."""
+    """The widest 95 % bootstrap interval over chunks of a speedup, over plain batched and over
+    hf-generate; without one (a sweep of one chunk, or records kept before chunks), the largest spread
+    of a throughput over its repeats, else the usual rule of thumb."""
+    widths = {key: [w for table in run["batches"].values() for s in table.values()
+                    if (w := half_width(s.get(f"{key}_interval"))) is not None]
+              for key in ("speedup_plain", "speedup_hf")}
+    if widths["speedup_plain"] or widths["speedup_hf"]:
+        chunks = max(s.get("chunks") or 0 for table in run["batches"].values() for s in table.values())
+        names = {"speedup_plain": "over plain batched", "speedup_hf": "over hf-generate"}
+        widest = " and ".join(f"±{100 * max(w):.1f} % {names[k]}" for k, w in widths.items() if w)
+        return (f"Noise floor: a speedup's 95 % bootstrap interval over its chunks (up to {chunks} per "
+                f"method and B, drawn with replacement, each paired with the other method's seconds on the "
+                f"same chunk) is at widest {widest}; read differences inside it as noise.")
     spread = [s["tokens_per_s"]["std"] / s["tokens_per_s"]["mean"] for table in run["batches"].values()
               for s in table.values() if s["repeats"] > 1 and s["tokens_per_s"]["mean"]]
     if not spread:

@@ -111,13 +111,16 @@ def test_llamacpp_methods_and_peers_are_measured_against_plain_llamacpp_decoding
 
 
 def batch_stats(tps: float, plain: float, hf: float | None, tau: float, baseline: str | None,
-                differing: int = 0, repeats: int = 1, std: float = 0.0) -> dict:
-    """One (method, B) entry of `batch_results.json`, as `specframe.bench.batch_report.row_stats` makes it."""
+                differing: int = 0, repeats: int = 1, std: float = 0.0, split: dict | None = None,
+                intervals: tuple = (None, None), chunks: int = 1) -> dict:
+    """One (method, B) entry of `batch_results.json`, as `specframe.bench.batch_report.row_stats` makes it
+    (`split`: ms per batched step by phase; `intervals`: the speedups' over plain and over hf-generate)."""
     return {"tokens_per_s": {"mean": tps, "std": std}, "latency_mean_s": 1.0, "latency_p90_s": 1.5,
             "tau": tau, "speedup_plain": {"mean": plain, "std": 0.0},
             "speedup_hf": None if hf is None else {"mean": hf, "std": 0.0}, "new_tokens": 64,
             "repeats": repeats, "rows_differing": differing, "rows_compared": 0 if baseline is None else 4,
-            "baseline": baseline}
+            "baseline": baseline, "time_per_step_ms": split, "speedup_plain_interval": intervals[0],
+            "speedup_hf_interval": intervals[1], "chunks": chunks}
 
 
 @pytest.fixture
@@ -148,14 +151,15 @@ def batch_records(tmp_path: Path) -> Path:
 def test_a_batch_sweep_is_rendered_by_method_and_batch_size(batch_records):
     spec = {"name": "t", "page": "p.md", "kind": "batch", "runs": ["batch-code-cpu"]}
     lines = results.render_table(spec, batch_records)
-    assert lines[0] == ("| method | B | tokens/s | x plain batched | x hf-generate | tau | identical rows |")
+    assert lines[0] == ("| method | B | tokens/s | x plain batched | x hf-generate | tau | draft ms/step "
+                        "| forward ms/step | identical rows |")
     rows = [line for line in lines if line.startswith("| `")]
-    assert rows == ["| `baseline` | 1 | 30.0 | 1.00x | 0.90x | 1.00 | - |",
-                    "| `baseline` | 4 | 80.0 | 1.00x | 0.80x | 1.00 | - |",
-                    "| `pld@auto` | 1 | 45.0 | 1.50x | 1.35x | 1.80 | 4 of 4 rows |",
-                    "| `pld@auto` | 4 | 84.0 | 1.05x | 0.84x | 1.40 | 4 of 4 rows |",
-                    "| `hf-generate` | 1 | 33.0 | 1.10x | 1.00x | 1.00 | 4 of 4 rows |",
-                    "| `hf-generate` | 4 | 100.0 | 1.25x | 1.00x | 1.00 | 3 of 4 rows |"]
+    assert rows == ["| `baseline` | 1 | 30.0 | 1.00x | 0.90x | 1.00 | - | - | - |",  # kept no split
+                    "| `baseline` | 4 | 80.0 | 1.00x | 0.80x | 1.00 | - | - | - |",
+                    "| `pld@auto` | 1 | 45.0 | 1.50x | 1.35x | 1.80 | - | - | 4 of 4 rows |",
+                    "| `pld@auto` | 4 | 84.0 | 1.05x | 0.84x | 1.40 | - | - | 4 of 4 rows |",
+                    "| `hf-generate` | 1 | 33.0 | 1.10x | 1.00x | 1.00 | - | - | 4 of 4 rows |",
+                    "| `hf-generate` | 4 | 100.0 | 1.25x | 1.00x | 1.00 | - | - | 3 of 4 rows |"]
     text = "\n".join(lines)
     assert "Machine: a test CPU, 2 cores; torch 2.0." in text
     assert "first turns of 4 question(s)" in text and "B = 1, 4" in text
@@ -172,6 +176,29 @@ def test_a_batch_table_keeps_the_rows_asked_for_and_reports_the_spread_of_repeat
     lines = results.render_table(spec, batch_records)
     assert [line.split(" | ")[0] for line in lines if line.startswith("| `")] == ["| `pld@auto`"] * 2
     assert "at most 5 % of its mean" in "\n".join(lines)
+
+
+def test_a_chunked_batch_table_gives_the_time_split_and_the_widest_interval_as_its_noise_floor(batch_records):
+    path = batch_records / "batch-code-cpu" / "batch_results.json"
+    run = json.loads(path.read_text())
+    split = {"draft": 12.34, "tree": 0.5, "forward": 40.06, "verify": 1.0, "commit": 0.2, "other": 2.0}
+    run["batches"]["4"]["pld@auto"] = batch_stats(84.0, 1.05, 0.84, 1.4, "baseline", split=split,
+                                                  intervals=([0.945, 1.155], [0.8, 0.88]), chunks=5)
+    run["batches"]["4"]["hf-generate"] = batch_stats(100.0, 1.25, 1.0, 1.0, "baseline",
+                                                     intervals=([1.2, 1.3], None), chunks=5)
+    run["settings"]["chunk_prompts"] = {"1": 8, "4": 8}
+    path.write_text(json.dumps(run))
+    spec = {"name": "t", "page": "p.md", "kind": "batch", "runs": ["batch-code-cpu"]}
+    lines = results.render_table(spec, batch_records)
+    assert "| `pld@auto` | 4 | 84.0 | 1.05x | 0.84x | 1.40 | 12.3 | 40.1 | 4 of 4 rows |" in lines
+    text = "\n".join(lines)
+    assert "methods taking turns in chunks of 8 prompts at B = 1, 8 prompts at B = 4" in text
+    # over plain: pld's (1.155 - 0.945) / (1.155 + 0.945) = 10 %, wider than hf-generate's 0.1 / 2.5 = 4 %;
+    # over hf-generate: (0.88 - 0.8) / 1.68 = 4.8 %
+    assert lines[-1] == ("Noise floor: a speedup's 95 % bootstrap interval over its chunks (up to 5 per "
+                         "method and B, drawn with replacement, each paired with the other method's seconds "
+                         "on the same chunk) is at widest ±10.0 % over plain batched and ±4.8 % over "
+                         "hf-generate; read differences inside it as noise.")
 
 
 def test_a_batch_table_without_records_keeps_its_head_and_says_so(tmp_path):
