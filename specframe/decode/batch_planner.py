@@ -1,4 +1,5 @@
-"""`budget="auto"` at batch B: every row's tree sized at once for the batch's most tokens per second.
+"""`budget="auto"` at batch B: every row's tree sized at once for the batch's most tokens per second, and
+each row drafting only while its drafting pays.
 
 Alone, a step over a subtree S emits E(S) = 1 + sum of P_i over its nodes and takes t(|S|) seconds
 (`specframe.decode.selection`). In a batch of R rows, one forward scores every row's root and kept nodes,
@@ -15,16 +16,36 @@ forward per row) with the backend's calibrated single-sequence cost: a forward o
 a tree of n - 1 nodes costs alone, times a factor learned from the realised forwards as a line in their
 rows (`SpeedByRows`: attention over R contexts, and products of more rows than the calibration timed),
 plus the step's overhead besides the forward. Acceptance is one
-`AcceptanceModel` for every row, as alone. Rows draft to the cap (drafting is per row and not sized first
-here) and sampled trees verified with their q (`plans_blind`) are kept whole, their size being the cap.
+`AcceptanceModel` for every row, as alone. Sampled trees verified with their q (`plans_blind`) are kept
+whole, their size being what the row drafted.
+
+Drafting runs row by row, so a batch step takes the drafting of every row that drafted, one forward for
+all rows and the overhead. A row that drafts adds its drafting seconds and its share of what the kept
+nodes add to the forward (priced as above, shared in proportion to the rows' kept nodes) and gains its
+accepted tokens; a plain step of a row costs the plain batch step over its rows. Drafters that cost
+under `CHEAP_DRAFT` of a plain step alone (prompt lookup, suffix trees) draft to the cap every step, as
+alone. For dearer ones (a draft model, S4C's heads) every row runs `AdaptivePlanner`'s bandit in these
+terms: it drafts while its drafted steps emit faster than its plain steps would (`DraftingGain`), and
+otherwise probes within what its own skipped steps earned (`ProbeBudget`). Requests differ, so each row
+keeps its own record, starting from what the batch's rows have shown, weighed as `REQUEST_PRIOR`
+drafted steps; the drafting-time forecast, the first probes' allowance and the acceptance by position
+are learned from every row. When drafting grows with the budget
+(`DrafterCapabilities.drafting_grows_with_budget`) a row's draft is sized before it drafts: the size of
+most tokens per second by the acceptance realised at each index position, the drafting time per node
+and the forward its nodes add next to the other rows' trees of the last step.
+Every decision reads earlier steps only, so rows stay lossless.
 """
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 
 from specframe.decode.acceptance import AcceptanceModel, NodeFeatures, matched_outcomes
-from specframe.decode.planner import EMA, CostAtContext, DecayedLine
+from specframe.decode.planner import (
+    CHEAP_DRAFT, EMA, PROBE_ALLOWANCE, CostAtContext, DecayedLine, DraftingGain, ProbeBudget, tokens_by_size,
+)
 from specframe.decode.selection import path_probabilities
 from specframe.contract.interfaces import BatchBackend
 from specframe.terms.cost import CostModel
@@ -34,8 +55,9 @@ from specframe.terms.tree import TokenTree
 
 
 class RowPlan:
-    """A row's side of the batch planner, with the interface `RequestRow` calls (as a planner's): it
-    drafts to the cap and defers the cut to `BatchPlanner.cut`, then learns acceptance from its row."""
+    """A row's side of the batch planner, with the interface `RequestRow` calls (as a planner's): whether
+    the row drafts and how much (see the module docstring), the cut deferred to `BatchPlanner.cut`, then
+    what the row showed: which nodes were accepted, and whether its drafting paid."""
 
     def __init__(self, planner: BatchPlanner):
         self.planner = planner
@@ -44,40 +66,99 @@ class RowPlan:
         self.built: TokenTree | None = None  # the tree before the cut, when it was cut
         self.built_features: NodeFeatures | None = None
         self.features: NodeFeatures | None = None  # of the kept nodes
+        self.gain = copy.deepcopy(planner.gain)  # its drafted steps' speed over its plain steps'
+        self.probes = copy.copy(planner.probes)  # its probes' budget (the drafting-time fit is shared)
+        self.probes.earned_s = 0.0
+        self.added_s = 0.0  # its share of what the step's kept nodes added to the forward (the cut's)
+        self.added_by_size: np.ndarray | None = None  # what n nodes would add, by the last cut (n = 0..cap)
+        self.context = 0  # tokens of this step's context
+        self.read = 0  # context of its request's last drafted step: what its drafter has read
+        self.drafted = self.probing = False
+        self.proposed = 0
 
     @property
     def cost(self) -> CostModel | None:
         return self.planner.cost
 
     def start_request(self, blind: bool = False) -> None:
+        """A new request: its drafter has read none of it, its probes have earned nothing, and what the
+        batch's rows have shown of drafting's gain is its prior."""
         self.blind = blind
+        self.read = 0
+        self.gain.start_request()
+        self.probes.start_request()
 
     def start_step(self, context: int) -> None:
         self.planner.contexts.append(context)
+        self.context = context
 
     def should_draft(self) -> bool:
-        return True
+        """Draft unless drafting is dear (`BatchPlanner.expensive`) and this row's drafted steps have
+        emitted more slowly than its plain steps; then probe as `AdaptivePlanner.should_draft` does,
+        within the row's own budget (a plain step of the row being its share of a plain batch step)."""
+        planner = self.planner
+        self.gain.forget()
+        planner.gain.forget()
+        self.probing = False
+        if not planner.expensive() or self.gain.mean > 1.0:
+            self.drafted = True
+        else:
+            allowance = PROBE_ALLOWANCE * planner.plain_row_s
+            self.probing = self.drafted = (self.gain.upper() > 1.0
+                                           and self.probes.affords(self.unread(), allowance))
+        return self.drafted
 
     def build_budget(self, room: int) -> int:
-        return min(self.planner.cap, room)
+        """The cap, unless drafting is dear and grows with the budget: then `BatchPlanner.size`."""
+        planner = self.planner
+        if planner.per_token_drafting and planner.expensive():
+            return min(planner.size(self.added_by_size), room)
+        return min(planner.cap, room)
 
     def choose(self, proposal: DraftProposal, tree: TokenTree) -> tuple[TokenTree, Prediction | None]:
         self.proposal, self.built, self.built_features = proposal, None, None
+        self.proposed = len(proposal)
         prunable = not self.blind and tree.origin is not None and len(tree) > 0
         self.features = NodeFeatures.of(proposal, tree.origin, tree.depth) if prunable else None
         return tree, None  # cut with every row's tree in view: `BatchPlanner.cut`
 
     def observe(self, tree: TokenTree, result: VerifyResult, times: dict[str, float]) -> None:
         """Learn which nodes the target accepted (also those the cut left out, where the step matched the
-        target's draws: `AdaptivePlanner` learns the same way)."""
-        acceptance = self.planner.acceptance
-        if self.built is not None and (self.planner.matches_draws or result.fallback is not None):
+        target's draws: `AdaptivePlanner` learns the same way), by index position too, and, where the row
+        drafted, what drafting cost (`times["draft"]`) and whether the step emitted faster than a plain
+        one."""
+        planner = self.planner
+        acceptance = planner.acceptance
+        if self.built is not None and (planner.matches_draws or result.fallback is not None):
             emitted = [*tree.tokens[result.path].tolist(), result.bonus]
             acceptance.record(self.built_features, *matched_outcomes(
                 self.built.tokens, self.built.parents, self.built.depth, emitted))
         elif self.features is not None and len(tree):
             acceptance.update(self.features, tree.parents, result.path)
         self.features = self.built = self.built_features = None
+        if len(tree):
+            planner.position_hits[1, :len(tree)] += 1
+            planner.position_hits[0, :result.accepted] += 1
+        plain = max(planner.plain_row_s, 1e-12)
+        if self.drafted:
+            drafting = times.get("draft", 0.0)
+            planner.drafted(drafting, self.proposed)
+            for gain in (self.gain, planner.gain):
+                gain.add(result.accepted + 1, (plain + drafting + self.added_s) / plain)
+            self.probes.drafted(self.unread(), drafting)
+            self.read = self.context
+            if self.probing:  # its time over plain row steps' for the same tokens
+                self.probes.probed(drafting + self.added_s - result.accepted * plain, drafting)
+                planner.probes.rest_s = self.probes.rest_s
+        else:
+            self.probes.skipped(plain)
+        self.drafted = self.probing = False
+        self.proposed, self.added_s = 0, 0.0
+
+    def unread(self) -> int:
+        """Tokens of this step's context the row's drafter has not read (all of them before its first
+        draft)."""
+        return max(self.context - self.read, 0)
 
 
 class SpeedByRows(DecayedLine):
@@ -101,14 +182,25 @@ class BatchPlanner(CostAtContext):
     """Sizes the trees of a batch's rows together (see the module docstring); `cap` bounds each row's."""
 
     def __init__(self, cost: CostModel, cap: int, acceptance: AcceptanceModel | None = None,
-                 matches_draws: bool = False, learn_speed: bool = True):
+                 matches_draws: bool = False, learn_speed: bool = True,
+                 drafting_grows_with_budget: bool = False, position_hits: np.ndarray | None = None,
+                 draft_s: float = 0.0, draft_node_s: float = 0.0):
         super().__init__(cost)
         self.cap = cap
         self.acceptance = acceptance or AcceptanceModel()
         self.matches_draws = matches_draws
         self.learn_speed = learn_speed
+        self.per_token_drafting = drafting_grows_with_budget  # dear drafting: size each row's draft first
+        # [accepted, tried] by index position in the scored tree, over every row
+        self.position_hits = np.zeros((2, cap)) if position_hits is None else position_hits
+        self.draft_s = draft_s  # a row's drafting seconds, running mean over drafted row steps
+        self.draft_node_s = draft_node_s  # the same per proposed node
+        self.gain = DraftingGain()  # every row's drafted steps, each row step aging it: a new row's prior
+        self.probes = ProbeBudget()  # what every row's budget shares: the drafting-time fit, the allowance
         self.speed = SpeedByRows()  # realised batch forward over the calibrated cost, by rows
         self.overhead_s = 0.0  # a batch step's seconds besides the forward, running mean
+        self.rest_s = 0.0  # the same besides the rows' drafting too
+        self.plain_row_s = cost.step_seconds(0, 0)  # a plain batch step over its rows, as of the last cut
         self.contexts: list[int] = []  # this step's rows' contexts
         self._calibrated_s = 0.0  # the calibrated forward of the step's chosen rows
         self._rows = 0  # the query rows of the step's chosen forwards
@@ -123,7 +215,8 @@ class BatchPlanner(CostAtContext):
         if self.contexts:
             self.start_step(int(np.mean(self.contexts)))
             self.contexts.clear()
-        sizes = {key: len(tree) if plans[key].features is None else 0 for key, tree in trees.items()}
+        whole = {key: len(tree) if plans[key].features is None else 0 for key, tree in trees.items()}
+        sizes = dict(whole)
         owners, nodes, probs = [], [], []
         for key, tree in trees.items():
             if plans[key].features is not None:
@@ -138,9 +231,7 @@ class BatchPlanner(CostAtContext):
         for k in range(len(order) + 1):  # the k likeliest nodes kept, in the forwards `batch` would run
             if k:
                 sizes[int(owners[order[k - 1]])] += 1
-            forwards = batch.forward_rows(sizes)
-            calibrated[k] = sum(self.cost.step_seconds(n - 1, 1) for n in forwards)
-            rows[k] = sum(forwards)
+            calibrated[k], rows[k] = self._calibrated(batch.forward_rows(sizes))
         seconds = self.speed.factor(rows) * calibrated + self.overhead_s
         best = int(np.argmax(tokens / np.maximum(seconds, 1e-12)))
         self._calibrated_s, self._rows = float(calibrated[best]), int(rows[best])
@@ -156,18 +247,81 @@ class BatchPlanner(CostAtContext):
             if len(keep) < len(tree):
                 plan.built, plan.built_features = tree, plan.features
                 plan.features, tree = plan.features.take(keep), tree.subtree(keep)
+            whole[key] = len(tree)
             out[key] = (tree, Prediction(1.0 + float(probs[mine].sum()), float(seconds[best])))
+        self._price_rows(whole, plans, batch)
+        # The rows of the first step hold the first probes' allowance (two plain row steps each: two plain
+        # batch steps in all, as alone); rows admitted later earn their probes
+        self.probes.allowance_granted = True
         return out
 
-    def observe(self, forward_s: float, step_s: float) -> None:
-        """Learn the machine's speed at batch shapes and the step's overhead from one batch step."""
+    def expensive(self) -> bool:
+        """Whether a row's drafting costs over `CHEAP_DRAFT` of a plain step of one sequence, as
+        `AdaptivePlanner` judges it: a drafter cheap alone (prompt lookup, suffix trees) drafts to the cap
+        on every step of a batch too."""
+        return self.draft_s > CHEAP_DRAFT * self.cost.step_seconds(0, 0)
+
+    def drafted(self, seconds: float, proposed: int) -> None:
+        """A row drafted `proposed` nodes in `seconds`."""
+        self.draft_s += EMA * (seconds - self.draft_s)
+        if proposed:
+            self.draft_node_s += EMA * (seconds / proposed - self.draft_node_s)
+
+    def size(self, added_by_size: np.ndarray | None) -> int:
+        """A dear per-token drafter's budget for a row, from earlier steps: the size n >= 1 of most tokens
+        per second, the tokens by the acceptance realised at each index position (`tokens_by_size`), the
+        seconds a plain row step's plus n nodes' drafting and the forward seconds they add
+        (`added_by_size`, priced at the last cut; None, for a row not cut yet: as if scored alone)."""
+        tokens = tokens_by_size(self.position_hits)  # (cap + 1,)
+        sizes = np.arange(self.cap + 1)
+        if added_by_size is None:
+            alone = self._forward_s([[n + 1] for n in sizes])
+            added_by_size = alone - alone[0]
+        seconds = self.plain_row_s + sizes * self.draft_node_s + added_by_size
+        return 1 + int(np.argmax((tokens / seconds)[1:]))
+
+    def _price_rows(self, kept: dict[int, int], plans: dict[int, RowPlan], batch: BatchBackend) -> None:
+        """What the rows' drafting decisions read from this step, its trees cut to `kept` nodes: a plain
+        step of a row (the plain batch step's seconds over its rows); each row's share of the forward
+        seconds the kept nodes added, in proportion to its kept nodes (padded, one row's nodes can cost
+        nothing next to another's: every row counting only its own margin, all would draft where together
+        they do not pay); and, where drafts are sized before drafting, what n nodes of a row would add
+        next to the other rows' trees, for the row's next size."""
+        plain, full = self._forward_s([batch.forward_rows(dict.fromkeys(kept, 0)), batch.forward_rows(kept)])
+        self.plain_row_s = (plain + self.rest_s) / len(kept)
+        nodes = sum(kept.values())
+        sized = self.per_token_drafting and self.expensive()
+        for key, plan in plans.items():
+            plan.added_s = max(full - plain, 0.0) * kept[key] / nodes if nodes else 0.0
+            if sized:
+                by_size = self._forward_s([batch.forward_rows({**kept, key: n}) for n in range(self.cap + 1)])
+                plan.added_by_size = by_size - by_size[0]
+
+    def _calibrated(self, forwards: list[int]) -> tuple[float, int]:
+        """The calibrated seconds of forwards of these query rows (each costing what a tree of one node
+        fewer costs alone), and their rows in all."""
+        return sum(self.cost.step_seconds(n - 1, 1) for n in forwards), sum(forwards)
+
+    def _forward_s(self, steps: list[list[int]]) -> np.ndarray:
+        """The seconds of each step's forwards (query rows of each), at the speed learned for their rows."""
+        calibrated, rows = np.array([self._calibrated(forwards) for forwards in steps]).T
+        return self.speed.factor(rows) * calibrated
+
+    def observe(self, forward_s: float, step_s: float, drafting_s: float = 0.0) -> None:
+        """Learn the machine's speed at batch shapes and the step's overhead from one batch step whose rows
+        drafted for `drafting_s` seconds in all."""
         if self.learn_speed and self._calibrated_s > 0:
             self.speed.add(self._rows, forward_s / self._calibrated_s)
         self.overhead_s += EMA * (max(step_s - forward_s, 0.0) - self.overhead_s)
+        self.rest_s += EMA * (max(step_s - forward_s - drafting_s, 0.0) - self.rest_s)
 
 
 def batch_planner_of(planner) -> BatchPlanner:
     """A batch planner with what `planner` (the decoder's `AdaptivePlanner`) has: its calibrated cost, its
-    cap, its acceptance counts (shared, so single requests and batches learn together) and settings."""
+    cap, its acceptance counts, overall and by position (shared, so single requests and batches learn
+    together), its drafting time so far and settings."""
     return BatchPlanner(planner.calibrated, planner.cap, planner.acceptance,
-                        matches_draws=planner.matches_draws, learn_speed=planner.learn_speed)
+                        matches_draws=planner.matches_draws, learn_speed=planner.learn_speed,
+                        drafting_grows_with_budget=planner.per_token_drafting,
+                        position_hits=planner.position_hits, draft_s=planner.draft_s,
+                        draft_node_s=planner.draft_node_s)

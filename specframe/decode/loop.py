@@ -241,7 +241,8 @@ class SpeculativeDecoder:
         with shared_phase(timers.values(), "commit", phase_sync) as commit:
             batch.commit({key: (scores[key], v.path, v.bonus) for key, v in verdicts.items()})
         if batch_planner is not None:
-            batch_planner.observe(forward.seconds, now() - step_start)
+            drafting = sum(timer.times.get("draft", 0.0) for timer in timers.values())
+            batch_planner.observe(forward.seconds, now() - step_start, drafting)
         for key, row in rows.items():
             row.advance(scores[key], verdicts[key], timers[key])
         account.record_step(now() - step_start, {"forward": forward.seconds, "commit": commit.seconds},

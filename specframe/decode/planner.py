@@ -217,6 +217,15 @@ class ProbeBudget:
         self.rest_s += EMA * (loss_s - drafting_s - self.rest_s)
 
 
+def tokens_by_size(position_hits: np.ndarray) -> np.ndarray:
+    """Expected tokens of a step whose draft has n nodes, for n = 0 .. cap, from the [accepted, tried]
+    counts by index position of earlier steps: the chance that more than i were accepted where more than
+    i were tried, with a Laplace prior, made non-increasing in i."""
+    a, t = position_hits
+    rates = np.minimum.accumulate((a + 1.0) / (t + 2.0))
+    return 1.0 + np.concatenate([[0.0], np.cumsum(rates)])
+
+
 class CostAtContext:
     """The cost of a step at the step's context: `calibrated` holds the model over all contexts, `cost`
     the model at the current step's (`CostModel.at_context`), moved every `CONTEXT_STEP` tokens."""
@@ -311,9 +320,7 @@ class AdaptivePlanner(CostAtContext):
         draft at all is `should_draft`'s call, so the size is at least 1 and probes keep learning."""
         if not (self.draw_order_only or (self.per_token_drafting and self._expensive())):
             return min(self.cap, room)
-        a, t = self.position_hits
-        rates = np.minimum.accumulate((a + 1.0) / (t + 2.0))  # P(over i accepted), Laplace prior
-        tokens = 1.0 + np.concatenate([[0.0], np.cumsum(rates)])  # (cap + 1,)
+        tokens = tokens_by_size(self.position_hits)  # (cap + 1,)
         sizes = np.arange(self.cap + 1)
         seconds = self._cost().many(sizes, sizes) + self.overhead_s + sizes * self.draft_node_s
         best = 1 + int(np.argmax((tokens / seconds)[1:]))
