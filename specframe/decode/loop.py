@@ -61,6 +61,9 @@ class SpeculativeDecoder:
         # outputs (`specframe.bench.replay`) models the forward it does not run.
         self.step_timer = step_timer
         self.planner: FixedPlanner | AdaptivePlanner | None = None  # made at the first request
+        # budget="auto" batches' planner, made at the first batch and kept, as `planner` is: what it learns
+        # of the machine at batch shapes and of whether dear drafting pays serves every later batch
+        self.batch_planner: BatchPlanner | None = None
         # The time split of the latest `generate_batch` call as a whole: each row's own split holds the
         # shared forward and commit in full, so the rows' splits add up to more than the call took.
         self.batch_metrics: BatchMetrics | None = None
@@ -185,7 +188,9 @@ class SpeculativeDecoder:
         results in order."""
         batch = self.pipeline.backend.batch()  # first: a backend that cannot batch refuses before any work
         planner = self._planner()
-        batch_planner = batch_planner_of(planner) if self.adaptive else None
+        if self.adaptive and self.batch_planner is None:
+            self.batch_planner = batch_planner_of(planner)
+        batch_planner = self.batch_planner
         waiting = deque(range(len(requests)))
         active: dict[int, tuple[int, RequestRow, float]] = {}  # backend row -> (request, its row, its start)
         results: list[GenerationResult | None] = [None] * len(requests)

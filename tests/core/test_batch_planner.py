@@ -163,6 +163,19 @@ def test_a_batch_stops_drafting_that_costs_more_than_it_gains_and_stays_lossless
     assert steps == 4 * 32 and len(drafter.calls) <= 4 * 8, len(drafter.calls)
 
 
+def test_a_decoder_s_later_batches_start_from_what_its_earlier_batches_showed(target, prompts):
+    """As alone, a decoder learns once whether dear drafting pays: the rows of its next batch start from
+    that record (as a prior), so a drafter that lost does not get a few drafted steps per row again."""
+    drafter = sleeping_drafter(target, prompts, 16, 0.02, right=False)
+    decoder = checks.make_decoder(target, drafter, "chain", "greedy", "kv", budget="auto:6")
+    decoder.cost = COST
+    decoder.generate_batch(prompts, 16)
+    first = len(drafter.calls)
+    rows = decoder.generate_batch(prompts, 16)
+    assert first >= 4 and len(drafter.calls) - first <= 4, (first, len(drafter.calls))
+    assert [r.tokens for r in rows] == [reference_greedy(target, p, 16) for p in prompts]
+
+
 def test_a_batch_keeps_dear_drafting_that_pays(target, prompts):
     """The same 10 ms drafting whose six nodes are always accepted: seven tokens a drafted step, so every
     row drafts on every step, and still decodes plain greedy."""
