@@ -13,8 +13,10 @@ and at every (B, repeat) every method decodes the first chunk before any decodes
 rotated by one place per chunk. On a shared machine whose load drifts over minutes every method then meets
 the same load, where one call per method over the whole suite would time each under another (on a shared
 2-core CPU the ratios between methods moved by 15-20 % between two such runs). Within a chunk the rows
-are batched continuously. The tables add a method's chunks up (all new tokens over all seconds) and take
-the spread of its speedups from them (`specframe.bench.batch_report.ratio_interval`).
+are batched continuously; a method's decoder carries from chunk to chunk of a (B, repeat), so a drafter
+that remembers requests, or a planner at `auto`, learns over the suite as in one call
+(`PipelineBatches.start_suite`). The tables add a method's chunks up (all new tokens over all seconds)
+and take the spread of its speedups from them (`specframe.bench.batch_report.ratio_interval`).
 
 A batch run resumes per call: every finished (method, B, repeat, chunk) is one line of
 `batch_records.jsonl`, appended under `--out`'s lock (`specframe.bench.runner.bench_lock`), and a rerun
@@ -143,18 +145,42 @@ class PipelineBatches:
 
     def __init__(self, runner: PipelineRunner):
         self.runner, self.label, self.baseline = runner, runner.label, runner.baseline
-        self.lossless = runner.lossless
+        self.lossless, self.remembers = runner.lossless, runner.remembers
+        self.suite: SpeculativeDecoder | None = None  # a remembering drafter's, for this (B, repeat)
+
+    def start_suite(self) -> None:
+        """Before the first chunk of a (B, repeat): a drafter that remembers requests (suffix) gets a
+        decoder with no memory, so that every B and repeat decodes the suite alike rather than copying the
+        answers of the ones before it. The chunks after it keep that decoder, so that each finds the
+        answers of the chunks before it (and its planner what they taught it), as one call over the whole
+        suite would."""
+        self.suite = self.fresh() if self.remembers else None
+
+    def remember(self, prompts: list[list[int]], tokens: list[list[int]]) -> None:
+        """A chunk of this (B, repeat) decoded by an earlier process: a drafter that remembers requests is
+        given its recorded answers (`Drafter.remember`), so that the chunks still to run find what an
+        uninterrupted run would have left them."""
+        if self.remembers:
+            for prompt, answer in zip(prompts, tokens):
+                self.decoder().pipeline.drafter.remember(prompt, answer)
+
+    def fresh(self) -> SpeculativeDecoder:
+        decoder, spec = self.runner.decoder, self.runner.spec
+        return SpeculativeDecoder.from_names(decoder.target, *spec.components, budget=spec.budget,
+                                             sampling=decoder.sampling, registry=decoder.registry,
+                                             phase_timing=decoder.phase_timing)
+
+    def decoder(self) -> SpeculativeDecoder:
+        """The decoder of the next call: the runner's own, or for a drafter that remembers requests this
+        (B, repeat)'s (`start_suite`; a throwaway one before any, as for the warmup)."""
+        if not self.remembers:
+            return self.runner.decoder
+        return self.suite if self.suite is not None else self.fresh()
 
     def generate_batch(self, prompts: list[list[int]], max_new_tokens: int,
                        size: int) -> tuple[list[list[int]], dict]:
-        """Every prompt's new tokens, and the metrics of the whole call (`call_metrics`). A drafter that
-        remembers requests (suffix) starts each call with no memory, so that every B (and repeat) decodes
-        the suite alike rather than copying the answers of the calls before it."""
-        decoder = self.runner.decoder
-        if self.runner.remembers:
-            decoder = SpeculativeDecoder.from_names(
-                decoder.target, *self.runner.spec.components, budget=self.runner.spec.budget,
-                sampling=decoder.sampling, registry=decoder.registry, phase_timing=decoder.phase_timing)
+        """Every prompt's new tokens, and the metrics of the whole call (`call_metrics`)."""
+        decoder = self.decoder()
         device = decoder.target.device
         synchronize(device)
         start = now()
@@ -330,6 +356,9 @@ def run_batches(target: Target, prompts: list[BenchPrompt], runners: list, sizes
     for shift, (size, rep, number, qids, part) in enumerate(plan):
         done: dict[str, dict] = {}
         for runner in rotation(runners, shift):
+            remembers = getattr(runner, "remembers", False)
+            if remembers and number == 0:
+                runner.start_suite()
             record = store.get(runner.label, size, rep, qids)
             if record is None:
                 tokens, metrics = runner.generate_batch([ids[i] for i in part], max_new_tokens, size)
@@ -337,6 +366,8 @@ def run_batches(target: Target, prompts: list[BenchPrompt], runners: list, sizes
                           "tokens": tokens, "metrics": metrics}
                 store.add(record)
                 bar.update()
+            elif remembers:
+                runner.remember([ids[i] for i in part], record["tokens"])
             done[runner.label] = record
             run.records.append(record)
         for mismatch in lossless_check(done, runners, [prompts[i] for i in part], tokenizer):

@@ -229,3 +229,27 @@ def test_a_calls_time_split_counts_the_shared_forward_once_and_lies_within_the_c
     assert split.prefill_s == pytest.approx(sum(m.prefill_s for m in rows))
     rest = wall - sum(split.time.values()) - split.prefill_s
     assert 0 <= rest < 0.5 * wall
+
+
+def test_a_drafter_that_remembers_requests_keeps_its_memory_from_chunk_to_chunk_and_on_resuming(target,
+                                                                                                tmp_path):
+    """At B = 1 one call over the suite lets each request copy the answers before it; in chunks of one
+    prompt each chunk must find them too: the (B, repeat)'s decoder carries over, and a resumed run gives
+    it the finished chunks' recorded answers. One prompt three times makes the memory count (its copies
+    are drafted from the first answer)."""
+    same = [BenchPrompt(qid, "code", PROMPTS[2].turns, chat=False) for qid in ("x", "y", "z")]
+    kwargs = dict(batches=[1], peers="none", plots=False, **QUIET)
+
+    def steps(run) -> int:
+        return sum(r["metrics"]["steps"] for r in run.records if r["method"] == "suffix@4")
+
+    alone, _ = run_batch_benchmark(target, same[:1], ["suffix@4"], tmp_path / "alone", **kwargs)
+    whole, _ = run_batch_benchmark(target, same, ["suffix@4"], tmp_path / "whole", chunk=3, **kwargs)
+    chunked, _ = run_batch_benchmark(target, same, ["suffix@4"], tmp_path / "chunked", chunk=1, **kwargs)
+    assert steps(chunked) == steps(whole) < 3 * steps(alone)
+
+    records = tmp_path / "chunked" / "batch_records.jsonl"
+    first = [line for line in records.read_text().splitlines() if json.loads(line)["chunk"] == 0]
+    records.write_text("\n".join(first) + "\n")  # stopped after the first chunk
+    resumed, _ = run_batch_benchmark(target, same, ["suffix@4"], tmp_path / "chunked", chunk=1, **kwargs)
+    assert steps(resumed) == steps(chunked)
