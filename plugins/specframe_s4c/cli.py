@@ -35,8 +35,10 @@ def train_s4c(
     max_tokens: int = typer.Option(None, min=1, help="use at most this many corpus tokens"),
     threads: int = typer.Option(None, min=1, help="torch CPU threads"),
     fresh: bool = typer.Option(False, help="ignore an existing training state in --out"),
-    init: Path = typer.Option(None, help="start from these heads' weights (a heads.safetensors for the same "
-                              "model and --heads); the draft vocabulary is chosen from --data"),
+    init: Path = typer.Option(None, help="start from these heads' weights (a heads.safetensors with as many "
+                              "--heads, for this model or one of the same hidden size and vocabulary, e.g. "
+                              "the Llama a hybrid was converted from); the draft vocabulary is chosen "
+                              "from --data"),
     amp: bool = typer.Option(False, help="train in bfloat16 autocast (float32 weights): about 1.7x faster "
                              "steps on CPUs with native bfloat16 (AVX-512 BF16, AMX)"),
 ) -> None:

@@ -69,11 +69,16 @@ class S4CHeads(nn.Module):
         super().__init__()
         embed, norm, _, layers = target_parts(target)
         hidden = embed.weight.shape[1]
+        # The last attention layer: the target's own architecture and a good starting point. A head reads
+        # one position, so it needs attention (its value/output projections), not a hybrid's Mamba mixer.
+        attention = [layer for layer in layers if getattr(layer, "self_attn", None) is not None]
+        last = attention[-1] if attention else None
+        if last is None:
+            raise ModelLoadError(f"s4c: {target.name} has no attention layer; S4C heads are built from one")
         heads = []
         for k in range(num_heads):
-            layer = copy.deepcopy(layers[-1])  # same architecture; the last layer is a good starting point
-            if hasattr(layer, "self_attn"):
-                layer.self_attn.layer_idx = k
+            layer = copy.deepcopy(last)
+            layer.self_attn.layer_idx = k
             head = S4CHead(layer, copy.deepcopy(norm), hidden)
             with torch.no_grad():  # start as "feature in, feature out": identity on f, small weights on e
                 head.fc.weight.normal_(0.0, 0.02)
@@ -110,22 +115,60 @@ class S4CHeads(nn.Module):
     @classmethod
     def load(cls, target: specframe.Target, path: str | Path) -> S4CHeads:
         """Heads from `path`, checked against `target`; weights are cast to the target's dtype."""
-        from safetensors import safe_open
-
         path = Path(path)
-        if not path.is_file():
-            raise ModelLoadError(f"s4c: no heads file at {path}; train one with `specframe train s4c`")
-        with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata() or {}
-            tensors = {name: f.get_tensor(name) for name in f.keys()}
-        if meta.get("format") != FORMAT:
-            raise ModelLoadError(f"s4c: {path} is not an S4C heads file (format {meta.get('format')!r})")
+        meta, tensors = read_heads_file(path)
         check_fingerprint(target, meta, path)
         heads = cls(target, num_heads=int(meta["num_heads"]), vocab_ids=tensors["vocab_ids"])
         dtype = next(target.model.parameters()).dtype
         heads.load_state_dict({k: v.to(dtype) if v.is_floating_point() else v for k, v in tensors.items()})
         heads.meta = {k: v for k, v in meta.items() if k != "format"}
         return heads.to(target.device).eval().requires_grad_(False)
+
+
+def read_heads_file(path: str | Path) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
+    """(metadata, tensors) of an S4C heads file, unchecked against any target."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    if not path.is_file():
+        raise ModelLoadError(f"s4c: no heads file at {path}; train one with `specframe train s4c`")
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata() or {}
+        tensors = {name: f.get_tensor(name) for name in f.keys()}
+    if meta.get("format") != FORMAT:
+        raise ModelLoadError(f"s4c: {path} is not an S4C heads file (format {meta.get('format')!r})")
+    return meta, tensors
+
+
+# A Llama decoder layer's SwiGLU MLP as a GraniteMoeHybrid layer names it (the layout
+# plugins/specframe_hybrid/convert.py writes; plugins do not import each other, so it is repeated here):
+# input_linear = cat[gate_proj, up_proj] along the output rows, output_linear = down_proj.
+LLAMA_MLP = ".mlp.gate_proj.weight", ".mlp.up_proj.weight", ".mlp.down_proj.weight"
+HYBRID_MLP = ".shared_mlp.input_linear.weight", ".shared_mlp.output_linear.weight"
+
+
+def map_head_weights(source: dict[str, torch.Tensor], wanted: dict[str, torch.Tensor], path: Path
+                     ) -> dict[str, torch.Tensor]:
+    """`source` (head weights of heads trained for another target) under the names and shapes of `wanted`
+    (this target's heads): names that match are taken as they are, a Llama MLP becomes a GraniteMoeHybrid
+    `shared_mlp`. Raise `S4CHeadsMismatch` listing what cannot be mapped."""
+    mapped = dict(source)
+    gate, up, down = LLAMA_MLP
+    joined, out = HYBRID_MLP
+    for name in [n for n in source if n.endswith(gate)]:
+        prefix = name[:-len(gate)]
+        if prefix + up in source and prefix + down in source and prefix + joined in wanted:
+            mapped[prefix + joined] = torch.cat([mapped.pop(prefix + gate), mapped.pop(prefix + up)])
+            mapped[prefix + out] = mapped.pop(prefix + down)
+    missing = sorted(set(wanted) - set(mapped))
+    unused = sorted(set(mapped) - set(wanted))
+    shapes = [f"{n}: {tuple(mapped[n].shape)} vs {tuple(wanted[n].shape)}"
+              for n in sorted(set(wanted) & set(mapped)) if mapped[n].shape != wanted[n].shape]
+    if missing or unused or shapes:
+        raise S4CHeadsMismatch(
+            f"s4c: the heads in {path} do not map onto this target's (missing: {missing[:4] or 'none'}; "
+            f"not used: {unused[:4] or 'none'}; shapes: {shapes[:4] or 'none'})")
+    return mapped
 
 
 def check_fingerprint(target: specframe.Target, meta: dict[str, str], path: Path) -> None:

@@ -28,7 +28,9 @@ from specframe.kit.training import (
     STATE_FILE, read_train_state, refuse_pickled_state, save_train_state,
 )
 from specframe_s4c.features import FeatureCache
-from specframe_s4c.heads import S4CHeads, target_parts
+from specframe_s4c.heads import (
+    S4CHeads, check_fingerprint, fingerprint, map_head_weights, read_heads_file, target_parts,
+)
 
 WEIGHTS = {"token": 0.1, "distribution": 1.0, "feature": 0.1}  # the paper's loss weights
 
@@ -133,15 +135,28 @@ class Trainer:
         self.history: list[dict] = []
 
     def start_from(self, path: str) -> None:
-        """Take the head weights of the heads file `path` (trained for this target, with as many heads).
-        A head predicts a feature and the target's own LM head scores it, so the weights carry over to a
-        draft vocabulary chosen from other data."""
-        start = S4CHeads.load(self.target, path)
-        if len(start) != len(self.heads):
+        """Take the head weights of the heads file `path` (with as many heads). A head predicts a feature and
+        the target's own LM head scores it, so the weights carry over to a draft vocabulary chosen from other
+        data, and to another target of the same hidden size and vocabulary (a model converted from the
+        heads' target, such as a hybrid distilled from it): there they are a warm start, mapped by name."""
+        meta, tensors = read_heads_file(path)
+        mine = fingerprint(self.target)
+        if any(meta.get(k) != v for k, v in mine.items()):
+            sizes = ("hidden_size", "vocab_size")
+            if any(meta.get(k) != mine[k] for k in sizes):
+                check_fingerprint(self.target, meta, Path(path))  # raises, naming what differs
+            self.log(f"s4c training: --init {path} was trained for '{meta.get('model', '?')}' "
+                     f"({meta.get('architecture')}), not '{self.target.name}' ({mine['architecture']}); "
+                     f"same hidden size {mine['hidden_size']} and vocabulary {mine['vocab_size']}, so it is "
+                     f"a warm start mapped onto this target's layer names")
+        count = int(meta.get("num_heads", "0"))
+        if count != len(self.heads):
             raise specframe.ConfigurationError(
-                f"s4c training: --init {path} holds {len(start)} heads, not {len(self.heads)}; "
-                f"pass --heads {len(start)}")
-        weights = {k: v.float() for k, v in start.state_dict().items() if k != "vocab_ids"}
+                f"s4c training: --init {path} holds {count} heads, not {len(self.heads)}; "
+                f"pass --heads {count}")
+        own = {k: v for k, v in self.heads.state_dict().items() if k != "vocab_ids"}
+        source = {k: v.float() for k, v in tensors.items() if k != "vocab_ids"}
+        weights = map_head_weights(source, own, Path(path))
         self.heads.load_state_dict(weights | {"vocab_ids": self.heads.vocab_ids})
 
     @property

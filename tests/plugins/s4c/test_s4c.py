@@ -8,13 +8,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 import specframe
 from specframe.testing import DrafterConformance, reference_greedy, repetitive_prompt, tiny_target
 from specframe.runtime.packed_linear import pack_linear_layers
 from specframe_s4c.drafter import S4CDrafter, packaged_heads
 from specframe_s4c.features import FeatureCache
-from specframe_s4c.heads import S4CHeads, S4CHeadsMismatch
+from specframe_s4c.heads import S4CHeads, S4CHeadsMismatch, read_heads_file
 from specframe_s4c.train import Trainer, TrainConfig, frequent_tokens, head_losses
 
 _TMP_DIR = tempfile.TemporaryDirectory(prefix="specframe-s4c-test-")  # removed when the session ends
@@ -58,13 +59,13 @@ def test_head_shapes_and_parameter_sharing():
     assert drafter.embed is target.model.get_input_embeddings()  # shared, not copied
 
 
-def _tiny_trainer(tmp_path, steps=1, **config):
-    target = tiny_target(seed=0)
+def _tiny_trainer(tmp_path, steps=1, target=None, log=lambda line: None, **config):
+    target = target or tiny_target(seed=0)
     blocks = np.asarray([repetitive_prompt(target.vocab_size, 24, seed=s) for s in range(8)])  # (8, 24)
     cache = FeatureCache(tmp_path / "features", blocks, hidden=target.config.hidden_size)
     cache.fill(target, batch=4, log=lambda line: None)
     defaults = {"block": 24, "batch": 4, "steps": steps, "lr": 3e-3, "warmup": 1, "draft_vocab": 48}
-    return Trainer(target, cache, tmp_path / "run", TrainConfig(**(defaults | config)), log=lambda line: None)
+    return Trainer(target, cache, tmp_path / "run", TrainConfig(**(defaults | config)), log=log)
 
 
 def test_cached_features_are_the_targets_last_hidden_states(tmp_path):
@@ -122,6 +123,49 @@ def test_training_starts_from_earlier_heads_with_a_new_vocabulary(tmp_path):
     assert not torch.equal(cold.heads.heads[0].fc.weight, warm.heads.heads[0].fc.weight)
     with pytest.raises(specframe.ConfigurationError, match="holds 3 heads, not 2; pass --heads 3"):
         _tiny_trainer(tmp_path / "d", steps=3, init=str(path), num_heads=2)
+
+
+def tiny_hybrid_target(mamba_layers=(0,), **llama) -> specframe.Target:
+    """`tiny_target(seed=0)` converted by specframe_hybrid into a GraniteMoeHybrid: the same embeddings, its
+    MLPs under the hybrid's names (`shared_mlp.input_linear` = [gate; up], `shared_mlp.output_linear`)."""
+    from specframe_hybrid.convert import convert
+
+    hybrid = convert(tiny_target(seed=0, **llama).model, list(mamba_layers), seed=0)
+    return specframe.Target(model=hybrid, tokenizer=None, name="tiny-hybrid")
+
+
+def test_training_warm_starts_a_hybrid_from_the_heads_of_the_llama_it_was_converted_from(tmp_path):
+    """`--init` with heads of another target of the same hidden size and vocabulary: a warm start mapped by
+    name (Llama MLP -> hybrid shared_mlp), said in one line; drafting with those heads still refuses."""
+    path = tiny_heads_file(0)  # trained for the Llama tiny_target(seed=0)
+    hybrid = tiny_hybrid_target()
+    lines = []
+    warm = _tiny_trainer(tmp_path / "a", steps=3, target=hybrid, init=str(path), log=lines.append)
+    assert len(lines) == 1 and "warm start" in lines[0] and "LlamaForCausalLM" in lines[0]
+    source = {k: v.float() for k, v in S4CHeads.load(tiny_target(seed=0), path).state_dict().items()}
+    for k, head in enumerate(warm.heads.heads):
+        pre = f"heads.{k}.layer."
+        attention = head.layer.self_attn
+        mlp = head.layer.shared_mlp
+        torch.testing.assert_close(mlp.input_linear.weight, torch.cat(
+            [source[pre + "mlp.gate_proj.weight"], source[pre + "mlp.up_proj.weight"]]))
+        torch.testing.assert_close(mlp.output_linear.weight, source[pre + "mlp.down_proj.weight"])
+        torch.testing.assert_close(attention.v_proj.weight, source[pre + "self_attn.v_proj.weight"])
+        torch.testing.assert_close(head.fc.weight, source[f"heads.{k}.fc.weight"])
+    warm.train_step()  # the mapped heads train
+    with pytest.raises(S4CHeadsMismatch, match="architecture"):
+        S4CHeads.load(hybrid, path)
+    # a hybrid whose last layer is a Mamba2 mixer: the heads take its last attention layer
+    mamba_last = _tiny_trainer(tmp_path / "b", steps=3, target=tiny_hybrid_target(mamba_layers=(1,)),
+                               init=str(path))
+    assert mamba_last.heads.heads[0].layer.self_attn is not None
+    tensors = load_file(str(path))
+    del tensors["heads.1.layer.mlp.up_proj.weight"]
+    save_file(tensors, str(tmp_path / "broken.safetensors"), metadata=read_heads_file(path)[0])
+    with pytest.raises(S4CHeadsMismatch, match="do not map.*missing.*heads.1.layer.shared_mlp.input_linear"):
+        _tiny_trainer(tmp_path / "d", steps=3, target=hybrid, init=str(tmp_path / "broken.safetensors"))
+    with pytest.raises(S4CHeadsMismatch, match="hidden_size"):
+        _tiny_trainer(tmp_path / "c", steps=3, target=tiny_hybrid_target(hidden_size=48), init=str(path))
 
 
 def test_a_bfloat16_autocast_step_lowers_the_loss(tmp_path):
