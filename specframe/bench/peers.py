@@ -45,6 +45,21 @@ class PeerSpec:
     label: str
     name: str
     options: dict = field(default_factory=dict)
+    optional: bool = False  # chosen by `all`: skipped with a warning where it cannot run on the target
+
+
+# transformers refuses to assist the generation of a model that keeps a recurrent state (`_is_stateful`:
+# Mamba, hybrids), and prompt lookup is assisted generation with another candidate generator.
+NEEDS_STATELESS = {"hf-pld", "hf-assisted"}
+
+
+def peer_unsupported(target: Target, spec: PeerSpec) -> str | None:
+    """Why transformers' peer `spec` cannot run on `target`, or None."""
+    if spec.name in NEEDS_STATELESS and getattr(target.model, "_is_stateful", False):
+        model = type(target.model).__name__
+        return (f"peer '{spec.name}' runs transformers' assisted generation, which transformers refuses "
+                f"for models that keep a recurrent state ({model}); use --peers hf-generate")
+    return None
 
 
 def parse_peers(text: str) -> list[PeerSpec]:
@@ -65,7 +80,7 @@ def parse_peers(text: str) -> list[PeerSpec]:
         if unknown:
             raise ConfigurationError(f"peer '{spec.name}' takes options "
                                      f"{sorted(known[spec.name]) or 'none'}, got {sorted(unknown)}")
-        peers.append(PeerSpec(part.strip(), spec.name, {**known[spec.name], **spec.options}))
+        peers.append(PeerSpec(part.strip(), spec.name, {**known[spec.name], **spec.options}, text == "all"))
     return peers
 
 

@@ -38,7 +38,7 @@ from specframe.terms.sampling import SamplingParams
 
 from specframe.bench.methods import MethodSpec, baseline_spec
 from specframe.bench.llamacpp_peers import LLAMACPP_PEERS
-from specframe.bench.peers import PeerSpec, peer_runner
+from specframe.bench.peers import PeerSpec, peer_runner, peer_unsupported
 from specframe.support.prompt_suites import BenchPrompt, encode_turn
 from specframe.bench.synthetic import SyntheticDrafter
 
@@ -121,6 +121,12 @@ def build_runners(target: Target, methods: list[MethodSpec], peers: list[PeerSpe
                                        default_budget, phase_timing))
     llama = base_of.get("llamacpp", bases[0].label)
     for peer in peers:
+        reason = peer_unsupported(target, peer)
+        if reason is not None:
+            if not peer.optional:
+                raise ConfigurationError(reason)
+            warnings.warn(f"bench: skipping {reason}", SpecframeWarning, stacklevel=2)
+            continue
         baseline = llama if peer.name in LLAMACPP_PEERS else bases[0].label
         runners.append(peer_runner(target, peer, sampling, baseline=baseline))
     return runners

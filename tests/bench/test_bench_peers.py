@@ -48,3 +48,27 @@ def test_dropped_log_drops_only_that_message_only_inside():
     finally:
         logger.removeHandler(collect)
     assert collect.messages == ["a real problem", "noise after the block"]
+
+
+def test_assisted_peers_are_skipped_from_all_and_refused_by_name_on_a_stateful_model():
+    """transformers refuses assisted generation (and so prompt lookup) on models with a recurrent state,
+    mid-run: `--peers all` (the default) leaves those peers out with a warning, and naming one is refused
+    before any work, pointing at `hf-generate`."""
+    import pytest
+
+    from specframe.bench.runner import build_runners
+    from specframe.plugging.registry import get_registry
+    from specframe.terms.errors import ConfigurationError, SpecframeWarning
+
+    target = tiny_target()
+    target.model._is_stateful = True  # as Mamba and hybrid models declare it
+    registry = get_registry()
+    with pytest.warns(SpecframeWarning, match="recurrent state") as caught:
+        runners = build_runners(target, [], parse_peers("all"), SamplingParams(), registry)
+    assert [r.label for r in runners[1:]] == ["hf-generate"]
+    assert sorted(str(w.message).split("'")[1] for w in caught) == ["hf-assisted", "hf-pld"]
+    with pytest.raises(ConfigurationError, match="hf-assisted.*--peers hf-generate"):
+        build_runners(target, [], parse_peers("hf-assisted"), SamplingParams(), registry)
+    target.model._is_stateful = False
+    runners = build_runners(target, [], parse_peers("all"), SamplingParams(), registry)
+    assert [r.label for r in runners[1:]] == ["hf-generate", "hf-pld", "hf-assisted"]
