@@ -43,9 +43,11 @@ import copy
 import numpy as np
 
 from specframe.decode.acceptance import AcceptanceModel, NodeFeatures, matched_outcomes
-from specframe.decode.planner import (
-    CHEAP_DRAFT, EMA, PROBE_ALLOWANCE, CostAtContext, DecayedLine, DraftingGain, ProbeBudget, tokens_by_size,
+from specframe.decode.drafting import (
+    CHEAP_DRAFT, EMA, PROBE_ALLOWANCE, DecayedLine, DraftingDecision, DraftingGain, ProbeBudget,
+    tokens_by_size,
 )
+from specframe.decode.planner import CostAtContext
 from specframe.decode.selection import path_probabilities
 from specframe.contract.interfaces import BatchBackend
 from specframe.terms.cost import CostModel
@@ -66,14 +68,12 @@ class RowPlan:
         self.built: TokenTree | None = None  # the tree before the cut, when it was cut
         self.built_features: NodeFeatures | None = None
         self.features: NodeFeatures | None = None  # of the kept nodes
-        self.gain = copy.deepcopy(planner.gain)  # its drafted steps' speed over its plain steps'
-        self.probes = copy.copy(planner.probes)  # its probes' budget (the drafting-time fit is shared)
-        self.probes.earned_s = 0.0
+        probes = copy.copy(planner.probes)  # its probes' budget (the drafting-time fit is shared)
+        probes.earned_s = 0.0
+        # whether its drafting pays, its drafted steps' speed over its plain steps' starting from the batch's
+        self.drafting = DraftingDecision(copy.deepcopy(planner.gain), probes)
         self.added_s = 0.0  # its share of what the step's kept nodes added to the forward (the cut's)
         self.added_by_size: np.ndarray | None = None  # what n nodes would add, by the last cut (n = 0..cap)
-        self.context = 0  # tokens of this step's context
-        self.read = 0  # context of its request's last drafted step: what its drafter has read
-        self.drafted = self.probing = False
         self.proposed = 0
 
     @property
@@ -84,29 +84,19 @@ class RowPlan:
         """A new request: its drafter has read none of it, its probes have earned nothing, and what the
         batch's rows have shown of drafting's gain is its prior."""
         self.blind = blind
-        self.read = 0
-        self.gain.start_request()
-        self.probes.start_request()
+        self.drafting.start_request()
 
     def start_step(self, context: int) -> None:
         self.planner.contexts.append(context)
-        self.context = context
+        self.drafting.start_step(context)
 
     def should_draft(self) -> bool:
         """Draft unless drafting is dear (`BatchPlanner.expensive`) and this row's drafted steps have
         emitted more slowly than its plain steps; then probe as `AdaptivePlanner.should_draft` does,
         within the row's own budget (a plain step of the row being its share of a plain batch step)."""
         planner = self.planner
-        self.gain.forget()
         planner.gain.forget()
-        self.probing = False
-        if not planner.expensive() or self.gain.mean > 1.0:
-            self.drafted = True
-        else:
-            allowance = PROBE_ALLOWANCE * planner.plain_row_s
-            self.probing = self.drafted = (self.gain.upper() > 1.0
-                                           and self.probes.affords(self.unread(), allowance))
-        return self.drafted
+        return self.drafting.decide(planner.expensive(), PROBE_ALLOWANCE * planner.plain_row_s)
 
     def build_budget(self, room: int) -> int:
         """The cap, unless drafting is dear and grows with the budget: then `BatchPlanner.size`."""
@@ -140,25 +130,17 @@ class RowPlan:
             planner.position_hits[1, :len(tree)] += 1
             planner.position_hits[0, :result.accepted] += 1
         plain = max(planner.plain_row_s, 1e-12)
-        if self.drafted:
-            drafting = times.get("draft", 0.0)
+        decision = self.drafting
+        drafting = times.get("draft", 0.0) if decision.drafted else 0.0
+        if decision.drafted:
             planner.drafted(drafting, self.proposed)
-            for gain in (self.gain, planner.gain):
-                gain.add(result.accepted + 1, (plain + drafting + self.added_s) / plain)
-            self.probes.drafted(self.unread(), drafting)
-            self.read = self.context
-            if self.probing:  # its time over plain row steps' for the same tokens
-                self.probes.probed(drafting + self.added_s - result.accepted * plain, drafting)
-                planner.probes.rest_s = self.probes.rest_s
-        else:
-            self.probes.skipped(plain)
-        self.drafted = self.probing = False
+        probing = decision.probing
+        # a drafted step of the row took a plain row step, its drafting and its share of the added forward
+        seconds = plain + drafting + self.added_s if decision.drafted else plain
+        decision.record(result.accepted + 1, seconds, plain, drafting, gains=(planner.gain,))
+        if probing:
+            planner.probes.rest_s = decision.probes.rest_s
         self.proposed, self.added_s = 0, 0.0
-
-    def unread(self) -> int:
-        """Tokens of this step's context the row's drafter has not read (all of them before its first
-        draft)."""
-        return max(self.context - self.read, 0)
 
 
 class SpeedByRows(DecayedLine):

@@ -24,6 +24,9 @@ from pathlib import Path
 import numpy as np
 
 from specframe.decode.acceptance import AcceptanceModel, NodeFeatures, matched_outcomes
+from specframe.decode.drafting import (
+    CHEAP_DRAFT, EMA, PROBE_ALLOWANCE, DraftingDecision, DraftingGain, ProbeBudget, tokens_by_size,
+)
 from specframe.decode.selection import choose_subtree
 from specframe.terms.cost import CostModel, ScaledCost
 from specframe.terms.proposal import DraftProposal
@@ -31,43 +34,9 @@ from specframe.terms.records import Prediction, VerifyResult
 from specframe.terms.sampling import SamplingParams
 from specframe.terms.tree import TokenTree
 
-# Drafting under 5 % of a plain step always goes on (prompt lookup, retrieval, suffix trees): stopping it
-# would save at most that share, while a copying drafter that is off misses the next long match.
-CHEAP_DRAFT = 0.05
-# Whether dear drafting pays is a two-armed bandit (`DraftingGain`; the reasoning and the numbers are in
-# docs/explanation/adaptive-speculation.md): a plain step's speed is known, a drafted step's is learned
-# from drafted steps, each weighing DRAFT_MEMORY as much one step later (the last ~30 steps count).
-# Drafting goes on while the gain is above 1 and, as exploration, while its upper bound (OPTIMISM
-# standard errors above it) is; skipped steps age the record, so the bound widens and probes come back.
-DRAFT_MEMORY = 0.97
-OPTIMISM = 2.0
-GAIN_SD_FLOOR = 0.3  # the per-step spread assumed at least: a few cold steps alike do not make it 0
-OPTIMISTIC_GAIN, OPTIMISTIC_STEPS = 2.0, 4.0  # the record starts with 4 steps at twice plain speed
-# Requests differ more than the steps of one request do (S4C's heads pay 1.2x on code and lose on RAG), so
-# a new request starts from what earlier requests showed weighed as at most REQUEST_PRIOR drafted steps: a
-# prior that the request's own steps outweigh within a few drafted steps. The weight is the shrinkage
-# ratio of the two spreads: tokens accepted per drafted step vary by about 0.45 from step to step and by
-# 0.16 (Spec-Bench's first turns) to 0.21 (HumanEval) from request to request (S4C, replayed), and
-# (0.45 / 0.16)^2 = 8. At full weight (~30 steps), a 47-step answer that followed paying ones drafted on
-# every step to accept 3 tokens (0.90x plain, replayed; 0.93x with the prior). A harder rule, stopping a
-# request's drafting once its own drafted steps lost half a plain step, also stopped paying requests after
-# an unlucky start: 1.5 % slower on Spec-Bench with S4C, for no better worst turn.
-REQUEST_PRIOR = 8.0
-# A drafted step counts at most twice the time of a typical one (or of a plain step, whichever is more):
-# the first draft of a decoder compiles its kernels (S4C's heads: 88 ms, three plain steps). The probe
-# budget below counts every step in full.
-OUTLIER = 2.0
-# Exploring while the mean gain is below 1 may lose at most 1 % of the time of a request's skipped steps
-# (drafting plus the tree's forward, over plain steps for the same tokens), and a probe starts only when
-# the request has earned what it is expected to lose (`ProbeBudget`): a draft model's probe first reads
-# every token since its last run, mid-request a few, at a new request the whole prompt (0.1-0.4 s against
-# 50 ms steps on long Spec-Bench prompts), so one probe alone may cost a short request 4 %.
-PROBE_SHARE = 0.01
-PROBE_ALLOWANCE = 2.0  # plain steps a decoder's first probes may lose before any step was skipped
 # The cost model moves to the step's context every 16 tokens (on SmolLM2 at two CPU threads, 16 tokens add
 # at most 0.2 ms to a 16-node tree's 31 ms): tree selection then reuses one model for several steps.
 CONTEXT_STEP = 16
-EMA = 0.1  # weight of the newest step in the running means
 # Each tree size also learns its own realised forward over the calibrated one, beyond the machine's speed
 # as a whole: a busy spell slows sizes unevenly (a calibration on the 2-core development CPU put a plain
 # step 19-25 % and a 12-node tree 7 % above idle ones), so a calibration is off in its shape, not only its
@@ -75,155 +44,6 @@ EMA = 0.1  # weight of the newest step in the running means
 # size is seen on a share of the steps only, and a step's time is noisy.
 SHAPE_EMA = 0.05
 SHAPE_LEARNING = True  # the default of `AdaptivePlanner(learn_shape=)`; False: one factor for every size
-
-
-class DraftingGain:
-    """How much faster drafted steps emitted than plain steps would have, discounted by age: the mean
-    (a ratio of sums: emitted tokens over seconds spent, in plain steps) and an upper bound on it.
-
-    The record starts with `OPTIMISTIC_STEPS` pseudo-steps at `OPTIMISTIC_GAIN`, aged like the rest, so
-    a decoder's first drafted steps do not turn drafting off on their own: they are cold (the drafter's
-    and the target's tree-shaped kernels compile on first use: S4C's first four drafted steps took
-    1.5-4 plain steps each) and taken while acceptance and sizing are still being learned (a draft
-    model's first step drafts to the cap). A drafter that never pays then drafts ~20 steps before the
-    record says so, once per decoder."""
-
-    def __init__(self, memory: float = DRAFT_MEMORY):
-        self.memory = memory
-        self.optimism = OPTIMISTIC_STEPS  # the pseudo-steps at `OPTIMISTIC_GAIN`, discounted
-        self.tokens = 0.0  # emitted tokens of drafted steps, discounted
-        self.cost = 0.0  # their seconds spent, drafting included, in plain steps, discounted
-        self.weight = 0.0  # discounted count of drafted steps
-        self.gains = np.zeros(2)  # sums of the per-step gains and of their squares (for the spread)
-
-    def forget(self) -> None:
-        """A step passed: every drafted step recorded weighs `memory` as much."""
-        self.shrink(self.memory)
-
-    def start_request(self) -> None:
-        """A new request: the record, kept at its mean and spread, weighs at most `REQUEST_PRIOR` steps."""
-        total = self.weight + self.optimism
-        if total > REQUEST_PRIOR:
-            self.shrink(REQUEST_PRIOR / total)
-
-    def shrink(self, factor: float) -> None:
-        """Weigh everything recorded `factor` as much (the mean and the spread stay)."""
-        self.optimism *= factor
-        self.tokens *= factor
-        self.cost *= factor
-        self.weight *= factor
-        self.gains *= factor
-
-    def add(self, tokens: int, cost: float) -> None:
-        """A drafted step that emitted `tokens` in `cost` plain steps' time (clipped: `OUTLIER`)."""
-        typical = self.cost / self.weight if self.weight > 0 else 1.0
-        cost = min(cost, OUTLIER * max(typical, 1.0))
-        gain = tokens / max(cost, 1e-9)
-        self.tokens += tokens
-        self.cost += cost
-        self.weight += 1.0
-        self.gains += (gain, gain * gain)
-
-    @property
-    def mean(self) -> float:
-        """Drafted steps' speed over plain steps'."""
-        tokens = self.tokens + OPTIMISTIC_GAIN * self.optimism
-        return tokens / max(self.cost + self.optimism, 1e-12)
-
-    def upper(self) -> float:
-        """The mean plus `OPTIMISM` standard errors of the per-step gains."""
-        if self.weight <= 0:
-            return np.inf
-        average = self.gains[0] / self.weight
-        spread = max(np.sqrt(max(self.gains[1] / self.weight - average ** 2, 0.0)), GAIN_SD_FLOOR)
-        return self.mean + OPTIMISM * spread / np.sqrt(self.weight)
-
-
-class DecayedLine:
-    """y = a + b * x by least squares over the points added, each weighing `memory` as much one point
-    later. The slope is clipped below at `min_slope` (None: not clipped) and the line's values below at
-    `floor` (a noisy fit may dip below what can be); before any point the line is `empty` everywhere."""
-
-    def __init__(self, memory: float, min_slope: float | None = None, floor: float = -np.inf,
-                 empty: float = 0.0):
-        self.memory = memory
-        self.min_slope, self.floor, self.empty = min_slope, floor, empty
-        self.sums = np.zeros(5)  # weighted sums of 1, x, x^2, y, y x
-
-    def add(self, x: float, y: float) -> None:
-        x = float(x)
-        self.sums = self.memory * self.sums + (1.0, x, x * x, y, y * x)
-
-    def at(self, x):
-        """The line at `x`, a number or an array (then one value per element)."""
-        n, sx, sxx, sy, sxy = self.sums
-        if n <= 0:
-            return self.empty
-        spread = n * sxx - sx * sx
-        slope = (n * sxy - sx * sy) / spread if spread > 1e-9 * max(n * sxx, 1.0) else 0.0
-        if self.min_slope is not None:
-            slope = max(slope, self.min_slope)
-        return np.maximum((sy - slope * sx) / n + slope * np.asarray(x, float), self.floor)
-
-
-class DraftTime(DecayedLine):
-    """Drafting seconds as a + b * (tokens the drafter has not read yet), least squares over drafted
-    steps, each weighing DRAFT_MEMORY as much one drafted step later. S4C's heads cost the same each
-    step (b ~ 0); a draft model reads what it has not seen before it drafts (b > 0). Neither b nor the
-    forecast goes below 0, and before any drafted step no cost is known (0)."""
-
-    def __init__(self, memory: float = DRAFT_MEMORY):
-        super().__init__(memory, min_slope=0.0, floor=0.0, empty=0.0)
-
-    def forecast(self, unread: int) -> float:
-        return self.at(unread)
-
-
-class ProbeBudget:
-    """What probes (drafted steps taken while drafting does not pay) may still lose in this request.
-
-    Each skipped step of a request earns `PROBE_SHARE` of its time, and a probe may start only once the
-    request has earned what the probe is expected to lose: its drafting time, forecast from the tokens
-    the drafter has not read (`DraftTime`), plus the rest of a probe's loss as earlier probes showed it.
-    Its real loss is then spent. A request starts with nothing (a debt carries over), except a decoder's
-    first probe, which may spend `PROBE_ALLOWANCE` plain steps (cold first drafts can make drafting look
-    worse than it is before anything was skipped). So a probe that must first read a long prompt waits
-    for a long request, and a short request is not probed at all, rather than losing several per cent
-    to one probe."""
-
-    def __init__(self):
-        self.earned_s = 0.0  # seconds probes may still lose in this request
-        self.allowance_granted = False  # the decoder's first probes' allowance, given when first asked
-        self.rest_s = 0.0  # a probe's loss besides drafting (tree forward over the tokens it gained), mean
-        self.drafting = DraftTime()
-
-    def start_request(self) -> None:
-        self.earned_s = min(self.earned_s, 0.0)
-
-    def affords(self, unread: int, allowance_s: float) -> bool:
-        if not self.allowance_granted:
-            self.earned_s += allowance_s
-            self.allowance_granted = True
-        return self.earned_s >= self.drafting.forecast(unread) + self.rest_s
-
-    def drafted(self, unread: int, drafting_s: float) -> None:
-        self.drafting.add(unread, drafting_s)
-
-    def skipped(self, step_s: float) -> None:
-        self.earned_s += PROBE_SHARE * step_s
-
-    def probed(self, loss_s: float, drafting_s: float) -> None:
-        self.earned_s -= loss_s
-        self.rest_s += EMA * (loss_s - drafting_s - self.rest_s)
-
-
-def tokens_by_size(position_hits: np.ndarray) -> np.ndarray:
-    """Expected tokens of a step whose draft has n nodes, for n = 0 .. cap, from the [accepted, tried]
-    counts by index position of earlier steps: the chance that more than i were accepted where more than
-    i were tried, with a Laplace prior, made non-increasing in i."""
-    a, t = position_hits
-    rates = np.minimum.accumulate((a + 1.0) / (t + 2.0))
-    return 1.0 + np.concatenate([[0.0], np.cumsum(rates)])
 
 
 class CostAtContext:
@@ -287,10 +107,7 @@ class AdaptivePlanner(CostAtContext):
         self.draft_node_s = 0.0  # drafting time per proposed node, running mean
         self.gain = DraftingGain()  # realised speed of drafted steps over plain steps
         self.probes = ProbeBudget()  # what probes may still lose in this request
-        self._step_context = 0  # tokens of the current step's context
-        self._read = 0  # context of this request's last drafted step: what the drafter has read
-        self._drafted = False
-        self._probing = False
+        self.drafting = DraftingDecision(self.gain, self.probes)  # whether dear drafting pays
         self._proposed = 0
         self._features: NodeFeatures | None = None
         self._built: tuple[TokenTree, NodeFeatures] | None = None  # the tree before the cut, if cut
@@ -304,13 +121,11 @@ class AdaptivePlanner(CostAtContext):
         `blind` (`plans_blind` of the request's sampling): its sampled trees are verified with their q,
         so sizes are chosen before drafting and nothing is pruned."""
         self.draw_order_only = blind
-        self._read = 0
-        self.gain.start_request()
-        self.probes.start_request()
+        self.drafting.start_request()
 
     def start_step(self, context: int) -> None:
         super().start_step(context)
-        self._step_context = context
+        self.drafting.start_step(context)
 
     def build_budget(self, room: int) -> int:
         """Nodes the drafter and tree builder may use: the cap, unless the size must be chosen before
@@ -329,16 +144,8 @@ class AdaptivePlanner(CostAtContext):
 
     def should_draft(self) -> bool:
         """Draft unless drafting is expensive (over `CHEAP_DRAFT` of a plain step) and drafted steps have
-        emitted more slowly than plain ones; then probe while the gain's upper bound is above 1 (see
-        `DraftingGain`) and the request has earned what a probe is expected to lose (`ProbeBudget`)."""
-        self.gain.forget()
-        self._probing = False
-        if not self._expensive() or self.gain.mean > 1.0:
-            self._drafted = True
-        else:
-            self._probing = self._drafted = (self.gain.upper() > 1.0
-                                             and self.probes.affords(self._unread(), self._probe_allowance()))
-        return self._drafted
+        emitted more slowly than plain ones; then probe (`DraftingDecision.decide`)."""
+        return self.drafting.decide(self._expensive(), PROBE_ALLOWANCE * self._seconds(0, 0))
 
     def choose(self, proposal: DraftProposal, tree: TokenTree) -> tuple[TokenTree, Prediction | None]:
         """The subtree of `tree` worth scoring, with its predicted tokens and seconds."""
@@ -373,22 +180,15 @@ class AdaptivePlanner(CostAtContext):
             self.shape[size] += SHAPE_EMA * (forward / calibrated / self.speed - self.shape[size])
         step = sum(s for phase, s in times.items() if phase != "draft")
         self.overhead_s += EMA * (max(step - forward, 0.0) - self.overhead_s)
-        if self._drafted:  # what did drafting cost, and did the step emit faster than a plain one?
-            drafting = times.get("draft", 0.0)
+        drafting = times.get("draft", 0.0) if self.drafting.drafted else 0.0
+        if self.drafting.drafted:
             self.draft_s += EMA * (drafting - self.draft_s)
             if self._proposed:
                 self.draft_node_s += EMA * (drafting / self._proposed - self.draft_node_s)
-            plain = self._seconds(0, 0)
-            self.gain.add(result.accepted + 1, (step + drafting) / plain)
-            self.probes.drafted(self._unread(), drafting)
-            self._read = self._step_context
-            if self._probing:  # its time over plain steps' for the same tokens
-                loss = step + drafting - (result.accepted + 1) * plain
-                self.probes.probed(loss, drafting)
-        else:
-            self.probes.skipped(step)
+        # did the step emit faster than a plain one?
+        self.drafting.record(result.accepted + 1, step + drafting, self._seconds(0, 0), drafting)
         self._features = self._built = self._prediction = None
-        self._drafted, self._proposed = False, 0
+        self._proposed = 0
 
     def _learn_acceptance(self, tree: TokenTree, result: VerifyResult) -> None:
         """Count which nodes the target accepted. Where the step matched the target's draws, the nodes
@@ -401,13 +201,6 @@ class AdaptivePlanner(CostAtContext):
             self.acceptance.record(features, *outcomes)
         elif self._features is not None and len(tree):
             self.acceptance.update(self._features, tree.parents, result.path)
-
-    def _unread(self) -> int:
-        """Tokens of this step's context the drafter has not read (all of them before its first draft)."""
-        return max(self._step_context - self._read, 0)
-
-    def _probe_allowance(self) -> float:
-        return PROBE_ALLOWANCE * self._seconds(0, 0)
 
     def _expensive(self) -> bool:
         return self.draft_s > CHEAP_DRAFT * self._seconds(0, 0)

@@ -337,7 +337,8 @@ def test_auto_is_lossless_and_follows_the_cost(tiny, drafter, tree):
 def test_expensive_drafting_that_does_not_pay_is_skipped_but_probed():
     """It starts optimistic, then drafts only as probes: spread out, still coming long after, and within
     `PROBE_SHARE` of the time."""
-    from specframe.decode.planner import PROBE_SHARE, AdaptivePlanner
+    from specframe.decode.drafting import PROBE_SHARE
+    from specframe.decode.planner import AdaptivePlanner
     from specframe.terms.records import VerifyResult
     from specframe.terms.tree import TokenTree
 
@@ -466,7 +467,7 @@ def probe_share(probe_cost, steps: int) -> float:
 def test_probes_of_a_very_expensive_drafter_stay_near_one_percent_of_the_time():
     """A probe whose drafting costs two plain steps (a draft model catching up) comes every 200 steps
     or so, not every 64: wasted probes would otherwise cost 3 % of the time."""
-    from specframe.decode.planner import PROBE_SHARE
+    from specframe.decode.drafting import PROBE_SHARE
 
     assert probe_share(lambda step: 2.0, steps=5000) < 1.2 * PROBE_SHARE
 
@@ -476,7 +477,7 @@ def test_probes_whose_cost_varies_tenfold_stay_near_one_percent_of_the_time():
     128 steps), later ones only the tokens since the last (0.2 steps), as on summarization's long prompts.
     A running mean of probe costs would space probes by the cheap ones and let them take over 3 % of the
     time."""
-    from specframe.decode.planner import PROBE_SHARE
+    from specframe.decode.drafting import PROBE_SHARE
 
     seen = set()
 
@@ -495,7 +496,8 @@ def test_a_probe_that_must_first_read_a_long_prompt_waits_rather_than_tax_every_
     of each (enough to put `draft-model@auto` at 0.95x on Spec-Bench's extraction); forecast from the
     tokens to read, the probe waits until the budget holds it, which the cap of 2 plain steps never
     allows."""
-    from specframe.decode.planner import PROBE_SHARE, AdaptivePlanner
+    from specframe.decode.drafting import PROBE_SHARE
+    from specframe.decode.planner import AdaptivePlanner
     from specframe.terms.records import VerifyResult
     from specframe.terms.tree import TokenTree
 
@@ -521,7 +523,8 @@ def test_short_requests_are_not_probed_with_what_long_ones_earned():
     """Requests of 20 plain steps (1 s each; a QA answer), a drafter that never pays and costs 1.4 plain
     steps a probe (a draft model's four forwards). Earnings pooled over requests let such a probe into
     one request in seven, 6.5 % of its time; earned per request, 20 steps never pay for one."""
-    from specframe.decode.planner import PROBE_SHARE, AdaptivePlanner
+    from specframe.decode.drafting import PROBE_SHARE
+    from specframe.decode.planner import AdaptivePlanner
     from specframe.terms.records import VerifyResult
     from specframe.terms.tree import TokenTree
 
@@ -689,7 +692,7 @@ def test_each_request_is_planned_blind_or_not_by_its_own_sampling(tiny):
 def test_a_decayed_line_recovers_a_line_forgets_old_points_and_clips():
     """The fit behind `DraftTime` and the batch planner's `SpeedByRows`: least squares, each point
     weighing `memory` as much one point later, the slope and the values clipped from below."""
-    from specframe.decode.planner import DecayedLine
+    from specframe.decode.drafting import DecayedLine
 
     line = DecayedLine(0.9)
     for x in (3, 40, 7, 12, 0, 25):
@@ -720,7 +723,7 @@ def test_a_decayed_line_recovers_a_line_forgets_old_points_and_clips():
 
 def test_drafting_time_is_fitted_in_the_tokens_the_drafter_has_not_read():
     """A draft model's drafting grows with what it must read first; S4C's heads cost the same always."""
-    from specframe.decode.planner import DraftTime
+    from specframe.decode.drafting import DraftTime
 
     reading, fixed = DraftTime(), DraftTime()
     for unread in (900, 2, 3, 1, 450, 2, 4):
@@ -741,7 +744,7 @@ def test_the_adaptive_planner_moves_its_cost_with_the_context_as_steps_go_on():
     planner = AdaptivePlanner(sloped, cap=8)
     for context in range(100, 200):
         planner.start_step(context)
-    assert planner.cost.context > 199 - CONTEXT_STEP and planner._unread() == 199
+    assert planner.cost.context > 199 - CONTEXT_STEP and planner.drafting.unread() == 199
 
 
 def test_the_planner_learns_each_tree_size_s_own_speed():
