@@ -112,6 +112,8 @@ class SSMBackendBase(StateBackend):
         positions = prefix + torch.arange(len(tokens), device=device)[None]  # (1, m)
         mask = None
         if self.layout.hybrid:
+            from specframe_ssm.tree_ops import additive_mask
+
             mask = additive_mask(chain_allowed(prefix, len(tokens), 1, device), self.model.dtype)
         out = self._forward(ids, positions, self.cache, mask, **extra)
         self._committed = prefix + len(tokens)
@@ -138,15 +140,6 @@ def chain_allowed(prefix: int, length: int, batch: int, device) -> torch.Tensor:
     allowed = torch.ones(batch, length, prefix + length, dtype=torch.bool, device=device)
     allowed[:, :, prefix:] = torch.tril(allowed[0, :, prefix:])
     return allowed
-
-
-def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """(B, 1, T, S) additive float mask from a (B, T, S) bool mask: 0 where allowed, finfo.min elsewhere."""
-    import torch
-
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
-    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-    return mask[:, None]
 
 
 class SSMTreeBackend(SSMBackendBase):
@@ -205,32 +198,39 @@ class SSMTreeBackend(SSMBackendBase):
         import torch
         from specframe_ssm import cache as cache_ops
         from specframe_ssm.mixer import TreeRun, tree_forward_mode
-        from specframe_ssm.tree_ops import conv_window_index
+        from specframe_ssm.tree_ops import additive_mask, one_row, tree_rows
 
         cache_ops.crop_kv(self.cache, self.layout.attention, self._committed)  # drop an earlier scoring
         device, prefix = self.target.device, self._committed
         ids = torch.from_numpy(np.concatenate([[self._pending], tree.tokens]))[None].to(device)  # (1, T)
         positions = torch.from_numpy(prefix + tree.position_offsets)[None].to(device)  # (1, T)
-        ancestors = torch.from_numpy(tree.ancestor_mask).to(device)  # (T, T) bool
-        parents = torch.from_numpy(tree.packed_parents)  # (T,)
-        run = TreeRun(mask=ancestors, conv_index=conv_window_index(parents, self.conv_width).to(device),
-                      states={i: cache_ops.ssm_state(self.cache, m) for i, m in self.layout.mixers.items()},
-                      scan_impl=self.scan, parents=parents, clamped_rows=int(self._prompt_root))
+        ancestors, conv_index, parents = tree_rows([tree], self.conv_width, device)
+        states = {i: one_row(cache_ops.ssm_state(self.cache, m)) for i, m in self.layout.mixers.items()}
+        run = TreeRun(mask=ancestors, conv_index=conv_index, states=states, scan_impl=self.scan,
+                      parents=parents, clamped_rows=(int(self._prompt_root),))
         mask = None
         if self.layout.hybrid:
             allowed = torch.ones(1, len(tree) + 1, prefix + len(tree) + 1, dtype=torch.bool, device=device)
-            allowed[0, :, prefix:] = ancestors
+            allowed[:, :, prefix:] = ancestors
             mask = additive_mask(allowed, self.model.dtype)  # (1, 1, T, P + T)
         with tree_forward_mode(self.layout.mixers, run, self.layout.kinds):
             out = self._forward(ids, positions, self.cache, mask, output_hidden_states=self.want_hidden)
         hidden = out.hidden_states[-1][0] if self.want_hidden else None  # (T, D)
         return TargetScores(logits=out.logits[0].float(), hidden=hidden, tree=tree, state=run)
 
+    def batch(self):
+        """Every row's tree in one forward (`specframe_ssm.rows.SSMRows`), or the rows one after the other
+        (`RowByRow`) where the batch cannot hold the model's attention state (`rows_refusal`)."""
+        from specframe_ssm.rows import SSMRows, rows_refusal
+
+        return super().batch() if rows_refusal(self.model) else SSMRows(self)
+
     @inference_mode
     def commit(self, scored: TargetScores, path: list[int], bonus: int) -> None:
         import torch
         from specframe_ssm import cache as cache_ops
         from specframe_ssm.mixer import FAMILIES
+        from specframe_ssm.tree_ops import row_of
 
         self.redeem(scored)
         run: TreeRun = scored.state
@@ -238,7 +238,8 @@ class SSMTreeBackend(SSMBackendBase):
         index = torch.tensor(packed, device=self.target.device)
         for idx, layer in self.layout.mixers.items():
             commit = FAMILIES[self.layout.kinds[idx]].commit
-            new_conv, new_state = commit(layer, run.states[idx], run.saved[idx], index, self.commit_rule)
+            new_conv, new_state = commit(layer, row_of(run.states[idx], 0), row_of(run.saved[idx], 0), index,
+                                         self.commit_rule)
             cache_ops.write_ssm_state(self.cache, layer, new_conv, new_state)
         start = self._committed
         cache_ops.compact_kv(self.cache, self.layout.attention, start, [start + i for i in packed])

@@ -20,17 +20,17 @@ import torch
 import torch.nn.functional as F
 from transformers.activations import ACT2FN
 
-from specframe_ssm.tree_ops import commit_conv, tree_conv
+from specframe_ssm.tree_ops import commit_conv, over_rows, tree_conv
 
 
 @dataclass
 class SavedSelectiveNodes:
-    """Per-node activations of one Mamba-1 mixer on the scored tree, kept for the commit."""
+    """Per-node activations of one Mamba-1 mixer on the scored trees (R rows), kept for the commit."""
 
-    x_raw: torch.Tensor  # (T, Di) pre-conv inputs
-    x: torch.Tensor  # (T, Di) after the conv
-    dt: torch.Tensor  # (T, Di) after softplus
-    B: torch.Tensor  # (T, N)
+    x_raw: torch.Tensor  # (R, T, Di) pre-conv inputs
+    x: torch.Tensor  # (R, T, Di) after the conv
+    dt: torch.Tensor  # (R, T, Di) after softplus
+    B: torch.Tensor  # (R, T, N)
 
 
 def mixer_A(mixer) -> torch.Tensor:
@@ -61,31 +61,33 @@ def tree_selective_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: t
 
 
 def selective_inputs(mixer, hidden: torch.Tensor, run) -> tuple:
-    """(x_raw, x, gate, dt, B, C) of a Mamba-1 mixer for the packed tree `hidden` (1, T, D)."""
-    projected = mixer.in_proj(hidden[0])  # (T, 2 Di)
+    """(x_raw, x, gate, dt, B, C) of a Mamba-1 mixer for the packed trees `hidden` (R, T, D)."""
+    projected = mixer.in_proj(hidden)  # (R, T, 2 Di)
     x_raw, gate = projected.chunk(2, dim=-1)
     conv_state, _ = run.states[mixer.layer_idx]
-    x = tree_conv(x_raw, conv_state, mixer.conv1d.weight[:, 0, :], mixer.conv1d.bias, run.conv_index,
-                  ACT2FN[mixer.activation])  # (T, Di)
+    weight, act = mixer.conv1d.weight[:, 0, :], ACT2FN[mixer.activation]
+    x = over_rows(lambda xs, conv, index: tree_conv(xs, conv, weight, mixer.conv1d.bias, index, act),
+                  x_raw, conv_state, run.conv_index)  # (R, T, Di)
     sizes = [mixer.time_step_rank, mixer.ssm_state_size, mixer.ssm_state_size]
     time_step, B, C = mixer.x_proj(x).split(sizes, dim=-1)
     if hasattr(mixer, "dt_layernorm"):  # FalconMamba, Jamba: norms on dt, B and C
         time_step, B, C = mixer.dt_layernorm(time_step), mixer.b_layernorm(B), mixer.c_layernorm(C)
-    dt = F.softplus((time_step @ mixer.dt_proj.weight.t()).float() + mixer.dt_proj.bias.float())  # (T, Di)
+    dt = F.softplus((time_step @ mixer.dt_proj.weight.t()).float() + mixer.dt_proj.bias.float())  # (R, T, Di)
     return x_raw, x, gate, dt, B, C
 
 
 def tree_selective_forward(mixer, run, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-    """Mixer output (1, T, D) for the packed tree in `hidden_states` (1, T, D); saves what commit needs."""
-    if hidden_states.shape[0] != 1:
-        raise ValueError("ssm-tree scores one tree at a time (batch 1)")
+    """Mixer output (R, T, D) for the packed trees in `hidden_states` (R, T, D); saves what commit needs.
+    The scan walks each tree's depths with data-dependent indices, so rows take turns in it."""
     dtype = hidden_states.dtype
     x_raw, x, gate, dt, B, C = selective_inputs(mixer, hidden_states, run)
     _, h0 = run.states[mixer.layer_idx]
-    y = tree_selective_scan(x, dt, mixer_A(mixer), B, C, mixer.D, run.parents, run.mask, h0)  # (T, Di)
+    A = mixer_A(mixer)
+    y = over_rows(lambda *row: tree_selective_scan(row[0], row[1], A, row[2], row[3], mixer.D, *row[4:]),
+                  x, dt, B, C, run.parents, run.mask, h0, loop=True)  # (R, T, Di)
     run.saved[mixer.layer_idx] = SavedSelectiveNodes(x_raw, x, dt, B)
     y = y * F.silu(gate.float())
-    return mixer.out_proj(y.to(dtype))[None]  # (1, T, D)
+    return mixer.out_proj(y.to(dtype))  # (R, T, D)
 
 
 def commit_selective_replay(h0: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor,

@@ -11,20 +11,19 @@ from __future__ import annotations
 
 import torch
 
-from specframe_ssm.tree_ops import commit_conv, tree_conv
+from specframe_ssm.tree_ops import commit_conv, over_rows, tree_conv
 
 
 def tree_short_conv_forward(layer, run, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-    """Layer output (1, T, D) for the packed tree in `hidden_states` (1, T, D); saves the conv inputs."""
-    if hidden_states.shape[0] != 1:
-        raise ValueError("ssm-tree scores one tree at a time (batch 1)")
-    B, C, x = layer.in_proj(hidden_states[0]).chunk(3, dim=-1)  # (T, D) each
+    """Layer output (R, T, D) for the packed trees in `hidden_states` (R, T, D); saves the conv inputs."""
+    B, C, x = layer.in_proj(hidden_states).chunk(3, dim=-1)  # (R, T, D) each
     bx = B * x
     conv_state, _ = run.states[layer.layer_idx]
-    out = tree_conv(bx, conv_state, layer.conv.weight[:, 0, :], layer.conv.bias, run.conv_index,
-                    lambda v: v)  # (T, D)
+    weight = layer.conv.weight[:, 0, :]
+    out = over_rows(lambda xs, conv, index: tree_conv(xs, conv, weight, layer.conv.bias, index, lambda v: v),
+                    bx, conv_state, run.conv_index)  # (R, T, D)
     run.saved[layer.layer_idx] = bx
-    return layer.out_proj(C * out)[None]
+    return layer.out_proj(C * out)
 
 
 def commit_short_conv(layer, state, bx: torch.Tensor, index: torch.Tensor, rule: str):

@@ -4,11 +4,51 @@ parent chain, and the commit of an accepted path to the conv and SSM states.
 Shapes: T packed nodes (root at 0), K conv width, Cd = conv_dim, H heads, P head dim, G groups, N state size.
 The committed conv state `conv` (Cd, K) holds the last K pre-conv inputs, newest in column K - 1
 (the layout of transformers' `LinearAttentionLayer.conv_states` and of mamba_ssm).
+
+The tree forwards run R trees at once (a batch's rows, each padded to the widest; R = 1 for one
+sequence): `over_rows` applies these single-tree functions to every row, and `row_of` picks one row of
+what they saved for a commit.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from typing import TYPE_CHECKING
+
+import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from specframe import TokenTree
+
+
+def over_rows(fn, *rows, loop: bool = False):
+    """`fn(*row)` for every row of `rows` (tensors with a leading dimension R, or None passed as None to
+    every row), its outputs (a tensor or a tuple of them) stacked to a leading R again.
+
+    One row calls `fn` itself, so a single sequence computes exactly what the single-tree function does;
+    several rows run through `torch.func.vmap` (one batched computation), or one after the other with
+    `loop` (for `fn` that vmap cannot batch: data-dependent control flow, a Triton kernel)."""
+    count = next(r.shape[0] for r in rows if r is not None)
+    if count == 1 or loop:
+        outs = [fn(*(None if r is None else r[i] for r in rows)) for i in range(count)]
+        if isinstance(outs[0], tuple):
+            return tuple(torch.stack(parts) for parts in zip(*outs))
+        return torch.stack(outs)
+    return torch.func.vmap(fn, in_dims=tuple(None if r is None else 0 for r in rows))(*rows)
+
+
+def row_of(value, row: int):
+    """Row `row` of a batched value: a tensor's `[row]`, each field of a dataclass or item of a tuple
+    likewise, None as None."""
+    if value is None:
+        return None
+    if isinstance(value, torch.Tensor):
+        return value[row]
+    if isinstance(value, tuple):
+        return tuple(row_of(v, row) for v in value)
+    return dataclasses.replace(value, **{f.name: row_of(getattr(value, f.name), row)
+                                         for f in dataclasses.fields(value)})
 
 
 def conv_window_index(parents: torch.Tensor, width: int) -> torch.Tensor:
@@ -46,6 +86,29 @@ def tree_conv(xbc: torch.Tensor, conv: torch.Tensor, weight: torch.Tensor, bias:
     if bias is not None:
         out = out + bias
     return act(out)
+
+
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(B, 1, T, S) additive float mask from a (B, T, S) bool mask: 0 where allowed, finfo.min elsewhere."""
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask[:, None]
+
+
+def tree_rows(trees: list[TokenTree], conv_width: int, device) -> tuple[torch.Tensor, torch.Tensor,
+                                                                         torch.Tensor]:
+    """(ancestor masks (R, T, T) bool, conv window indices (R, T, K), packed parents (R, T) on the CPU) of
+    trees of one packed size T (a batch pads its rows' trees to the widest first)."""
+    parents = torch.from_numpy(np.stack([tree.packed_parents for tree in trees]))  # (R, T)
+    ancestors = torch.from_numpy(np.stack([tree.ancestor_mask for tree in trees])).to(device)
+    conv_index = torch.stack([conv_window_index(row, conv_width) for row in parents]).to(device)
+    return ancestors, conv_index, parents
+
+
+def one_row(state: tuple[torch.Tensor, torch.Tensor | None]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A layer's (conv, recurrent state or None) as a batch of one row."""
+    conv, h = state
+    return conv[None], None if h is None else h[None]
 
 
 def discretize(dt_raw: torch.Tensor, dt_bias: torch.Tensor, limit: tuple[float, float],

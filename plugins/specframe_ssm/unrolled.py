@@ -22,7 +22,7 @@ import numpy as np
 
 from specframe import TargetScores, TokenTree
 from specframe.kit.inference import inference_mode
-from specframe_ssm.backend import SSMBackendBase, additive_mask, chain_allowed
+from specframe_ssm.backend import SSMBackendBase, chain_allowed
 
 if TYPE_CHECKING:  # torch is imported where it is used, so that registering the backend loads none
     import torch
@@ -110,6 +110,7 @@ class SSMUnrolledBackend(SSMBackendBase):
     @inference_mode
     def score(self, tree: TokenTree) -> TargetScores:
         import torch
+        from specframe_ssm.tree_ops import additive_mask
 
         device, prefix = self.target.device, self._committed
         paths = [[0] + [i + 1 for i in p] for p in tree.paths] or [[0]]  # packed indices, root first

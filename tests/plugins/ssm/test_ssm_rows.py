@@ -1,0 +1,212 @@
+"""`ssm-tree`'s batch (`specframe_ssm.rows.SSMRows`): rows scored together in one forward give each row what
+the single-row backend gives it alone, on every family ssm-tree batches (Mamba2, the attention hybrids,
+gated DeltaNet, Mamba-1, LFM2, Falcon-H1, Zamba2), over steps with prompts of different lengths (a
+one-token prompt among them), trees of different shapes and sizes (plain steps among them), random
+accepted paths, idle rows, rows removed and added, and forwards padded to `min_rows`.
+
+How exactness is obtained and checked. The batch computes each row with the single-row code (the same
+tree forwards and commits, over a leading row dimension), so a row's logits differ from the single-row
+backend's only by float rounding (batched linears and scans, longer masked key ranges): `ROW_ATOL`, far
+below what a leaked padding node, another row's state or another row's keys cause (1e-2 and more; the
+mutants below show the check catches them). Greedy output is then checked end to end: every row of
+`generate_batch` equals plain greedy decoding of its prompt with the unmodified model
+(`ssm_models.reference_greedy`, one token per forward, up to the EOS where decoding stops), token for
+token, on tiny Mamba2, Bamba, Qwen3-Next
+and GraniteMoeHybrid targets, with rows finishing at different times."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from ssm_models import VOCAB, make_repetitive, reference_greedy, tiny_ssm_target
+
+from specframe import SpeculativeDecoder, TokenTree
+from specframe.contract.interfaces import RowByRow
+from specframe_ssm import SSMTreeBackend
+from specframe_ssm.rows import SSMRows
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # fixture in conftest.py
+
+# Rows together vs alone on the tiny float32 models: at most 1.7e-5 seen (Zamba2), most under 5e-6.
+ROW_ATOL = 1e-4
+BATCHED = ["mamba2", "bamba", "nemotronh", "granite_hybrid", "qwen3_next", "olmo_hybrid", "mamba",
+           "falcon_mamba", "jamba", "lfm2", "falcon_h1", "zamba2"]
+
+
+def path_to(tree: TokenTree, node: int) -> list[int]:
+    """The tree nodes from the root's child down to `node` (none for -1)."""
+    return [] if node < 0 else [int(i) for i in np.flatnonzero(tree.ancestor_mask[node + 1][1:])]
+
+
+def random_tree(rng: np.random.Generator, nodes: int) -> TokenTree:
+    parents = [int(rng.integers(-1, i)) if i else -1 for i in range(nodes)]
+    return TokenTree(rng.integers(0, VOCAB, nodes), np.array(parents, np.int64))
+
+
+class Twins:
+    """A batch and, for each of its rows, a single-row backend fed the same prompts, trees and commits."""
+
+    def __init__(self, target, **options):
+        self.target, self.options = target, options
+        self.batch = SSMTreeBackend(target, **options).batch()
+        assert isinstance(self.batch, SSMRows)
+        self.alone: dict[int, SSMTreeBackend] = {}
+        self.worst = 0.0  # the largest |logit difference| seen
+        self.forwards = 0  # model calls during the batch's scoring
+        target.model.register_forward_hook(self._count)
+
+    def _count(self, *args):
+        self.forwards += 1
+
+    def add(self, ids: list[int]) -> int:
+        row = self.batch.add(ids)
+        self.alone[row] = SSMTreeBackend(self.target, **self.options)
+        self.alone[row].prefill(ids)
+        assert self.batch.committed_length(row) == len(ids) - 1
+        return row
+
+    def remove(self, row: int) -> None:
+        self.batch.remove(row)
+        del self.alone[row]
+
+    def step(self, trees: dict[int, TokenTree], picks: dict[int, tuple[int, int]]) -> None:
+        """Score `trees` together (one forward) and alone, compare, commit the path to node `picks[row][0]`
+        (-1: the root alone) with bonus `picks[row][1]` everywhere."""
+        before = self.forwards
+        together, accepted = self.batch.score(trees), {}
+        assert self.forwards == before + 1  # every row in one forward
+        for row, tree in trees.items():
+            alone = self.alone[row].score(tree)
+            assert together[row].logits.shape == alone.logits.shape == (len(tree) + 1, VOCAB)
+            assert together[row].tree is tree
+            self.worst = max(self.worst, float((together[row].logits - alone.logits).abs().max()))
+            if alone.hidden is not None:
+                torch.testing.assert_close(together[row].hidden, alone.hidden, atol=ROW_ATOL, rtol=0)
+            node, bonus = picks[row]
+            accepted[row] = (together[row], path_to(tree, node), bonus)
+            self.alone[row].commit(alone, path_to(tree, node), bonus)
+        self.batch.commit(accepted)
+        for row, backend in self.alone.items():
+            assert self.batch.committed_length(row) == backend.committed_length
+
+
+def drive(twins: Twins, seed: int, steps: int = 5) -> None:
+    """Four rows (prompts of 1 to 30 tokens), `steps` steps of random trees of 0 to 12 nodes for all rows or
+    some, random accepted paths, a row removed and one added midway."""
+    rng = np.random.default_rng(seed)
+    for length in (1, 30, 9, 17):
+        twins.add(rng.integers(0, VOCAB, length).tolist())
+    for step in range(steps):
+        rows = sorted(twins.alone)
+        if step % 2:  # some rows idle this step
+            rows = sorted(rng.choice(rows, size=int(rng.integers(1, len(rows) + 1)), replace=False).tolist())
+        trees = {row: random_tree(rng, int(rng.choice([0, 1, 3, 6, 12]))) for row in rows}
+        picks = {row: (int(rng.integers(-1, len(tree))), int(rng.integers(0, VOCAB)))
+                 for row, tree in trees.items()}
+        twins.step(trees, picks)
+        if step == steps // 2:
+            twins.remove(rows[0])
+            twins.add(rng.integers(0, VOCAB, 5).tolist())
+
+
+@pytest.mark.parametrize("kind", BATCHED)
+@pytest.mark.parametrize("min_rows", [1, 8])
+def test_rows_together_equal_rows_alone(kind, min_rows):
+    twins = Twins(tiny_ssm_target(kind, seed=1), want_hidden=True, min_rows=min_rows)
+    drive(twins, seed=min_rows)
+    assert twins.worst < ROW_ATOL
+
+
+@pytest.mark.parametrize("kind", ["mamba2", "bamba"])
+@pytest.mark.parametrize("commit", ["replay", "closed"])
+def test_commit_rules_and_a_dt_limit_hold_per_row(kind, commit):
+    """The prompt's last token is clamped to `time_step_limit` in its own row only (rows whose root is a
+    new token are not), and either commit rule absorbs each row's own path."""
+    twins = Twins(tiny_ssm_target(kind, seed=2, dt_min=0.3, dt_max=0.9), commit=commit)
+    drive(twins, seed=3, steps=4)
+    assert twins.worst < ROW_ATOL
+
+
+# --- the check can fail: a batch that mixes rows is caught ------------------------------------------------
+
+
+STACKED_STATES, MASK = SSMRows._stacked_states, SSMRows._mask
+
+
+def _swap_row_states(self, states):
+    stacked = STACKED_STATES(self, states)
+    return {idx: (conv.flip(0), None if h is None else h.flip(0)) for idx, (conv, h) in stacked.items()}
+
+
+def _mask_showing_every_column(self, lengths, ancestors, width):
+    mask = MASK(self, lengths, ancestors, width)
+    return torch.zeros_like(mask)  # padding, other rows' longer prefixes and stale keys all visible
+
+
+@pytest.mark.parametrize(("kind", "mutant"), [("mamba2", _swap_row_states), ("qwen3_next", _swap_row_states),
+                                              ("bamba", _mask_showing_every_column)])
+def test_the_check_catches_rows_mixed_up(kind, mutant, monkeypatch):
+    twins = Twins(tiny_ssm_target(kind, seed=1))
+    monkeypatch.setattr(SSMRows, "_stacked_states" if mutant is _swap_row_states else "_mask", mutant)
+    rng = np.random.default_rng(0)
+    for length in (12, 3):
+        twins.add(rng.integers(0, VOCAB, length).tolist())
+    for _ in range(2):
+        trees = {row: random_tree(rng, n) for row, n in zip(sorted(twins.alone), (2, 7))}
+        twins.step(trees, {row: (len(tree) - 1, 1) for row, tree in trees.items()})
+    assert twins.worst > 1e-2
+
+
+# --- the pieces ---------------------------------------------------------------------------------------
+
+
+def test_forward_rows_is_one_padded_forward():
+    batch = SSMTreeBackend(tiny_ssm_target("bamba"), min_rows=8).batch()
+    rows = [batch.add([3, 4, 5][:n]) for n in (1, 2, 3)]
+    assert batch.forward_rows(dict(zip(rows, (0, 5, 2)))) == [3 * 6]  # every row padded to 5 nodes + root
+    assert batch.forward_rows({rows[0]: 0, rows[1]: 1}) == [2 * 4]  # small: padded up to min_rows
+
+
+def test_stale_and_partial_commits_are_refused():
+    batch = SSMTreeBackend(tiny_ssm_target("mamba2")).batch()
+    rows = [batch.add(list(range(5, 5 + n))) for n in (4, 9)]
+    chains = {row: TokenTree(np.array([3, 4]), np.array([-1, 0])) for row in rows}
+    old = batch.score(chains)
+    new = batch.score(chains)
+    with pytest.raises(ValueError, match="other than those of the latest score"):
+        batch.commit({row: (old[row], [0], 1) for row in rows})
+    with pytest.raises(ValueError, match=rf"rows \[{rows[1]}\] were scored but are not in commit"):
+        batch.commit({rows[0]: (new[rows[0]], [0], 1)})
+    batch.commit({row: (new[row], [0], 1) for row in rows})
+    assert [batch.committed_length(row) for row in rows] == [3 + 2, 8 + 2]
+
+
+def test_kimi_linear_falls_back_to_row_by_row():
+    """Its latent attention keeps keys and values of different sizes, which the ragged cache cannot hold."""
+    assert isinstance(SSMTreeBackend(tiny_ssm_target("kimi_linear")).batch(), RowByRow)
+
+
+# --- end to end ---------------------------------------------------------------------------------------
+
+PROMPTS = [[3, 4, 5, 6, 7, 3, 4, 5, 6, 7, 3, 4, 5, 9, 10, 11, 3, 4, 5, 6], [8], [20, 21, 22, 20, 21, 22, 20],
+           [3, 4, 5, 6, 7, 3, 4, 5, 6, 7, 3, 4]]
+LIMITS = [32, 7, 20, 26]  # rows finish at different times
+
+
+@pytest.mark.parametrize(("kind", "seed", "boost"), [("mamba2", 1, 4.0), ("bamba", 1, 4.0),
+                                                     ("qwen3_next", 4, 8.0), ("granite_hybrid", 1, 4.0)])
+@pytest.mark.parametrize("batch_size", [None, 2])  # all rows at once; two at a time, rows joining
+def test_generate_batch_equals_plain_greedy_per_row(kind, seed, boost, batch_size):
+    target = make_repetitive(tiny_ssm_target(kind, seed=seed), boost=boost)
+    decoder = SpeculativeDecoder.from_names(target, "pld(matches=3, num_tokens=4)", "trie", "greedy",
+                                            "ssm-tree", budget=8)
+    assert isinstance(decoder.pipeline.backend.batch(), SSMRows)
+    plain = SpeculativeDecoder.from_names(target, "none", "chain", "greedy", "ssm-tree")
+    results = decoder.generate_batch(PROMPTS, LIMITS, batch_size=batch_size)
+    for prompt, limit, result in zip(PROMPTS, LIMITS, results):
+        alone = plain.generate(prompt, max_new_tokens=limit).tokens  # stops at EOS, as the batch does
+        assert alone == reference_greedy(target, prompt, limit)[:len(alone)]
+        assert result.tokens == alone
+    assert sum(r.metrics.accepted_draft_tokens for r in results) > 0  # drafts were accepted
+    assert len({len(tree_sizes) for tree_sizes in (r.metrics.tree_sizes for r in results)}) > 1
