@@ -13,7 +13,8 @@ from types import SimpleNamespace
 import pytest
 
 from specframe.bench import BenchPrompt
-from specframe.bench.batch import BatchStore, call_metrics, chunk_size, run_batches
+from specframe.bench.batch import BatchStore, chunk_size, run_batches
+from specframe.bench.batch_runners import call_metrics
 from specframe.bench.batch_report import BatchRun, markdown, ratio_interval, summarize
 from specframe.testing.targets import tiny_tokenizer
 
