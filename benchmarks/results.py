@@ -7,6 +7,7 @@
 Each run is `specframe bench ARGS --out results/records/NAME` (resumed if stopped; skipped once complete)
 with a `machine.json` beside it. A page keeps its prose; only the text between
 `<!-- results:begin NAME -->` and `<!-- results:end NAME -->` is rewritten, from the records alone.
+A batch table with a `plot` also draws its speedup against B into that PNG and links it from its block.
 """
 
 from __future__ import annotations
@@ -355,7 +356,33 @@ def batch_table(runs: list[dict], spec: dict) -> list[str]:
                              num((s["speedup_plain"] or {}).get("mean"), 2, "x"),
                              num((s["speedup_hf"] or {}).get("mean"), 2, "x"), num(s["tau"]),
                              num(split.get("draft"), 1), num(split.get("forward"), 1), identical_rows(s)])
-    return markdown_table(head, rows) + ["", *provenance(run, batch_setting(run)), "", batch_noise_line(run)]
+    return (markdown_table(head, rows) + batch_plot(run, spec, labels)
+            + ["", *provenance(run, batch_setting(run)), "", batch_noise_line(run)])
+
+
+def batch_plot(run: dict, spec: dict, labels: list[str]) -> list[str]:
+    """With the table's `plot` (a PNG's path, written as its `page` is): speedup over plain batched
+    decoding against B, one line per method of `labels`, drawn there, and the lines that show it on the
+    page; without `plot`, nothing is drawn."""
+    if not spec.get("plot"):
+        return []
+    from specframe.bench.plots import batch_speedup_plot
+
+    path, s = ROOT / spec["plot"], run["settings"]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table = {size: {m: stats for m, stats in rows.items() if m in labels}
+             for size, rows in run["batches"].items()}
+    batch_speedup_plot(table, path, title=f"{s.get('suite')}, {s.get('model')}")
+    link = Path(os.path.relpath(path, (ROOT / spec["page"]).parent)).as_posix()
+    kept = [stats for rows in table.values() for stats in rows.values()]
+    if any(stats.get("speedup_plain_interval") for stats in kept):
+        bars = "error bars: a speedup's 95 % bootstrap interval over its chunks, where it had two or more"
+    elif any(stats["repeats"] > 1 for stats in kept):
+        bars = "error bars: a speedup's standard deviation over its repeats"
+    else:
+        bars = "one timed call per method and B, so no error bars"
+    return ["", f"![Speedup over plain batched decoding against B, per method ({spec['name']})]({link})", "",
+            f"*Speedup over plain batched decoding against B (log scale), the dotted line at 1.00x; {bars}.*"]
 
 
 def identical_rows(stats: dict) -> str:

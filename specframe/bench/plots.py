@@ -44,9 +44,10 @@ def _grouped(count: int) -> tuple[float, list[float]]:
 
 
 def _save(fig, path: Path) -> Path:
-    """Lay `fig` out, write it to `path` as a PNG and return `path`."""
+    """Lay `fig` out, write it to `path` as a PNG and return `path`. No software version in the metadata:
+    the same numbers give the same bytes, so a plot committed beside a results page changes only with them."""
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, metadata={"Software": None})
     return path
 
 
@@ -112,23 +113,27 @@ def time_split_plot(plt, table: dict, path: Path, title: str) -> Path:
 
 def batch_speedup_plot(table: dict, path: Path, title: str = "") -> Path:
     """Speedup over plain batched decoding against the batch size B (`specframe.bench.batch_report`
-    table): one line per method, the `hf-generate` peer included, baselines left out (they are the 1.0
-    line)."""
+    table, or the `batches` of its `batch_results.json`, keyed by B as text): one line per method, the
+    `hf-generate` peer included, baselines left out (they are the 1.0 line). Error bars: the speedup's
+    95 % bootstrap interval over chunks where the table has one, else its std over repeats."""
     plt = _pyplot()
     sizes = list(table)
     labels = [m for m in dict.fromkeys(m for rows in table.values() for m in rows)
               if any(rows.get(m, {}).get("baseline") for rows in table.values())]
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for label in labels:
-        points = [(b, table[b][label]["speedup_plain"]) for b in sizes
+    for i, label in enumerate(labels):
+        points = [(int(b), table[b][label]) for b in sizes
                   if label in table[b] and table[b][label]["speedup_plain"]]
-        ax.errorbar([b for b, _ in points], [s["mean"] for _, s in points],
-                    yerr=[s["std"] for _, s in points], marker="o", capsize=2, label=label,
-                    linestyle="--" if label.startswith("hf-") else "-")
+        means = [s["speedup_plain"]["mean"] for _, s in points]
+        low, high = zip(*(_error(s) for _, s in points)) if points else ((), ())
+        dodge = 2 ** (0.03 * (i - (len(labels) - 1) / 2))  # the methods' error bars side by side at each B
+        ax.errorbar([b * dodge for b, _ in points], means, yerr=[low, high], marker="o", capsize=2,
+                    label=label, linestyle="--" if label.startswith("hf-") else "-")
     ax.axhline(1.0, color="black", linewidth=0.8, linestyle=":")
-    if len(sizes) > 1:
+    xs = [int(b) for b in sizes]
+    if len(xs) > 1:
         ax.set_xscale("log", base=2)
-    ax.set_xticks(sizes, [str(b) for b in sizes])
+    ax.set_xticks(xs, [str(b) for b in xs])
     ax.minorticks_off()
     ax.set_xlabel("batch size B (rows decoded together)")
     ax.set_ylabel("speedup over plain batched decoding")
@@ -138,3 +143,12 @@ def batch_speedup_plot(table: dict, path: Path, title: str = "") -> Path:
     path = _save(fig, path)
     plt.close(fig)
     return path
+
+
+def _error(stats: dict) -> tuple[float, float]:
+    """How far a speedup's error bar reaches below and above its mean: to the ends of its bootstrap
+    interval over chunks, else one std over repeats."""
+    mean, interval = stats["speedup_plain"]["mean"], stats.get("speedup_plain_interval")
+    if interval:
+        return max(0.0, mean - interval[0]), max(0.0, interval[1] - mean)
+    return stats["speedup_plain"]["std"], stats["speedup_plain"]["std"]

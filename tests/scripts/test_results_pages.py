@@ -73,6 +73,9 @@ def test_every_planned_table_has_its_markers_in_its_page():
     plan = tomllib.loads((ROOT / "benchmarks" / "plan.toml").read_text())
     for spec in plan["tables"]:
         assert spec["kind"] in results.KINDS and set(spec["runs"]) <= set(plan["runs"]), spec["name"]
+        if "plot" in spec:  # a PNG under the docs, so that the page's link to it resolves in the site
+            assert spec["kind"] == "batch" and spec["plot"].startswith("docs/"), spec["name"]
+            assert spec["plot"].endswith(".png"), spec["name"]
         text = (ROOT / spec["page"]).read_text()
         for edge in ("begin", "end"):
             assert f"<!-- results:{edge} {spec['name']} -->" in text, spec["name"]
@@ -210,6 +213,37 @@ def test_a_batch_table_without_records_keeps_its_head_and_says_so(tmp_path):
     assert lines[0].startswith("| method | B | tokens/s |")
     assert lines[2].startswith("| batch-chat-cpu | no records |")
     assert lines[-1] == "No records yet for batch-chat-cpu: run `make results`."
+
+
+def test_a_batch_table_with_a_plot_draws_speedup_against_b_and_links_it_in_its_block(batch_records, tmp_path):
+    path = batch_records / "batch-code-cpu" / "batch_results.json"
+    run = json.loads(path.read_text())
+    run["batches"]["4"]["pld@auto"] = batch_stats(84.0, 1.05, 0.84, 1.4, "baseline",
+                                                  intervals=([0.945, 1.155], None), chunks=5)
+    path.write_text(json.dumps(run))
+    page, plot = tmp_path / "docs" / "results" / "p.md", tmp_path / "docs" / "results" / "img" / "sweep.png"
+    spec = {"name": "t", "page": str(page), "kind": "batch", "runs": ["batch-code-cpu"], "plot": str(plot)}
+    lines = results.render_table(spec, batch_records)
+    png = plot.read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    assert b"Software" not in png and b"matplotlib" not in png  # the same records give the same bytes
+    assert "![Speedup over plain batched decoding against B, per method (t)](img/sweep.png)" in lines
+    assert "error bars: a speedup's 95 % bootstrap interval over its chunks" in "\n".join(lines)
+    assert lines.index("![Speedup over plain batched decoding against B, per method (t)](img/sweep.png)") < \
+        next(i for i, line in enumerate(lines) if line.startswith("Machine:"))  # under the table it plots
+    results.render_table(spec, batch_records)
+    assert plot.read_bytes() == png
+
+
+def test_a_batch_table_without_a_plot_or_without_records_draws_nothing(batch_records, tmp_path):
+    plot = tmp_path / "img" / "sweep.png"
+    spec = {"name": "t", "page": str(tmp_path / "p.md"), "kind": "batch", "runs": ["batch-code-cpu"]}
+    lines = results.render_table(spec, batch_records)
+    assert not any(line.startswith("![") for line in lines) and not plot.parent.exists()
+    missing = {**spec, "runs": ["batch-sweep-cpu"], "plot": str(plot)}
+    lines = results.render_table(missing, batch_records)
+    assert lines[-1] == "No records yet for batch-sweep-cpu: run `make results`."
+    assert not any(line.startswith("![") for line in lines) and not plot.parent.exists()
 
 
 def test_a_finished_batch_sweep_is_not_measured_again(batch_records, capsys):
