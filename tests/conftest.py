@@ -21,12 +21,25 @@ SHARED_HOME_DIRS = ("models", "datastores")
 @pytest.fixture(scope="session", autouse=True)
 def session_home(tmp_path_factory):
     """A fresh SPECFRAME_HOME for the session (and the notebooks it runs), linked to the user's model and
-    datastore caches, so tests leave no calibrations of throwaway models behind."""
+    datastore caches, so tests leave no calibrations of throwaway models behind.
+
+    The pytest-xdist workers of one run share it, in the run's temporary directory above theirs, as the
+    tests of a run without workers do: a calibration of SmolLM2 (about 20 s per backend) is then measured
+    once per run, not once per worker. Its writers take a lock and replace files atomically
+    (`specframe.support.atomic_dirs`), so workers may calibrate at the same time."""
     user_home, previous = specframe_home(), os.environ.get("SPECFRAME_HOME")
-    home = tmp_path_factory.mktemp("specframe-home")
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        home = tmp_path_factory.getbasetemp().parent / "specframe-home"
+        home.mkdir(exist_ok=True)
+    else:
+        home = tmp_path_factory.mktemp("specframe-home")
     for name in SHARED_HOME_DIRS:
         (user_home / name).mkdir(parents=True, exist_ok=True)
-        (home / name).symlink_to(user_home / name, target_is_directory=True)
+        link = home / name
+        try:
+            link.symlink_to(user_home / name, target_is_directory=True)
+        except FileExistsError:  # made by another worker
+            assert link.resolve() == (user_home / name).resolve(), f"{link} is not the user's {name}"
     os.environ["SPECFRAME_HOME"] = str(home)
     yield home
     if previous is None:
