@@ -237,13 +237,14 @@ class KVCacheBackend(StateBackend):
         """(1, 1, T, P + T) additive mask: the whole prefix, plus each node's ancestors and itself."""
         import torch
 
+        from specframe.kit.backend import additive_mask
+
         if len(tree) == 0 or np.all(tree.parents == np.arange(len(tree)) - 1):
             return None  # a chain is plain causal attention: let the model build its own (faster) mask
         dtype = self.model.dtype
         allowed = torch.ones(len(tree) + 1, self._committed + len(tree) + 1, dtype=torch.bool)
         allowed[:, self._committed:] = torch.from_numpy(tree.ancestor_mask)
-        mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
-        return mask[None, None].to(self.target.device)
+        return additive_mask(allowed[None], dtype).to(self.target.device)
 
     @inference_mode
     def commit(self, scored: TargetScores, path: list[int], bonus: int) -> None:

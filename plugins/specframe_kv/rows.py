@@ -46,7 +46,7 @@ import numpy as np
 import torch
 
 from specframe import TargetScores, TokenTree
-from specframe.kit.backend import BatchBackend, RaggedCache
+from specframe.kit.backend import BatchBackend, RaggedCache, additive_mask
 from specframe.kit.inference import inference_mode
 
 
@@ -186,10 +186,9 @@ class KVRows(BatchBackend):
             padding = np.arange(n, width)
             allowed[i, padding, start + padding] = True  # a throwaway row sees itself alone
         dtype = self.model.dtype
-        mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~torch.from_numpy(allowed),
-                                                                   torch.finfo(dtype).min)
+        mask = additive_mask(torch.from_numpy(allowed), dtype)
         return (torch.from_numpy(ids).to(self.device), torch.from_numpy(positions).to(self.device),
-                mask[:, None].to(self.device))
+                mask.to(self.device))
 
     def _forward(self, rows: list[int], ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
                  start: int, end: int) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -112,7 +112,7 @@ class SSMBackendBase(StateBackend):
         positions = prefix + torch.arange(len(tokens), device=device)[None]  # (1, m)
         mask = None
         if self.layout.hybrid:
-            from specframe_ssm.tree_ops import additive_mask
+            from specframe.kit.backend import additive_mask
 
             mask = additive_mask(chain_allowed(prefix, len(tokens), 1, device), self.model.dtype)
         out = self._forward(ids, positions, self.cache, mask, **extra)
@@ -198,7 +198,8 @@ class SSMTreeBackend(SSMBackendBase):
         import torch
         from specframe_ssm import cache as cache_ops
         from specframe_ssm.mixer import TreeRun, tree_forward_mode
-        from specframe_ssm.tree_ops import additive_mask, one_row, tree_rows
+        from specframe.kit.backend import additive_mask
+        from specframe_ssm.tree_ops import one_row, tree_rows
 
         cache_ops.crop_kv(self.cache, self.layout.attention, self._committed)  # drop an earlier scoring
         device, prefix = self.target.device, self._committed

@@ -43,11 +43,11 @@ import numpy as np
 import torch
 
 from specframe import TargetScores, TokenTree
-from specframe.kit.backend import BatchBackend, RaggedCache, buffered_cache
+from specframe.kit.backend import BatchBackend, RaggedCache, additive_mask, buffered_cache
 from specframe.kit.inference import inference_mode
 from specframe_ssm import cache as cache_ops
 from specframe_ssm.mixer import FAMILIES, TreeRun, tree_forward_mode
-from specframe_ssm.tree_ops import additive_mask, row_of, tree_rows
+from specframe_ssm.tree_ops import row_of, tree_rows
 
 
 def rows_refusal(model) -> str | None:

@@ -88,13 +88,6 @@ def tree_conv(xbc: torch.Tensor, conv: torch.Tensor, weight: torch.Tensor, bias:
     return act(out)
 
 
-def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """(B, 1, T, S) additive float mask from a (B, T, S) bool mask: 0 where allowed, finfo.min elsewhere."""
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
-    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-    return mask[:, None]
-
-
 def tree_rows(trees: list[TokenTree], conv_width: int, device) -> tuple[torch.Tensor, torch.Tensor,
                                                                          torch.Tensor]:
     """(ancestor masks (R, T, T) bool, conv window indices (R, T, K), packed parents (R, T) on the CPU) of

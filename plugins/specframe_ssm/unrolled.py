@@ -110,7 +110,7 @@ class SSMUnrolledBackend(SSMBackendBase):
     @inference_mode
     def score(self, tree: TokenTree) -> TargetScores:
         import torch
-        from specframe_ssm.tree_ops import additive_mask
+        from specframe.kit.backend import additive_mask
 
         device, prefix = self.target.device, self._committed
         paths = [[0] + [i + 1 for i in p] for p in tree.paths] or [[0]]  # packed indices, root first

@@ -31,11 +31,12 @@ plugin module's top.
 
 from specframe.contract.interfaces import BatchBackend
 from specframe.decode.calibration import stored_cost, stored_min_rows
-from specframe.runtime.attention import exact_rows
+from specframe.runtime.attention import additive_mask, exact_rows
 from specframe.runtime.devices import forward_min_rows, pads_by_measurement
 from specframe.runtime.kv_cache import RaggedCache, buffered_cache
 from specframe.runtime.load import gguf_file
 from specframe.terms.cost import PaddedCost
 
-__all__ = ["BatchBackend", "PaddedCost", "RaggedCache", "buffered_cache", "exact_rows", "forward_min_rows",
+__all__ = ["BatchBackend", "PaddedCost", "RaggedCache", "additive_mask", "buffered_cache", "exact_rows",
+           "forward_min_rows",
            "gguf_file", "pads_by_measurement", "stored_cost", "stored_min_rows"]

@@ -225,6 +225,13 @@ def _plain_scaled(extra: dict, dropout: float) -> bool:
                                                      "s_aux"))
 
 
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The (B, 1, T, S) additive attention mask that a model's forward takes, from a (B, T, S) bool mask of
+    the keys each query may see: 0 where allowed, the dtype's lowest value elsewhere."""
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
+
+
 def exact_rows(model: torch.nn.Module) -> int | None:
     """The most rows one forward of `model` may take and still compute every row exactly as a forward of
     that row alone would, for a CPU model on `specframe_exact` attention: `EXACT_ROWS`, or fewer where
