@@ -40,27 +40,16 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from specframe import TargetScores, TokenTree
-from specframe.kit.backend import BatchBackend, RaggedCache, additive_mask
+from specframe.kit.backend import RaggedCache, SlottedRow, SlottedRows, additive_mask
 from specframe.kit.inference import inference_mode
 
 
-@dataclass
-class _Row:
-    """Where a row stands: its slot in the shared cache, committed length and pending root."""
-
-    slot: int
-    length: int  # committed tokens, the pending root excluded
-    pending: int  # the root of its next tree
-    written: int = 0  # columns past `length` its latest scoring wrote (carried along when the row moves)
-
-
-class KVRows(BatchBackend):
+class KVRows(SlottedRows):
     """Rows of the `kv` backend sharing one cache and one forward per step (see the module docstring)."""
 
     one_forward = True
@@ -69,9 +58,6 @@ class KVRows(BatchBackend):
         super().__init__(backend)
         self.model, self.device = backend.model, backend.target.device
         self.cache = RaggedCache(self.model.config)
-        self.rows: dict[int, _Row] = {}
-        self._next = 0
-        self._issued: dict[int, TargetScores] = {}  # what the latest `score` returned, until committed
         self._prompt: tuple[list[int], object] | None = None  # the latest prompt read, and its backend
 
     # --- rows ------------------------------------------------------------------------------------
@@ -84,38 +70,20 @@ class KVRows(BatchBackend):
             alone = copy.copy(self.backend)
             alone.prefill(ids)  # the single-row backend's own prompt forward: the same keys, bit for bit
             self._prompt = (list(ids), alone)
-        row, self._next = self._next, self._next + 1
-        state = _Row(slot=len(self.rows), length=len(ids) - 1, pending=int(ids[-1]))
+        state = SlottedRow(slot=len(self.rows), length=len(ids) - 1, pending=int(ids[-1]))
         self.cache.store(state.slot, alone.cache)
-        self.rows[row] = state
-        return row
+        return self.admit(state)
 
     @inference_mode
-    def remove(self, row: int) -> None:
-        gone = self._row(row)
-        del self.rows[row]
-        self._issued.pop(row, None)
-        last = len(self.rows)  # the slot that empties: its row moves into the freed one
-        if gone.slot != last:
-            mover = next(state for state in self.rows.values() if state.slot == last)
-            self.cache.move(last, gone.slot, mover.length + mover.written)
-            mover.slot = gone.slot
-
-    def committed_length(self, row: int) -> int:
-        return self._row(row).length
-
-    def _row(self, row: int) -> _Row:
-        if row not in self.rows:
-            raise KeyError(f"backend '{self.backend.name}': row {row} is not in this batch (it was removed, "
-                           f"or never added); rows now: {sorted(self.rows)}")
-        return self.rows[row]
+    def move_slot(self, source: int, target: int, columns: int) -> None:
+        self.cache.move(source, target, columns)
 
     # --- scoring ---------------------------------------------------------------------------------
 
     @inference_mode
     def score(self, trees: Mapping[int, TokenTree]) -> dict[int, TargetScores]:
         self._issued = {}  # a new score discards the previous uncommitted one
-        order = sorted(trees, key=lambda row: self._row(row).slot)  # consecutive slots read as views
+        order = sorted(trees, key=lambda row: self.row_state(row).slot)  # consecutive slots read as views
         scores: dict[int, TargetScores] = {}
         for group in self._groups(order, {row: len(tree) for row, tree in trees.items()}):
             scores.update(self._score_group(group, trees))
@@ -126,7 +94,7 @@ class KVRows(BatchBackend):
         """The query rows of each forward `score` runs for trees of `sizes[row]` nodes: every row of a
         forward is padded to its largest tree (and small forwards to `min_rows`), which the batch planner
         prices, so nodes that fill a row up to the widest cost nothing."""
-        order = sorted(sizes, key=lambda row: self._row(row).slot)
+        order = sorted(sizes, key=lambda row: self.row_state(row).slot)
         return [len(group) * self._width(group, sizes) for group in self._groups(order, sizes)]
 
     def _groups(self, order: list[int], sizes: Mapping[int, int]) -> Iterator[list[int]]:
@@ -207,34 +175,9 @@ class KVRows(BatchBackend):
 
     @inference_mode
     def commit(self, accepted: Mapping[int, tuple[TargetScores, list[int], int]]) -> None:
-        self._redeem(accepted)
-        slots, sources, targets = [], [], []
+        self.redeem(accepted)
+        moves = ([], [], [])  # slots, sources, targets of the keys a branch moves
         for row, (_, path, bonus) in accepted.items():
-            state = self.rows[row]
-            keep = [state.length] + [state.length + 1 + i for i in path]  # the root, then the path
-            target = list(range(state.length, state.length + len(keep)))
-            if keep != target:  # a branch other than the first chain
-                slots += [state.slot] * len(keep)
-                sources += keep
-                targets += target
-            state.length, state.pending, state.written = state.length + len(keep), int(bonus), 0
-        if slots:
-            self.cache.gather(slots, sources, targets, self.device)
-
-    def _redeem(self, accepted: Mapping[int, tuple[TargetScores, list[int], int]]) -> None:
-        """Raise `ValueError` unless `accepted` commits exactly the rows of the latest `score`, each
-        with the scores it returned for that row; then nothing is committable until the next `score`."""
-        name = self.backend.name
-        missing = sorted(set(self._issued) - set(accepted))
-        if missing:
-            raise ValueError(f"backend '{name}': rows {missing} were scored but are not in commit(); commit "
-                             "every row of the latest score() in one call (an empty path keeps the root "
-                             "alone)")
-        for row, (scored, _, _) in accepted.items():
-            if scored is None or self._issued.get(row) is not scored:
-                raise ValueError(
-                    f"backend '{name}': commit() was given scores for row {row} other than those of the "
-                    "latest score() (a newer score() replaced them, they were committed already, the row "
-                    "was not scored, or they come from another backend); commit exactly what the latest "
-                    "score() returned")
-        self._issued = {}
+            self.advance(row, path, bonus, moves)
+        if moves[0]:
+            self.cache.gather(*moves, self.device)

@@ -43,7 +43,7 @@ import numpy as np
 import torch
 
 from specframe import TargetScores, TokenTree
-from specframe.kit.backend import BatchBackend, RaggedCache, additive_mask, buffered_cache
+from specframe.kit.backend import RaggedCache, SlottedRow, SlottedRows, additive_mask, buffered_cache
 from specframe.kit.inference import inference_mode
 from specframe_ssm import cache as cache_ops
 from specframe_ssm.mixer import FAMILIES, TreeRun, tree_forward_mode
@@ -59,19 +59,15 @@ def rows_refusal(model) -> str | None:
 
 
 @dataclass
-class _Row:
-    """Where a row stands: its slot in the shared attention cache, committed length, pending root and
-    recurrent state."""
+class _Row(SlottedRow):
+    """Where a row stands (`SlottedRow`: its slot in the shared attention cache, committed length, pending
+    root), and its recurrent state."""
 
-    slot: int
-    length: int  # committed tokens, the pending root excluded
-    pending: int  # the root of its next tree
-    prompt_root: bool  # whether the pending token is the prompt's last (`TreeRun.clamped_rows`)
+    prompt_root: bool = True  # whether the pending token is the prompt's last (`TreeRun.clamped_rows`)
     states: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = field(default_factory=dict)
-    written: int = 0  # columns past `length` its latest scoring wrote (carried along when the row moves)
 
 
-class SSMRows(BatchBackend):
+class SSMRows(SlottedRows):
     """Rows of the `ssm-tree` backend scored in one forward per step (see the module docstring)."""
 
     one_forward = True
@@ -81,9 +77,6 @@ class SSMRows(BatchBackend):
         from transformers import PretrainedConfig
 
         self.model, self.device, self.layout = backend.model, backend.target.device, backend.layout
-        self.rows: dict[int, _Row] = {}
-        self._next = 0
-        self._issued: dict[int, TargetScores] = {}  # what the latest `score` returned, until committed
         # The forward's cache: recurrent layers read their state from the `TreeRun`, never from it; each
         # attention layer is a ragged layer holding every row's keys in its slot.
         self.cache = buffered_cache(self.model.config)
@@ -108,30 +101,12 @@ class SSMRows(BatchBackend):
         if self.kv is not None:
             self.kv.store(state.slot, SimpleNamespace(layers=[alone.cache.layers[i]
                                                               for i in self.layout.attention]))
-        row, self._next = self._next, self._next + 1
-        self.rows[row] = state
-        return row
+        return self.admit(state)
 
     @inference_mode
-    def remove(self, row: int) -> None:
-        gone = self._row(row)
-        del self.rows[row]
-        self._issued.pop(row, None)
-        last = len(self.rows)  # the slot that empties: its row moves into the freed one
-        if gone.slot != last:
-            mover = next(state for state in self.rows.values() if state.slot == last)
-            if self.kv is not None:
-                self.kv.move(last, gone.slot, mover.length + mover.written)
-            mover.slot = gone.slot
-
-    def committed_length(self, row: int) -> int:
-        return self._row(row).length
-
-    def _row(self, row: int) -> _Row:
-        if row not in self.rows:
-            raise KeyError(f"backend '{self.backend.name}': row {row} is not in this batch (it was removed, "
-                           f"or never added); rows now: {sorted(self.rows)}")
-        return self.rows[row]
+    def move_slot(self, source: int, target: int, columns: int) -> None:
+        if self.kv is not None:
+            self.kv.move(source, target, columns)
 
     # --- scoring ---------------------------------------------------------------------------------
 
@@ -147,7 +122,7 @@ class SSMRows(BatchBackend):
     @inference_mode
     def score(self, trees: Mapping[int, TokenTree]) -> dict[int, TargetScores]:
         self._issued = {}  # a new score discards the previous uncommitted one
-        order = sorted(trees, key=lambda row: self._row(row).slot)  # consecutive slots read as views
+        order = sorted(trees, key=lambda row: self.row_state(row).slot)  # consecutive slots read as views
         states = [self.rows[row] for row in order]
         width = self._width({row: len(trees[row]) for row in order})
         padded = [trees[row].padded(width - 1 - len(trees[row]), state.pending)
@@ -212,46 +187,21 @@ class SSMRows(BatchBackend):
 
     @inference_mode
     def commit(self, accepted: Mapping[int, tuple[TargetScores, list[int], int]]) -> None:
-        self._redeem(accepted)
-        slots, sources, targets = [], [], []
+        self.redeem(accepted)
+        moves = ([], [], [])  # slots, sources, targets of the attention keys a branch moves
         for row, (scored, path, bonus) in accepted.items():
             state = self.rows[row]
             run, i = scored.state
-            packed = [0] + [int(p) + 1 for p in path]  # root first, then the accepted nodes
+            packed = self.advance(row, path, bonus, moves)  # root first, then the accepted nodes
+            state.prompt_root = False
             index = torch.tensor(packed, device=self.device)
             for idx, layer in self.layout.mixers.items():
                 commit = FAMILIES[self.layout.kinds[idx]].commit
                 conv, h = commit(layer, row_of(run.states[idx], i), row_of(run.saved[idx], i), index,
                                  self.backend.commit_rule)
                 state.states[idx] = _as_committed(state.states[idx], conv, h)
-            keep = [state.length + p for p in packed]
-            target = list(range(state.length, state.length + len(keep)))
-            if keep != target:  # a branch other than the first chain
-                slots += [state.slot] * len(keep)
-                sources += keep
-                targets += target
-            state.length += len(keep)
-            state.pending, state.prompt_root, state.written = int(bonus), False, 0
-        if slots and self.kv is not None:
-            self.kv.gather(slots, sources, targets, self.device)
-
-    def _redeem(self, accepted: Mapping[int, tuple[TargetScores, list[int], int]]) -> None:
-        """Raise `ValueError` unless `accepted` commits exactly the rows of the latest `score`, each
-        with the scores it returned for that row; then nothing is committable until the next `score`."""
-        name = self.backend.name
-        missing = sorted(set(self._issued) - set(accepted))
-        if missing:
-            raise ValueError(f"backend '{name}': rows {missing} were scored but are not in commit(); commit "
-                             "every row of the latest score() in one call (an empty path keeps the root "
-                             "alone)")
-        for row, (scored, _, _) in accepted.items():
-            if scored is None or self._issued.get(row) is not scored:
-                raise ValueError(
-                    f"backend '{name}': commit() was given scores for row {row} other than those of the "
-                    "latest score() (a newer score() replaced them, they were committed already, the row "
-                    "was not scored, or they come from another backend); commit exactly what the latest "
-                    "score() returned")
-        self._issued = {}
+        if moves[0] and self.kv is not None:
+            self.kv.gather(*moves, self.device)
 
 
 def _as_committed(old: tuple[torch.Tensor, torch.Tensor | None], conv: torch.Tensor,

@@ -29,7 +29,7 @@ Imports torch and transformers: import it inside the methods that build or run t
 plugin module's top.
 """
 
-from specframe.contract.interfaces import BatchBackend
+from specframe.contract.interfaces import BatchBackend, SlottedRow, SlottedRows
 from specframe.decode.calibration import stored_cost, stored_min_rows
 from specframe.runtime.attention import additive_mask, exact_rows
 from specframe.runtime.devices import forward_min_rows, pads_by_measurement
@@ -38,5 +38,5 @@ from specframe.runtime.load import gguf_file
 from specframe.terms.cost import PaddedCost
 
 __all__ = ["BatchBackend", "PaddedCost", "RaggedCache", "additive_mask", "buffered_cache", "exact_rows",
-           "forward_min_rows",
+           "forward_min_rows", "SlottedRow", "SlottedRows",
            "gguf_file", "pads_by_measurement", "stored_cost", "stored_min_rows"]
