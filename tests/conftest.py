@@ -19,16 +19,18 @@ SHARED_HOME_DIRS = ("models", "datastores")
 
 
 @pytest.fixture(scope="session", autouse=True)
-def session_home(tmp_path_factory):
+def session_home(tmp_path_factory, request):
     """A fresh SPECFRAME_HOME for the session (and the notebooks it runs), linked to the user's model and
     datastore caches, so tests leave no calibrations of throwaway models behind.
 
     The pytest-xdist workers of one run share it, in the run's temporary directory above theirs, as the
     tests of a run without workers do: a calibration of SmolLM2 (about 20 s per backend) is then measured
     once per run, not once per worker. Its writers take a lock and replace files atomically
-    (`specframe.support.atomic_dirs`), so workers may calibrate at the same time."""
+    (`specframe.support.atomic_dirs`), so workers may calibrate at the same time. A worker is known by its
+    config (`workerinput`), not by the environment: a pytest that a test starts in a subprocess inherits
+    the worker's environment, yet its temporary directory's parent is the user's, shared by every run."""
     user_home, previous = specframe_home(), os.environ.get("SPECFRAME_HOME")
-    if os.environ.get("PYTEST_XDIST_WORKER"):
+    if hasattr(request.config, "workerinput"):
         home = tmp_path_factory.getbasetemp().parent / "specframe-home"
         home.mkdir(exist_ok=True)
     else:
