@@ -53,6 +53,11 @@ class ModelLoadError(SpecframeError):
     """A model could not be found or converted."""
 
 
+class OutputError(SpecframeError):
+    """Results could not be written where they were asked for (a full disk, a directory that turned
+    read-only); the message says what was kept and how to go on."""
+
+
 class SpecframeWarning(UserWarning):
     """Warnings specframe emits itself (tests turn them into errors)."""
 
