@@ -48,7 +48,9 @@ def train_s4c(
     import specframe
     import time
 
+    from specframe.kit.files import check_writable_dir
     from specframe_s4c.data import token_blocks
+    from specframe_s4c.heads import read_heads_file
     from specframe_s4c.features import FeatureCache
     from specframe_s4c.train import Trainer, TrainConfig
 
@@ -57,6 +59,9 @@ def train_s4c(
                          draft_vocab=draft_vocab, init=str(init or ""), amp=amp)  # refuses bad settings
     if init is not None and not init.is_file():
         raise typer.BadParameter(f"no heads file at {init}", param_hint="--init")
+    if init is not None:
+        read_heads_file(init)  # a damaged or foreign file is refused before the model loads
+    check_writable_dir(out, "s4c training: --out", "pass an --out directory that can be written")
     if threads:
         torch.set_num_threads(threads)
     target = specframe.load_target(model, device=device, dtype=dtype)

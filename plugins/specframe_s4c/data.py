@@ -82,9 +82,9 @@ def _documents(name: str) -> Iterator[str]:
     if path.is_dir():
         yield from (_read(p) for p in sorted(path.rglob("*")) if p.suffix in TEXT_SUFFIXES and p.is_file())
     elif path.is_file() and path.suffix == ".jsonl":
-        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
             if line.strip():
-                record = json.loads(line)
+                record = json_line(path, number, line)
                 text = record.get("text") if isinstance(record, dict) else None
                 yield text if isinstance(text, str) else _strings(record)
     elif path.is_file():
@@ -93,6 +93,18 @@ def _documents(name: str) -> Iterator[str]:
         raise ConfigurationError(
             f"s4c training: data source '{name}' is not 'python-stdlib', a directory, a .jsonl or a "
             "text file")
+
+
+def json_line(path: Path, number: int, line: str):
+    """Line `number` of the JSONL file `path`, parsed; refused, with its number, unless it is JSON that
+    Python can hold (not too deep, no integer of more than 4300 digits)."""
+    try:
+        return json.loads(line)
+    except (ValueError, RecursionError) as err:
+        problem = "nests too deeply" if isinstance(err, RecursionError) else f"is not valid JSON ({err})"
+        raise ConfigurationError(
+            f"s4c training: line {number} of the --data file {path} {problem}; fix or remove that line "
+            "(each line must be a JSON object, its text in a \"text\" field)") from None
 
 
 def _read(path: Path) -> str:

@@ -20,6 +20,7 @@ from torch import nn
 
 import specframe
 from specframe import ModelLoadError
+from specframe.kit.files import write_atomically
 
 FORMAT = "specframe-s4c-heads/1"
 
@@ -103,14 +104,15 @@ class S4CHeads(nn.Module):
     # --- checkpoints -------------------------------------------------------------------------------
 
     def save(self, path: str | Path, extra: dict[str, str] | None = None, dtype=torch.float16) -> None:
-        """Write the heads as safetensors (fp16 by default) with the target's fingerprint as metadata."""
-        from safetensors.torch import save_file
+        """Write the heads as safetensors (fp16 by default) with the target's fingerprint as metadata,
+        atomically (a full disk leaves the previous file) and with the modes of the user's umask."""
+        from safetensors.torch import save
 
-        tensors = {name: (t.detach().to(dtype) if t.is_floating_point() else t.detach()).contiguous()
+        tensors = {name: (t.detach().to(dtype) if t.is_floating_point() else t.detach()).cpu().contiguous()
                    for name, t in self.state_dict().items()}
         meta = {"format": FORMAT, **self.meta, **(extra or {})}
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        save_file(tensors, str(path), metadata=meta)
+        write_atomically(Path(path), save(tensors, metadata=meta))
 
     @classmethod
     def load(cls, target: specframe.Target, path: str | Path) -> S4CHeads:
@@ -120,24 +122,64 @@ class S4CHeads(nn.Module):
         check_fingerprint(target, meta, path)
         heads = cls(target, num_heads=int(meta["num_heads"]), vocab_ids=tensors["vocab_ids"])
         dtype = next(target.model.parameters()).dtype
-        heads.load_state_dict({k: v.to(dtype) if v.is_floating_point() else v for k, v in tensors.items()})
+        try:
+            heads.load_state_dict({k: v.to(dtype) if v.is_floating_point() else v
+                                   for k, v in tensors.items()})
+        except RuntimeError as err:  # names or shapes that are not this target's heads'
+            raise bad_heads_file(path, "holds weights of other names or shapes than this target's heads ("
+                                 + " ".join(str(err).split())[:300] + ")") from None
         heads.meta = {k: v for k, v in meta.items() if k != "format"}
         return heads.to(target.device).eval().requires_grad_(False)
 
 
 def read_heads_file(path: str | Path) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
     """(metadata, tensors) of an S4C heads file, unchecked against any target."""
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
     path = Path(path)
     if not path.is_file():
         raise ModelLoadError(f"s4c: no heads file at {path}; train one with `specframe train s4c`")
-    with safe_open(str(path), framework="pt") as f:
-        meta = f.metadata() or {}
-        tensors = {name: f.get_tensor(name) for name in f.keys()}
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+            tensors = {name: f.get_tensor(name) for name in f.keys()}
+    except (SafetensorError, OSError, ValueError, RuntimeError) as err:  # a pickle, a truncated file, ...
+        raise bad_heads_file(path, f"is not a readable safetensors file ({' '.join(str(err).split())})"
+                             ) from None
     if meta.get("format") != FORMAT:
         raise ModelLoadError(f"s4c: {path} is not an S4C heads file (format {meta.get('format')!r})")
+    check_heads_file(path, meta, tensors)
     return meta, tensors
+
+
+MAX_HEADS = 64  # far more heads than drafting uses (each drafts one level deeper)
+
+
+def bad_heads_file(path: Path, problem: str) -> ModelLoadError:
+    return ModelLoadError(f"s4c: the heads file {path} {problem}; train heads with `specframe train s4c "
+                          "--model MODEL` and pass its RUN/heads.safetensors, or another file it wrote")
+
+
+def check_heads_file(path: Path, meta: dict[str, str], tensors: dict[str, torch.Tensor]) -> None:
+    """Refuse a heads file whose `num_heads` is not a count its tensors hold, or whose `vocab_ids` is not
+    a 1-D list of distinct token ids within its `vocab_size`, naming what is wrong."""
+    count = meta.get("num_heads", "")
+    if not (count.isascii() and count.isdigit() and 1 <= int(count) <= MAX_HEADS):
+        raise bad_heads_file(path, f"names num_heads {count!r}, not a count from 1 to {MAX_HEADS}")
+    stored = {name.split(".")[1] for name in tensors if name.startswith("heads.")}
+    if stored != {str(k) for k in range(int(count))}:
+        raise bad_heads_file(path, f"says num_heads {count} but holds the weights of heads "
+                             f"{sorted(stored, key=lambda k: (len(k), k)) or 'none'}")
+    vocab = tensors.get("vocab_ids")
+    size = meta.get("vocab_size", "")
+    if vocab is None:
+        raise bad_heads_file(path, "has no vocab_ids (the draft vocabulary's token ids)")
+    if (vocab.dim() != 1 or vocab.numel() == 0 or vocab.dtype.is_floating_point or vocab.dtype == torch.bool
+            or vocab.is_complex() or not (size.isascii() and size.isdigit())
+            or int(vocab.min()) < 0 or int(vocab.max()) >= int(size)
+            or len(torch.unique(vocab)) != vocab.numel()):
+        raise bad_heads_file(path, f"holds vocab_ids {vocab.dtype} of shape {tuple(vocab.shape)}, not "
+                             f"distinct token ids below its vocab_size {size!r}")
 
 
 # A Llama decoder layer's SwiGLU MLP as a GraniteMoeHybrid layer names it (the layout

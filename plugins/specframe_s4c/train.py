@@ -15,14 +15,18 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from safetensors import SafetensorError
 
 import specframe
+from specframe.kit.files import io_failure, write_atomically
 from specframe.kit.training import (
     check_bounds,
     STATE_FILE, read_train_state, refuse_pickled_state, save_train_state,
@@ -130,7 +134,7 @@ class Trainer:
         if config.init:
             self.start_from(config.init)
         self.optimizer = torch.optim.AdamW(self.heads.parameters(), lr=config.lr, weight_decay=0.0)
-        self.step = 0
+        self.step = self.saved = 0  # `saved`: the step of the state last saved
         self.order = np.random.default_rng(config.seed).permutation(len(blocks))
         self.history: list[dict] = []
 
@@ -190,6 +194,7 @@ class Trainer:
         state.load_optimizer(self.optimizer)
         self.heads.load_state_dict(weights)
         self.step, self.order, self.history = step, order, history
+        self.saved = step
         return True
 
     def tensors(self) -> dict[str, torch.Tensor]:
@@ -197,8 +202,22 @@ class Trainer:
         return {**self.heads.state_dict(), "order": torch.from_numpy(np.asarray(self.order, np.int64))}
 
     def save(self) -> None:
-        save_train_state(self.state_path, self.tensors(), self.optimizer,
-                         {"config": asdict(self.config), "step": self.step, "history": self.history})
+        with self.writing(self.state_path):
+            save_train_state(self.state_path, self.tensors(), self.optimizer,
+                             {"config": asdict(self.config), "step": self.step, "history": self.history})
+        self.saved = self.step
+
+    @contextmanager
+    def writing(self, path: Path) -> Iterator[None]:
+        """Report a failed write of `path` (a full or read-only disk) as an error that says what was kept:
+        the state is replaced whole or not at all, so the last one saved still resumes."""
+        try:
+            yield
+        except (OSError, SafetensorError) as err:
+            kept = (f"the state saved at step {self.saved} in {self.state_path} is kept: rerun with the same "
+                    "--out to resume from it" if self.saved else "no training state was saved yet")
+            raise specframe.ConfigurationError(
+                f"s4c training: writing {path} failed: " + io_failure(err, kept)) from None
 
     def lr_at(self, step: int) -> float:
         c = self.config
@@ -245,6 +264,8 @@ class Trainer:
                    "command": command, "data": sources, "config": asdict(self.config),
                    "final_top1_per_head": [float(np.mean([r["heads"][k]["top1"] for r in recent]))
                                            for k in range(len(self.heads))] if recent else []}
-        self.heads.save(path, extra={"command": command, "data": json.dumps(sources), "steps": str(self.step),
-                                     "train_config": json.dumps(asdict(self.config))})
-        path.with_suffix(".json").write_text(json.dumps(summary, indent=2) + "\n")
+        with self.writing(path):
+            extra = {"command": command, "data": json.dumps(sources), "steps": str(self.step),
+                     "train_config": json.dumps(asdict(self.config))}
+            self.heads.save(path, extra=extra)
+            write_atomically(path.with_suffix(".json"), json.dumps(summary, indent=2) + "\n")

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import errno
+import json
+import os
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -364,3 +368,239 @@ def test_suffix_s4c_preset_is_lossless_and_drafts_with_the_heads_where_nothing_i
     result = decoder.generate(ids, max_new_tokens=32)
     assert result.tokens == reference_greedy(smollm2, ids, 32)
     assert decoder.pipeline.drafter.head_steps > 0
+
+
+# --- faults: a full or unwritable disk, damaged heads files and data, through `specframe train s4c` ------
+
+
+TRAIN = ["train", "s4c", "--model", "tiny", "--steps", "2", "--heads", "1", "--block", "8", "--batch", "2",
+         "--draft-vocab", "0"]
+
+
+def train_here(monkeypatch, capsys, tmp_path: Path, *args: str) -> SimpleNamespace:
+    """`specframe train s4c` on `tiny_target(0)` and a small text file, in this process: exit code, stderr."""
+    import sys
+
+    from specframe.cli import main
+
+    data = tmp_path / "corpus.txt"
+    if not data.exists():
+        data.write_text("def add(a, b):\n    return a + b\n" * 8)
+    monkeypatch.setattr(specframe, "load_target", lambda *a, **k: tiny_target(seed=0))
+    monkeypatch.setattr(sys, "argv", ["specframe", *TRAIN, "--data", str(data), *args])
+    with pytest.raises(SystemExit) as exit_:
+        main()
+    return SimpleNamespace(returncode=exit_.value.code, stderr=capsys.readouterr().err)
+
+
+def error_line(run: SimpleNamespace, *needles: str) -> str:
+    """The one `error:` line of a run that exited 2 without a traceback, holding every needle."""
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
+    lines = [line for line in run.stderr.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1, run.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+def no_space(*args, **kwargs):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+@pytest.mark.parametrize("full", ["disk_usage", "posix_fallocate"])
+def test_a_full_disk_for_the_feature_cache_is_an_error_before_any_block(monkeypatch, capsys, tmp_path, full):
+    """The feature cache's space is checked and reserved before the first forward: a full disk is one
+    `error:` line (never the SIGBUS of a store through a memory map), and the rerun on a disk with room
+    trains."""
+    import shutil
+
+    import specframe_s4c.features as features
+
+    out = tmp_path / "run"
+    if full == "disk_usage":
+        monkeypatch.setattr(features.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(1, 1, 10))
+    else:
+        monkeypatch.setattr(features.os, "posix_fallocate", no_space)
+    line = error_line(train_here(monkeypatch, capsys, tmp_path, "--out", str(out)),
+                      "feature cache", "No space left on device", "free some space", "rerun")
+    assert str(out / "features") in line and not (out / "features" / "features.f16").exists()
+    monkeypatch.undo()
+    assert train_here(monkeypatch, capsys, tmp_path, "--out", str(out)).returncode == 0
+    assert (out / "heads.safetensors").is_file()
+
+
+def test_a_disk_that_fills_while_features_are_computed_keeps_the_blocks_done(monkeypatch, tmp_path):
+    import specframe_s4c.features as features
+
+    target = tiny_target(seed=0)
+    blocks = np.arange(6 * 8).reshape(6, 8) % target.vocab_size  # (6, 8)
+    writes = []
+
+    def fills_up(path, data, offset):
+        writes.append(offset)
+        if len(writes) > 1:
+            no_space()
+        original(path, data, offset)
+
+    original = features.write_at
+    monkeypatch.setattr(features, "write_at", fills_up)
+    cache = FeatureCache(tmp_path / "features", blocks, hidden=target.config.hidden_size)
+    with pytest.raises(specframe.ConfigurationError, match="No space left on device.*blocks done so far "
+                       "are kept"):
+        cache.fill(target, batch=2, log=lambda line: None)
+    monkeypatch.undo()
+    cache = FeatureCache(tmp_path / "features", blocks, hidden=target.config.hidden_size)
+    assert cache.done == 2  # the first batch's blocks
+    cache.fill(target, batch=2, log=lambda line: None)
+    whole = FeatureCache(tmp_path / "whole", blocks, hidden=target.config.hidden_size)
+    whole.fill(target, batch=2, log=lambda line: None)
+    assert np.array_equal(cache.features, whole.features)
+
+
+SAFETENSORS_FULL = ('Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: '
+                    '"No space left on device" })')
+
+
+def test_a_full_disk_at_a_save_is_an_error_that_keeps_the_last_state(monkeypatch, tmp_path):
+    """A save of the training state that fails is an error naming the file, and the state saved before
+    it still resumes."""
+    from safetensors import SafetensorError
+
+    import specframe_s4c.train as train
+
+    run = tmp_path / "run"
+    trainer = s4c_trainer(run, steps=2)
+    trainer.train_step()
+    trainer.save()
+
+    def full(*args, **kwargs):
+        raise SafetensorError(SAFETENSORS_FULL)
+
+    monkeypatch.setattr(train, "save_train_state", full)
+    trainer.train_step()
+    with pytest.raises(specframe.ConfigurationError, match=f"writing {run / 'state.safetensors'} failed: .*"
+                       "free some space on that disk, or the state saved at step 1 .* is kept: rerun"):
+        trainer.save()
+    monkeypatch.undo()
+    again = s4c_trainer(run, steps=2)
+    assert again.resume() and again.step == 1
+
+
+def test_a_full_disk_at_the_heads_export_is_an_error_line_that_keeps_the_state(monkeypatch, capsys, tmp_path):
+    """safetensors' own error when the disk fills at the export is one `error:` line naming the heads file;
+    the finished state is kept, so a rerun with room only exports."""
+    from safetensors import SafetensorError
+
+    import specframe_s4c.heads as heads
+
+    out = tmp_path / "run"
+    assert train_here(monkeypatch, capsys, tmp_path, "--out", str(out)).returncode == 0
+    (out / "heads.safetensors").unlink()
+
+    def full(*args, **kwargs):
+        raise SafetensorError(SAFETENSORS_FULL)
+
+    monkeypatch.setattr(heads, "write_atomically", full)
+    error_line(train_here(monkeypatch, capsys, tmp_path, "--out", str(out)),
+               str(out / "heads.safetensors"), "No space left on device", "free some space",
+               "the state saved at step 2", "rerun with the same --out to resume")
+    assert not (out / "heads.safetensors").exists()
+    monkeypatch.undo()
+    assert train_here(monkeypatch, capsys, tmp_path, "--out", str(out)).returncode == 0
+    assert (out / "heads.safetensors").is_file()
+
+
+def test_an_out_that_is_a_file_is_refused_before_the_model_loads(monkeypatch, capsys, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    for out in (blocker, blocker / "run"):
+        error_line(train_here(monkeypatch, capsys, tmp_path, "--out", str(out)), "--out", "a-file")
+
+
+def test_a_read_only_out_is_refused(monkeypatch, capsys, tmp_path):
+    import tempfile as tempfile_module
+
+    def read_only(*args, **kwargs):
+        raise PermissionError(errno.EROFS, os.strerror(errno.EROFS))
+
+    monkeypatch.setattr(tempfile_module, "TemporaryFile", read_only)
+    error_line(train_here(monkeypatch, capsys, tmp_path, "--out", str(tmp_path / "run")),
+               "s4c training: --out", "not writable", "Read-only file system")
+
+
+def damaged_heads(path: Path, damage: str) -> Path:
+    """A copy of `tiny_heads_file(0)` with one thing wrong."""
+    source = tiny_heads_file(0)
+    meta, tensors = read_heads_file(source)
+    if damage == "pickle":
+        torch.save(tensors, path)
+        return path
+    if damage == "truncated":
+        path.write_bytes(source.read_bytes()[: source.stat().st_size // 2])
+        return path
+    if damage == "num_heads":
+        meta["num_heads"] = "7"
+    elif damage == "num_heads text":
+        meta["num_heads"] = "three"
+    elif damage == "no vocab_ids":
+        del tensors["vocab_ids"]
+    elif damage == "vocab_ids out of range":
+        tensors["vocab_ids"] = torch.tensor([0, 1, 10**6])
+    elif damage == "vocab_ids float":
+        tensors["vocab_ids"] = tensors["vocab_ids"].float()
+    elif damage == "vocab_ids 2-D":
+        tensors["vocab_ids"] = tensors["vocab_ids"][None]
+    save_file(tensors, str(path), metadata=meta)
+    return path
+
+
+HEADS_DAMAGE = ["pickle", "truncated", "num_heads", "num_heads text", "no vocab_ids",
+                "vocab_ids out of range", "vocab_ids float", "vocab_ids 2-D"]
+
+
+@pytest.mark.parametrize("damage", HEADS_DAMAGE)
+def test_a_damaged_heads_file_is_refused_naming_it(tmp_path, damage):
+    path = damaged_heads(tmp_path / "heads.safetensors", damage)
+    with pytest.raises(specframe.ModelLoadError, match=f"the heads file {path} .*specframe train s4c"):
+        specframe.assemble(tiny_target(seed=0), f"s4c(heads='{path}')", "static")
+
+
+@pytest.mark.parametrize("damage", ["pickle", "truncated", "num_heads", "no vocab_ids"])
+def test_a_damaged_init_heads_file_is_an_error_line(monkeypatch, capsys, tmp_path, damage):
+    path = damaged_heads(tmp_path / "init.safetensors", damage)
+    error_line(train_here(monkeypatch, capsys, tmp_path, "--init", str(path), "--out", str(tmp_path / "run")),
+               f"the heads file {path}")
+
+
+@pytest.mark.parametrize("line,problem", [("{bad", "is not valid JSON"), ("[" * 100000, "nests too deeply"),
+                                          ('{"text": ' + "1" * 5000 + "}", "is not valid JSON")])
+def test_an_invalid_jsonl_line_of_the_data_is_an_error_line_with_its_number(monkeypatch, capsys, tmp_path,
+                                                                           line, problem):
+    data = tmp_path / "corpus.jsonl"
+    data.write_text(json.dumps({"text": "x = 1\n" * 40}) + "\n\n" + line + "\n")
+    error_line(train_here(monkeypatch, capsys, tmp_path, "--data", str(data), "--out", str(tmp_path / "run")),
+               f"line 3 of the --data file {data} {problem}", "fix or remove that line")
+
+
+def test_written_heads_and_state_follow_the_umask(tmp_path):
+    """Heads and training state are written through a temporary file, then given the mode a plain `open`
+    gives under the user's umask (not the temporary file's 0600)."""
+    mask = os.umask(0o022)
+    try:
+        trainer = s4c_trainer(tmp_path / "run")
+        trainer.save()
+        trainer.export(tmp_path / "run" / "heads.safetensors", "specframe train s4c ...", ["test"])
+    finally:
+        os.umask(mask)
+    for name in ("state.safetensors", "heads.safetensors", "heads.json", "features/progress.json",
+                 "features/ids.npy"):
+        assert (tmp_path / "run" / name).stat().st_mode & 0o777 == 0o644, name
+
+
+def s4c_trainer(run: Path, steps: int = 1) -> Trainer:
+    target = tiny_target(seed=0)
+    blocks = np.arange(4 * 8).reshape(4, 8) % target.vocab_size  # (4, 8)
+    cache = FeatureCache(run / "features", blocks, hidden=target.config.hidden_size)
+    cache.fill(target, batch=2, log=lambda line: None)
+    config = TrainConfig(num_heads=1, block=8, batch=2, steps=steps, warmup=1, draft_vocab=0)
+    return Trainer(target, cache, run, config, log=lambda line: None)
