@@ -68,6 +68,10 @@ def build(
     sharded = shards is not None or (append and is_sharded(destination))
     if ray is not None and not sharded:
         raise typer.BadParameter("--ray builds shards: add --shards N", param_hint="--ray")
+    if ray_cpus is not None:
+        from specframe_corpus.distributed import check_ray_options
+
+        check_ray_options(ray, ray_cpus)  # before the model loads
     check_writable_dir(Path(destination).parent, "the directory of --out", "pass an --out in a writable one")
     target = load_target(model, device=device, dtype=dtype)  # model: sources generate with it
     if sharded:

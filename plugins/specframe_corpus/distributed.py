@@ -32,7 +32,7 @@ from specframe.kit.files import (
     check_writable_dir, exclusive, follow_umask, io_failure, remove_stale, temp_name_pattern,
 )
 from specframe.kit.progress import Bar, bar as progress_bar
-from specframe.kit.ray import import_ray, ray_session
+from specframe.kit.ray import check_ray_cpus, import_ray, ray_session
 from specframe_corpus.build import build_datastore, lock_file, publish, recover
 from specframe_corpus.datastore import (
     HEADER,
@@ -63,6 +63,15 @@ from specframe_corpus.sources import (
 SHARD_FIELDS = ("name", "n_tokens", "n_documents", "header_sha256")  # a manifest's entry for each shard
 
 
+def check_ray_options(ray: str | None, ray_cpus: int | None) -> None:
+    """Refuse `--ray-cpus` where it means nothing (without `--ray local`) or cannot work (below 1: the
+    shard tasks, one CPU each, would wait forever)."""
+    if ray_cpus is not None and ray != "local":
+        raise DatastoreError(f"--ray-cpus {ray_cpus} sets the CPUs of a Ray instance started here: add "
+                             "--ray local, or leave --ray-cpus out (a cluster has its own CPUs)")
+    check_ray_cpus(ray_cpus)
+
+
 def build_sharded_datastore(
     out: str | Path,
     sources: list[Source],
@@ -84,6 +93,7 @@ def build_sharded_datastore(
     start = time.perf_counter()
     if shards < 1:
         raise DatastoreError(f"datastore '{out}': --shards must be at least 1, got {shards}")
+    check_ray_options(ray, ray_cpus)
     identity = TokenizerIdentity.of(target)
     out = Path(out).expanduser().absolute()
     parts = split_sources(sources, shards)

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from specframe.terms.errors import ConfigurationError
+
 INSTALL = "pip install 'specframe[ray]'"
 
 
@@ -20,10 +22,19 @@ def import_ray(error: Callable[[str], Exception], instead: str = ""):
     return ray
 
 
+def check_ray_cpus(num_cpus: int | None, flag: str = "--ray-cpus") -> None:
+    """Refuse a CPU count a local Ray instance cannot work with: with no CPU, its tasks (one CPU each)
+    would wait forever for one to free up."""
+    if num_cpus is not None and (isinstance(num_cpus, bool) or not isinstance(num_cpus, int) or num_cpus < 1):
+        raise ConfigurationError(f"ray: {flag} must be a whole number of CPUs >= 1 (a task takes one), got "
+                                 f"{num_cpus!r}; pass {flag} 1 or more, or leave it out to use all")
+
+
 @contextmanager
 def ray_session(ray, address: str, num_cpus: int | None, **options) -> Iterator[bool]:
     """Use the running Ray session if there is one (yields False); else start a local instance (`address`
     "local", `num_cpus` CPUs) or connect to the cluster at `address`, yield True and shut it down after."""
+    check_ray_cpus(num_cpus)
     if ray.is_initialized():
         yield False
         return

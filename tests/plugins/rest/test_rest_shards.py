@@ -33,6 +33,7 @@ from specframe_corpus.source_specs import parse_source
 from specframe_corpus.sources import JsonlTexts, TokenDocuments
 from specframe_rest.drafter import RestDrafter
 
+import specframe
 from specframe import DraftContext
 
 VOCAB = 50
@@ -543,3 +544,42 @@ def test_ray_builds_keep_a_cpu_s_worth_of_tasks_in_flight_and_stop_at_a_failure(
     with tqdm(disable=True) as bar:
         results = distributed.build_on_ray(jobs, None, "local", None, bar)
     assert [r["name"] for r in results] == [f"shard-{i}" for i in range(6)] and fake.most_in_flight == 2
+
+
+@pytest.mark.parametrize("ray,cpus,needle", [("local", 0, "--ray-cpus must be a whole number of CPUs >= 1"),
+                                             ("local", -2, "--ray-cpus must be"),
+                                             (None, 2, "add --ray local"),
+                                             ("10.0.0.1:6379", 2, "add --ray local")])
+def test_impossible_ray_cpus_are_refused_before_ray_starts(tmp_path, monkeypatch, ray, cpus, needle):
+    """`--ray local --ray-cpus 0` would wait forever for a CPU: refused up front, as is a CPU count for a
+    Ray that is not started here; Ray is never imported."""
+    import specframe_corpus.distributed as distributed
+
+    def no_ray(*args):
+        raise AssertionError("ray was imported")
+
+    monkeypatch.setattr(distributed, "import_ray", no_ray)
+    with pytest.raises(specframe.SpecframeError, match=needle):
+        build_sharded(tmp_path / "ds", phrase_corpus(0, 8), 2, ray=ray, ray_cpus=cpus)
+    assert not (tmp_path / "ds").exists()
+
+
+def test_a_ray_session_refuses_no_cpus():
+    from specframe.kit.ray import ray_session
+
+    with pytest.raises(specframe.ConfigurationError, match="--ray-cpus must be"):
+        with ray_session(FakeRay(cpus=2, fails=-1), "local", 0):
+            pass
+
+
+def test_ray_cpus_0_on_the_command_line_is_an_error_before_the_model_loads(monkeypatch, capsys, tmp_path):
+    from specframe.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["specframe", "datastore", "build", "--model", str(tmp_path / "none"),
+                                      "--source", str(tmp_path), "--out", str(tmp_path / "ds"), "--shards",
+                                      "2", "--ray", "local", "--ray-cpus", "0"])
+    with pytest.raises(SystemExit) as exit_:
+        main()
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "Traceback" not in err
+    assert "error: ray: --ray-cpus must be a whole number of CPUs >= 1" in err, err
