@@ -50,6 +50,8 @@ class DraftModelDrafter(Drafter):
                                        samples_drafts=True, score_kind=ScoreKind.LOG_PROB,
                                        drafting_grows_with_budget=True)
 
+    option_limits = {"layers": (1, 4096), "num_tokens": (1, 4096), "topk": (1, 4096)}
+
     def __init__(self, target, *, model: str | None = None, layers: int | None = None, num_tokens: int = 4,
                  topk: int = 1, draw: DraftDraw = "auto"):
         super().__init__(target)

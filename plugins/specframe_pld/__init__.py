@@ -46,6 +46,10 @@ class PromptLookupDrafter(Drafter):
     name = "pld"
     capabilities = DrafterCapabilities(proposes_trees=True, score_kind=ScoreKind.FREQUENCY)
 
+    # every step tries each n-gram length from max_ngram down: a few dozen at most are useful
+    option_limits = {"max_ngram": (1, 64), "min_ngram": (1, 64), "num_tokens": (1, 4096),
+                     "matches": (1, 4096)}
+
     def __init__(self, target, *, max_ngram: int = 4, min_ngram: int = 2, num_tokens: int = 12,
                  matches: int = 1):
         super().__init__(target)

@@ -63,6 +63,8 @@ class S4CDrafter(Drafter):
                                        proposes_trees=True, samples_drafts=True,
                                        score_kind=ScoreKind.LOG_PROB)
 
+    option_limits = {"topk": (1, 4096), "widths": (1, 4096), "depth": (1, 64)}  # 64: heads.MAX_HEADS
+
     def __init__(self, target, *, heads: str | None = None, topk: int = 4,
                  widths: int | tuple[int, ...] | list[int] = DEFAULT_WIDTHS, draw: DraftDraw = "auto",
                  depth: int | None = None, dtype: DraftDtype = "auto"):

@@ -87,6 +87,9 @@ class SuffixDrafter(Drafter):
     capabilities = DrafterCapabilities(proposes_trees=True, score_kind=ScoreKind.FREQUENCY,
                                        remembers_requests=True)
 
+    # A draft is never longer than a step's budget, and the library keeps a C int of each count.
+    option_limits = {"max_depth": (1, 4096), "max_cached": (0, 2**31 - 1)}
+
     def __init__(self, target, *, cache: str | None = None, max_depth: int = 64, max_cached: int = 256,
                  factor: float = 2.0, offset: float = 1.0, min_prob: float = 0.1, tree: bool = True,
                  corpus: str | tuple[str, ...] | None = None):
@@ -283,8 +286,8 @@ def check_options(cache, max_depth, max_cached, factor, offset, min_prob, tree, 
         return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
     problems = []
-    if not integer(max_depth) or max_depth < 1:
-        problems.append(f"max_depth must be an integer >= 1, got {max_depth!r}")
+    if not integer(max_depth) or not 1 <= max_depth <= 4096:
+        problems.append(f"max_depth must be an integer from 1 to 4096, got {max_depth!r}")
     if not integer(max_cached) or not 0 <= max_cached < 2**31:
         problems.append(f"max_cached must be an integer >= 0 (0: no earlier responses), got {max_cached!r}")
     if not real(factor) or factor < 0:

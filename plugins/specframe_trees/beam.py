@@ -25,6 +25,8 @@ class BeamTreeBuilder(TreeBuilder):
     name = "beam"
     capabilities = TreeBuilderCapabilities(needs_draft_probs=True, needs_score_kind=ScoreKind.LOG_PROB)
 
+    option_limits = {"width": (1, 4096), "depth": (1, 4096)}  # more than any budget fills
+
     def __init__(self, *, width: int = 4, depth: int = 4, config: str | None = None):
         super().__init__()
         if config is not None:

@@ -26,6 +26,8 @@ class DynamicTreeBuilder(TreeBuilder):
     name = "dynamic"
     capabilities = TreeBuilderCapabilities(needs_draft_probs=True, needs_score_kind=ScoreKind.LOG_PROB)
 
+    option_limits = {"topk": (1, 4096), "depth": (1, 4096)}  # more than any budget fills
+
     def __init__(self, *, topk: int = 4, depth: int = 6):
         super().__init__()
         if topk < 1 or depth < 1:

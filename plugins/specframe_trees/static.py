@@ -38,6 +38,7 @@ from specframe.kit.drafting import SAMPLED_DRAWS, draw_order_prefix
 STREE_CONFIGS = {"A": (3, 4), "B": (16, 3), "C": (6, 3), "D": (4, 4), "E": (3, 5)}  # name -> (width, depth)
 
 Path = tuple[int, ...]
+MAX_PATHS = 4096  # nodes a preset may make (more than any budget fills)
 
 
 def continuous_paths(depth: int = 3, width: int = 3) -> list[Path]:
@@ -49,6 +50,17 @@ def cartesian_paths(widths: Sequence[int]) -> list[Path]:
     """Every prefix of the product of rank ranges: the full Medusa-style tree for per-depth top-k widths."""
     paths = [p for d in range(1, len(widths) + 1) for p in itertools.product(*(range(w) for w in widths[:d]))]
     return sorted(paths, key=lambda p: (len(p), sum(p), p))
+
+
+def cartesian_size(widths: Sequence[int]) -> int:
+    """How many paths `cartesian_paths(widths)` makes, counted only up to just past MAX_PATHS."""
+    size = level = 0
+    for width in widths:
+        level = max(level, 1) * width
+        size += level
+        if size > MAX_PATHS:
+            break
+    return size
 
 
 def chains_paths(width: int, depth: int) -> list[Path]:
@@ -82,6 +94,9 @@ class StaticTreeBuilder(TreeBuilder):
     name = "static"
     capabilities = TreeBuilderCapabilities(keeps_draw_order=True)
 
+    # the paths are made up front: at most MAX_PATHS of them, more than any budget fills
+    option_limits = {"depth": (1, MAX_PATHS), "width": (1, MAX_PATHS), "widths": (1, MAX_PATHS)}
+
     def __init__(self, *, preset: str = "continuous", paths: Sequence[Sequence[int]] | None = None,
                  depth: int = 3, width: int = 3, widths: Sequence[int] = (3, 2, 2)):
         super().__init__()
@@ -90,6 +105,11 @@ class StaticTreeBuilder(TreeBuilder):
         else:
             if depth < 1 or width < 1 or not widths or min(widths) < 1:
                 raise ConfigurationError("tree builder 'static': depth, width and widths must be >= 1")
+            size = cartesian_size(widths) if preset == "cartesian" else depth * width
+            if size > MAX_PATHS:
+                raise ConfigurationError(f"tree builder 'static': preset {preset} with depth={depth}, "
+                                         f"width={width}, widths={tuple(widths)} makes a tree of more than "
+                                         f"{MAX_PATHS} nodes; pass smaller widths")
             self.paths = preset_paths(str(preset), depth, width, tuple(widths))
         if not self.paths or any(not p or min(p) < 0 for p in self.paths):
             raise ConfigurationError("tree builder 'static': paths must be non-empty lists of ranks >= 0")

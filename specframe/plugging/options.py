@@ -1,5 +1,10 @@
 """Component options checked against the constructor's signature before a component is built, so a wrong
-name or type fails at assembly with the list of accepted options, never mid-decode."""
+name or type fails at assembly with the list of accepted options, never mid-decode.
+
+Integers are checked against bounds too: a component declares the range of each integer option it takes
+in `option_limits` (`{"max_depth": (1, 4096)}`), and an integer option it declares no range for must fit
+the C `int` (32 bits) that native libraries and kernels read it into, so a value beyond it is refused
+at assembly instead of failing inside such a library."""
 
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ from typing import Any
 from specframe.terms.errors import ConfigurationError
 
 INJECTED = {"self", "target", "want_hidden"}  # passed by the pipeline, not by the user
+C_INT = (-(2**31), 2**31 - 1)  # the range of an integer option whose component declares none
 
 
 def check_bounds(what: str, settings: object, at_least: dict[str, float] | None = None,
@@ -51,6 +57,17 @@ def check_options(kind: str, cls: type, options: dict[str, Any]) -> None:
         if hint is not inspect.Parameter.empty and not matches(value, hint):
             raise ConfigurationError(f"{kind} '{cls.name}': option {key}={value!r} must be {describe(hint)} "
                                      f"(options: {listing})")
+        low, high = getattr(cls, "option_limits", {}).get(key, C_INT)
+        if any(not low <= number <= high for number in integers(value)):
+            raise ConfigurationError(f"{kind} '{cls.name}': option {key}={value!r} is out of range: "
+                                     f"{'each ' if isinstance(value, (list, tuple)) else ''}integer must be "
+                                     f"from {low} to {high}")
+
+
+def integers(value: Any) -> list[int]:
+    """The integers of an option value: itself, or the items of a list or tuple (bools are not integers)."""
+    values = value if isinstance(value, (list, tuple)) else [value]
+    return [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
 
 
 def matches(value: Any, hint: Any) -> bool:

@@ -10,6 +10,7 @@ from specframe.terms.errors import ConfigurationError
 # (extraction, translation, code) pay past 16: replayed, 24 raised tau 1-3 % over 16 on Spec-Bench,
 # HumanEval and best-of-8 replays, and 32 added nothing.
 AUTO_CAP = 24
+MAX_BUDGET = 4096  # nodes a step may fill: its tree's attention mask is budget x context
 
 
 def parse_budget(budget: int | str) -> tuple[int, bool]:
@@ -25,4 +26,7 @@ def parse_budget(budget: int | str) -> tuple[int, bool]:
         raise ConfigurationError(
             "budget must be a number of tree nodes >= 1, 'auto' or 'auto:CAP' (e.g. auto:24), "
             f"got {budget!r}; for plain decoding use the drafter 'none'")
+    if cap > MAX_BUDGET:
+        raise ConfigurationError(f"budget {budget!r} is more tree nodes than a step can verify; pass at most "
+                                 f"{MAX_BUDGET}")
     return cap, adaptive

@@ -148,3 +148,46 @@ def test_score_kinds_and_chain_only_backends_are_checked_at_assembly(target):
                                               r"a tree builder that makes chains, such as 'chain'"):
         check_compatible(target, pld, trie, greedy, ChainOnly, SamplingParams())
     check_compatible(target, pld, chain, greedy, ChainOnly, SamplingParams())
+
+
+@pytest.mark.parametrize("component,message", [
+    ({"drafter": "suffix(max_depth=1000000000000)"}, r"'suffix': option max_depth=1000000000000 is out of "
+                                                     r"range: integer must be from 1 to 4096"),
+    ({"drafter": "suffix(max_cached=4294967296)"}, r"option max_cached=4294967296 is out of range"),
+    ({"drafter": "pld(max_ngram=1000000000)"}, r"'pld': option max_ngram=1000000000 is out of range"),
+    ({"drafter": "s4c(topk=100000)"}, r"'s4c': option topk=100000 is out of range"),
+    ({"drafter": "s4c(widths=(1, 100000))"}, r"option widths=\(1, 100000\) is out of range: each integer"),
+    ({"drafter": "draft-model(layers=1, num_tokens=100000)"}, r"option num_tokens=100000 is out of range"),
+    ({"drafter": "rest(k=10000000000)"}, r"'rest': option k=10000000000 is out of range: .* 2147483647"),
+    ({"tree": "beam(width=1099511627776)"}, r"'beam': option width=1099511627776 is out of range"),
+    ({"tree": "dynamic(depth=100000)"}, r"'dynamic': option depth=100000 is out of range"),
+    ({"tree": "static(widths=(4097,))"}, r"'static': option widths=\(4097,\) is out of range"),
+])
+def test_integer_options_beyond_what_a_component_takes_are_refused_before_any_model_loads(component,
+                                                                                          message):
+    """An integer option is bounded by its component's `option_limits`, else by a C int."""
+    with pytest.raises(ConfigurationError, match=message):
+        check_specs(**component)
+
+
+def test_bounded_options_still_take_their_largest_values(target):
+    check_specs("pld(max_ngram=64, min_ngram=64)", "beam(width=4096, depth=4096)")
+    check_specs("s4c(topk=4096, widths=(1, 4096), depth=64)", "dynamic(topk=4096, depth=4096)")
+    specframe.assemble(target, "suffix(max_depth=4096, max_cached=2147483647)", "static(widths=(64, 64))")
+
+
+def test_a_static_preset_too_large_to_make_is_refused(target):
+    """Each width may be in range while the product is not: the paths are made up front."""
+    with pytest.raises(ConfigurationError, match="more than 4096 nodes"):
+        specframe.assemble(target, "pld", "static(preset='cartesian', widths=(64, 64, 64))")
+    with pytest.raises(ConfigurationError, match="more than 4096 nodes"):
+        specframe.assemble(target, "pld", "static(depth=4096, width=4096)")
+
+
+def test_a_budget_beyond_what_a_step_can_verify_is_refused():
+    from specframe.terms.budget import MAX_BUDGET, parse_budget
+
+    assert parse_budget(MAX_BUDGET) == (MAX_BUDGET, False)
+    for budget in (10**12, f"auto:{MAX_BUDGET + 1}"):
+        with pytest.raises(ConfigurationError, match=f"pass at most {MAX_BUDGET}"):
+            parse_budget(budget)
