@@ -198,9 +198,10 @@ def encode_prompt(target, prompt: str, chat: bool) -> list[int]:
     if chat:
         if not getattr(tokenizer, "chat_template", None):
             raise PromptError(f"model '{target.name}' has no chat template: drop --chat")
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                            tokenize=True, return_dict=True)["input_ids"]
-        return list(ids)
+        from specframe.support.prompt_suites import chat_ids
+
+        return chat_ids(tokenizer, [{"role": "user", "content": prompt}],
+                        "or pass a plain prompt without --chat")
     return list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
 
 

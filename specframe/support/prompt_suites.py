@@ -150,6 +150,23 @@ def encode_turn(tokenizer, prompt: BenchPrompt, turn: int, answers: list[str]) -
         messages.append({"role": "user", "content": prompt.turns[t]})
         if t < turn:
             messages.append({"role": "assistant", "content": answers[t]})
-    encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                            return_dict=True)
+    return chat_ids(tokenizer, messages, "or run the 'humaneval' suite, whose prompts need no template")
+
+
+def chat_ids(tokenizer, messages: list[dict], fix: str) -> list[int]:
+    """Token ids of `messages` in the tokenizer's chat template, ready for the assistant's answer. A
+    template that fails (a Jinja syntax error, an undefined name, an `raise_exception` of its own, or an
+    unsafe operation the sandbox blocks) is a `PromptError` naming where the template comes from; `fix`
+    says what to do instead of fixing it (drop --chat, say)."""
+    from jinja2 import TemplateError
+
+    try:
+        encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                return_dict=True)
+    except TemplateError as err:
+        source = getattr(tokenizer, "name_or_path", "") or "this tokenizer"
+        raise PromptError(
+            f"the chat template of {source} failed ({type(err).__name__}: {' '.join(str(err).split())}); fix "
+            f"the tokenizer's chat_template (in its tokenizer_config.json or chat_template.jinja), {fix}"
+        ) from None
     return list(encoded["input_ids"])

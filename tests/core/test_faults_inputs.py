@@ -317,6 +317,30 @@ def test_seed_range_is_what_torch_accepts():
             SamplingParams(seed=seed)
 
 
+@pytest.mark.parametrize("template, error", [
+    ("{{ messages[0]['content'] ", "TemplateSyntaxError"),
+    ("{{ raise_exception('this template takes no user turns') }}", "TemplateError"),
+    ("{% set seen = [] %}{{ seen.append(1) }}", "SecurityError"),  # the sandbox blocks a change
+    ("{{ ''.__class__.__mro__[1].__subclasses__() }}", "SecurityError"),  # and attribute escapes
+])
+def test_a_chat_template_that_fails_is_a_prompt_error_naming_it(template, error):
+    """`--chat` (and a bench chat suite) with a tokenizer whose chat template fails: a `PromptError`
+    naming the template's source and what to do, not a Jinja traceback."""
+    from specframe.cli import encode_prompt
+    from specframe.support.prompt_suites import encode_turn
+
+    target = tiny_target(seed=0)
+    target.tokenizer.chat_template = template
+    target.tokenizer.name_or_path = "models/broken-chat"
+    with pytest.raises(PromptError, match=f"the chat template of models/broken-chat failed \\({error}.*fix "
+                       "the tokenizer's chat_template .* or pass a plain prompt without --chat"):
+        encode_prompt(target, "Name three colors.", chat=True)
+    with pytest.raises(PromptError, match="chat template of models/broken-chat failed.*'humaneval' suite"):
+        encode_turn(target.tokenizer, PROMPTS[0], 0, [])
+    target.tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    assert encode_prompt(target, "hi", chat=True) == encode_prompt(target, "hi", chat=False)
+
+
 def test_text_checks():
     from specframe.terms.request import check_request_input, check_text
 
