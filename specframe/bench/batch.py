@@ -45,8 +45,9 @@ from specframe.bench.batch_runners import GeneratePeerBatches, PipelineBatches
 from specframe.bench.harness import bench_settings, check_options, target_settings
 from specframe.bench.methods import MethodSpec
 from specframe.bench.peers import PeerSpec, parse_peers
-from specframe.bench.runner import (WARMUP_PROMPT, WARMUP_TOKENS, Mismatch, bench_lock,
-                                    build_runners, check_run_args, compare, read_settings, rotation)
+from specframe.bench.runner import (WARMUP_PROMPT, WARMUP_TOKENS, Mismatch, append_line, bench_lock,
+                                    build_runners, check_run_args, compare, end_cut_line, read_settings,
+                                    records_kept, rotation, writing)
 
 SETTINGS, RECORDS = "batch_settings.json", "batch_records.jsonl"
 BATCH_PEERS = ("hf-generate",)  # transformers' prompt lookup and assisted generation take one prompt
@@ -158,8 +159,10 @@ class BatchStore:
                 raise ConfigurationError(
                     f"{out} holds batch results made with other settings ({changed}, as (old, new)); resume "
                     "with the same settings, or pass another --out (or --fresh to start over)")
-            if not records or old is None:
-                write_atomically(self.settings_path, json.dumps(settings, indent=2))
+            with writing(self.path, records_kept(len(records), self.path)):
+                end_cut_line(self.path)
+                if not records or old is None:
+                    write_atomically(self.settings_path, json.dumps(settings, indent=2))
         self.records = {self.key(r): r for r in records}
 
     @staticmethod
@@ -171,14 +174,14 @@ class BatchStore:
         return self.records.get((method, size, repeat, tuple(qids)))
 
     def add(self, record: dict) -> None:
-        with bench_lock(self.path.parent):
+        kept = records_kept(len(self.records), self.path)
+        with writing(self.path, kept), bench_lock(self.path.parent):
             if read_settings(self.settings_path) != self.settings:
                 raise ConfigurationError(
                     f"{self.settings_path} was replaced while this run was writing to {self.path.parent} "
                     "(another batch run with other settings, or --fresh, started there): run one batch "
                     "benchmark per --out")
-            with self.path.open("a", encoding="utf-8") as f:
-                f.write(json.dumps(record) + "\n")
+            append_line(self.path, json.dumps(record) + "\n")
         self.records[self.key(record)] = record
 
     def read(self) -> list[dict]:

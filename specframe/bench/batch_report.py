@@ -27,7 +27,7 @@ from specframe.support.atomic_dirs import write_atomically
 
 from specframe.support.prompt_suites import BenchPrompt
 
-from specframe.bench.runner import Mismatch, bench_lock
+from specframe.bench.runner import Mismatch, bench_lock, writing
 
 RESULTS_JSON, RESULTS_MD, PLOT = "batch_results.json", "batch_results.md", "batch_speedup.png"
 COLUMNS = ("method", "B", "tokens/s", "mean latency s", "p90 latency s", "tau", "draft ms/step",
@@ -302,11 +302,16 @@ def write_batch_results(run: BatchRun, out: Path, settings: dict, *, repeats: in
                "batches": {str(size): rows for size, rows in table.items()},
                "mismatches": [{"batch": size, **vars(m)} for size, m in run.mismatches],
                "records": run.records}
+    kept = (f"every record stays in {out / 'batch_records.jsonl'}: once there is room, rerun the same "
+            "command to write the tables from them (nothing is run again)")
     with bench_lock(out):
-        write_atomically(out / RESULTS_JSON, json.dumps(payload, indent=1))
-        write_atomically(out / RESULTS_MD, markdown(table, run, header))
+        for name, text in ((RESULTS_JSON, json.dumps(payload, indent=1)),
+                           (RESULTS_MD, markdown(table, run, header))):
+            with writing(out / name, kept):
+                write_atomically(out / name, text)
     if plots:
         from specframe.bench.plots import batch_speedup_plot
 
-        batch_speedup_plot(table, out / PLOT, title=f"{settings['suite']} ({settings['model']})")
+        with writing(out / PLOT, kept):
+            batch_speedup_plot(table, out / PLOT, title=f"{settings['suite']} ({settings['model']})")
     return table

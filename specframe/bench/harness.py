@@ -19,9 +19,9 @@ from specframe.terms.sampling import SamplingParams
 
 from specframe.bench.methods import MethodSpec, resolve_methods
 from specframe.bench.peers import PeerSpec, parse_peers
-from specframe.bench.report import KEEP, write_reports
+from specframe.bench.report import KEEP, tables_kept, write_reports
 from specframe.bench.runner import (BenchRun, bench_lock, build_runners, check_counts, check_run_args,
-                                    check_settings, run_bench)
+                                    check_settings, run_bench, writing)
 from specframe.support.prompt_suites import BenchPrompt, load_suite
 
 
@@ -151,7 +151,8 @@ def write_results(run: BenchRun, out: Path, settings: dict, *, limit: int | None
     if plots:
         from specframe.bench.plots import write_plots
 
-        write_plots(table, out, title=f"{settings['suite']} ({settings['model']})")
+        with writing(f"the plots in {out}", tables_kept(out / "records.jsonl")):
+            write_plots(table, out, title=f"{settings['suite']} ({settings['model']})")
     return table
 
 

@@ -16,7 +16,7 @@ import statistics
 from pathlib import Path
 
 from specframe.support.atomic_dirs import write_atomically
-from specframe.bench.runner import BenchRun, bench_lock
+from specframe.bench.runner import BenchRun, bench_lock, writing
 
 OVERALL = "overall"
 KEEP = ("all", "fastest")  # which repeats the tables aggregate: see the module docstring
@@ -210,6 +210,12 @@ def memory(stats: dict | None) -> str:
     return (f"{size / 2**20:.1f} MiB" if size >= 2**20 else f"{size / 2**10:.0f} KiB") + kept
 
 
+def tables_kept(records: Path) -> str:
+    """What a failed write of a finished run's tables or plots leaves, and how to go on."""
+    return (f"every record stays in {records}: once there is room, rerun the same command to write the "
+            "tables from them (nothing is run again)")
+
+
 def write_reports(run: BenchRun, out: Path, settings: dict, header: str = "", keep: str = "all") -> dict:
     """Write `results.json` (settings, aggregates, mismatches, every record) and `results.md`."""
     table = summarize(run, keep)
@@ -218,6 +224,8 @@ def write_reports(run: BenchRun, out: Path, settings: dict, header: str = "", ke
     payload = {"settings": settings, "methods": methods, "categories": table,
                "mismatches": [vars(m) for m in run.mismatches], "records": run.records}
     with bench_lock(out):  # shards of one run may finish at once: each file is one writer's, whole
-        write_atomically(out / "results.json", json.dumps(payload, indent=1))
-        write_atomically(out / "results.md", markdown(table, run, header))
+        for name, text in (("results.json", json.dumps(payload, indent=1)),
+                           ("results.md", markdown(table, run, header))):
+            with writing(out / name, tables_kept(out / "records.jsonl")):
+                write_atomically(out / name, text)
     return table

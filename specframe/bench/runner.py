@@ -29,7 +29,8 @@ from pathlib import Path
 from specframe.support.atomic_dirs import (FILE_LOCK_WAIT, exclusive, remove_stale, temp_name_pattern,
                                           write_atomically)
 from specframe.decode.loop import SpeculativeDecoder
-from specframe.terms.errors import ConfigurationError, SpecframeError, SpecframeWarning
+from specframe.terms.errors import (ConfigurationError, OutputError, SpecframeError, SpecframeWarning,
+                                    io_failure)
 from specframe.terms.kinds import DEFAULT_COMPONENTS, ComponentKind
 from specframe.terms.target import Target
 from specframe.support.progress import bar as progress_bar
@@ -180,6 +181,45 @@ def bench_lock(out: Path) -> Iterator[None]:
         yield
 
 
+@contextmanager
+def writing(path: Path | str, kept: str) -> Iterator[None]:
+    """A write under `--out` whose failure (a full disk, mostly) becomes an `OutputError` naming `path`,
+    the system's reason and `kept`: what stays in `--out` and how to go on. The CLI prints it as one
+    `error:` line instead of a traceback."""
+    try:
+        yield
+    except OSError as err:
+        if err.filename is not None and str(err.filename) == str(path):
+            err = OSError(err.errno, err.strerror)  # the message names the file once
+        raise OutputError(f"bench could not write {path} ({io_failure(err, 'pass another --out')}); "
+                          f"{kept}") from None
+
+
+def records_kept(count: int, path: Path) -> str:
+    """What a failed write leaves of a run's records, and how to go on from them."""
+    if not count:
+        return f"no record was in {path} yet"
+    return (f"the {count} record(s) written before stay in {path}: once there is room, rerun the same "
+            "command to resume from them")
+
+
+def append_line(path: Path, line: str) -> None:
+    """Append one record's line to `path` (the one place records are written)."""
+    with path.open("a", encoding="utf-8") as f:
+        f.write(line)
+
+
+def end_cut_line(path: Path) -> None:
+    """End a last line cut short (an interrupted or failed write), so the next record starts on a line of
+    its own; the cut line fails to parse and its run is simply redone."""
+    if path.exists() and path.stat().st_size:
+        with path.open("rb") as f:
+            f.seek(-1, 2)
+            cut = f.read(1) != b"\n"
+        if cut:
+            append_line(path, "\n")
+
+
 # Temporary files of the reports and settings `write_atomically` writes into --out.
 OUT_TEMPORARIES = re.compile("|".join(temp_name_pattern(f"{name}.", ".tmp")
                                       for name in ("settings.json", "results.json", "results.md")))
@@ -199,11 +239,10 @@ class RecordStore:
             self.settings = _settings_in(path.parent)
             if path.exists():
                 text = path.read_text("utf-8", errors="replace")  # records are ASCII: damage fails to parse
-                if text and not text.endswith("\n"):
-                    with path.open("a", encoding="utf-8") as f:
-                        f.write("\n")  # end a line cut short, so the next record starts on its own line
                 for record in parse_records(text, path):
                     self.records[self.key(record)] = record
+                with writing(path, records_kept(len(self.records), path)):
+                    end_cut_line(path)
 
     @staticmethod
     def key(record: dict) -> tuple:
@@ -217,14 +256,13 @@ class RecordStore:
 
     def add(self, record: dict) -> None:
         line = json.dumps(record) + "\n"
-        with bench_lock(self.path.parent):
+        with writing(self.path, records_kept(len(self.records), self.path)), bench_lock(self.path.parent):
             if _settings_in(self.path.parent) != self.settings:
                 raise ConfigurationError(
                     f"{self.path.parent / 'settings.json'} was replaced while this run was writing to "
                     f"{self.path.parent} (another bench run with other settings, or --fresh, started "
                     "there): run one benchmark per --out, or shards of one run with the same settings")
-            with self.path.open("a", encoding="utf-8") as f:
-                f.write(line)
+            append_line(self.path, line)
         self.records[self.key(record)] = record
 
 
@@ -315,7 +353,8 @@ def check_settings(out: Path, settings: dict) -> None:
                     f"{out} holds results made with other settings ({changed}, as (old, new)); "
                     "resume with the same settings, or pass another --out (or --fresh to start over)")
         else:
-            write_atomically(path, json.dumps(settings, indent=2))
+            with writing(path, "nothing was run yet"):
+                write_atomically(path, json.dumps(settings, indent=2))
 
 
 def read_settings(path: Path) -> dict:

@@ -253,3 +253,46 @@ def test_a_drafter_that_remembers_requests_keeps_its_memory_from_chunk_to_chunk_
     records.write_text("\n".join(first) + "\n")  # stopped after the first chunk
     resumed, _ = run_batch_benchmark(target, same, ["suffix@4"], tmp_path / "chunked", chunk=1, **kwargs)
     assert steps(resumed) == steps(chunked)
+
+
+def test_a_full_disk_ends_a_batch_run_with_one_error_line_and_keeps_its_records(tmp_path, monkeypatch,
+                                                                                 capsys):
+    import errno
+    import os
+    import sys
+
+    import specframe.runtime.load
+    from specframe.cli import main
+
+    from specframe.testing.targets import tiny_tokenizer
+
+    chatting = tiny_target(seed=4)
+    chatting.tokenizer = tiny_tokenizer()
+    chatting.tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
+    questions = tmp_path / "questions.jsonl"
+    questions.write_text("".join(json.dumps({"question_id": i, "category": "qa", "turns": [p.turns[0]]})
+                                 + "\n" for i, p in enumerate(PROMPTS)))
+    out = tmp_path / "out"
+    writes = []
+
+    def full_disk(path, line):
+        if len(writes) == 2:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        writes.append(line)
+        real(path, line)
+
+    real = bench_batch.append_line
+    monkeypatch.setattr(bench_batch, "append_line", full_disk)
+    monkeypatch.setattr(specframe.runtime.load, "load_target", lambda *_, **__: chatting)
+    monkeypatch.setattr(sys, "argv", ["specframe", "bench", "--suite", str(questions), "--methods", "pld@4",
+                                      "--peers", "none", "--repeats", "1", "--max-new-tokens", "4",
+                                      "--batch", "2", "--batch-chunk", "2", "--no-plots", "--out", str(out)])
+    with pytest.raises(SystemExit) as exit_:
+        main()
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1
+    records = out / "batch_records.jsonl"
+    assert err.startswith(f"error: bench could not write {records} (No space left on device")
+    assert "the 2 record(s) written before stay in" in err
+    store = bench_batch.BatchStore(out, json.loads((out / "batch_settings.json").read_text()))
+    assert len(store.records) == 2

@@ -284,3 +284,91 @@ def test_a_request_seed_replaces_the_sampling_seed_for_that_request_only(target)
         target, "none", verifier="sample-match", budget=1,
         sampling=specframe.SamplingParams(temperature=1.0, seed=4))
     assert seeded4.generate([1, 2, 3], max_new_tokens=8).tokens == other != fixed
+
+
+# --- what `specframe bench` shows and where it stops --------------------------------------------------------
+
+
+def bench_cli(monkeypatch, capsys, target, *args: str) -> tuple[int, str]:
+    """Run the real `specframe bench` entry point in this process on `target`: (exit code, stderr)."""
+    import sys
+
+    import specframe.runtime.load
+    from specframe.cli import main
+
+    monkeypatch.setattr(specframe.runtime.load, "load_target", lambda *_, **__: target)
+    monkeypatch.setattr(sys, "argv", ["specframe", "bench", *args])
+    with pytest.raises(SystemExit) as exit_:
+        main()
+    return exit_.value.code, capsys.readouterr().err
+
+
+def two_questions(tmp_path) -> list[str]:
+    questions = tmp_path / "questions.jsonl"
+    questions.write_text("".join(json.dumps({"question_id": i, "category": "qa", "turns": [text]}) + "\n"
+                                 for i, text in enumerate(["Name three colors.", "Count to five."])))
+    return ["--suite", str(questions), "--methods", "pld@4", "--peers", "none", "--repeats", "1",
+            "--max-new-tokens", "4", "--no-plots"]
+
+
+def full_disk_after(writes: int, real, cut: bool = False):
+    """A writer that does `writes` writes, then (with `cut`) half of the next, then fails as a full disk
+    does."""
+    import errno
+    import os
+
+    done = []
+
+    def write(path, text, *rest):
+        if len(done) == writes:
+            if cut:
+                real(path, text[:len(text) // 2], *rest)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        done.append(path)
+        return real(path, text, *rest)
+
+    return write
+
+
+def test_a_full_disk_ends_bench_with_one_error_line_and_keeps_the_records(target, tmp_path, monkeypatch,
+                                                                          capsys):
+    out = tmp_path / "out"
+    args = [*two_questions(tmp_path), "--out", str(out)]
+    monkeypatch.setattr(bench_runner, "append_line", full_disk_after(2, bench_runner.append_line, cut=True))
+    code, err = bench_cli(monkeypatch, capsys, target, *args)
+    assert code == 2 and err.count("\n") == 1 and err.startswith("error: bench could not write")
+    assert "No space left on device" in err and "free some space on that disk" in err
+    assert "the 2 record(s) written before stay in" in err and "rerun the same command" in err
+    lines = (out / "records.jsonl").read_text().split("\n")
+    assert len(lines) == 3 and all(json.loads(line) for line in lines[:2])  # and half a third line
+
+    monkeypatch.undo()  # room again: the same command resumes, the cut line redone
+    code, _ = bench_cli(monkeypatch, capsys, target, *args)
+    assert code == 0
+    assert len(bench_runner.read_records(out / "records.jsonl")) == 4
+
+
+def test_a_full_disk_at_the_tables_keeps_every_record_and_says_how_to_write_them(target, tmp_path,
+                                                                                 monkeypatch, capsys):
+    import specframe.bench.report as report
+
+    out = tmp_path / "out"
+    monkeypatch.setattr(report, "write_atomically", full_disk_after(0, report.write_atomically))
+    code, err = bench_cli(monkeypatch, capsys, target, *two_questions(tmp_path), "--out", str(out))
+    assert code == 2 and err.count("\n") == 1 and "results.json" in err and "No space left" in err
+    assert "every record stays in" in err and "nothing is run again" in err
+    assert len(bench_runner.read_records(out / "records.jsonl")) == 4
+
+
+@pytest.mark.parametrize("where", ["a file", "under a file", "read-only"])
+def test_an_out_that_cannot_be_written_is_one_error_line(target, tmp_path, monkeypatch, capsys, where):
+    from pathlib import Path
+
+    (tmp_path / "file").write_text("")
+    out = {"a file": tmp_path / "file", "under a file": tmp_path / "file" / "out",
+           "read-only": Path("/proc/bench-out")}[where]  # /proc: no one creates files there, root included
+    if where == "read-only" and not Path("/proc/self").is_dir():
+        pytest.skip("no /proc here")
+    code, err = bench_cli(monkeypatch, capsys, target, *two_questions(tmp_path), "--out", str(out))
+    assert code == 2 and err.count("\n") == 1 and err.startswith("error: --out")
+    assert ("cannot be a directory" if where != "read-only" else "is not writable") in err
