@@ -112,7 +112,8 @@ def check_batch_run(suite: str | list[BenchPrompt], methods: list[str], sizes: l
                     max_new_tokens: int = 128, budget: int | str = "auto", keep: str = "all",
                     sampling: SamplingParams | None = None, ray: str | None = None, shard: str | None = None,
                     synthetic_acceptance: float | None = None, registry: PluginRegistry | None = None,
-                    chunk: int | None = None) -> tuple[list[BenchPrompt], list[MethodSpec], list[PeerSpec]]:
+                    chunk: int | None = None, max_turns: int | None = None
+                    ) -> tuple[list[BenchPrompt], list[MethodSpec], list[PeerSpec]]:
     """Refuse every option a batch run cannot honour before a model is loaded; return its prompts (first
     turns only), methods and peers."""
     sampling = sampling or SamplingParams()
@@ -129,6 +130,10 @@ def check_batch_run(suite: str | list[BenchPrompt], methods: list[str], sizes: l
         if bad:
             raise ConfigurationError(f"{option} does not go with --batch {','.join(map(str, sizes))}: "
                                      f"{why[option]}")
+    if max_turns is not None and max_turns != 1:
+        raise ConfigurationError(f"--turns {max_turns} does not go with --batch {','.join(map(str, sizes))}: "
+                                 "a batch run decodes the first turn of every question only; drop --turns, "
+                                 "or run at --batch 1 to decode later turns")
     if chunk is not None and chunk < 1:
         raise ConfigurationError(f"--batch-chunk takes the prompts each method decodes before the next "
                                  f"method takes its turn, at least 1, got {chunk}; leave it out for 2 B")

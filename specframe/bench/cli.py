@@ -23,7 +23,8 @@ def bench_command(
                               "llama-cpp-python installed, llama.cpp's own llamacpp-generate and "
                               "llamacpp-pld(num_tokens=10)."),
     limit: Optional[int] = typer.Option(None, help="Questions per category (default: all)."),
-    turns: Optional[int] = typer.Option(None, help="Turns per question at most (default: all)."),
+    turns: Optional[int] = typer.Option(None, help="Turns per question at most (default: all). At --batch "
+                                        "> 1 only first turns are decoded: leave it out there."),
     shard: Optional[str] = typer.Option(None, help="I/N: only every N-th question from the I-th (0-based), "
                                         "e.g. 0/2 and 1/2 in two processes; merge their records.jsonl "
                                         "into one --out and rerun without --shard for the whole table."),
@@ -87,9 +88,9 @@ def bench_command(
         bench_batches(sizes, suite, _split(methods), out, model=model, device=device, dtype=dtype,
                       threads=threads, clock=clock, ray=ray, shard=shard, sampling=SamplingParams(
                           temperature=temperature, seed=seed), synthetic_acceptance=synthetic_acceptance,
-                      peers=peers, limit=limit, repeats=repeats, max_new_tokens=max_new_tokens,
-                      budget=budget, keep=keep, plots=plots, fresh=fresh, phase_timing=phase_timing,
-                      chunk=batch_chunk)
+                      max_turns=turns, peers=peers, limit=limit, repeats=repeats,
+                      max_new_tokens=max_new_tokens, budget=budget, keep=keep, plots=plots, fresh=fresh,
+                      phase_timing=phase_timing, chunk=batch_chunk)
         return
     if ray is not None:
         from specframe.bench.distributed import require_ray
@@ -125,7 +126,7 @@ def bench_command(
 
 def bench_batches(sizes: list[int], suite: str, methods: list[str], out: Path, *, model: str, device: str,
                   dtype: str, threads: int | None, clock: str, ray: str | None, shard: str | None, sampling,
-                  synthetic_acceptance: float | None, **options) -> None:
+                  synthetic_acceptance: float | None, max_turns: int | None = None, **options) -> None:
     """`specframe bench --batch B` (or a sweep): every option checked before the model loads, then
     `specframe.bench.batch.run_batch_benchmark`; exits 3 on a lossless mismatch."""
     from specframe.bench.batch import check_batch_run, run_batch_benchmark
@@ -138,7 +139,7 @@ def bench_batches(sizes: list[int], suite: str, methods: list[str], out: Path, *
     checked = {k: options[k] for k in ("peers", "limit", "repeats", "max_new_tokens", "budget", "keep",
                                        "chunk")}
     check_batch_run(suite, methods, sizes, sampling=sampling, ray=ray, shard=shard,
-                    synthetic_acceptance=synthetic_acceptance, **checked)
+                    synthetic_acceptance=synthetic_acceptance, max_turns=max_turns, **checked)
     target = load_target(model, device=device, dtype=dtype, recipes=model_recipes)
     run, _ = run_batch_benchmark(target, suite, methods, out, batches=sizes, **options)
     typer.echo((out / "batch_results.md").read_text("utf-8"))

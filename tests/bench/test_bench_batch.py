@@ -148,6 +148,9 @@ def test_batch_values_parse(text, sizes):
     (["--batch", "2", "--methods", "pld@4", "--peers", "none", "--shard", "0/2"], "--limit instead"),
     (["--batch", "2", "--methods", "pld@4", "--peers", "none", "--synthetic-acceptance", "0.5"],
      "run it at --batch 1"),
+    (["--batch", "2", "--methods", "pld@4", "--peers", "none", "--turns", "2"],
+     "--turns 2 does not go with --batch 2: a batch run decodes the first turn of every question only"),
+    (["--batch", "1,2", "--methods", "pld@4", "--peers", "none", "--turns", "0"], "--turns 0 does not go"),
 ])
 def test_bad_batch_options_are_refused_before_the_model_loads(monkeypatch, tmp_path, args, message):
     from typer.testing import CliRunner
@@ -253,6 +256,11 @@ def test_a_drafter_that_remembers_requests_keeps_its_memory_from_chunk_to_chunk_
     records.write_text("\n".join(first) + "\n")  # stopped after the first chunk
     resumed, _ = run_batch_benchmark(target, same, ["suffix@4"], tmp_path / "chunked", chunk=1, **kwargs)
     assert steps(resumed) == steps(chunked)
+
+
+def test_turns_1_goes_with_a_batch_run_it_is_what_the_run_decodes():
+    prompts, _, _ = bench_batch.check_batch_run(PROMPTS, ["pld@4"], [2], peers="none", max_turns=1)
+    assert [p.qid for p in prompts] == ["a", "b", "c"]
 
 
 def test_a_full_disk_ends_a_batch_run_with_one_error_line_and_keeps_its_records(tmp_path, monkeypatch,
