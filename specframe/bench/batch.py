@@ -240,6 +240,7 @@ def run_batches(target: Target, prompts: list[BenchPrompt], runners: list, sizes
         warm = encode_turn(tokenizer, warm_prompt, 0, [])
         for runner in runners:
             if runner.label in todo:
+                bar.set_postfix_str(f"warming up {runner.label}")
                 runner.generate_batch([warm, warm], min(WARMUP_TOKENS, max_new_tokens), 2)
     peer = next((r.label for r in runners if isinstance(r, GeneratePeerBatches)), None)
     run = BatchRun([], runners, prompts, sizes, peer,
@@ -252,6 +253,8 @@ def run_batches(target: Target, prompts: list[BenchPrompt], runners: list, sizes
                 runner.start_suite()
             record = store.get(runner.label, size, rep, qids)
             if record is None:
+                bar.set_postfix_str(f"{runner.label} at B = {size}, prompts {part[0] + 1}-{part[-1] + 1} of "
+                                    f"{len(prompts)}, repeat {rep + 1}/{repeats}")
                 tokens, metrics = runner.generate_batch([ids[i] for i in part], max_new_tokens, size)
                 record = {"method": runner.label, "batch": size, "repeat": rep, "chunk": number, "qids": qids,
                           "tokens": tokens, "metrics": metrics}

@@ -412,6 +412,7 @@ def run_bench(target: Target, prompts: list[BenchPrompt], runners: list, *, repe
             if runner.label in busy:
                 if isinstance(runner, SyntheticRunner):
                     runner.drafter.reference = []
+                bar.set_postfix_str(f"warming up {runner.label}")  # a first request may calibrate
                 runner.generate(ids, min(WARMUP_TOKENS, max_new_tokens))
     for index, prompt in enumerate(prompts):
         for rep in range(repeats):
@@ -431,6 +432,8 @@ def run_bench(target: Target, prompts: list[BenchPrompt], runners: list, *, repe
                             base = store.get(runner.baseline, prompt.qid, turn, rep)
                             runner.drafter.reference = base["tokens"]
                         seed = request_seed(runner, rep)
+                        bar.set_postfix_str(f"{runner.label} on {prompt.qid} turn {turn + 1}, repeat "
+                                            f"{rep + 1}/{repeats}")
                         tokens, metrics = runner.generate(ids, max_new_tokens, seed=seed)
                         record = {"method": runner.label, "qid": prompt.qid, "category": prompt.category,
                                   "turn": turn, "repeat": rep, "tokens": tokens, "metrics": metrics,

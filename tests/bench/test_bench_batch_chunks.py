@@ -151,3 +151,27 @@ def test_equal_ratios_on_every_chunk_leave_no_spread_and_one_chunk_gives_no_inte
     run = known_run()
     run.records = [r for r in run.records if r["chunk"] == 0]
     assert "one chunk per method and B (2 prompts per chunk at B = 2)" in markdown(summarize(run), run)
+
+
+def test_batch_progress_names_method_batch_prompts_and_repeat_on_a_terminal_only(target, tmp_path, capsys,
+                                                                                monkeypatch):
+    import io
+    import sys
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    def bench(out):
+        store = BatchStore(out, {"suite": "stub"})
+        run_batches(target, PROMPTS, runners([]), [2], repeats=1, max_new_tokens=4, store=store, chunk=4,
+                    warmup=False)
+
+    bench(tmp_path / "piped")
+    assert capsys.readouterr().err == ""
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    bench(tmp_path / "terminal")
+    shown = terminal.getvalue()
+    assert "bench --batch: 100%" in shown
+    assert "slow at B = 2, prompts 9-10 of 10, repeat 1/1" in shown

@@ -372,3 +372,25 @@ def test_an_out_that_cannot_be_written_is_one_error_line(target, tmp_path, monke
     code, err = bench_cli(monkeypatch, capsys, target, *two_questions(tmp_path), "--out", str(out))
     assert code == 2 and err.count("\n") == 1 and err.startswith("error: --out")
     assert ("cannot be a directory" if where != "read-only" else "is not writable") in err
+
+
+def test_progress_names_the_method_question_and_repeat_on_a_terminal_only(target, tmp_path, monkeypatch,
+                                                                          capsys):
+    import io
+    import sys
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    prompts = PROMPTS[1:]
+    run_benchmark(target, prompts, ["pld@4"], tmp_path / "piped", peers="none", repeats=2, max_new_tokens=4,
+                  plots=False)
+    assert capsys.readouterr().err == ""  # a pipe gets no progress at all
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    run_benchmark(target, prompts, ["pld@4"], tmp_path / "terminal", peers="none", repeats=2,
+                  max_new_tokens=4, plots=False)
+    shown = terminal.getvalue()
+    assert "warming up pld@4" in shown and "bench: 100%" in shown
+    assert "pld@4 on code-1 turn 1, repeat 2/2" in shown and "baseline on code-1 turn 1, repeat 1/2" in shown
