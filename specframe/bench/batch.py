@@ -243,8 +243,9 @@ def run_batches(target: Target, prompts: list[BenchPrompt], runners: list, sizes
                 bar.set_postfix_str(f"warming up {runner.label}")
                 runner.generate_batch([warm, warm], min(WARMUP_TOKENS, max_new_tokens), 2)
     peer = next((r.label for r in runners if isinstance(r, GeneratePeerBatches)), None)
+    # the prompts a chunk really holds: no more than the suite has
     run = BatchRun([], runners, prompts, sizes, peer,
-                   chunks={size: chunk_size(size, chunk) for size in sizes})
+                   chunks={size: min(chunk_size(size, chunk), len(prompts)) for size in sizes})
     for shift, (size, rep, number, qids, part) in enumerate(plan):
         done: dict[str, dict] = {}
         for runner in rotation(runners, shift):

@@ -48,7 +48,7 @@ class BatchRun:
     sizes: list[int]
     peer: str | None = None  # the label of transformers' batched generate, when it ran
     mismatches: list[tuple[int, Mismatch]] = field(default_factory=list)  # (B, the first differing row)
-    chunks: dict[int, int] = field(default_factory=dict)  # prompts per chunk, by B
+    chunks: dict[int, int] = field(default_factory=dict)  # prompts per chunk (the last may hold fewer), by B
 
 
 def kept(records: dict[int, dict], keep: str) -> dict:
@@ -210,21 +210,38 @@ def half_width(interval: list[float] | None) -> float | None:
     return (interval[1] - interval[0]) / (interval[1] + interval[0]) if interval else None
 
 
-def noise_line(table: dict[int, dict[str, dict]], chunks: dict[int, int]) -> str:
-    """The widest interval of a speedup over plain batched and over hf-generate, as ± % of the speedup."""
-    widths = {key: [w for rows in table.values() for s in rows.values()
-                    if (w := half_width(s.get(f"{key}_interval"))) is not None]
-              for key in ("speedup_plain", "speedup_hf")}
-    sizes = ", ".join(f"{n} prompts per chunk at B = {b}" for b, n in chunks.items())
-    if not widths["speedup_plain"] and not widths["speedup_hf"]:
-        return (f"*Noise*: one chunk per method and B ({sizes}), so no interval was "
-                "measured; read differences under about 5 % as noise.")
+def chunking(prompts: int, chunks: dict[int, int]) -> str:
+    """How the suite's `prompts` were cut at each B (`chunks`: prompts per chunk), in words."""
+    def cut(per: int) -> str:
+        count, last = math.ceil(prompts / per), prompts % per
+        if count == 1:
+            return f"one chunk of {prompts} prompt(s)"
+        return f"{count} chunks of {per} prompts" + (f", the last of {last}" if last else "")
+
+    return "; ".join(f"{cut(n)} at B = {b}" for b, n in chunks.items())
+
+
+def noise_line(table: dict[int, dict[str, dict]], run: BatchRun) -> str:
+    """The noise this run measured: the widest bootstrap interval (`ratio_interval`) of a speedup over
+    plain batched and over hf-generate, as ± % of the speedup; without one (one chunk, one repeat kept),
+    that none was measured and how to measure it."""
+    sizes = chunking(len(run.prompts), run.chunks)
     names = {"speedup_plain": "over plain batched", "speedup_hf": "over hf-generate"}
-    parts = [f"±{100 * max(w):.1f} % {names[key]}" for key, w in widths.items() if w]
-    return (f"*Noise*: the methods take turns chunk by chunk ({sizes}); [lo, hi] is a "
-            f"speedup's 95 % bootstrap interval over its chunks (drawn with replacement, paired with the "
-            f"other method's seconds on the same chunk), at widest {' and '.join(parts)}: read differences "
-            "inside it as noise.")
+    # a speedup of a runner over itself measures nothing: a baseline's over plain, hf-generate's over itself
+    rows = {"speedup_plain": [s for stats in table.values() for s in stats.values() if s["baseline"]],
+            "speedup_hf": [s for stats in table.values() for label, s in stats.items() if label != run.peer]}
+    widths = {key: [w for s in rows[key] if (w := half_width(s.get(f"{key}_interval"))) is not None]
+              for key in names}
+    if any(widths.values()):
+        parts = [f"±{100 * max(w):.1f} % {names[key]}" for key, w in widths.items() if w]
+        return (f"*Noise*: the methods take turns chunk by chunk ({sizes}); [lo, hi] is a "
+                f"speedup's 95 % bootstrap interval over its timed chunks, those of every repeat kept (drawn "
+                f"with replacement, paired with the other method's seconds on the same chunk), at widest "
+                f"{' and '.join(parts)}: read differences inside it as noise.")
+    return (f"*Noise*: not measured: {sizes}, and one repeat kept per method and B, so no speedup has an "
+            "interval, and this table cannot tell a small difference from the machine's noise. "
+            "To measure it, decode at least two chunks (more questions with --limit, or a smaller "
+            "--batch-chunk) or pass --repeats 2 or more.")
 
 
 def outputs_cell(stats: dict, lossless: bool) -> str:
@@ -259,7 +276,7 @@ def markdown(table: dict[int, dict[str, dict]], run: BatchRun, header: str = "")
               "*draft / forward ms/step*: per batched step, the drafting of all its rows summed and the one "
               "forward that scores them (hf-generate: not split); *x plain batched*: throughput over plain "
               "decoding through the same backend at the same B; *x hf-generate*: over transformers' own "
-              "batched generate, B left-padded prompts per call.", "", noise_line(table, run.chunks), ""]
+              "batched generate, B left-padded prompts per call.", "", noise_line(table, run), ""]
     if len(table) > 1:
         lines += sweep_table(table)
     if run.mismatches:

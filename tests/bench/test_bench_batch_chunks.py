@@ -150,7 +150,37 @@ def test_equal_ratios_on_every_chunk_leave_no_spread_and_one_chunk_gives_no_inte
     assert ratio_interval(merged((10, 1.0)), merged((10, 2.0))) is None
     run = known_run()
     run.records = [r for r in run.records if r["chunk"] == 0]
-    assert "one chunk per method and B (2 prompts per chunk at B = 2)" in markdown(summarize(run), run)
+    run.prompts = PROMPTS[:2]
+    text = markdown(summarize(run), run)
+    assert "*Noise*: not measured: one chunk of 2 prompt(s) at B = 2, and one repeat kept" in text
+    assert "about 5 %" not in text  # no fixed rule of thumb stands in for a measurement
+
+
+def test_the_noise_line_states_the_chunks_the_run_really_cut(target, tmp_path):
+    """Four prompts at B = 4 make one chunk of four, not the default chunk's eight; with two repeats the
+    noise given is the interval over the chunk's two timings."""
+    calls: list = []
+    store = BatchStore(tmp_path, {"suite": "stub"})
+
+    def seconds(label, n):  # plain: 4 s then 5 s; fast: 2 s each time
+        return 2.0 if label == "fast" else 4.0 + sum(c[0] == "baseline" for c in calls) - 1
+
+    stubs = [StubRunner("baseline", None, calls, seconds), StubRunner("fast", "baseline", calls, seconds)]
+    result = run_batches(target, PROMPTS[:4], stubs, [4], repeats=2, max_new_tokens=4, store=store,
+                         warmup=False, progress=False)
+    assert result.chunks == {4: 4}
+    text = markdown(summarize(result), result)
+    assert "chunk by chunk (one chunk of 4 prompt(s) at B = 4)" in text
+    assert "at widest ±11.1 % over plain batched" in text  # speedups 2.0 and 2.5: 0.5 / 4.5
+    assert "8 prompts" not in text and "about 5 %" not in text
+
+
+def test_chunks_are_counted_as_cut():
+    from specframe.bench.batch_report import chunking
+
+    assert chunking(10, {2: 4, 4: 8, 16: 10}) == (
+        "3 chunks of 4 prompts, the last of 2 at B = 2; 2 chunks of 8 prompts, the last of 2 at B = 4; "
+        "one chunk of 10 prompt(s) at B = 16")
 
 
 def test_batch_progress_names_method_batch_prompts_and_repeat_on_a_terminal_only(target, tmp_path, capsys,
