@@ -155,24 +155,34 @@ def _fmt(stat: dict, digits: int = 2) -> str:
     return f"{mean} ± {stat['std']:.{digits}f}" if stat["std"] else mean
 
 
+TABLE_NOTE = (
+    "*speedup over*: the plain decoding each row is timed against, on the same turns and repeats: "
+    "`baseline` through the default backend, `baseline[NAME]` through the backend NAME (a method is timed "
+    "against plain decoding through its own backend; llama.cpp's own decoding against `baseline[llamacpp]` "
+    "where a method uses that backend); *speedup*: the row's tokens/s over that baseline's, mean over "
+    "turns; *tau*: tokens emitted per verification step, the target's bonus token included (new tokens "
+    "over all steps, plain steps too); *alpha*: accepted over drafted tokens.")
+
+
 def markdown(table: dict, run: BenchRun, header: str = "") -> str:
     """One markdown table per category (overall first), then the mismatch list."""
     lossless = {r.label: (r.baseline is None or r.lossless) for r in run.runners}
+    baseline = {r.label: r.baseline for r in run.runners}
     lines = [header] if header else []
     for category, rows in table.items():
         lines += [f"### {category}", "",
-                  "| method | speedup | speedup excl. prefill | tau | alpha | tokens/s "
+                  "| method | speedup over | speedup | speedup excl. prefill | tau | alpha | tokens/s "
                   "| tokens/s excl. prefill | identical to baseline |",
-                  "|---|---|---|---|---|---|---|---|"]
+                  "|---|---|---|---|---|---|---|---|---|"]
         for label, s in rows.items():
             ident = ("n/a" if not lossless[label] else "not checked (sampled)" if not run.identity_checked
                      else f"MISMATCH x{s['mismatches']}" if s["mismatches"] else "yes")
             alpha = "-" if s["alpha"] is None else f"{s['alpha']:.2f}"
             tau = "-" if s["tau"] is None else f"{s['tau']:.2f}"
-            lines.append(f"| {label} | {_fmt(s['speedup'])} | {_fmt(s['speedup_excl_prefill'])} | {tau} | "
-                         f"{alpha} | {_fmt(s['tokens_per_s'], 1)} | {_fmt(s['decode_tokens_per_s'], 1)} "
-                         f"| {ident} |")
-        lines.append("")
+            lines.append(f"| {label} | {baseline[label] or '-'} | {_fmt(s['speedup'])} "
+                         f"| {_fmt(s['speedup_excl_prefill'])} | {tau} | {alpha} "
+                         f"| {_fmt(s['tokens_per_s'], 1)} | {_fmt(s['decode_tokens_per_s'], 1)} | {ident} |")
+        lines += ["", TABLE_NOTE, ""]
         lines += adaptive_table(rows)
     if run.mismatches:
         lines += ["### Lossless mismatches", ""] + [f"- {m.describe()}" for m in run.mismatches] + [""]
@@ -196,8 +206,11 @@ def adaptive_table(rows: dict) -> list[str]:
                      f"| {num(s['predicted_step_ms'], 1)} / {num(s['realised_step_ms'], 1)} "
                      f"| {s['drafting_skipped']} | {memory(s.get('drafter_stats'))} |")
     caption = ("*mean tree*: draft nodes scored per step; *predicted / realised* (budget `auto` only): the "
-               "planner's expected tokens per step and step time against what those steps emitted and took; "
-               "*drafting skipped*: steps the planner did not draft because drafting did not pay.")
+               "planner's expected tokens per step and step time against what those steps emitted and took, "
+               "over the steps it predicted (those that scored a draft tree), so realised tokens/step is "
+               "not tau: it counts accepted + bonus tokens before the cut at EOS or the token limit, and "
+               "leaves out the plain steps that tau includes; *drafting skipped*: steps the planner did not "
+               "draft because drafting did not pay.")
     return lines + ["", caption, ""] if len(lines) > 2 else []
 
 

@@ -394,3 +394,15 @@ def test_progress_names_the_method_question_and_repeat_on_a_terminal_only(target
     shown = terminal.getvalue()
     assert "warming up pld@4" in shown and "bench: 100%" in shown
     assert "pld@4 on code-1 turn 1, repeat 2/2" in shown and "baseline on code-1 turn 1, repeat 1/2" in shown
+
+
+def test_every_speedup_names_its_baseline_and_tau_is_told_from_realised_tokens_per_step(target, tmp_path):
+    run, _ = run_benchmark(target, PROMPTS[1:], ["pld@4", "pld"], tmp_path, peers="hf-generate", repeats=1,
+                           max_new_tokens=4, plots=False, progress=False)
+    text = (tmp_path / "results.md").read_text()
+    assert "| method | speedup over | speedup |" in text
+    for label, baseline in (("baseline", "-"), ("pld@4", "baseline"), ("hf-generate", "baseline")):
+        assert f"| {label} | {baseline} |" in text
+    assert "*speedup over*: the plain decoding each row is timed against" in text
+    assert "*tau*: tokens emitted per verification step, the target's bonus token included" in text
+    assert "realised tokens/step is not tau" in text  # the `auto` table of pld
