@@ -29,7 +29,9 @@ ROOT = Path(__file__).resolve().parents[1]
 PLAN = ROOT / "benchmarks" / "plan.toml"
 RECORDS = ROOT / "results" / "records"
 BATCH_RESULTS = "batch_results.json"  # what `specframe bench --batch` writes once its sweep is complete
-PACKAGES = ("specframe", "torch", "transformers")
+PACKAGES = ("specframe", "torch", "transformers")  # always recorded
+# recorded where installed: the libraries that some runs' methods and peers decode with
+OPTIONAL_PACKAGES = ("arctic-inference", "llama_cpp_python", "triton")
 
 
 # ---------------------------------------------------------------- running
@@ -48,6 +50,11 @@ def machine() -> dict:
         pass
     versions = {"python": platform.python_version()}
     versions.update({p: importlib.metadata.version(p) for p in PACKAGES})
+    for package in OPTIONAL_PACKAGES:
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            pass
     return {"machine": f"{cpu}, {os.cpu_count()} cores" + (f", {gpu}" if gpu else ""), "versions": versions}
 
 
@@ -65,9 +72,13 @@ def run_plan(plan: dict, records: Path, only: list[str] | None) -> None:
         if run.get("gpu") and not torch.cuda.is_available():
             print("    skipped: needs a CUDA GPU", flush=True)
             continue
-        command = ["specframe", "bench", *run["args"], "--out", str(out)]
+        # from the repository root with a relative --out where it can, so that the command the records
+        # keep (and the pages show) runs on any checkout
+        where = out.resolve()
+        shown = where.relative_to(ROOT).as_posix() if where.is_relative_to(ROOT) else str(where)
+        command = ["specframe", "bench", *run["args"], "--out", shown]
         print("    " + shlex.join(command), flush=True)
-        subprocess.run(command, check=True, stdout=subprocess.DEVNULL)  # its progress bar goes to stderr
+        subprocess.run(command, check=True, stdout=subprocess.DEVNULL, cwd=ROOT)  # progress goes to stderr
         (out / "machine.json").write_text(json.dumps(machine(), indent=1), "utf-8")
 
 
@@ -85,7 +96,8 @@ def load_run(folder: Path) -> dict | None:
     about = folder / "machine.json"
     extra = json.loads(about.read_text("utf-8")) if about.exists() else {}
     if (folder / "results.json").exists():
-        return {**json.loads((folder / "results.json").read_text("utf-8")), "machine": extra}
+        return {**json.loads((folder / "results.json").read_text("utf-8")), "machine": extra,
+                "name": folder.name}
     if not (folder / "records.jsonl").exists():
         return None
     lines = (folder / "records.jsonl").read_text("utf-8").splitlines()
@@ -114,7 +126,7 @@ def load_run(folder: Path) -> dict | None:
     methods = [{"label": label, "baseline": baseline_of(label), "lossless": not llama_peer(label)}
                for label in labels]
     return {"settings": settings, "methods": methods, "categories": {"overall": table}, "records": records,
-            "mismatches": None, "machine": extra}
+            "mismatches": None, "machine": extra, "name": folder.name}
 
 
 def load_batch_run(folder: Path) -> dict | None:
@@ -124,7 +136,8 @@ def load_batch_run(folder: Path) -> dict | None:
         return None
     about = folder / "machine.json"
     run = json.loads((folder / BATCH_RESULTS).read_text("utf-8"))
-    return {**run, "machine": json.loads(about.read_text("utf-8")) if about.exists() else {}}
+    return {**run, "machine": json.loads(about.read_text("utf-8")) if about.exists() else {},
+            "name": folder.name}
 
 
 def overall(run: dict) -> dict:
@@ -198,7 +211,8 @@ def provenance(run: dict, setting: str | None = None) -> list[str]:
     """The lines under a table: machine and versions, settings (`setting`, else a one-request run's),
     command."""
     s, extra = run["settings"], run.get("machine", {})
-    versions = ", ".join(f"{k} {v}" for k, v in extra.get("versions", {}).items()) or "versions not recorded"
+    versions = (", ".join(f"{k} {v}" for k, v in extra.get("versions", {}).items())
+                or "package versions not recorded with these records")
     timing = ("fastest of the repeats" if s.get("keep") == "fastest"
               else "one timed run per turn" if s.get("repeats") == 1 else "mean over repeats")
     setting = setting or (
@@ -206,9 +220,26 @@ def provenance(run: dict, setting: str | None = None) -> list[str]:
         f"{s.get('max_new_tokens')} new tokens, {s.get('dtype') or 'float32'}, "
         f"{s.get('device') or 'cpu'}, {s.get('threads')} thread(s), {s.get('clock') or 'wall'} clock, "
         f"{timing}")
-    command = s.get("command") or extra.get("command") or "not recorded with these records"
+    command = s.get("command") or extra.get("command")
+    command = portable_command(command, run.get("name")) if command else "not recorded with these records"
     return [f"Machine: {extra.get('machine', 'not recorded with these records')}; {versions}.  ",
             f"Settings: {setting}.  ", f"Command: `{command}`"]
+
+
+def portable_command(command: str, name: str | None) -> str:
+    """`command` as a reader runs it from the repository root: its `--out`, which bench records as given
+    (the measuring machine's absolute path, or an older run's own folder), becomes the run's folder under
+    `results/records`, where `make results` keeps it."""
+    try:
+        words = shlex.split(command)
+    except ValueError:  # not a shell line: shown as recorded
+        return command
+    if not name:
+        return command
+    folder = f"{RECORDS.relative_to(ROOT).as_posix()}/{name}"
+    changed = [f"--out={folder}" if w.startswith("--out=") else folder if i and words[i - 1] == "--out" else w
+               for i, w in enumerate(words)]
+    return command if changed == words else shlex.join(changed)
 
 
 def noise_line(run: dict, control: str | None) -> str:

@@ -250,3 +250,42 @@ def test_a_finished_batch_sweep_is_not_measured_again(batch_records, capsys):
     plan = {"runs": {"batch-code-cpu": {"about": "a sweep", "gpu": False, "args": ["--batch", "1,4"]}}}
     results.run_plan(plan, batch_records, None)  # would run `specframe bench` if it were not complete
     assert "complete in" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("recorded", ["--out /home/someone/specframe/results/records/code-cpu",
+                                      "--out results/an-older-run/humaneval", "--out=/work/checkout/results/he"])
+def test_a_page_shows_the_command_with_the_records_folder_relative_to_the_repository(records, recorded):
+    """bench keeps its command as typed: an absolute --out names the measuring machine's folders, and an
+    older run's folder is not where `make results` keeps the run."""
+    settings = records / "code-cpu" / "settings.json"
+    command = f"specframe bench --suite humaneval {recorded} --peers 'a,b(c=1)'"
+    settings.write_text(json.dumps({**json.loads(settings.read_text()), "command": command}))
+    spec = {"name": "t", "page": "p.md", "kind": "speed", "runs": ["code-cpu"]}
+    command = next(line for line in results.render_table(spec, records) if line.startswith("Command:"))
+    assert command == ("Command: `specframe bench --suite humaneval "
+                       + ("--out=" if "--out=" in recorded else "--out ")
+                       + "results/records/code-cpu --peers 'a,b(c=1)'`")
+
+
+def test_a_run_without_package_versions_says_so_and_the_machine_record_has_them(records):
+    spec = {"name": "t", "page": "p.md", "kind": "speed", "runs": ["code-cpu"]}
+    text = "\n".join(results.render_table(spec, records))
+    assert "package versions not recorded with these records" in text
+    versions = results.machine()["versions"]
+    assert {"python", "specframe", "torch", "transformers"} <= set(versions)
+
+
+def test_a_run_is_measured_from_the_repository_root_with_a_relative_out(tmp_path, monkeypatch):
+    seen = {}
+
+    def run(command, **kwargs):
+        seen.update(command=command, cwd=kwargs.get("cwd"))
+        (records / "code-cpu").mkdir(parents=True)
+
+    monkeypatch.setattr(results, "ROOT", tmp_path)
+    monkeypatch.setattr(results.subprocess, "run", run)
+    monkeypatch.setattr(results, "machine", lambda: {})
+    records = tmp_path / "results" / "records"
+    plan = {"runs": {"code-cpu": {"about": "a run", "gpu": False, "args": ["--limit", "1"]}}}
+    results.run_plan(plan, records, None)
+    assert seen["command"][-2:] == ["--out", "results/records/code-cpu"] and seen["cwd"] == tmp_path
