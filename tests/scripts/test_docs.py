@@ -88,12 +88,21 @@ def test_nav_lists_every_page_and_every_page_exists():
     assert pages <= nav, f"pages missing from the nav: {sorted(pages - nav)}"
 
 
+def mkdocs_config() -> dict:
+    """mkdocs.yml as plain YAML, its tags (`!ENV ...`) read as None."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_multi_constructor("!", lambda loader, suffix, node: None)
+    return yaml.load((ROOT / "mkdocs.yml").read_text(), Loader=Loader)
+
+
 def test_strict_build_refuses_dead_links():
     """`validation` raises every link check to a warning, which `strict: true` turns into a failure:
     mkdocs' defaults leave a dead link at INFO, which even a strict build lets through."""
-    import yaml
-
-    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
+    config = mkdocs_config()
     assert config["strict"] is True
     checks = config["validation"]
     for key in ("omitted_files", "absolute_links", "unrecognized_links", "anchors"):
@@ -318,8 +327,90 @@ def test_mkdocs_build_strict(tmp_path):
                          cwd=ROOT, capture_output=True, text=True, timeout=600,
                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    # MathJax and fonts are served with the site: offline, the math still renders
+    assert (site / "javascripts" / "mathjax" / "tex-mml-chtml.js").is_file()
+    assert list((site / "javascripts" / "mathjax" / "output" / "chtml" / "fonts").rglob("*.woff"))
+    external = [f"{page.relative_to(site)}: {host}" for page in site.rglob("*.html")
+                for host in ("cdn.jsdelivr", "fonts.googleapis", "fonts.gstatic", "unpkg.com", "cdnjs")
+                if host in page.read_text()]
+    assert not external, f"the site loads from elsewhere: {external[:5]}"
     hooks_html = (site / "reference" / "hooks" / "index.html").read_text()
     for name in hook_functions():
         assert f'id="specframe.contract.hookspecs.{name}"' in hooks_html, f"hook {name} not rendered"
     cli_html = (site / "reference" / "cli" / "index.html").read_text()
     assert "specframe generate" in cli_html and "--max-new-tokens" in cli_html
+
+
+def test_the_drafter_tutorial_installs_the_package_before_its_tests_import_it():
+    text = (DOCS / "tutorials" / "first-drafter-plugin.md").read_text()
+    assert text.index("pip install -e .") < text.index("# tests/test_drafter.py"), \
+        "the tutorial's tests import my_plugin, so `pip install -e .` must come first"
+
+
+def test_the_verifier_tutorial_keeps_the_drafter_hook_and_shows_the_law_check():
+    text = (DOCS / "tutorials" / "write-a-verifier.md").read_text()
+    init = next(b for b in re.findall(r"```python\n(.*?)```", text, flags=re.S)
+                if b.startswith("# src/my_plugin/__init__.py"))
+    assert "def register_drafters" in init and "def register_verifiers" in init, \
+        "copied whole, the verifier tutorial's __init__.py must keep the drafter tutorial's hook"
+    assert re.search(r"check_verifier_law\(.*, runs=\d", text) and "AssertionError" in text
+
+
+# an absolute path of the machine that measured (or a run's own folder) in a page's command
+MACHINE_PATH = re.compile(r"(?<![\w.])/(?:work|root|home|Users|tmp)/|\bresults/s\d{2,3}\b")
+
+
+@pytest.mark.parametrize("page", sorted(str(p.relative_to(DOCS)) for p in (DOCS / "results").glob("*.md")))
+def test_result_pages_show_repository_relative_commands(page):
+    text = (DOCS / page).read_text()
+    found = [line for line in text.splitlines() if MACHINE_PATH.search(line)]
+    assert not found, f"docs/{page} names the measuring machine's folders:\n" + "\n".join(found)
+    outs = re.findall(r"--out[ =](\S+?)[`\s]", text)
+    assert all(out.startswith("results/records/") for out in outs), outs
+
+
+def first_screen(path: Path) -> str:
+    """What a reader sees before scrolling: the page's text up to its first table or second heading."""
+    text = path.read_text()
+    text = text.split("\n---\n", 1)[-1] if text.startswith("---\n") else text  # after any front matter
+    ends = [i for i in (text.find("\n| "), text.find("\n## ")) if i > 0]
+    return text[:min(ends)] if ends else text
+
+
+def test_pages_give_a_negative_answer_on_their_first_screen():
+    assert "does not pay" in first_screen(DOCS / "results" / "speed-llamacpp.md")
+    assert "loses at B = 16" in first_screen(DOCS / "results" / "speed-batch.md")
+    assert "does not make llama.cpp faster" in first_screen(DOCS / "how-to" / "llama-cpp.md")
+    index = (DOCS / "results" / "index.md").read_text()
+    screen = index[:index.index("Regenerate:")]
+    assert "(speed-llamacpp.md)" in screen and "(speed-batch.md)" in screen
+    assert "(results/index.md)" in first_screen(DOCS / "index.md")
+
+
+def test_the_readme_layout_names_the_core_as_it_is():
+    lines = (ROOT / "README.md").read_text().splitlines()
+    row = next(line for line in lines if line.startswith("| `specframe/`"))
+    packages = sorted(p.name for p in (ROOT / "specframe").iterdir() if (p / "__init__.py").is_file())
+    missing = [p for p in packages if f"`{p}/`" not in row]
+    assert not missing, f"README's layout does not name specframe/{missing}"
+    stale = [name for name in re.findall(r"`([\w/]+\.py)`", row)
+             if not list((ROOT / "specframe").rglob(name))]
+    assert not stale, f"README's layout names files that are gone: {stale}"
+
+
+def test_the_site_takes_its_repository_link_from_the_environment(monkeypatch):
+    from mkdocs.config import load_config
+
+    monkeypatch.delenv("SPECFRAME_REPO_URL", raising=False)
+    assert not load_config(str(ROOT / "mkdocs.yml"))["repo_url"]
+    monkeypatch.setenv("SPECFRAME_REPO_URL", "https://example.org/specframe")
+    assert load_config(str(ROOT / "mkdocs.yml"))["repo_url"] == "https://example.org/specframe"
+
+
+def test_result_tables_keep_method_names_whole_and_the_site_loads_nothing_from_elsewhere():
+    config = mkdocs_config()
+    assert "stylesheets/extra.css" in config["extra_css"]
+    css = (DOCS / "stylesheets" / "extra.css").read_text()
+    assert re.search(r"table:not\(\[class\]\) td code \{[^}]*white-space: nowrap", css)
+    assert not any("://" in script for script in config["extra_javascript"]), "served with the site"
+    assert config["theme"]["font"] is False
