@@ -26,11 +26,14 @@ $(VENV)/.installed: pyproject.toml
 
 setup: $(VENV)/.installed
 
-# A class whose next methods repeat the names above them: something for the suffix drafter to copy.
-DEMO_PROMPT := class Vector:\n    def __init__(self, x, y):\n        self.x = x\n        self.y = y\n\n    def __add__(self, other):\n        return Vector(self.x + other.x, self.y + other.y)\n\n    def __sub__(self, other):\n
+# The demo, word for word as the README's "Use" section quotes it (tests/scripts/test_demo.py checks that
+# they agree). Its prompt, a class whose next methods repeat the names above them (something for the suffix
+# drafter to copy), is a file, so the command reads the same in a shell and here; `$(cat ...)` drops the
+# file's last newline. One thread timed by CPU time: other processes on a busy machine do not sway it.
+DEMO := specframe generate "$$(cat examples/demo-prompt.txt)" --drafter suffix --tree trie --max-new-tokens 128 --threads 1 --clock cpu --compare
 
 demo: setup
-	$(VENV)/bin/specframe generate "$$(printf '$(DEMO_PROMPT)')" --drafter suffix --tree trie --max-new-tokens 96 --compare
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(DEMO)
 
 # Tests run in TEST_WORKERS pytest-xdist processes of one torch thread each: the models tested are small, so a
 # second thread in one process gains little, while a second process nearly halves the wall time on 2 cores.
