@@ -31,7 +31,7 @@ class LlamaCppBackend(StateBackend):
     # One llama.cpp context holds one sequence's cache, which copies of the backend would share: the default
     # `batch()` refuses it. (llama.cpp can hold several sequences in one context; this backend uses one.)
     capabilities = BackendCapabilities(supports_trees=True, provides_hidden_states=False,
-                                       fresh_state_per_copy=False)
+                                       fresh_state_per_copy=False, runs_target_model=False)
 
     def __init__(self, target, *, want_hidden: bool = False, context: int | None = None,
                  max_leaves: int = DEFAULT_LEAVES, ubatch: int = DEFAULT_UBATCH, min_rows: int | None = None):

@@ -1,11 +1,17 @@
-"""`specframe generate --compare`: the pipeline against transformers' own `generate`, timed alike.
+"""`specframe generate --compare`: the pipeline against a baseline's plain decoding, timed alike.
+
+The baseline is transformers' own `generate` on the target's model, or, for a backend that runs other
+weights or kernels than the target's torch model (`BackendCapabilities.runs_target_model` False: llama.cpp
+on the GGUF's quantized weights), plain decoding (drafter `none`) through that backend, so that both sides
+compute with the same weights and greedy outputs can be compared token for token.
 
 Both sides first decode the bench's warm-up prompt, untimed (a process's first forwards set up kernels and
 memory). Then each side runs `repeats` times, alternating which goes first, so that a slow drift of the
 machine (another process, the CPU's clock) hits both; every repeat of the pipeline uses a fresh decoder,
 so a drafter that remembers earlier requests (`suffix`) cannot copy an earlier repeat's answer and every
 repeat decodes alike. The report gives each side's median tokens/s and range, the median of the per-repeat
-speedups and their range, and the baseline's own spread as the noise of the measurement.
+speedups and their range, and the baseline's own spread as the noise of the measurement. On a terminal a
+progress bar counts the runs (stderr only; nothing where stderr is a pipe or a file).
 
 transformers runs on the same model object, set up as specframe sets it up, and reads the prompt as
 specframe does where the model allows (`specframe.bench.peers.prompt_cache`): all but the last token in one
@@ -19,36 +25,82 @@ from __future__ import annotations
 
 import statistics
 
+from specframe.support.progress import bar
+from specframe.terms.kinds import PLAIN_DRAFTER
 from specframe.terms.metrics import clock_name
 
 BASELINE = "transformers.generate"
 
 
-def compare_with_transformers(target, make_decoder, ids: list[int], warmup_ids: list[int],
-                              max_new_tokens: int, stop, sampling, repeats: int) -> dict:
-    """Time the decoders `make_decoder` builds against `model.generate` with the same settings, in this
-    process, `repeats` runs each after a warm-up on `warmup_ids` (see the module docstring). Returns the
+class PlainRunner:
+    """Plain decoding through the pipeline's backend as a baseline, run as a peer is: `generate` returns
+    (new tokens, `DecodeMetrics.to_dict()`). One decoder serves every run: plain decoding keeps nothing from
+    one request to the next."""
+
+    def __init__(self, decoder, stop):
+        self.decoder, self.stop = decoder, stop
+
+    def generate(self, ids: list[int], max_new_tokens: int) -> tuple[list[int], dict]:
+        result = self.decoder.generate(ids, max_new_tokens=max_new_tokens, stop=self.stop)
+        return result.tokens, result.metrics.to_dict()
+
+
+def plain_decoder(target, backend: str, sampling, phase_timing: bool = True):
+    """A decoder of plain decoding (drafter `none`, `specframe.bench.methods.baseline_spec`) through the
+    backend spec `backend`, sampling as `sampling` says."""
+    from specframe.bench.methods import baseline_spec
+    from specframe.decode.loop import SpeculativeDecoder
+    from specframe.plugging.registry import ComponentSpec
+
+    spec = baseline_spec(ComponentSpec.parse(backend), greedy=sampling.greedy)
+    return SpeculativeDecoder.from_names(target, *spec.components, budget=spec.budget, sampling=sampling,
+                                         phase_timing=phase_timing)
+
+
+def choose_baseline(target, backend, make_plain, stop, sampling) -> tuple[str, object, str | None]:
+    """(label, runner, note) of the baseline for a pipeline on `backend` (its class or an instance):
+    transformers' `generate` where the backend runs the target's own model; plain decoding through the
+    backend (`make_plain()`, a decoder with drafter `none`) where it does not, with a note saying why."""
+    if backend.capabilities.runs_target_model:
+        from specframe.bench.peers import PeerRunner, PeerSpec
+
+        runner = PeerRunner(target, PeerSpec("hf-generate", "hf-generate"), sampling, split_prompt=True)
+        return BASELINE, runner, None
+    label = f"plain {backend.name} (drafter {PLAIN_DRAFTER})"
+    note = (f"the baseline is plain decoding through '{backend.name}', on the weights and kernels the "
+            "pipeline runs: transformers' generate would run another model (the one specframe converted for "
+            "its tokenizer and drafters), so its speed and text would not compare")
+    return label, PlainRunner(make_plain(), stop), note
+
+
+def compare_with_baseline(target, make_decoder, baseline: tuple[str, object, str | None], ids: list[int],
+                          warmup_ids: list[int], max_new_tokens: int, stop, sampling, repeats: int,
+                          drafter: str = "") -> dict:
+    """Time the decoders `make_decoder` builds against `baseline` (`choose_baseline`'s label, runner and
+    note) with the same settings, in this process, `repeats` runs each after a warm-up on `warmup_ids`
+    (see the module docstring); `drafter` is the pipeline's drafter spec, for the notes. Returns the
     report's comparison fields and, under `result`, the pipeline's run of median speed (the text and
     metrics reported)."""
     import torch
 
-    from specframe.bench.peers import PeerRunner, PeerSpec
-
-    baseline = PeerRunner(target, PeerSpec("hf-generate", "hf-generate"), sampling, split_prompt=True)
-    warm_up(make_decoder(), baseline, warmup_ids)
-    ours, theirs = [], []
-    for repeat in range(repeats):
-        decoder = make_decoder()
-        for side in ("ours", "theirs") if repeat % 2 == 0 else ("theirs", "ours"):
-            if side == "ours":
-                ours.append(decoder.generate(ids, max_new_tokens=max_new_tokens, stop=stop))
-            else:
-                theirs.append(baseline.generate(ids, max_new_tokens))
+    label, runner, baseline_note = baseline
+    with bar(total=2 * repeats + 2, desc="--compare", unit="run", leave=False) as runs:
+        warm_up(make_decoder(), runner, warmup_ids)
+        runs.update(2)
+        ours, theirs = [], []
+        for repeat in range(repeats):
+            decoder = make_decoder()
+            for side in ("ours", "theirs") if repeat % 2 == 0 else ("theirs", "ours"):
+                if side == "ours":
+                    ours.append(decoder.generate(ids, max_new_tokens=max_new_tokens, stop=stop))
+                else:
+                    theirs.append(runner.generate(ids, max_new_tokens))
+                runs.update()
     speed = [r.metrics.tokens_per_s for r in ours]
     base_speed = [metrics["tokens_per_s"] for _, metrics in theirs]
     speedups = [a / b if b else float("nan") for a, b in zip(speed, base_speed)]
     result = ours[speed.index(statistics.median_low(speed))]
-    report = {"result": result, "baseline": BASELINE, "repeats": repeats, "clock": clock_name(),
+    report = {"result": result, "baseline": label, "repeats": repeats, "clock": clock_name(),
               "threads": torch.get_num_threads(), "tokens_per_s_range": spread(speed),
               "baseline_tokens_per_s": statistics.median(base_speed),
               "baseline_tokens_per_s_range": spread(base_speed),
@@ -58,15 +110,27 @@ def compare_with_transformers(target, make_decoder, ids: list[int], warmup_ids: 
         report["identical"] = theirs[0][0] == result.tokens
     else:  # two samplers draw different tokens by design: only the speed is compared
         report["compared"] = "speed only (sampled outputs are different draws)"
-    notes = [half_precision_note(target.model, report["identical"])] if sampling.greedy else []
-    tau = result.metrics.tau
-    if report["speedup"] > tau:
-        notes.append(f"speedup {report['speedup']:.2f}x is above tau {tau:.2f}: a step cannot emit more "
-                     "than tau tokens, so transformers' own per-token cost was higher than a step here, "
-                     "or the timing is noise; compare with --drafter none, or raise --repeats")
+    notes = [baseline_note]
+    if sampling.greedy and baseline_note is None:
+        notes.append(half_precision_note(target.model, report["identical"]))
+    notes.append(above_tau_note(report["speedup"], result.metrics.tau, report["noise"], label, drafter))
     if any(notes):
         report["note"] = "; ".join(filter(None, notes))
     return report
+
+
+def above_tau_note(speedup: float, tau: float, noise: float, baseline: str, drafter: str) -> str | None:
+    """A note on a speedup above tau by more than the measured `noise` (a step emits at most tau tokens, so
+    the baseline then ran slower per token than a step here, or the timing strayed), or None. It advises
+    plain decoding (`--drafter none`) only to a pipeline that drafts."""
+    if not speedup > tau * (1 + noise):
+        return None
+    plain = drafter.partition("(")[0].strip() == PLAIN_DRAFTER
+    advice = ("time it with --threads 1 --clock cpu, or raise --repeats" if plain
+              else f"compare with --drafter {PLAIN_DRAFTER}, or raise --repeats")
+    return (f"speedup {speedup:.2f}x is above tau {tau:.2f} by more than the noise (±{100 * noise:.0f} %): "
+            f"a step cannot emit more than tau tokens, so {baseline}'s own per-token cost was higher than "
+            f"a step here, or the timing strayed; {advice}")
 
 
 # What a greedy `--compare` of a half-precision model compares with, and why stock transformers differs.
@@ -100,8 +164,8 @@ def half_precision_note(model, identical: bool) -> str | None:
 
 
 def warm_up(decoder, baseline, ids: list[int]) -> None:
-    """Run the warm-up prompt `ids` (the bench's) through `decoder` and the transformers `baseline`, untimed,
-    so that neither side of `--compare` pays the process's first forwards (kernel set-up, allocations)."""
+    """Run the warm-up prompt `ids` (the bench's) through `decoder` and the `baseline`'s runner, untimed, so
+    that neither side of `--compare` pays the process's first forwards (kernel set-up, allocations)."""
     from specframe.bench.runner import WARMUP_TOKENS
 
     decoder.generate(ids, max_new_tokens=WARMUP_TOKENS)

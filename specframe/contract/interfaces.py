@@ -71,6 +71,10 @@ class BackendCapabilities:
     # backend shares with it is changed in place), so copies prefilled with different prompts are independent
     # sequences. The default `StateBackend.batch` (`RowByRow`) needs it and refuses backends without it.
     fresh_state_per_copy: bool = False
+    # Scores with the target's own torch model, so transformers' `generate` on that model computes what plain
+    # decoding through the backend does; False for a backend that runs other weights or kernels (llama.cpp on
+    # the GGUF's quantized weights), which `generate --compare` times against plain decoding through itself.
+    runs_target_model: bool = True
 
 
 class Drafter(ABC):

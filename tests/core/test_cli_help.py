@@ -31,3 +31,10 @@ def test_the_adaptive_table_explains_its_predicted_and_realised_columns():
              "realised_step_ms": 31.0, "drafter_stats": None}
     text = "\n".join(adaptive_table({"pld@auto": stats}))
     assert "predicted / realised" in text and "planner's expected tokens per step" in text
+
+
+def test_generate_help_says_why_tau_varies_under_auto_and_what_compare_times_against():
+    help_text = CliRunner().invoke(app, ["generate", "--help"], env={"COLUMNS": "200"}).output
+    out = " ".join(help_text.replace("│", " ").split())
+    assert "tau can differ between runs of one greedy prompt while the text stays identical" in out
+    assert "plain decoding through the backend where it runs other weights (llamacpp)" in out

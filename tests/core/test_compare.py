@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from specframe.bench import compare
+from specframe.contract.interfaces import BackendCapabilities
 from specframe.terms.sampling import SamplingParams
 
 
@@ -32,7 +33,8 @@ class FakeBaseline:
         return [1, 2, 3], {"tokens_per_s": self.speeds.pop(0)}
 
 
-def run_compare(monkeypatch, ours: list[float], theirs: list[float], tau: float = 2.0, sampling=None):
+def run_compare(monkeypatch, ours: list[float], theirs: list[float], tau: float = 2.0, sampling=None,
+                drafter: str = "suffix"):
     import specframe.bench.peers as peers
 
     log, built = [], []
@@ -43,9 +45,22 @@ def run_compare(monkeypatch, ours: list[float], theirs: list[float], tau: float 
         return built[-1]
 
     float32 = SimpleNamespace(model=torch.nn.Linear(1, 1))  # no half-precision note
-    report = compare.compare_with_transformers(float32, make_decoder, [1], [2], 3, (),
-                                               sampling or SamplingParams(), repeats=len(ours) - 1)
+    sampling = sampling or SamplingParams()
+    baseline = compare.choose_baseline(float32, KvLike, lambda: pytest.fail("built a plain decoder"), (),
+                                       sampling)
+    report = compare.compare_with_baseline(float32, make_decoder, baseline, [1], [2], 3, (), sampling,
+                                           repeats=len(ours) - 1, drafter=drafter)
     return report, log, built
+
+
+class KvLike:  # a backend that scores with the target's own model
+    name = "kv"
+    capabilities = BackendCapabilities()
+
+
+class LlamaLike:  # one that runs other weights, as llama.cpp does
+    name = "llamacpp"
+    capabilities = BackendCapabilities(runs_target_model=False)
 
 
 def test_repeats_alternate_sides_on_fresh_decoders_and_report_medians_ranges_and_noise(monkeypatch):
@@ -66,6 +81,53 @@ def test_a_speedup_above_tau_comes_with_a_note(monkeypatch):
     report, _, _ = run_compare(monkeypatch, [1.0, 30.0], [1.0, 10.0], tau=2.0)
     assert report["speedup"] == pytest.approx(3.0)
     assert "above tau 2.00" in report["note"] and "noise" in report["note"]
+    assert "--drafter none" in report["note"]
+
+
+def test_a_speedup_above_tau_within_the_noise_has_no_note(monkeypatch):
+    # speedups 1.05x and 0.96x against tau 1.00, the baseline's runs 10 and 11 tokens/s: ±5 % of noise
+    report, _, _ = run_compare(monkeypatch, [1.0, 10.5, 10.5], [1.0, 10.0, 11.0], tau=1.0)
+    assert report["speedup"] > 1.0 and report["noise"] == pytest.approx(0.0476, abs=1e-3)
+    assert "note" not in report
+
+
+def test_the_above_tau_note_never_advises_the_drafter_in_use(monkeypatch):
+    report, _, _ = run_compare(monkeypatch, [1.0, 13.0], [1.0, 10.0], tau=1.0, drafter="none")
+    assert "above tau 1.00" in report["note"] and "--drafter" not in report["note"]
+    assert "--clock cpu" in report["note"]
+
+
+def test_a_backend_on_other_weights_is_timed_against_plain_decoding_through_itself():
+    class Plain:  # the plain decoder choose_baseline builds: drafter none through the same backend
+        def __init__(self):
+            self.calls = []
+
+        def generate(self, ids, max_new_tokens, stop=()):
+            self.calls.append((ids, max_new_tokens, stop))
+            metrics = SimpleNamespace(to_dict=lambda: {"tokens_per_s": 5.0})
+            return SimpleNamespace(tokens=[1, 2, 3], metrics=metrics)
+
+    plain = Plain()
+    stop = ("\n\n",)
+    label, runner, note = compare.choose_baseline(None, LlamaLike, lambda: plain, stop, SamplingParams())
+    assert label == "plain llamacpp (drafter none)" and "transformers" in note
+    assert runner.generate([7], 4) == ([1, 2, 3], {"tokens_per_s": 5.0}) and plain.calls == [([7], 4, stop)]
+    decoders = iter([FakeDecoder([], [99.0], tau=5.0), FakeDecoder([], [20.0], tau=5.0)])
+    report = compare.compare_with_baseline(SimpleNamespace(model=None), lambda: next(decoders),
+                                           (label, runner, note), [1], [2], 3, (), SamplingParams(),
+                                           repeats=1)
+    assert report["baseline"] == label and report["speedup"] == pytest.approx(4.0)
+    assert report["identical"] is True and report["note"] == note
+
+
+@pytest.mark.parametrize("terminal", [False, True])
+def test_progress_is_drawn_on_a_terminal_and_nothing_goes_to_a_pipe(monkeypatch, capsys, terminal):
+    import specframe.support.progress as progress
+
+    monkeypatch.setattr(progress, "on_a_terminal", lambda: terminal)
+    run_compare(monkeypatch, [1.0, 10.0, 10.0], [1.0, 10.0, 10.0])
+    err = capsys.readouterr().err
+    assert ("--compare" in err and "/6" in err) if terminal else err == ""
 
 
 def test_sampled_runs_compare_speed_only(monkeypatch):
@@ -100,8 +162,10 @@ def test_the_compare_rows_show_medians_ranges_noise_and_sampled_identity(capsys,
     out = printed(capsys, monkeypatch, report(
         repeats=5, tokens_per_s_range=[18.0, 21.0], baseline_tokens_per_s=10.0,
         baseline_tokens_per_s_range=[9.5, 10.5], speedup=2.0, speedup_range=[1.8, 2.2], noise=0.05,
-        clock="cpu", threads=1, compared="speed only", note="speedup 2.50x is above tau 2.00"))
+        clock="cpu", threads=1, compared="speed only", note="speedup 2.50x is above tau 2.00",
+        baseline="plain llamacpp (drafter none)"))
     assert "range 1.80x-2.20x" in out and "±5 %" in out and "range 9.5-10.5" in out
+    assert "plain llamacpp (drafter none)" in out and "transformers" not in out  # the baseline is named
     assert "n/a (sampled)" in out and "None" not in out
     assert "note: speedup 2.50x is above tau" in out
 

@@ -84,10 +84,7 @@ def test_the_compare_baseline_emits_plain_decodings_tokens_in_bfloat16():
         assert metrics["new_tokens"] == 24
 
 
-def test_models_with_recurrent_layers_read_the_whole_prompt_and_a_half_precision_mismatch_says_why(
-        monkeypatch):
-    import specframe.bench.peers as peers
-
+def test_models_with_recurrent_layers_read_the_whole_prompt_and_a_half_precision_mismatch_says_why():
     models = {"hybrid": tiny_ssm_target("bamba").model.to(torch.bfloat16), "llama": bfloat16_target(0).model,
               "float32": tiny_ssm_target("bamba").model}
     assert not splits_prompt(models["hybrid"]) and splits_prompt(models["llama"])
@@ -100,12 +97,12 @@ def test_models_with_recurrent_layers_read_the_whole_prompt_and_a_half_precision
         metrics = SimpleNamespace(tokens_per_s=10.0, tau=1.0)
         return SimpleNamespace(generate=lambda *a, **k: SimpleNamespace(tokens=[1, 2, 3], metrics=metrics))
 
-    monkeypatch.setattr(peers, "PeerRunner", lambda *args, **kwargs: Different())
     notes = {}
     for name, model in models.items():
         target = SimpleNamespace(model=model)
-        report = compare.compare_with_transformers(target, make_decoder, [1], [2], 3, (), SamplingParams(),
-                                                   repeats=1)
+        baseline = (compare.BASELINE, Different(), None)
+        report = compare.compare_with_baseline(target, make_decoder, baseline, [1], [2], 3, (),
+                                               SamplingParams(), repeats=1)
         assert report["identical"] is False
         notes[name] = report.get("note")
     assert notes["hybrid"] == compare.WHOLE_PROMPT_NOTE and "--drafter none" in notes["hybrid"]

@@ -258,3 +258,27 @@ def test_a_batch_is_refused_before_any_work_with_what_to_do(target, prompt):
     decoder = specframe.SpeculativeDecoder.from_names(target, "pld", "chain", "greedy", "llamacpp", budget=4)
     with pytest.raises(specframe.ConfigurationError, match="'llamacpp' cannot decode a batch.*--backend kv"):
         decoder.generate_batch([prompt, prompt[:5]], max_new_tokens=4)
+
+
+def test_generate_compare_times_it_against_plain_decoding_through_llama_cpp_not_transformers(target, prompt):
+    """`generate --compare` on `llamacpp`: the baseline runs the same GGUF weights (plain decoding through
+    the backend), is named in the report, and greedy outputs are identical; transformers' generate, on the
+    float model, is not run."""
+    from specframe.bench.compare import choose_baseline, compare_with_baseline, plain_decoder
+    from specframe.terms.sampling import SamplingParams
+
+    sampling = SamplingParams()
+    backend = specframe.get_registry().get("backend", "llamacpp")
+    baseline = choose_baseline(target, backend, lambda: plain_decoder(target, "llamacpp", sampling), (),
+                               sampling)
+    label, runner, note = baseline
+    assert label == "plain llamacpp (drafter none)" and "transformers' generate would run another" in note
+    assert runner.decoder.pipeline.drafter.name == "none"
+
+    def make_decoder():
+        return SpeculativeDecoder.from_names(target, "pld", "trie", "greedy", "llamacpp", budget=4)
+
+    report = compare_with_baseline(target, make_decoder, baseline, prompt, prompt[:20], 24, (), sampling,
+                                   repeats=1, drafter="pld")
+    assert report["baseline"] == label and report["identical"] is True
+    assert report["result"].metrics.accepted_draft_tokens > 0
