@@ -265,10 +265,25 @@ def span(values: list[float], spec: str, unit: str = "") -> str:
     return f" (range {low:{spec}}{unit}-{high:{spec}}{unit})"
 
 
+def show_version(value: bool) -> None:
+    """`--version`: print the package's version and exit."""
+    if value:
+        from specframe import __version__
+
+        typer.echo(f"specframe {__version__}")
+        raise typer.Exit()
+
+
+def top_level(version: bool = typer.Option(False, "--version", callback=show_version, is_eager=True,
+                                           help="Print specframe's version and exit.")) -> None:
+    """specframe: try, combine and compare speculative decoding methods."""
+
+
 def core_app(options: list[CliOption] = ()) -> typer.Typer:
     """The `specframe` app with the core commands, `generate` and `bench` taking the plugin `options`."""
     cli = typer.Typer(help="specframe: try, combine and compare speculative decoding methods.",
                       no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+    cli.callback()(top_level)
     cli.command()(plugins)
     cli.command()(calibrate)
     for name, command in {"generate": generate, "bench": bench_command}.items():

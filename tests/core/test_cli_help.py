@@ -38,3 +38,11 @@ def test_generate_help_says_why_tau_varies_under_auto_and_what_compare_times_aga
     out = " ".join(help_text.replace("│", " ").split())
     assert "tau can differ between runs of one greedy prompt while the text stays identical" in out
     assert "plain decoding through the backend where it runs other weights (llamacpp)" in out
+
+
+def test_version_prints_the_package_version_and_exits_zero():
+    import specframe
+
+    result = CliRunner().invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.output == f"specframe {specframe.__version__}\n"
+
