@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import sys
 import warnings
 from collections.abc import Callable
 from typing import Optional
@@ -347,6 +348,9 @@ def option_clash(option: CliOption) -> str | None:
 def main() -> None:
     """Run the CLI and exit with its code: 0, 2 for a usage or specframe error, the code of a command's
     `typer.Exit` (bench: 3 on a lossless mismatch), 130 when interrupted (Ctrl-C)."""
+    for stream in (sys.stdout, sys.stderr):  # text read from files may hold lone surrogates: print escapes
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
     try:
         code = build_app()(standalone_mode=False)  # returns the code of typer.Exit instead of exiting
     except SpecframeError as err:

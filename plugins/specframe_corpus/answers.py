@@ -15,10 +15,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from specframe.kit.files import check_encodable, json_lines, json_or_none
 from specframe.kit.inference import inference_mode
 from specframe.kit.progress import bar as progress_bar
 from specframe_corpus.datastore import DatastoreError
-from specframe_corpus.sources import Source, TokenDocuments, parse_line
+from specframe_corpus.sources import Source, TokenDocuments
 
 # Prompts answered per generate call. SmolLM2-135M at two CPU threads answered 128 prompts (160 tokens)
 # in 86 s at 8, 50 s at 32 and 52 s at 64 (peak memory 1.7, 2.1 and 2.8 GiB), the answers identical.
@@ -107,18 +108,17 @@ class ModelAnswers(Source):
     def _read_cache(self, settings: dict) -> dict[int, list[int]]:
         if not self.cache.is_file():
             return {}
-        lines = self.cache.read_text(encoding="utf-8").splitlines()
-        try:
-            if not lines or json.loads(lines[0]).get("settings") != settings:
-                return {}  # another prompt file, model or length: start over
-            records = [json.loads(line) for line in lines[1:] if line.strip()]
-        except json.JSONDecodeError:
-            records = []  # a line cut by an interruption: keep what parsed before it
-            for line in lines[1:]:
-                try:
-                    records.append(json.loads(line))
-                except json.JSONDecodeError:
-                    break
+        lines = self.cache.read_text(encoding="utf-8", errors="replace").splitlines()
+        first = json_or_none(lines[0]) if lines else None
+        if not isinstance(first, dict) or first.get("settings") != settings:
+            return {}  # another prompt file, model or length (or a damaged cache): start over
+        records = []
+        for line in filter(str.strip, lines[1:]):
+            record = json_or_none(line)
+            ids = record.get("ids") if isinstance(record, dict) else None
+            if not (isinstance(ids, list) and all(type(t) is int for t in ids)):
+                break  # a line cut by an interruption: keep what parsed before it
+            records.append(record)
         by_key = {r.get("prompt"): r["ids"] for r in records}
         keys = map(prompt_key, self.prompts)
         return {i: [int(t) for t in by_key[k]] for i, k in enumerate(keys) if k in by_key}
@@ -172,28 +172,26 @@ def prompt_ids(tokenizer, prompt: str, template: bool = True) -> list[int]:
 def read_prompts(path: Path) -> list[str]:
     """The first user turn of every line of a JSONL prompt file."""
     prompts = []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            record = parse_line(line, path, number)
-            prompt = (
-                record
-                if isinstance(record, str)
-                else next(
-                    (
-                        _first_text(record[k])
-                        for k in PROMPT_FIELDS
-                        if isinstance(record, dict) and k in record
-                    ),
-                    None,
-                )
+    fix = "write one JSON object or string per line"
+    for number, record in json_lines(path, fix, DatastoreError, where=f"prompt file '{path}'"):
+        prompt = (
+            record
+            if isinstance(record, str)
+            else next(
+                (
+                    _first_text(record[k])
+                    for k in PROMPT_FIELDS
+                    if isinstance(record, dict) and k in record
+                ),
+                None,
             )
-            if not prompt:
-                raise DatastoreError(
-                    f"prompt file '{path}', line {number}: no prompt in any of {', '.join(PROMPT_FIELDS)}"
-                )
-            prompts.append(prompt)
+        )
+        if not prompt:
+            raise DatastoreError(
+                f"prompt file '{path}', line {number}: no prompt in any of {', '.join(PROMPT_FIELDS)}"
+            )
+        prompts.append(check_encodable(prompt, f"prompt file '{path}', line {number}",
+                                       "fix or remove that escape", DatastoreError))
     return prompts
 
 

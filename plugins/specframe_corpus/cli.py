@@ -102,6 +102,7 @@ def info(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Print a datastore's header, sizes and load time."""
+    from specframe.kit.files import printable
     from specframe_corpus.stores import resolve_datastore
     from specframe_corpus.shards import open_store
 
@@ -135,5 +136,5 @@ def info(
         for i, s in enumerate(report["sources"], 1)
     ]
     width = max(len(name) for name, _ in lines)
-    for name, value in lines:
-        typer.echo(f"{name:<{width}}  {value}")
+    for name, value in lines:  # a name or source from the header may hold a lone surrogate: escaped
+        typer.echo(printable(f"{name:<{width}}  {value}"))

@@ -16,19 +16,22 @@ time inside one suffix-array interval, instead of one fresh search per match len
 from __future__ import annotations
 
 import hashlib
-import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
 from specframe import SpecframeError
 from specframe.kit.drafting import TokenizerIdentity
+from specframe.kit.files import read_json
 
 FORMAT = "specframe-rest-datastore"
 FORMAT_VERSION = 1
 HEADER, TOKENS, SUFFIXES, BUCKETS = "datastore.json", "tokens.bin", "suffixes.bin", "buckets.bin"
 BUILD_HINT = "rebuild it with `specframe datastore build --model MODEL --source SOURCE --out DIR`"
+CHUNK = 1 << 20  # items per slice when a check reads a whole file: memory stays bounded, whatever its size
+SPARSE_FLOOR = 64 << 20  # a file may hold fewer bytes on disk than its size below this (ZFS compresses)
 
 
 class DatastoreError(SpecframeError):
@@ -61,9 +64,11 @@ def file_digest(path: Path, chunk: int = 1 << 22) -> str:
 class Datastore:
     """An opened datastore: `tokens` and `suffixes` are read-only memory maps of the files.
 
-    Opening checks the header, the file sizes, the separators framing the corpus, the token range and a
-    sample of the suffix array, so a truncated or corrupt store fails here with a clear message rather
-    than later with wrong drafts. `verify()` additionally compares every file with its recorded digest.
+    Opening checks the header, the file sizes (against the header, and against the bytes really on disk,
+    so a sparse file cannot claim gigabytes), the separators framing the corpus, the token range, the
+    buckets, the range of every suffix-array entry and the order of a sample of them, so a truncated or
+    corrupt store fails here with a clear message rather than later with wrong drafts or an exception.
+    `verify()` additionally compares every file with its recorded digest.
     """
 
     def __init__(
@@ -88,7 +93,7 @@ class Datastore:
         sep = int(header["separator"])
         tokens = _map(path, TOKENS, header["token_dtype"], n)
         suffixes = _map(path, SUFFIXES, header["suffix_dtype"], n)
-        buckets = np.array(_map(path, BUCKETS, "int64", sep + 2))
+        buckets = _map(path, BUCKETS, "int64", sep + 2)  # mapped, not read: checked in chunks
         store = cls(path, header, tokens, suffixes, buckets)
         store._check()
         return store
@@ -104,7 +109,8 @@ class Datastore:
             )
 
     def _check(self) -> None:
-        """Cheap structural checks (one pass over the tokens, a sample of the suffix array)."""
+        """Cheap structural checks: one pass over the tokens, the buckets and the suffix array's range (in
+        chunks, so memory stays bounded), and the suffix array's order on a sample."""
         tokens, sep, n = self.tokens, self.separator, len(self.tokens)
         where = f"datastore '{self.path}'"
         if n < 3 or tokens[0] != sep or tokens[-1] != sep:
@@ -112,7 +118,7 @@ class Datastore:
                 f"{where}: {TOKENS} does not start and end with the document separator: "
                 f"the file is corrupt; {BUILD_HINT}"
             )
-        high = sum(int(np.count_nonzero(tokens[s : s + (1 << 20)] >= sep)) for s in range(0, n, 1 << 20))
+        high = sum(int(np.count_nonzero(part >= sep)) for part in chunks(tokens))
         if high != int(self.header["n_documents"]) + 1:  # one cheap pass; the exact diagnosis only on failure
             top = int(tokens.max())
             if top > sep:
@@ -125,8 +131,11 @@ class Datastore:
                 f"{self.header['n_documents']}: the store is corrupt; {BUILD_HINT}"
             )
         b = self.buckets
-        if b[0] != 0 or b[-1] != n or np.any(np.diff(b) < 0):
+        if b[0] != 0 or b[-1] != n or any(np.any(np.diff(part) < 0) for part in chunks(b, overlap=1)):
             raise DatastoreError(f"{where}: {BUCKETS} is inconsistent with the token array; {BUILD_HINT}")
+        # Every position in the corpus, so that retrieval never indexes outside it (one pass, in chunks)
+        if any(part.min() < 0 or part.max() >= n for part in chunks(self.suffixes)):
+            raise DatastoreError(f"{where}: {SUFFIXES} holds positions outside the corpus; {BUILD_HINT}")
         sample = (
             np.arange(n - 1)
             if n <= 4097  # every adjacent pair of a small store, else a fixed sample
@@ -169,12 +178,7 @@ def read_header(path: Path) -> dict:
             f"no datastore at '{path}' ({HEADER} is missing); build one with "
             "`specframe datastore build --model MODEL --source SOURCE --out DIR`"
         )
-    try:
-        header = json.loads(file.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as err:  # deep nesting: RecursionError
-        raise DatastoreError(
-            f"datastore '{path}': {HEADER} is not valid JSON ({err}); {BUILD_HINT}"
-        ) from None
+    header = read_json(file, BUILD_HINT, DatastoreError, where=f"datastore '{path}': {HEADER}")
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise DatastoreError(
             f'\'{path}\' is not a specframe REST datastore ({HEADER} lacks "format": "{FORMAT}")'
@@ -283,6 +287,13 @@ def _count(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
+def chunks(array: np.ndarray, overlap: int = 0) -> Iterator[np.ndarray]:
+    """`array` in consecutive slices of `CHUNK` items (each with the next `overlap` items too), so that a
+    check of a memory-mapped file holds one slice in memory at a time."""
+    for start in range(0, len(array), CHUNK):
+        yield array[start : start + CHUNK + overlap]
+
+
 def _map(path: Path, name: str, dtype: str, count: int) -> np.ndarray:
     """Memory-map `count` items of `dtype` from `path/name`, refusing a file of the wrong size."""
     file = path / name
@@ -290,8 +301,14 @@ def _map(path: Path, name: str, dtype: str, count: int) -> np.ndarray:
         raise DatastoreError(f"datastore '{path}': {name} cannot be mapped as {dtype!r}; {BUILD_HINT}")
     dtype = np.dtype(dtype)
     expected = count * dtype.itemsize
-    size = file.stat().st_size if file.is_file() else None
+    stat = file.stat() if file.is_file() else None
+    size = stat.st_size if stat else None
     if size != expected:
         state = "is missing" if size is None else f"has {size} bytes, expected {expected}"
         raise DatastoreError(f"datastore '{path}': {name} {state} (truncated or corrupt); {BUILD_HINT}")
+    stored = getattr(stat, "st_blocks", None)
+    if stored is not None and size > SPARSE_FLOOR and stored * 512 * 16 < size:
+        raise DatastoreError(
+            f"datastore '{path}': the header claims {size:,} bytes of {name}, but the file holds only "
+            f"{stored * 512:,} bytes on disk (a sparse file): the store is corrupt or crafted; {BUILD_HINT}")
     return np.memmap(file, dtype=dtype, mode="r", shape=(count,))

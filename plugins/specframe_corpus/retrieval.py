@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from specframe import DraftProposal, ScoreKind
+from specframe_corpus.datastore import BUILD_HINT, SUFFIXES, DatastoreError
 
 PAD = -1  # marks positions after a continuation's end in a (rows, m) array
 
@@ -65,7 +66,7 @@ class SuffixIndex:
         depth = 1
         while lo < hi:
             found.append((lo, hi))
-            if depth >= min(n_max, len(query)):
+            if depth >= min(n_max, len(query), self.n - 2):  # no match is longer than the corpus
                 break
             lo, hi = self._narrow(lo, hi, depth, int(query[-1 - depth]))
             depth += 1
@@ -104,7 +105,7 @@ class SuffixIndex:
         for length, (lo, hi) in reversed(list(enumerate(self.intervals(query, n_max), 1))):
             exact = hi - lo <= 4 * k
             pick = np.arange(lo, hi) if exact else lo + (np.arange(k) * (hi - lo)) // k  # (<= 4k,)
-            starts = self.n - self.suffixes[pick].astype(np.int64)
+            starts = self._starts(self.suffixes[pick])
             starts = starts[self.tokens[starts] != self.separator]
             if not len(starts) and not exact:
                 starts = self._continuing(lo, hi)
@@ -116,10 +117,21 @@ class SuffixIndex:
         """Starts of the occurrences in [lo, hi) that continue (rarely needed: only when a whole spread
         sample ended documents), scanned in blocks."""
         for s in range(lo, hi, 1 << 16):
-            starts = self.n - self.suffixes[s : min(hi, s + (1 << 16))].astype(np.int64)
+            starts = self._starts(self.suffixes[s : min(hi, s + (1 << 16))])
             starts = starts[self.tokens[starts] != self.separator]
             if len(starts):
                 return starts
+        return starts
+
+    def _starts(self, entries: np.ndarray) -> np.ndarray:
+        """The forward positions where the suffixes `entries` (of one token's interval) continue. Opening
+        a store checked that every entry is inside the corpus; an entry 0 (the corpus's final separator,
+        which no token's interval holds) means a suffix array damaged past the sample that was checked."""
+        starts = self.n - entries.astype(np.int64)
+        if len(starts) and starts.max() >= self.n:
+            raise DatastoreError(f"datastore: {SUFFIXES} puts the end of the corpus among the matches of a "
+                                 f"token: the file is corrupt; {BUILD_HINT} (`specframe datastore info "
+                                 "--verify` compares every file with its recorded digest)")
         return starts
 
     def continuations(self, starts: np.ndarray, m: int) -> np.ndarray:

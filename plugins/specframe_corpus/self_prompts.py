@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from specframe.kit.files import json_or_none
 from specframe.kit.progress import bar as progress_bar
 from specframe_corpus.answers import ANSWER_BATCH, ModelAnswers, check_generation
 from specframe_corpus.datastore import DatastoreError
@@ -131,12 +132,11 @@ def _read(path: Path, settings: dict) -> tuple[list[str], int]:
     Lines after the last finished batch (an interrupted one) are cut off, so a resumed run appends cleanly."""
     if not path.is_file():
         return [], 0
-    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)
     prompts, pending, batches, keep = [], [], 0, 0
     for number, line in enumerate(lines):
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
+        record = json_or_none(line)
+        if not isinstance(record, dict):
             break  # a line cut by an interruption: what came before it stands
         if number == 0 and record.get("settings") != settings:
             break

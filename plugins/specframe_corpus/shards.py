@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specframe.kit.files import current_umask
+from specframe.kit.files import current_umask, read_json
 from specframe_corpus.datastore import (
     HEADER, Datastore, DatastoreError, TokenizerIdentity, file_digest, parse_identity,
 )
@@ -176,13 +176,9 @@ def read_manifest(path: Path) -> dict:
     file = path / MANIFEST
     hint = REBUILD_HINT.format(path=path)
     try:
-        manifest = json.loads(file.read_text())
+        manifest = read_json(file, hint, ShardError, where=f"sharded datastore '{path}': {MANIFEST}")
     except FileNotFoundError:
         raise ShardError(f"no sharded datastore at '{path}' ({MANIFEST} is missing); {hint}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as err:  # deep nesting: RecursionError
-        raise ShardError(
-            f"sharded datastore '{path}': {MANIFEST} is not valid JSON ({err}); {hint}"
-        ) from None
     if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
         raise ShardError(f"'{file}' is not a specframe sharded datastore manifest (no \"format\": "
                          f"\"{MANIFEST_FORMAT}\")")

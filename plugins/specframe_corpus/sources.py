@@ -8,13 +8,13 @@ yields documents in a fixed order, so a build is reproducible.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from specframe.kit.files import check_encodable, parse_json
 from specframe_corpus.datastore import DatastoreError
 
 TEXT_FIELDS = ("text", "content", "answer", "output", "completion", "response", "code")
@@ -123,14 +123,19 @@ def decode_line(raw: bytes, path: Path, number: int) -> str:
 
 
 def parse_line(line: str, path: Path, number: int) -> object:
-    try:
-        return json.loads(line)
-    except json.JSONDecodeError as err:
-        raise DatastoreError(f"datastore source '{path}', line {number}: not valid JSON ({err})") from None
+    return parse_json(line, f"datastore source '{path}', line {number}",
+                      "write one JSON object or string per line", DatastoreError)
 
 
 def texts_of(record: object, field_name: str | None, path: Path, number: int) -> list[str]:
-    """The documents of one JSONL record: `field_name`, else the first known text or turns field."""
+    """The documents of one JSONL record: `field_name`, else the first known text or turns field; a text
+    holding a lone surrogate (a `\\ud800` escape without its pair), which no tokenizer takes, is refused."""
+    where = f"datastore source '{path}', line {number}"
+    return [check_encodable(text, where, "fix or remove that escape", DatastoreError)
+            for text in _texts(record, field_name, path, number)]
+
+
+def _texts(record: object, field_name: str | None, path: Path, number: int) -> list[str]:
     if isinstance(record, str):
         return [record] if record.strip() else []
     if not isinstance(record, dict):

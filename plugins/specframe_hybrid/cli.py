@@ -82,9 +82,8 @@ def export_mixers(
 ) -> None:
     """Write distilled mixers as one float16 file that a model alias builds from (those trained end to end
     for these layers, if the run has them, else the layer-wise ones)."""
-    import json
-
     import specframe
+    from specframe.kit.files import read_json
     from specframe_hybrid.convert import replaced_layers
     from specframe_hybrid.packaged import export
     from specframe_hybrid.recipe import ratio_name
@@ -92,7 +91,8 @@ def export_mixers(
     teacher = specframe.load_target(model, device="cpu", dtype="float32")
     chosen = replaced_layers(layers, teacher.config.num_hidden_layers)
     summary_file = run_dir / "summary.json"
-    summary = json.loads(summary_file.read_text()) if summary_file.is_file() else {}
+    summary = read_json(summary_file, f"delete it and run `specframe hybrid build --run {run_dir}` again",
+                        specframe.ConfigurationError) if summary_file.is_file() else {}
     stage_two = run_dir / f"end-to-end-{ratio_name(layers)}"
     end_to_end = stage_two if (stage_two / "mixers.safetensors").is_file() else None
     size = export(teacher.model, run_dir, chosen, out, summary, end_to_end)

@@ -24,6 +24,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from specframe import ConfigurationError
+from specframe.kit.files import parse_json
 from specframe.kit.progress import bar as progress_bar
 from specframe.kit.training import check_bounds
 from specframe_hybrid.convert import convert, hybrid_config
@@ -196,7 +197,8 @@ def distil_layers(teacher, activations: TeacherActivations, run_dir: Path, setti
         path = mixer_path(run_dir, layer)
         if path.is_file():
             with safe_open(str(path), "pt") as f:
-                reports[layer] = json.loads((f.metadata() or {}).get("report", "{}"))
+                reports[layer] = parse_json((f.metadata() or {}).get("report", "{}"), f"the report of {path}",
+                                            "delete that file to train the layer again", ConfigurationError)
             continue
         if hybrid_template is None:
             hybrid_template = convert(teacher, activations.layers).to(teacher.device)

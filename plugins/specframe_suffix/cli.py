@@ -40,6 +40,7 @@ def info(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Print a cache's responses, tokens, file size and tokenizer, or those of every named cache."""
+    from specframe.kit.files import printable
     from specframe_suffix.store import cache_home, missing_cache, resolve_cache
 
     if cache is not None:
@@ -59,15 +60,15 @@ def info(
         return
     if not reports:
         typer.echo(f"no suffix caches in {cache_home()}")
-    for report in reports:
+    for report in reports:  # a tokenizer name from a cache may hold a lone surrogate: printed escaped
         if "error" in report:
-            typer.echo(f"{report['name']}: unreadable: {report['error']}")
+            typer.echo(printable(f"{report['name']}: unreadable: {report['error']}"))
             continue
         line = (f"{report['name']}: {report['responses']:,} responses, {report['tokens']:,} tokens, "
                 f"{report['bytes_on_disk'] / 1024:,.1f} KiB, tokenizer {report['tokenizer']['name']}")
         if "tree_memory_bytes" in report:
             line += f", tree {report['tree_memory_bytes'] / 2**20:,.2f} MiB"
-        typer.echo(f"{line} ({report['path']})")
+        typer.echo(printable(f"{line} ({report['path']})"))
 
 
 @app.command()
@@ -76,7 +77,8 @@ def clear(
     all_caches: bool = typer.Option(False, "--all", help="Delete every named cache."),
 ) -> None:
     """Delete a cache (damaged ones included), or every named cache with --all. Only files that start
-    like a suffix cache are deleted: any other file is refused, or with --all left in place and named."""
+    with the exact header of a suffix cache are deleted: any other file is refused, or with --all left in
+    place and named."""
     from specframe_suffix.store import (SuffixCacheError, cache_home, is_cache_file, missing_cache,
                                         resolve_cache)
 
@@ -93,8 +95,9 @@ def clear(
             raise missing_cache(cache, path)
         if not is_cache_file(path):
             raise SuffixCacheError(
-                f"{path} is not a suffix cache: it does not start like one ({{\"format\": N, \"tokenizer\": "
-                "...}), so `specframe cache clear` will not delete it; delete it yourself if you mean to")
+                f"{path} is not a suffix cache: it does not start with the header specframe writes "
+                "({\"format\":N,\"tokenizer\":{...},\"responses\":[...), so `specframe cache clear` will "
+                "not delete it; delete it yourself if you mean to")
         files = [path]
     for path in files:
         path.unlink(missing_ok=True)

@@ -26,7 +26,7 @@ from pathlib import Path
 from specframe import ConfigurationError
 from specframe.kit.drafting import TokenizerIdentity
 from specframe.kit.files import (
-    FILE_LOCK_WAIT, check_writable_dir, file_lock, locked_update, specframe_home, write_atomically,
+    FILE_LOCK_WAIT, check_writable_dir, file_lock, locked_update, read_json, specframe_home, write_atomically,
 )
 
 FORMAT = 1
@@ -64,16 +64,25 @@ def clear_hint(label: str) -> str:
     return f"`specframe cache clear {label}`"
 
 
-# What every file `save_responses` writes starts with, damaged or not: `{"format": N, "tokenizer": ...`.
-_CACHE_START = re.compile(rb'\s*\{\s*"format"\s*:\s*\d+\s*,\s*"tokenizer"\s*:')
+# The whole header `append_responses` writes, byte for byte (compact JSON, ASCII, keys in this order), up
+# to the responses: `{"format":1,"tokenizer":{"name":"...","fingerprint":"...","vocab_size":N},"responses":[`
+_JSON_STRING = rb'"(?:[^"\\\x00-\x1f]|\\.)*"'
+_CACHE_START = re.compile(rb'\{"format":[1-9]\d{0,8},"tokenizer":\{"name":' + _JSON_STRING
+                          + rb',"fingerprint":' + _JSON_STRING
+                          + rb',"vocab_size":[1-9]\d{0,11}\},"responses":\[')
+HEADER_BYTES = 4096  # read of a file's start when telling whether it is a cache (a long tokenizer name)
 
 
 def is_cache_file(path: Path) -> bool:
-    """Whether `path` starts like a suffix cache: the proof `specframe cache clear` asks for before
-    deleting a file, so that a damaged cache can go but no other JSON file the user points at."""
+    """Whether `path` is a suffix cache, maybe damaged past its header: a `.json` file starting with the
+    exact header `append_responses` writes. This is the proof `specframe cache clear` asks for before
+    deleting a file, so that a damaged cache can go but no other file the user points at, even a JSON
+    file starting with the same keys."""
+    if path.suffix != SUFFIX:
+        return False
     try:
         with open(path, "rb") as f:
-            return _CACHE_START.match(f.read(256)) is not None
+            return _CACHE_START.match(f.read(HEADER_BYTES)) is not None
     except OSError:
         return False
 
@@ -111,9 +120,7 @@ def read_cache(path: Path, label: str | None = None) -> CacheFile:
     hint = remedy(path, label)
     where = f"suffix cache '{path}'"
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as err:  # deep nesting: RecursionError
-        raise SuffixCacheError(f"{where} is not valid JSON ({err}): the file is damaged; {hint}") from None
+        data = read_json(path, f"the file is damaged: {hint}", SuffixCacheError, where=where)
     except OSError as err:
         raise SuffixCacheError(f"{where} cannot be read ({err.strerror or err}): give a readable cache "
                                "file, or another cache name") from None

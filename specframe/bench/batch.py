@@ -35,6 +35,7 @@ from specframe.support.atomic_dirs import write_atomically
 from specframe.support.paths import check_writable_dir
 from specframe.support.progress import bar as progress_bar
 from specframe.support.prompt_suites import BenchPrompt, encode_turn
+from specframe.support.untrusted import json_problem
 from specframe.terms.errors import ConfigurationError
 from specframe.terms.sampling import SamplingParams
 from specframe.terms.target import Target
@@ -192,10 +193,10 @@ class BatchStore:
     def read(self) -> list[dict]:
         records = []
         for number, line in enumerate(self.path.read_text("utf-8", errors="replace").splitlines(), 1):
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
+            parsed = json_problem(line)  # why a line is not JSON, or (its value,)
+            if isinstance(parsed, str):
                 continue  # a line cut short by an interrupted write: that call is simply run again
+            record = parsed[0]
             problem = record_problem(record)
             if problem:
                 raise ConfigurationError(

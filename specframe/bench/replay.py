@@ -22,7 +22,6 @@ with the recorded baseline's earlier answers, without the bench's warm-up genera
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,7 +31,7 @@ from specframe.bench.methods import MethodSpec
 from specframe.bench.playback import (
     ModelledTimer, OraclePlanner, Playback, RecordedBackend, RecordedVerifier, accepted_path, oracle_choice,
 )
-from specframe.bench.runner import read_records
+from specframe.bench.runner import read_records, read_settings
 from specframe.support.prompt_suites import BenchPrompt, encode_turn, load_suite
 from specframe.decode.calibration import stored_cost
 from specframe.decode.loop import SpeculativeDecoder
@@ -118,7 +117,7 @@ def open_run(run: Path, method: str = "baseline") -> RecordedRun:
     settings_path = run / "settings.json"
     if not settings_path.is_file():
         raise ConfigurationError(f"{run} is not a `specframe bench --out` directory: it has no settings.json")
-    settings = json.loads(settings_path.read_text())
+    settings = read_settings(settings_path)
     torch.set_num_threads(settings["threads"])
     target = load_target(settings["model"], dtype=settings.get("dtype", "auto"), recipes=model_recipes)
     suite = load_suite(settings["suite"])

@@ -41,6 +41,7 @@ from specframe.bench.methods import MethodSpec, baseline_spec
 from specframe.bench.llamacpp_peers import LLAMACPP_PEERS
 from specframe.bench.peers import PeerSpec, peer_runner, peer_unsupported
 from specframe.support.prompt_suites import BenchPrompt, encode_turn
+from specframe.support.untrusted import json_problem
 from specframe.bench.synthetic import SyntheticDrafter
 
 WARMUP_TOKENS = 16
@@ -281,10 +282,10 @@ def read_records(path: Path) -> list[dict]:
 def parse_records(text: str, path: Path) -> list[dict]:
     records = []
     for number, line in enumerate(text.splitlines(), 1):
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
+        parsed = json_problem(line)  # why a line is not JSON, or (its value,)
+        if isinstance(parsed, str):
             continue  # a line cut short by an interrupted write: that run is simply redone
+        record = parsed[0]
         check_record(record, path, number)
         records.append(record)
     return records
@@ -359,11 +360,11 @@ def check_settings(out: Path, settings: dict) -> None:
 
 def read_settings(path: Path) -> dict:
     """The settings recorded by an earlier run, refused with a way out when the file is damaged."""
-    try:
-        old = json.loads(path.read_text("utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        old, problem = None, f"it is not valid JSON ({err})"
+    old = json_problem(path.read_bytes())  # why it is not JSON, or (its value,)
+    if isinstance(old, str):
+        old, problem = None, f"it is not valid JSON ({old})"
     else:
+        old = old[0]
         problem = None if isinstance(old, dict) else f"expected a JSON object, got {json.dumps(old)[:40]}"
     if problem:
         raise ConfigurationError(

@@ -16,6 +16,12 @@ disk is reported with what to do instead of a traceback:
   what, fix)` refuses a folder that cannot be written before slow work starts.
 - `io_failure(err, fix)` words a failed read or write (the disk full, permission denied) for the
   error that replaces it.
+- `read_json(path, fix, error)`, `parse_json(text, where, fix, error)` and `json_lines(path, fix, error)`
+  read JSON a user or another process wrote, refusing a damaged or crafted file (a syntax error, bytes
+  that are not UTF-8, a 5000-digit integer, nesting too deep) with the plugin's own error class;
+  `json_or_none(text)` reads a cache line, None where it is bad. `printable(text)` escapes the lone
+  surrogates such a file can hold before they are printed; `check_encodable(text, where, fix, error)`
+  refuses them before text reaches a tokenizer.
 
 Imports neither torch nor transformers: a plugin may import it at the top of any module.
 """
@@ -25,10 +31,13 @@ from specframe.support.atomic_dirs import (
     temp_name_pattern, write_atomically,
 )
 from specframe.support.paths import check_writable_dir, specframe_home
+from specframe.support.untrusted import (
+    check_encodable, json_lines, json_or_none, parse_json, printable, read_json,
+)
 from specframe.terms.errors import io_failure
 
 __all__ = [
-    "FILE_LOCK_WAIT", "check_writable_dir", "current_umask", "exchange", "exclusive", "file_lock",
-    "follow_umask", "io_failure", "locked_update", "remove_stale", "specframe_home", "temp_name_pattern",
-    "write_atomically",
+    "FILE_LOCK_WAIT", "check_encodable", "check_writable_dir", "current_umask", "exchange", "exclusive",
+    "file_lock", "follow_umask", "io_failure", "json_lines", "json_or_none", "locked_update", "parse_json",
+    "printable", "read_json", "remove_stale", "specframe_home", "temp_name_pattern", "write_atomically",
 ]

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from specframe.support.untrusted import check_encodable, parse_json
 from specframe.terms.errors import ConfigurationError, PromptError
 
 SUITES = ("humaneval", "spec-bench", "mt-bench")
@@ -96,11 +97,7 @@ def _parse_jsonl(lines: list[str], source: str) -> list[BenchPrompt]:
 def _question(line: str, where: str) -> BenchPrompt:
     """One suite line: an object with an integer or string `question_id`, an optional string `category`
     and `turns`, a non-empty list of non-empty strings. Nothing is converted: a wrong type is refused."""
-    try:
-        row = json.loads(line)
-    except json.JSONDecodeError as err:
-        raise PromptError(f"{where}: not valid JSON ({err}); write one object per line, "
-                          f"e.g. {EXAMPLE}") from None
+    row = parse_json(line, where, f"write one object per line, e.g. {EXAMPLE}", PromptError)
     if not isinstance(row, dict):
         raise PromptError(f"{where}: expected a JSON object, got {_shown(row)}; e.g. {EXAMPLE}")
     for name in ("question_id", "turns"):
@@ -115,10 +112,14 @@ def _question(line: str, where: str) -> BenchPrompt:
     if not isinstance(turns, list) or not turns:
         raise PromptError(f"{where}: field 'turns' must be a non-empty list of strings (one per user turn), "
                           f"got {_shown(turns)}")
+    for name, value in (("question_id", str(qid)), ("category", category)):
+        check_encodable(value, f"{where}: field '{name}'", "fix or remove that escape", PromptError)
     for i, turn in enumerate(turns):
         if not isinstance(turn, str) or not turn.strip():
             problem = "is empty" if isinstance(turn, str) else f"must be a string, got {_shown(turn)}"
             raise PromptError(f"{where}: field 'turns', item {i} of question {qid}, {problem}")
+        check_encodable(turn, f"{where}: field 'turns', item {i} of question {qid}",
+                        "fix or remove that escape", PromptError)
     return BenchPrompt(str(qid), category, tuple(turns))
 
 

@@ -216,7 +216,8 @@ def test_cache_clear_deletes_caches_only(cache_home, tmp_path):
     from specframe_suffix.store import SuffixCacheError, append_responses, is_cache_file
 
     append_responses(cache_home / "chat.json", TokenizerIdentity("t", "raw-ids", 10), [[1, 2]], 8, "chat")
-    (cache_home / "cut.json").write_text('{"format": 1, "tokenizer": {"na')  # a damaged cache
+    header = (cache_home / "chat.json").read_text().split('"responses":[')[0] + '"responses":['
+    (cache_home / "cut.json").write_text(header + "[1, 2")  # a damaged cache: its header whole
     (cache_home / "notes.json").write_text('{"important": true}')
     mine = tmp_path / "important.json"
     mine.write_text('{"important": true}')
@@ -231,6 +232,25 @@ def test_cache_clear_deletes_caches_only(cache_home, tmp_path):
     assert "deleted 2 cache files" in cleared.output
     assert "left alone, not suffix caches: notes.json" in cleared.output
     assert sorted(p.name for p in cache_home.iterdir()) == ["notes.json"]
+
+
+@pytest.mark.parametrize("text", [
+    '{"format": 1, "tokenizer": "mine", "notes": "keep me"}',  # a user's file starting like a cache
+    '{"format":1,"tokenizer":{"name":"t","fingerprint":"raw-ids","vocab_size":10},"my_data":[1]}',
+    '{"format":1,"tokenizer":{"name":"t","vocab_size":10,"fingerprint":"raw-ids"},"responses":[]}',
+])
+def test_cache_clear_leaves_files_that_only_start_like_a_cache(cache_home, text):
+    from typer.testing import CliRunner
+
+    from specframe.cli import build_app
+    from specframe_suffix.store import is_cache_file
+
+    (cache_home / "mine.json").write_text(text)
+    (cache_home / "mine.txt").write_text(text)
+    assert not is_cache_file(cache_home / "mine.json") and not is_cache_file(cache_home / "mine.txt")
+    cleared = CliRunner().invoke(build_app(), ["cache", "clear", "--all"])
+    assert cleared.exit_code == 0 and "left alone, not suffix caches: mine.json" in cleared.output
+    assert (cache_home / "mine.json").read_text() == text
 
 
 def test_cache_clear_of_a_file_that_is_no_cache_exits_2(cache_home, tmp_path, monkeypatch, capsys):

@@ -41,7 +41,7 @@ from specframe_suffix.store import SuffixCacheError, read_cache
 from specframe.decode.acceptance import AcceptanceModel
 from specframe.decode.calibration import read_cost
 from specframe.terms.cost import MeasuredCost
-from specframe.terms.errors import ConfigurationError, ModelLoadError
+from specframe.terms.errors import ConfigurationError, ModelLoadError, PromptError
 from specframe.runtime.model_files import CONVERSION_MARKER, conversion_damage, write_marker
 from specframe.testing import tiny_target
 from specframe.support.tokenizer_identity import TokenizerIdentity
@@ -507,3 +507,189 @@ def test_the_command_exits_2_without_a_signal_in_its_own_process(templates, tmp_
     the command loads every plugin, about 8 s of CPU)."""
     crafted = crafted_dtype_store(tmp_path, templates.store, "O")
     assert_error_line(specframe("datastore", "info", str(crafted)), "token_dtype")
+
+
+# ------------------------------------------------------------------------------------------------------
+# One reader for untrusted JSON: a 5000-digit integer or deep nesting is each reader's own error
+
+
+HUGE_INT = '{"format": ' + "7" * 5000 + "}"  # Python refuses to convert more than 4300 digits
+DEEP_BUT_PARSED = "[" * 200 + "]" * 200  # within the parser's recursion, past what specframe accepts
+
+
+def _suite(path: Path):
+    from specframe.support.prompt_suites import load_suite
+
+    return load_suite(str(path))
+
+
+def _jsonl_source(path: Path):
+    from specframe_corpus.sources import JsonlTexts
+
+    return list(JsonlTexts("src", "jsonl", path=path).batches())
+
+
+def _prompt_file(path: Path):
+    from specframe_corpus.answers import read_prompts
+
+    return read_prompts(path)
+
+
+def _bench_settings(path: Path):
+    from specframe.bench.runner import read_settings
+
+    return read_settings(path)
+
+
+def _in_store(template: Path, name: str):
+    def read(path: Path, text: str):
+        store = path.parent / "store"
+        shutil.copytree(template, store)
+        (store / name).write_text(text)
+        return (ShardedDatastore if name == MANIFEST else Datastore).open(store)
+    return read
+
+
+JSON_READERS = {  # name: (read(path, text), the error it must end in)
+    "datastore header": (lambda templates: _in_store(templates.store, HEADER), DatastoreError),
+    "sharded manifest": (lambda templates: _in_store(templates.sharded, MANIFEST), DatastoreError),
+    "suffix cache": (lambda templates: lambda path, text: read_cache(path), SuffixCacheError),
+    "suite": (lambda templates: lambda path, text: _suite(path), PromptError),
+    "jsonl source": (lambda templates: lambda path, text: _jsonl_source(path), DatastoreError),
+    "prompt file": (lambda templates: lambda path, text: _prompt_file(path), DatastoreError),
+    "bench settings": (lambda templates: lambda path, text: _bench_settings(path), ConfigurationError),
+}
+
+
+@pytest.mark.parametrize("text", [HUGE_INT, DEEP, DEEP_BUT_PARSED],
+                         ids=["5000 digits", "100000 deep", "200 deep"])
+@pytest.mark.parametrize("reader", JSON_READERS)
+def test_huge_integers_and_deep_nesting_are_each_readers_own_error(templates, tmp_path, reader, text):
+    make, error = JSON_READERS[reader]
+    path = tmp_path / "file.jsonl"
+    path.write_text(text)
+    with pytest.raises(error, match="not valid JSON") as raised:
+        make(templates)(path, text)
+    assert "Exceeds the limit" not in str(raised.value) and "set_int_max_str_digits" not in str(raised.value)
+
+
+@pytest.mark.parametrize("text", [HUGE_INT, DEEP, DEEP_BUT_PARSED])
+def test_benchmark_records_that_do_not_parse_are_skipped_as_cut_lines(tmp_path, text):
+    from specframe.bench.runner import read_records
+
+    path = tmp_path / "records.jsonl"
+    path.write_text(text + "\n")
+    assert read_records(path) == []
+
+
+def test_the_untrusted_json_reader_names_why():
+    from specframe.support.untrusted import json_or_none, json_problem
+
+    assert json_problem('{"a": [1, 2]}') == ({"a": [1, 2]},)
+    assert json_problem(HUGE_INT) == "a number of more than 4300 digits"
+    assert json_problem(DEEP) == json_problem(DEEP_BUT_PARSED) == "nested more than 64 levels deep"
+    assert json_problem(b"\xff") .startswith("not UTF-8 text")
+    assert json_or_none("[1") is None and json_or_none("[1]") == [1]
+
+
+# ------------------------------------------------------------------------------------------------------
+# Lone surrogates: printed escaped, refused before a tokenizer
+
+
+LONE = "\\ud800"  # as JSON writes it: decodes to a lone surrogate, which no encoder writes
+
+
+def test_a_lone_surrogate_in_cache_and_datastore_info_is_printed_escaped(templates, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from specframe.cli import build_app
+
+    monkeypatch.setenv("SPECFRAME_HOME", str(tmp_path / "home"))
+    caches = tmp_path / "home" / "suffix-caches"
+    caches.mkdir(parents=True)
+    odd = json.dumps(SUFFIX_CACHE).replace('"name": "ids"', f'"name": "ids{LONE}"')
+    (caches / "odd.json").write_text(odd)
+    (caches / "plain.json").write_text(json.dumps(SUFFIX_CACHE))
+    runner, app = CliRunner(), build_app()
+    listed = runner.invoke(app, ["cache", "info"])
+    assert listed.exit_code == 0, listed.output
+    assert f"tokenizer ids{LONE}" in listed.output and "plain: 3 responses" in listed.output
+    store = edited_store(tmp_path, templates.store,
+                         tokenizer={**json.loads((templates.store / HEADER).read_text())["tokenizer"],
+                                    "name": "ids\ud800"})
+    shown = runner.invoke(app, ["datastore", "info", str(store)])
+    assert shown.exit_code == 0, shown.output
+    assert f"ids{LONE}" in shown.output
+
+
+def test_a_lone_surrogate_in_a_suite_turn_or_a_datastore_source_is_refused_by_line(tmp_path):
+    suite = tmp_path / "suite.jsonl"
+    suite.write_text('{"question_id": 1, "turns": ["fine"]}\n'
+                     f'{{"question_id": 2, "turns": ["a{LONE}b"]}}\n')
+    with pytest.raises(PromptError, match=r"line 2: field 'turns', item 0 .* lone surrogate \\ud800"):
+        _suite(suite)
+    source = tmp_path / "source.jsonl"
+    source.write_text(f'{{"text": "fine"}}\n{{"text": "a{LONE}b"}}\n')
+    with pytest.raises(DatastoreError, match=r"line 2 holds a lone surrogate \\ud800 at character 1"):
+        _jsonl_source(source)
+
+
+# ------------------------------------------------------------------------------------------------------
+# Stores claiming more than their files hold, and suffix arrays wrong past the sample checked at open
+
+
+BIG_DOCS = [list(np.random.default_rng(i).integers(0, VOCAB, 700)) for i in range(8)]  # > 4097 positions
+
+
+@pytest.fixture(scope="module")
+def big_store(tmp_path_factory):
+    return build_store(tmp_path_factory.mktemp("big") / "store", BIG_DOCS)
+
+
+def sampled(n: int) -> set[int]:
+    """The suffix-array indexes `Datastore._check` samples (and their successors)."""
+    sample = np.random.default_rng(0).integers(0, n - 1, size=4096)
+    return {*sample.tolist(), *(sample + 1).tolist()}
+
+
+def test_a_sparse_file_claiming_gigabytes_is_refused_at_open(templates, tmp_path):
+    sep = 1 << 26  # buckets.bin of 512 MiB, almost all of it a hole
+    header = json.loads((templates.store / HEADER).read_text())
+    tokens = np.fromfile(templates.store / TOKENS, np.uint16).astype(np.uint32)  # (n,)
+    tokens[tokens == VOCAB] = sep
+    store = edited_store(tmp_path, templates.store, separator=sep, token_dtype="uint32",
+                         tokenizer={**header["tokenizer"], "vocab_size": sep},
+                         files={**header["files"], TOKENS: {"sha256": "x"}, BUCKETS: {"sha256": "x"}})
+    tokens.tofile(store / TOKENS)
+    with open(store / BUCKETS, "r+b") as f:
+        f.truncate((sep + 2) * 8)
+    if (store / BUCKETS).stat().st_blocks * 512 * 16 >= (sep + 2) * 8:
+        pytest.skip("this file system does not keep sparse files")
+    with pytest.raises(DatastoreError, match="buckets.bin.*on disk \\(a sparse file\\)"):
+        Datastore.open(store)
+
+
+def test_a_suffix_entry_out_of_range_past_the_sample_is_refused_at_open(big_store, tmp_path):
+    store = tmp_path / "ds"
+    shutil.copytree(big_store, store)
+    suffixes = np.fromfile(store / SUFFIXES, np.int32)  # (n,)
+    unsampled = next(i for i in range(len(suffixes)) if i not in sampled(len(suffixes)))
+    suffixes[unsampled] = len(suffixes) + 5
+    suffixes.tofile(store / SUFFIXES)
+    with pytest.raises(DatastoreError, match="positions outside the corpus"):
+        Datastore.open(store)
+
+
+def test_a_suffix_entry_at_the_corpus_end_past_the_sample_is_a_retrieval_error(big_store, tmp_path):
+    store = tmp_path / "ds"
+    shutil.copytree(big_store, store)
+    suffixes = np.fromfile(store / SUFFIXES, np.int32)  # (n,)
+    buckets = np.fromfile(store / BUCKETS, np.int64)  # (VOCAB + 2,)
+    checked = sampled(len(suffixes))
+    token, i = next((t, i) for t in range(VOCAB) for i in range(buckets[t], buckets[t + 1])
+                    if i not in checked)
+    suffixes[i] = 0  # the corpus's final separator, among the matches of `token`
+    suffixes.tofile(store / SUFFIXES)
+    index = SuffixIndex.of(Datastore.open(store))
+    with pytest.raises(DatastoreError, match="suffixes.bin puts the end of the corpus"):
+        index.longest_match(np.array([token], np.int64), 1, 10_000)

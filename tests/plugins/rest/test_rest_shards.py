@@ -385,7 +385,7 @@ def test_a_missing_or_damaged_shard_is_named_with_the_fix(corpus, tmp_path, dama
 @pytest.mark.parametrize(
     "edit,message",
     [
-        (lambda m: "{not json", "is not valid JSON"),
+        (lambda m: "{not json", "manifest.json: not valid JSON"),
         (lambda m: {**m, "format_version": 2}, "manifest version 2; this specframe reads versions 1 to 1"),
         (lambda m: {**m, "n_tokens": m["n_tokens"] + 1}, "do not add up to its totals"),
         (lambda m: {**m, "shards": [{**m["shards"][0], "n_documents": "x"}]}, r"\"shards\[0\].n_documents\""),

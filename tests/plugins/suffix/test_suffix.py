@@ -281,23 +281,30 @@ def test_a_cache_for_another_tokenizer_is_refused_and_kept(tiny, prompts, home):
     assert path.read_bytes() == before
 
 
-@pytest.mark.parametrize("content,message", [
-    ('{"format": 1, "tokenizer": {"name": "x", "fingerp', "not valid JSON"),
-    ('{"format": 1, "responses": [[1, 2', "not valid JSON"),
-    ('[1, 2, 3]', "not a specframe suffix cache"),
-    ('{"format": 1, "tokenizer": {"name": "x"}, "responses": []}', "tokenizer"),
+CACHE_HEADER = '"tokenizer":{"name":"x","fingerprint":"raw-ids","vocab_size":96},"responses":['
+
+
+@pytest.mark.parametrize("content,message,offered", [
+    ('{"format":1,' + CACHE_HEADER + '[1, 2', "not valid JSON", True),
+    ('{"format": 1, "tokenizer": {"name": "x", "fingerp', "not valid JSON", False),
+    ('{"format": 1, "responses": [[1, 2', "not valid JSON", False),
+    ('[1, 2, 3]', "not a specframe suffix cache", False),
+    ('{"format": 1, "tokenizer": {"name": "x"}, "responses": []}', "tokenizer", False),
+    ('{"format":1,' + CACHE_HEADER + '[1,96]]}', "token ids in", True),
     ('{"format": 1, "tokenizer": {"name": "x", "fingerprint": "raw-ids", "vocab_size": 96}, '
-     '"responses": [[1, 96]]}', "token ids in"),
-    ('{"format": 2, "tokenizer": {}, "responses": []}', "newer than the format 1"),
+     '"responses": [[1, 96]]}', "token ids in", False),
+    ('{"format":2,' + CACHE_HEADER + ']}', "newer than the format 1", True),
+    ('{"format": 2, "tokenizer": {}, "responses": []}', "newer than the format 1", False),
 ])
-def test_damaged_or_newer_caches_are_refused_and_kept(tiny, tmp_path, content, message):
-    """A file that starts like a cache is one: the error offers `cache clear`. Any other is not offered
-    for deletion, since `cache clear` would refuse it."""
+def test_damaged_or_newer_caches_are_refused_and_kept(tiny, tmp_path, content, message, offered):
+    """A file that starts with the exact header specframe writes is a cache: the error offers `cache
+    clear`. Any other (even one starting with the same keys) is not offered for deletion, since `cache
+    clear` would refuse it."""
     path = tmp_path / "mine.json"
     path.write_text(content)
     with pytest.raises(SuffixCacheError, match=message) as err:
         SuffixDrafter(tiny, cache=str(path))
-    if content.startswith(('{"format": 1, "tokenizer"', '{"format": 2, "tokenizer"')):
+    if offered:
         assert f"specframe cache clear {path}" in str(err.value)
     else:
         assert "`specframe cache clear` will not delete it" in str(err.value)
@@ -430,7 +437,8 @@ def test_cache_info_and_clear(tiny, prompts, home):
 
     for name in ("chat", "code"):
         decoder(tiny, f"suffix(cache={name!r})").generate(prompts[0][0], max_new_tokens=8)
-    (home / "broken.json").write_text('{"format": 1, "tokenizer": {"na')  # a cache cut short
+    cut = (home / "chat.json").read_text().index('"responses":[') + len('"responses":[[')
+    (home / "broken.json").write_text((home / "chat.json").read_text()[:cut])  # a cache cut short
     runner, app = CliRunner(), build_app()
     listing = runner.invoke(app, ["cache", "info"])
     assert listing.exit_code == 0, listing.output
