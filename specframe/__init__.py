@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from specframe.decode.loop import DEFAULT_BUDGET, SpeculativeDecoder, generate
     from specframe.terms.errors import (
-        CapabilityError, ConfigurationError, DuplicateComponentError, ModelLoadError, PromptError,
-        SpecframeError, SpecframeWarning, UnknownComponentError, UnsupportedModelError,
+        CapabilityError, ConfigurationError, DrafterError, DuplicateComponentError, ModelLoadError,
+        PromptError, SpecframeError, SpecframeWarning, UnknownComponentError, UnsupportedModelError,
     )
     from specframe.contract.extensions import CliOption, ModelRecipe, Preset
     from specframe.contract.hookspecs import hookimpl
@@ -41,9 +41,9 @@ __version__ = "0.1.0"
 # plugin's registration and `specframe --help` load neither torch nor transformers.
 _EXPORTS = {
     "specframe.decode.loop": ("DEFAULT_BUDGET", "SpeculativeDecoder", "generate"),
-    "specframe.terms.errors": ("CapabilityError", "ConfigurationError", "DuplicateComponentError",
-                               "ModelLoadError", "PromptError", "SpecframeError", "SpecframeWarning",
-                               "UnknownComponentError", "UnsupportedModelError"),
+    "specframe.terms.errors": ("CapabilityError", "ConfigurationError", "DrafterError",
+                               "DuplicateComponentError", "ModelLoadError", "PromptError", "SpecframeError",
+                               "SpecframeWarning", "UnknownComponentError", "UnsupportedModelError"),
     "specframe.contract.extensions": ("CliOption", "ModelRecipe", "Preset"),
     "specframe.contract.hookspecs": ("hookimpl",),
     "specframe.contract.interfaces": ("BackendCapabilities", "BatchBackend", "BuildContext", "Drafter",
@@ -82,7 +82,8 @@ __all__ = [
     "assemble", "BackendCapabilities", "BatchBackend", "BuildContext", "CapabilityError", "CliOption",
     "ComponentKind",
     "ComponentSpec", "ConfigurationError", "CostModel", "DecodeMetrics", "DEFAULT_BUDGET", "DraftContext",
-    "Drafter", "DrafterCapabilities", "DraftProposal", "DrawMethod", "DuplicateComponentError", "generate",
+    "Drafter", "DrafterCapabilities", "DrafterError", "DraftProposal", "DrawMethod",
+    "DuplicateComponentError", "generate",
     "GenerationResult", "get_registry", "hookimpl", "load_target", "ModelLoadError", "ModelRecipe",
     "Pipeline", "PluginRegistry", "PolynomialCost", "Preset", "PromptError", "RowByRow", "Sampler",
     "SamplingParams", "ScoreKind", "SpecframeError", "SpecframeWarning", "SpeculativeDecoder", "StateBackend",

@@ -16,7 +16,7 @@ import typer
 from specframe.bench.cli import bench_command
 from specframe.kit.cli_options import (clock_option, device_option, dtype_option, model_option,
                                   phase_timing_option, set_timing, threads_option)
-from specframe.terms.errors import ConfigurationError, SpecframeError
+from specframe.terms.errors import ConfigurationError, DrafterError, SpecframeError
 from specframe.contract.extensions import CliOption, applied
 from specframe.terms.kinds import DEFAULT_BUDGET, DEFAULT_COMPONENTS, ComponentKind
 from specframe.plugging.registry import PluginRegistry
@@ -102,7 +102,11 @@ def generate(
                                                max_new_tokens, stop or (), sampling, repeats, drafter)
             result = comparison.pop("result")
         else:
-            result = make_decoder().generate(ids, max_new_tokens=max_new_tokens, stop=stop or ())
+            try:
+                result = make_decoder().generate(ids, max_new_tokens=max_new_tokens, stop=stop or ())
+            except DrafterError as err:  # the text decoded until the drafter failed stands: printed first
+                typer.echo(getattr(err.partial, "text", None) or "")
+                raise
     report = {"text": result.text, "new_tokens": len(result.tokens), "finish_reason": result.finish_reason,
               **{k: v for k, v in result.metrics.to_dict().items() if k != "new_tokens"},
               "pipeline": {"drafter": drafter, "tree": tree, "verifier": verifier, "backend": backend,

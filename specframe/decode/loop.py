@@ -12,7 +12,7 @@ from pathlib import Path
 
 from specframe.terms.budget import parse_budget
 from specframe.terms.cost import CostModel
-from specframe.terms.errors import ConfigurationError, PromptError, SpecframeWarning
+from specframe.terms.errors import ConfigurationError, DrafterError, PromptError, SpecframeWarning
 from specframe.terms.kinds import DEFAULT_BUDGET
 from specframe.terms.metrics import PhaseTimer, now, peak_memory_bytes, reset_peak_memory
 from specframe.terms.request import check_request_input
@@ -95,7 +95,11 @@ class SpeculativeDecoder:
         device, sync = self.target.device, synchronizer(self.target.device)
         reset_peak_memory(device)  # on CUDA the peak is this request's, not the process's
         start = now()
-        self._decode(row)
+        try:
+            self._decode(row)
+        except DrafterError as err:  # what was decoded is verified: it goes with the error
+            err.partial = self.partial_result(row)
+            raise
         if sync is not None:
             sync()  # queued work is part of the request's time
         row.metrics.wall_s = now() - start
@@ -203,7 +207,14 @@ class SpeculativeDecoder:
                 key, row, start = self._admit(batch, requests[index], samplings[index], plan, logprobs)
                 active[key] = (index, row, start)
                 account.prefill_s += row.metrics.prefill_s
-            self._batch_step(batch, {key: row for key, (_, row, _) in active.items()}, batch_planner, account)
+            try:
+                self._batch_step(batch, {key: row for key, (_, row, _) in active.items()}, batch_planner,
+                                 account)
+            except DrafterError as err:  # every row's verified tokens go with the error
+                for index, row, _ in active.values():
+                    results[index] = self.partial_result(row)
+                err.partial = results
+                raise
             for key, (index, row, start) in list(active.items()):
                 if row.reason is not None:
                     results[index] = self._retire(batch, key, row, start)
@@ -291,6 +302,14 @@ class SpeculativeDecoder:
         result = GenerationResult(row.new, text, row.reason, row.metrics, row.logprob)
         row.drafter.finish(row.prompt_ids, result.tokens)
         return result
+
+    def partial_result(self, row: RequestRow) -> GenerationResult:
+        """What a row whose drafter failed decoded until then (finish_reason "error"); the drafter is not
+        told, since it failed."""
+        tokenizer = self.target.tokenizer
+        text = tokenizer.decode(row.new, skip_special_tokens=True) if tokenizer is not None else None
+        row.metrics.new_tokens = len(row.new)
+        return GenerationResult(list(row.new), text, "error", row.metrics, row.logprob)
 
     def _planner(self) -> FixedPlanner | AdaptivePlanner:
         """The step planner, made once: for `budget="auto"` this measures (or loads) the backend's cost

@@ -9,12 +9,14 @@ shared between rows, so a row decodes exactly as its request would alone, given 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import numpy as np
 
 from specframe.contract.interfaces import BuildContext
 from specframe.plugging.pipeline import Pipeline
+from specframe.terms.errors import DrafterError, SpecframeError
 from specframe.terms.metrics import DecodeMetrics, PhaseTimer
 from specframe.terms.proposal import DraftContext, DraftProposal
 from specframe.terms.records import Prediction, StepEvent, StepOutcome, TargetScores, VerifyResult
@@ -66,13 +68,30 @@ class RequestRow:
             self._drafting = room > 0 and planner.should_draft()
             budget = planner.build_budget(room) if self._drafting else 0
             context = DraftContext(self.tokens, len(self.prompt_ids), budget, self.hidden, self.sampler)
-            self._proposal = self.drafter.propose(context) if self._drafting else DraftProposal.empty()
+            with self._drafter_failure():
+                self._proposal = self.drafter.propose(context) if self._drafting else DraftProposal.empty()
         with timer("tree"):
             tree = (self.pipeline.tree_builder.build(self._proposal, BuildContext(budget, planner.cost))
                     if len(self._proposal) else TokenTree.empty())
             self._tree, self._predicted = planner.choose(self._proposal, tree)
         self._skipped = room > 0 and not self._drafting  # the planner judged drafting not worth it
         return self._tree
+
+    @contextmanager
+    def _drafter_failure(self) -> Iterator[None]:
+        """Turn an exception of the drafter into a `DrafterError` saying how many tokens were decoded;
+        the decoder adds them to it (`partial`). A specframe error raised before any token was decoded
+        (a store refused at the first draft) has nothing to keep and stays as it is."""
+        try:
+            yield
+        except Exception as err:
+            if isinstance(err, SpecframeError) and not self.new:
+                raise
+            name = getattr(self.drafter, "name", type(self.drafter).__name__)
+            raise DrafterError(
+                f"drafter '{name}' failed after {len(self.new)} new tokens ({type(err).__name__}: {err}); "
+                "the tokens decoded until then are kept (the error's `partial` result, printed above it by "
+                "`specframe generate`): fix what it names, or decode without it (--drafter none)") from err
 
     def keep(self, tree: TokenTree, predicted: Prediction) -> None:
         """The planner of a batch cut this step's tree to `tree` (a subtree of it), predicting `predicted`."""
@@ -90,7 +109,9 @@ class RequestRow:
         emitted = [int(t) for t in tree.tokens[result.path]] + [result.bonus]
         last = result.path[-1] + 1 if result.path else 0
         self.hidden = scores.hidden[last] if scores.hidden is not None else None
-        self.drafter.observe(StepOutcome(self._proposal, len(tree), emitted[:-1], result.bonus, self.hidden))
+        with self._drafter_failure():
+            self.drafter.observe(StepOutcome(self._proposal, len(tree), emitted[:-1], result.bonus,
+                                             self.hidden))
         emitted, self.reason = self._cut(emitted)
         if self.logprob is not None:
             self.logprob += _logprob(scores.logits, [0, *(i + 1 for i in result.path)], emitted)

@@ -58,6 +58,20 @@ class OutputError(SpecframeError):
     read-only); the message says what was kept and how to go on."""
 
 
+class DrafterError(SpecframeError):
+    """A drafter failed in the middle of a request (a damaged store it reads, a bug in it). The request
+    stops there rather than going on without the drafter: a run measuring a method must not quietly
+    measure another. Every token emitted before the failure was verified by the target, so `partial`, a
+    `GenerationResult` whose `finish_reason` is "error" (a list of them, one per prompt, None for those
+    not started, from `generate_batch`), holds what plain decoding gives up to there; `specframe
+    generate` prints its text before the `error:` line. The drafter's own exception is the `__cause__`
+    (a specframe error it raises before the first token, with nothing to keep, is raised as it is)."""
+
+    def __init__(self, message: str, partial=None):
+        super().__init__(message)
+        self.partial = partial
+
+
 class SpecframeWarning(UserWarning):
     """Warnings specframe emits itself (tests turn them into errors)."""
 

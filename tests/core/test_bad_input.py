@@ -10,8 +10,8 @@ from conftest import tiny_llama
 
 import specframe
 from specframe import (
-    CapabilityError, ConfigurationError, ModelLoadError, PromptError, SamplingParams, SpeculativeDecoder,
-    UnknownComponentError, UnsupportedModelError,
+    CapabilityError, ConfigurationError, DrafterError, ModelLoadError, PromptError, SamplingParams,
+    SpeculativeDecoder, UnknownComponentError, UnsupportedModelError,
 )
 
 
@@ -96,3 +96,52 @@ def test_cli_plugins_is_json():
     out = subprocess.run([sys.executable, "-m", "specframe.cli", "plugins"], capture_output=True, text=True,
                          check=True)
     assert "pld" in json.loads(out.stdout)["components"]["drafters"]
+
+
+class FailingDrafter(specframe.Drafter):
+    """Drafts nothing, then fails (as a drafter reading a damaged store does) once 6 tokens are out."""
+
+    name = "failing"
+
+    def propose(self, context):
+        if len(context.tokens) - context.prompt_len >= 6:
+            raise IndexError("index 5000 is out of bounds for axis 0 with size 4")
+        return specframe.DraftProposal.empty()
+
+
+def test_a_drafter_failing_mid_request_keeps_what_was_decoded():
+    from specframe.testing import checks
+    from specframe.testing.targets import reference_greedy
+
+    target, prompt = tiny_llama(), [5, 9, 14, 5, 9]
+    decoder = checks.make_decoder(target, FailingDrafter, "chain", "greedy", "kv", budget=2)
+    with pytest.raises(DrafterError, match=r"drafter 'failing' failed after 6 new tokens \(IndexError: index "
+                       r"5000.*kept.*--drafter none") as raised:
+        decoder.generate(prompt, max_new_tokens=20)
+    partial = raised.value.partial
+    assert partial.finish_reason == "error" and partial.tokens == reference_greedy(target, prompt, 6)
+    assert isinstance(raised.value.__cause__, IndexError)
+    with pytest.raises(DrafterError) as batch:
+        decoder.generate_batch([prompt, prompt[:3], prompt[1:]], 20, batch_size=2)
+    rows = batch.value.partial
+    assert [len(row.tokens) for row in rows[:2]] == [6, 6] and rows[2] is None
+
+
+def test_generate_prints_what_was_decoded_before_the_error_line(monkeypatch, capsys):
+    from specframe.cli import main
+    from specframe.decode.loop import SpeculativeDecoder
+    from specframe.terms.result import GenerationResult
+
+    def fail(self, *args, **kwargs):
+        raise DrafterError("drafter 'rest' failed after 2 new tokens",
+                           GenerationResult([7, 8], "so far", "error"))
+
+    monkeypatch.setattr("specframe.runtime.load.load_target", lambda *args, **kwargs: tiny_llama())
+    monkeypatch.setattr("specframe.cli.encode_prompt", lambda target, prompt, chat: [5, 9, 14])
+    monkeypatch.setattr(SpeculativeDecoder, "generate", fail)
+    monkeypatch.setattr(sys, "argv", ["specframe", "generate", "hi", "--model", "tiny"])
+    with pytest.raises(SystemExit) as exit_:
+        main()
+    out = capsys.readouterr()
+    assert exit_.value.code == 2 and out.out == "so far\n"
+    assert out.err.startswith("error: drafter 'rest' failed after 2 new tokens"), out.err

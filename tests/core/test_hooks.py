@@ -70,6 +70,7 @@ def test_the_drafter_finishes_each_request_with_its_exact_tokens_whatever_ended_
     assert decoder.pipeline.drafter.finished == [(prompt, full.tokens), (prompt, early.tokens)]
     failing = specframe.SpeculativeDecoder.from_names(target, type("Failing", (Remembering,), {"fail_at": 2}),
                                                       registry=PluginRegistry())
-    with pytest.raises(RuntimeError, match="drafting failed"):
+    with pytest.raises(specframe.DrafterError, match="RuntimeError: drafting failed") as raised:
         failing.generate(prompt, max_new_tokens=12)
+    assert isinstance(raised.value.__cause__, RuntimeError)
     assert failing.pipeline.drafter.finished == []  # a request that raises ends without `finish`
