@@ -186,8 +186,8 @@ def append_responses(path: Path, identity: TokenizerIdentity, new: list[list[int
     (`SuffixCacheError`) and left as it is. The new file replaces the old one atomically."""
     def busy() -> SuffixCacheError:
         return SuffixCacheError(f"suffix cache '{path}' stayed locked by another process for "
-                                f"{FILE_LOCK_WAIT:g} s ({file_lock(path)}); if no specframe process is "
-                                "running, delete that lock file")
+                                f"{FILE_LOCK_WAIT:g} s ({file_lock(path)}): wait for it to finish, or give "
+                                "this request another cache name")
 
     with locked_update(path, busy, f"suffix cache '{path}'"):
         responses = (load_responses(path, identity, label) + new)[-keep:] if keep else []

@@ -7,7 +7,9 @@ module holds what both need to do that safely when several processes run at once
 
 - `exclusive(lock_file)`: a `filelock` lock held for the whole check-build-publish sequence, so two
   processes never both decide that the output is theirs to write. The lock file is removed before the
-  lock is released, so nothing is left beside the output.
+  lock is released, so nothing is left beside the output. A holder killed by a signal cannot remove it:
+  that empty file stays, but the lock is the kernel's `flock` on it, released with the process, so the
+  file is never taken for a held lock, and the next holder removes it.
 - `remove_stale(parent, pattern)`: temporary directories of the same output found while holding its lock
   belong to no live process (a live one would hold the lock), so they are leftovers of a killed run.
 - `follow_umask(tree)`: `tempfile.mkdtemp` creates directories with mode 0700; published results get the

@@ -265,3 +265,26 @@ def test_replacing_a_datastore_never_leaves_its_name_empty(tmp_path, monkeypatch
     assert None not in seen and seen[-1] == "new"
     assert (out / HEADER).read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == ["ds"]
 
+
+
+HOLD_AND_DIE = """
+import os, signal, sys
+from pathlib import Path
+from specframe.support.atomic_dirs import exclusive
+with exclusive(Path(sys.argv[1]), RuntimeError):
+    print("held", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_lock_file_left_by_a_killed_holder_is_never_taken_for_a_held_lock(tmp_path):
+    """A holder killed by a signal cannot remove its lock file; the lock is the kernel's flock on it,
+    released with the process, so the next holder takes it at once (no wait) and removes the file."""
+    lock = tmp_path / ".out.lock"
+    killed = subprocess.run([sys.executable, "-c", HOLD_AND_DIE, str(lock)], capture_output=True, text=True,
+                            timeout=120)
+    assert killed.returncode == -9 and killed.stdout == "held\n", killed.stderr
+    assert lock.is_file() and lock.stat().st_size == 0  # what a kill leaves
+    with exclusive(lock, lambda: AssertionError("a stale lock file was taken for a held lock")):
+        pass
+    assert not lock.exists()
