@@ -85,7 +85,7 @@ def test_a_speedup_above_tau_comes_with_a_note(monkeypatch):
 
 
 def test_a_speedup_above_tau_within_the_noise_has_no_note(monkeypatch):
-    # speedups 1.05x and 0.96x against tau 1.00, the baseline's runs 10 and 11 tokens/s: ±5 % of noise
+    # speedups 1.05x and 0.96x against tau 1.00, the baseline timed at 10 and at 11 tokens/s: ±5 % of noise
     report, _, _ = run_compare(monkeypatch, [1.0, 10.5, 10.5], [1.0, 10.0, 11.0], tau=1.0)
     assert report["speedup"] > 1.0 and report["noise"] == pytest.approx(0.0476, abs=1e-3)
     assert "note" not in report
