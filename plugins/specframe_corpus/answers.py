@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specframe.kit.files import check_encodable, json_lines, json_or_none
+from specframe.kit.prompts import chat_ids
 from specframe.kit.inference import inference_mode
 from specframe.kit.progress import bar as progress_bar
 from specframe_corpus.datastore import DatastoreError
@@ -162,10 +163,8 @@ def prompt_key(prompt: str) -> str:
 def prompt_ids(tokenizer, prompt: str, template: bool = True) -> list[int]:
     """A prompt's ids as the target reads it: in its chat template (if it has one and `template`), or raw."""
     if template and getattr(tokenizer, "chat_template", None):
-        encoded = tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True, return_dict=True
-        )
-        return list(encoded["input_ids"])
+        return chat_ids(tokenizer, [{"role": "user", "content": prompt}],
+                        "or build from raw prompts (no chat template)")
     return list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
 
 

@@ -15,7 +15,6 @@ A `--data` source is one of:
 
 from __future__ import annotations
 
-import json
 import random
 import sysconfig
 from collections.abc import Iterator
@@ -24,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from specframe import ConfigurationError
+from specframe.kit.files import json_or_none, parse_json
 
 TEXT_SUFFIXES = (".py", ".txt", ".md")
 
@@ -56,17 +56,20 @@ def _answers(name: str, tokenizer) -> Iterator[list[int]]:
             f"s4c training: no prompts and answers of a datastore build '{name}' in {datastore_home()}; "
             f"make them with `specframe datastore build --source model:self --out {name}`")
     cached, template = {}, True
-    for line in answers.read_text(encoding="utf-8").splitlines():
-        record = json.loads(line)
+    for line in answers.read_text(encoding="utf-8", errors="replace").splitlines():
+        record = json_or_none(line)  # a line cut by an interrupted build is skipped, as the build does
+        if not isinstance(record, dict):
+            continue
         if "ids" in record:
             cached[record["prompt"]] = record["ids"]
         elif "settings" in record:  # `model-continue:` builds continue their prompts raw, as code is fed
             template = record["settings"].get("template", True)
-    for line in prompts.read_text(encoding="utf-8").splitlines():
-        record = json.loads(line)
-        answer = cached.get(prompt_key(record["prompt"])) if "prompt" in record else None
+    for line in prompts.read_text(encoding="utf-8", errors="replace").splitlines():
+        record = json_or_none(line)
+        prompt = record.get("prompt") if isinstance(record, dict) else None
+        answer = cached.get(prompt_key(prompt)) if isinstance(prompt, str) else None
         if answer:
-            yield prompt_ids(tokenizer, record["prompt"], template) + list(answer)
+            yield prompt_ids(tokenizer, prompt, template) + list(answer)
 
 
 def _documents(name: str) -> Iterator[str]:
@@ -96,15 +99,11 @@ def _documents(name: str) -> Iterator[str]:
 
 
 def json_line(path: Path, number: int, line: str):
-    """Line `number` of the JSONL file `path`, parsed; refused, with its number, unless it is JSON that
-    Python can hold (not too deep, no integer of more than 4300 digits)."""
-    try:
-        return json.loads(line)
-    except (ValueError, RecursionError) as err:
-        problem = "nests too deeply" if isinstance(err, RecursionError) else f"is not valid JSON ({err})"
-        raise ConfigurationError(
-            f"s4c training: line {number} of the --data file {path} {problem}; fix or remove that line "
-            "(each line must be a JSON object, its text in a \"text\" field)") from None
+    """Line `number` of the JSONL file `path`, parsed by the kit's reader of untrusted JSON: refused, with
+    its number, unless it is JSON that Python can hold (not too deep, no integer of more than 4300 digits)."""
+    return parse_json(line, f"s4c training: line {number} of the --data file {path}",
+                      "fix or remove that line (each line must be a JSON object, its text in a "
+                      "\"text\" field)", ConfigurationError)
 
 
 def _read(path: Path) -> str:

@@ -253,7 +253,8 @@ def test_a_finished_batch_sweep_is_not_measured_again(batch_records, capsys):
 
 
 @pytest.mark.parametrize("recorded", ["--out /home/someone/specframe/results/records/code-cpu",
-                                      "--out results/an-older-run/humaneval", "--out=/work/checkout/results/he"])
+                                      "--out results/an-older-run/humaneval",
+                                      "--out=/work/checkout/results/he"])
 def test_a_page_shows_the_command_with_the_records_folder_relative_to_the_repository(records, recorded):
     """bench keeps its command as typed: an absolute --out names the measuring machine's folders, and an
     older run's folder is not where `make results` keeps the run."""

@@ -572,14 +572,14 @@ def test_a_damaged_init_heads_file_is_an_error_line(monkeypatch, capsys, tmp_pat
                f"the heads file {path}")
 
 
-@pytest.mark.parametrize("line,problem", [("{bad", "is not valid JSON"), ("[" * 100000, "nests too deeply"),
-                                          ('{"text": ' + "1" * 5000 + "}", "is not valid JSON")])
+@pytest.mark.parametrize("line,problem", [("{bad", "not valid JSON"), ("[" * 100000, "nested more than"),
+                                          ('{"text": ' + "1" * 5000 + "}", "more than 4300 digits")])
 def test_an_invalid_jsonl_line_of_the_data_is_an_error_line_with_its_number(monkeypatch, capsys, tmp_path,
                                                                            line, problem):
     data = tmp_path / "corpus.jsonl"
     data.write_text(json.dumps({"text": "x = 1\n" * 40}) + "\n\n" + line + "\n")
     error_line(train_here(monkeypatch, capsys, tmp_path, "--data", str(data), "--out", str(tmp_path / "run")),
-               f"line 3 of the --data file {data} {problem}", "fix or remove that line")
+               f"line 3 of the --data file {data}: not valid JSON", problem, "fix or remove that line")
 
 
 def test_written_heads_and_state_follow_the_umask(tmp_path):
