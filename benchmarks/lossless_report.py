@@ -1,6 +1,6 @@
 """Tabulate the exact-law evidence behind the lossless claims: every check of
-tests/core/test_lossless_power.py
-and tests/core/test_lossless_e2e.py, with N, chi-square, p-value and total variation against its noise level.
+tests/core/decode/test_lossless_power.py and tests/core/decode/test_lossless_e2e.py, with N, chi-square,
+p-value and total variation against its noise level.
 
     OMP_NUM_THREADS=1 python benchmarks/lossless_report.py --out docs/results/exact-law.md
 
@@ -97,7 +97,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         lines = ["# Lossless sampling: exact-law evidence", "",
                  "Produced by `OMP_NUM_THREADS=1 python benchmarks/lossless_report.py` (the scenarios, seeds "
-                 "and run counts of tests/core/test_lossless_power.py and tests/core/test_lossless_e2e.py). "
+                 "and run counts of tests/core/decode/test_lossless_power.py and "
+                 "tests/core/decode/test_lossless_e2e.py). "
                  "A check passes at p >= 1e-4; TV noise is the mean total variation of N exact draws.", ""]
         lines += direct_tables() + e2e_tables(Path(tmp))
     lines += ["", f"Total time: {time.perf_counter() - start:.0f} s on one core."]

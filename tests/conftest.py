@@ -94,7 +94,8 @@ def plain_greedy(target: specframe.Target, prompt: list[int], max_new_tokens: in
 
 
 def pytest_collection_modifyitems(config, items):
-    """Skip the tests marked `gpu` (tests/core/test_gpu.py) on a machine where torch sees no CUDA device."""
+    """Skip the tests marked `gpu` (tests/core/runtime/test_gpu.py) on a machine where torch sees no CUDA
+    device."""
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")

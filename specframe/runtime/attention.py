@@ -30,7 +30,7 @@ model's precision, so the order of summation (which differs with the number of r
 keys between a node and its ancestors) changes the result with a probability of the order of 2^-40 per
 output element. Rows then match plain steps bit for bit, as long as the linear layers are row invariant
 too: `load_target` packs a bfloat16 CPU target's linears so that they are, for up to `EXACT_ROWS` rows
-(`specframe.runtime.packed_linear`; `tests/core/test_exact_attention.py` checks whole forwards).
+(`specframe.runtime.packed_linear`; `tests/core/runtime/test_exact_attention.py` checks whole forwards).
 `exact_rows(model)` says how many rows a model's attention and linears keep exact; for the linears it
 measures that on the CPU it runs on, because where they are not packed (`SPECFRAME_CPU_LINEAR=torch`, or
 a CPU without native bfloat16) torch's own kernels decide, and they may keep fewer rows.

@@ -58,7 +58,7 @@ ENV = "SPECFRAME_CPU_LINEAR"
 # products and oneDNN for the rest.
 KERNELS = ("onednn", "torch", "stream")
 # The most rows for which oneDNN's bfloat16 kernels give each row the same bits as a product of that row
-# alone (measured on AVX-512 and AMX CPUs: `tests/core/test_exact_attention.py`).
+# alone (measured on AVX-512 and AMX CPUs: `tests/core/runtime/test_exact_attention.py`).
 INVARIANT_ROWS = 32
 
 
@@ -170,7 +170,7 @@ class PackedLinear(torch.nn.Linear):
 @cache  # the import statement is not free, and this runs for every small product
 def _stream_kernel():
     """`specframe_kernels.stream_linear`, imported at first use: `import specframe` loads no other package
-    of this distribution (`tests/core/test_registry.py`)."""
+    of this distribution (`tests/core/plugging/test_registry.py`)."""
     from specframe_kernels import stream_linear
 
     return stream_linear

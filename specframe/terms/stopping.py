@@ -4,7 +4,7 @@ Decoding the whole output after each emitted token costs time that grows with th
 tokenizer a step that emits two tokens spent 0.1 ms on it at 128 tokens of output and 3.1 ms at 4,000,
 about a tenth of a CPU step by then; decoding the tail costs 0.02 ms at any length. A stop string that
 ends in this step's tokens starts at most its own length in characters before them, so that many
-characters' worth of earlier tokens is all that needs decoding (`tests/core/test_stopping.py` checks the
+characters' worth of earlier tokens is all that needs decoding (`tests/core/terms/test_stopping.py` checks the
 result against decoding everything).
 """
 

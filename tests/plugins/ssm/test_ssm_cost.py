@@ -76,8 +76,8 @@ def test_the_variable_is_the_packed_size_as_in_the_reference_fits():
 @pytest.mark.parametrize("kind", ["mamba2", "bamba"])
 def test_the_default_model_prices_small_trees_as_padded(kind):
     """`ssm-tree` pads every forward to `min_rows` rows (on a CPU 4 where calibration measured that no
-    slower, else 1: `tests/core/test_devices.py`), so the reference fit, measured unpadded, is read at that
-    size for smaller trees; `ssm-unrolled` pads nothing."""
+    slower, else 1: `tests/core/runtime/test_devices.py`), so the reference fit, measured unpadded, is read
+    at that size for smaller trees; `ssm-unrolled` pads nothing."""
     target = tiny_ssm_target(kind)
     fit = SSMTreeBackend(target, min_rows=1).cost_model()
     padded = SSMTreeBackend(target, min_rows=4).cost_model()

@@ -24,7 +24,7 @@ from specframe.support.atomic_dirs import exclusive, write_atomically
 from specframe.terms.errors import SpecframeWarning
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # fixture in conftest.py
-TESTS = Path(__file__).parents[1]  # where conftest.py lives
+TESTS = Path(__file__).parents[2]  # where conftest.py lives
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import pytest
 
 from specframe.plugging.registry import PluginRegistry
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PAGES = {"README.md": ROOT / "README.md",
          "docs/reference/components.md": ROOT / "docs" / "reference" / "components.md"}
 

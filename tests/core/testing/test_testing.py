@@ -1,6 +1,6 @@
 """specframe.testing: the conformance checks catch broken components, the law checks tell lossless
-samplers and builders from biased ones, and the tiny targets behave. tests/core/test_conformance.py runs
-the suites on the first-party components."""
+samplers and builders from biased ones, and the tiny targets behave.
+tests/core/testing/test_conformance.py runs the suites on the first-party components."""
 
 from __future__ import annotations
 

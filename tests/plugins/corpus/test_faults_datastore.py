@@ -4,7 +4,8 @@ conversions killed mid-way, the modes of what is published, and a damaged GGUF c
 The concurrency and kill tests run the real `specframe` CLI in subprocesses, with a tiny word-level
 tokenizer and a one-layer Llama saved to disk, so each build takes a few seconds (mostly imports). Where a
 test needs a build to stop at a known point, the subprocess runs `specframe.cli.main` with a pause or a
-self-kill patched into `plugins/specframe_corpus/build.py` (as `tests/core/test_cli_exit_codes.py` runs main).
+self-kill patched into `plugins/specframe_corpus/build.py` (as `tests/core/cli/test_cli_exit_codes.py` runs
+main).
 """
 
 from __future__ import annotations

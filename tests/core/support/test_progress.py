@@ -17,7 +17,7 @@ from specframe.runtime.load import load_target, progress_bars_on_a_terminal
 from specframe.support.progress import bar
 from specframe.testing import tiny_target
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 PROMPT = BenchPrompt("c1", "coding", ("def add(a, b):\n    return a + b\n",), chat=False)
 

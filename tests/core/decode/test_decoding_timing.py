@@ -1,7 +1,7 @@
 """Timing of the decode loop: `phase_timing` changes when the device is waited for, never the tokens.
 
 On the CPU there is nothing to wait for, so the device synchronisation is replaced by a counter here;
-tests/core/test_gpu.py runs the same decodes on CUDA.
+tests/core/runtime/test_gpu.py runs the same decodes on CUDA.
 """
 
 from __future__ import annotations

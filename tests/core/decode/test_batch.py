@@ -107,7 +107,7 @@ def test_a_rows_sampled_tokens_depend_on_its_own_seed_only(target, prompts, batc
         assert other.tokens == row.tokens
 
 
-# --- the law of sampled rows (the exact-law harness of tests/core/test_lossless_e2e.py, run as rows) -----
+# --- the law of sampled rows (the exact-law harness of tests/core/decode/test_lossless_e2e.py, run as rows) -
 
 LAW_PROMPT = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3]
 DEPTH, MAX_NEW, RUNS, ROWS = 2, 4, 2000, 8
