@@ -2,8 +2,6 @@
 (`ssm-unrolled`) on small random Mamba2 and Mamba2 + attention models, full binary trees of depth 3-5.
 
     pytest benchmarks/bench_ssm_tree.py --benchmark-group-by=param:kind,param:depth
-
-The 2.7B-dimension numbers come from `benchmarks/measure_ssm_tree.py` instead.
 """
 
 from __future__ import annotations

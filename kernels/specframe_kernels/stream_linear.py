@@ -2,10 +2,9 @@
 
 A verification step on the CPU multiplies a few rows (the tree's nodes) by every weight matrix of the
 model, and a few rows cost what reading the weights costs, if the kernel reads them once. oneDNN's
-packed kernels do that up to 6 rows and then jump: on the development CPU (AMD EPYC, Zen 4, one thread)
-SmolLM2's linears take 31 ms for 6 rows and 39 ms for 7, and 38 ms for a single row
-(`benchmarks/linear_rows.py`, `docs/results/conclusions.md`). This kernel (`stream_linear.cpp`) keeps up
-to 12 rows in registers while the weights stream past:
+packed kernels do that up to 6 rows and then jump at 7, and their single-row kernel reads the weights
+more slowly than their 4-row one (an AMD EPYC, Zen 4: docs/explanation/metrics-and-costs.md). This
+kernel (`stream_linear.cpp`) keeps up to 12 rows in registers while the weights stream past:
 
 - the weight is laid out once as `[input chunk][block of 32 outputs][64 inputs][32 outputs]`, so one pass
   over a chunk of 64 inputs is one contiguous read, and that chunk of x (transposed) and of one block stay

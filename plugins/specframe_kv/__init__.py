@@ -11,20 +11,19 @@ are the same either way.
 On some CPUs a forward over 1 or 2 tokens costs more than over 4: with torch's own linear kernel
 (`SPECFRAME_CPU_LINEAR=torch`) the BLAS switches from one streaming pass over each weight matrix to a per-row
 one; with the default oneDNN-packed weights (`specframe.kit.models.PackedLinear`) its 1- and 2-row kernels
-stream the weights more slowly than its 4-row one (SmolLM2 at one thread on an Intel Xeon: 72 ms for a 1-node
-tree, 57 ms padded to 4 rows, 55 ms for a 3-node tree, 61 ms for a plain step; on an AMD EPYC a plain step
-57.2 ms, padded to 4 rows 51.7: `benchmarks/plain_padding.py`). So every forward, a plain step (the root
+stream the weights more slowly than its 4-row one (on SmolLM2 a 1-node tree or a plain step padded to 4 rows
+costs less than unpadded on an Intel Xeon and on an AMD EPYC). So every forward, a plain step (the root
 alone) included, may be padded with throwaway rows up to `min_rows` (docs/explanation/metrics-and-costs.md).
 Nothing attends to the padding and its logits and cache rows are dropped, so results are unchanged. On other
-CPUs padding loses (an Intel Xeon with AMX: a plain step padded to 4 rows took 1.10 times a one-row one), so
+CPUs padding loses (an Intel Xeon with AMX, where a plain step padded to 4 rows is slower than one row), so
 whether a CPU pads is measured for the model by its calibration (`specframe.kit.backend.forward_min_rows`).
 Without one `kv` does not pad, so that plain decoding runs the one-row forward transformers' `generate` runs;
 a calibration measured later in the process (the first `budget="auto"` request) sets the padding of the
 backends built before it (`specframe.kit.backend.stored_min_rows`).
 
 A CPU target in bfloat16 computes each row of a forward exactly as a plain step would
-(`specframe.runtime.attention`) only up to `exact_rows(model)` rows (measured on the CPU: 64 with packed
-linears on the development CPU, 32 with torch's own): a larger tree is scored by
+(`specframe.runtime.attention`) only up to `exact_rows(model)` rows (measured on the CPU, and more rows with
+packed linears than with torch's own: docs/explanation/metrics-and-costs.md): a larger tree is scored by
 several forwards of at most that many rows each, in order, each reading the rows before it from the
 cache. The limit is measured again when torch's thread count changes, as kernels depend on it.
 

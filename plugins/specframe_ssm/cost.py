@@ -21,8 +21,8 @@ from specframe import CostModel, PolynomialCost
 if TYPE_CHECKING:
     import torch
 
-# Fits of one `score` call (process CPU seconds, 1 thread, float32) measured with
-#   python benchmarks/measure_ssm_tree.py --layers 4 --hybrid-layers 10 --threads 1 --time cpu
+# Fits of one `score` call (process CPU seconds, 1 thread, float32) measured by a one-off script
+# (`benchmarks/measure_ssm_tree.py`, no longer kept: git history has it)
 # on random models with Mamba2-2.7B layer dims (d_model 2560, 80 x 64 heads, N 128, vocab 50288), full
 # binary trees of N = 3..63 packed nodes after a 128-token prefix (docs/results/conclusions.md).
 # kind -> (coefficients, highest power first; layers of the measured model)

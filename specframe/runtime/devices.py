@@ -100,9 +100,9 @@ def forward_min_rows(value: int | None, device: torch.device, backend: str, line
 
     On some CPUs oneDNN's and the BLAS's 1- and 2-row matrix products stream the weights more slowly than
     their 4-row ones, so a padded plain step of an attention model (SmolLM2) is faster than an unpadded
-    one (measured by `benchmarks/plain_padding.py`; docs/explanation/metrics-and-costs.md); on others
-    (an Intel Xeon with AMX) the padded step is slower. Where other work grows with the rows (a
-    Bamba-style model's tree scan on `ssm-tree` doubled a plain step's time at hidden size 1024), padding
+    one (docs/explanation/metrics-and-costs.md); on others (an Intel Xeon with AMX) the padded step is
+    slower. Where other work grows with the rows (a Bamba-style model's tree scan on `ssm-tree` doubled
+    a plain step's time at hidden size 1024), padding
     is a loss, so it is measured per model and machine, not assumed.
     `stream_linear` reads the weights at one speed for 1 to 4 rows, so padding would only add work.
     """
