@@ -48,7 +48,7 @@ class SuffixIndex:
     def __init__(self, tokens: np.ndarray, suffixes: np.ndarray, buckets: np.ndarray, separator: int):
         self.tokens, self.suffixes, self.buckets, self.separator = tokens, suffixes, buckets, separator
         self.n = len(tokens)
-        # memoryviews index ~5x faster than numpy scalars in the binary searches' Python loops
+        # memoryviews index several times faster than numpy scalars in the binary searches' Python loops
         self._tok = memoryview(np.asarray(tokens))
         self._sa = memoryview(np.asarray(suffixes))
 

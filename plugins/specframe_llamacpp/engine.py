@@ -13,8 +13,8 @@ them):
   what else the cache holds. Without it, rows from the fourteenth of a batch on were seen to round
   differently.
 - A step's rows go to llama.cpp in calls of at most `ubatch` rows (the backend's option): with flash
-  attention, every row of a 63-row micro-batch equals a plain step on the development CPU, and from 64
-  rows on every row differs. The default, 32, stays below that edge; a tree of up to 31 nodes is one
+  attention, every row of a 63-row micro-batch equals a plain step on the CPU it was checked on, and from
+  64 rows on every row differs. The default, 32, stays below that edge; a tree of up to 31 nodes is one
   `llama_decode`. A prompt is read in micro-batches of up to `PREFILL_ROWS`, as llama.cpp reads one:
   plain and speculative decoding through the backend read it alike, so it needs no row-exactness.
 - One unified KV cache for all sequences (`kv_unified`): copying the prefix to a sequence is then a
@@ -226,9 +226,9 @@ class LlamaEngine:
         """Keep the cells of sequence `seq` before position `end`, in sequence 0 only, and free the rest.
 
         The other sequences are removed one id at a time rather than with `llama_memory_seq_keep`, which
-        frees the same cells but updates every cell of the cache on the way (0.28 ms at 4096 cells, 1 % of
-        a SmolLM2 step, where removing one id takes 7 us). Only ids below `shared` are ever in use, so a
-        plain step (one sequence) removes nothing but its tail."""
+        frees the same cells but updates every cell of the cache on the way (a small share of a SmolLM2 step
+        at a few thousand cells, where removing one id costs far less). Only ids below `shared` are ever in
+        use, so a plain step (one sequence) removes nothing but its tail."""
         lib = llama()
         lib.llama_memory_seq_rm(self.memory, seq, end, -1)
         for other in range(self.shared):

@@ -5,11 +5,10 @@ prompt + generated text and proposes the tokens that followed the match. Unlike 
 match in the text) we prefer the most recent matches, and with `matches > 1` merge the continuations of
 several matches into a trie weighted by frequency, for tree builders to choose from.
 
-Defaults (n-grams of 4 down to 2, 12 tokens) were chosen on this project's CPU: a verification step of
-8-12 tokens costs ~1.45 single steps there (docs/explanation/metrics-and-costs.md), so weak one-token
-matches cost more than they win. Simulated on greedy SmolLM2 outputs for HumanEval/1-10 (160 tokens), tau
-was 2.56 for these defaults vs 2.65 for (3..1, 10 tokens), but the predicted speedup was higher (2.27x vs
-2.13x).
+Defaults (n-grams of 4 down to 2, 12 tokens) were chosen on a CPU, where a verification step of 8-12
+tokens costs well over a single step (docs/explanation/metrics-and-costs.md), so weak one-token matches
+cost more than they win. Simulated on greedy SmolLM2 outputs for HumanEval, matching down to one token
+gave a higher tau than these defaults but a lower predicted speedup.
 """
 
 from __future__ import annotations

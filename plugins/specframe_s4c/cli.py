@@ -39,7 +39,7 @@ def train_s4c(
                               "--heads, for this model or one of the same hidden size and vocabulary, e.g. "
                               "the Llama a hybrid was converted from); the draft vocabulary is chosen "
                               "from --data"),
-    amp: bool = typer.Option(False, help="train in bfloat16 autocast (float32 weights): about 1.7x faster "
+    amp: bool = typer.Option(False, help="train in bfloat16 autocast (float32 weights): faster "
                              "steps on CPUs with native bfloat16 (AVX-512 BF16, AMX)"),
 ) -> None:
     """Train S4C draft heads; progress goes to stdout, state to OUT/state.safetensors every few steps."""

@@ -104,7 +104,7 @@ class S4CDrafter(Drafter):
         self.draft_lm = torch.nn.Linear(*self.lm_weight.shape[::-1], bias=False, device="meta")
         self.draft_lm.weight = torch.nn.Parameter(self.lm_weight, requires_grad=False)  # shared, not copied
         if linear_kernel(target.model) != "torch":  # the target runs on packed weights: so do the heads
-            # (on the CPU a 1-2 row product is 1.5-3x faster packed)
+            # (on the CPU a 1-2 row product is faster packed: docs/explanation/metrics-and-costs.md)
             bfloat16 = self.dtype == torch.bfloat16
             pack_linear_layers(self.heads, bfloat16=bfloat16)
             self.draft_lm = PackedLinear(self.draft_lm, bfloat16=bfloat16)

@@ -5,9 +5,9 @@ The datastore is opened and checked against the target's tokenizer by the shared
 
 - A small corpus (at most `TREE_TOKENS` tokens, such as the target's own answers in `self-chat`) is loaded
   into one of the library's suffix trees, each document a sequence, and drafted from as the library drafts
-  from earlier responses: its native matching takes about 10 us a step, against 0.1-0.3 ms for the
-  suffix-array search and trie below, and replays give the same tau. The tree costs about 360 bytes per
-  token (58 MiB for `self-chat`'s 162,000), which is why large corpora are not loaded.
+  from earlier responses: its native matching takes a small fraction of the time of the suffix-array
+  search and trie below, and replays give the same tau. The tree costs about 360 bytes per token (58 MiB
+  for `self-chat`'s 162,000), which is why large corpora are not loaded.
 - A large corpus is searched in its memory-mapped suffix array (`specframe_corpus.retrieval`): the longest
   suffix of the text found in the corpus, the continuations of up to `SAMPLES` of its occurrences, merged
   into a frequency trie. Each continuation weighs 1 / (continuations), so a node's score is the share of

@@ -150,8 +150,8 @@ class SpeedByRows(DecayedLine):
 
     The calibration times one sequence's trees, up to a few dozen rows, where a CPU forward is bound by
     reading the weights; a batch's forwards take more rows, where the arithmetic grows with every row,
-    so a single factor learned at one size would misprice the others (at batch 8 in float32 on the
-    development CPU a planner with one factor kept large trees that cost more than they gained)."""
+    so a single factor learned at one size would misprice the others (at batch 8 in float32 on a CPU a
+    planner with one factor kept large trees that cost more than they gained: docs/results/conclusions.md)."""
 
     def __init__(self, memory: float = 0.97):
         super().__init__(memory, floor=0.25, empty=1.0)

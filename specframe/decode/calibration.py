@@ -8,7 +8,7 @@ because on a shared machine timing noise only ever adds time (another process, a
 minimum is the stablest estimate of what a size costs, and the decoder scales it to what its real steps
 take (the speed the adaptive planner learns; see "Why the fastest of five" in
 docs/explanation/adaptive-speculation.md). Chains are timed at `CHAIN_SIZES` and the slopes on flat trees
-at `SLOPE_SIZES` only: about 130 forwards, 22 s for SmolLM2-135M on a 2-core CPU whose plain step is 57 ms.
+at `SLOPE_SIZES` only: about 130 forwards (docs/explanation/adaptive-speculation.md says what that takes).
 `cached_cost` returns a stored calibration for the same keys, measuring one when there is none (announced
 in one line with its expected time; a progress bar only on a terminal); `specframe calibrate` refreshes it.
 """

@@ -25,25 +25,26 @@ DRAFT_MEMORY = 0.97
 OPTIMISM = 2.0
 GAIN_SD_FLOOR = 0.3  # the per-step spread assumed at least: a few cold steps alike do not make it 0
 OPTIMISTIC_GAIN, OPTIMISTIC_STEPS = 2.0, 4.0  # the record starts with 4 steps at twice plain speed
-# Requests differ more than the steps of one request do (S4C's heads pay 1.2x on code and lose on RAG), so
+# Requests differ more than the steps of one request do (S4C's heads pay on code and lose on RAG), so
 # a new request starts from what earlier requests showed weighed as at most REQUEST_PRIOR drafted steps: a
 # prior that the request's own steps outweigh within a few drafted steps. The weight is the shrinkage
 # ratio of the two spreads: tokens accepted per drafted step vary by about 0.45 from step to step and by
 # 0.16 (Spec-Bench's first turns) to 0.21 (HumanEval) from request to request (S4C, replayed), and
 # (0.45 / 0.16)^2 = 8. At full weight (~30 steps), a 47-step answer that followed paying ones drafted on
-# every step to accept 3 tokens (0.90x plain, replayed; 0.93x with the prior). A harder rule, stopping a
+# every step to accept 3 tokens, and lost less with the prior (replayed). A harder rule, stopping a
 # request's drafting once its own drafted steps lost half a plain step, also stopped paying requests after
-# an unlucky start: 1.5 % slower on Spec-Bench with S4C, for no better worst turn.
+# an unlucky start: slower on Spec-Bench with S4C, for no better worst turn
+# (docs/explanation/adaptive-speculation.md, "Whether to draft at all, and how much").
 REQUEST_PRIOR = 8.0
 # A drafted step counts at most twice the time of a typical one (or of a plain step, whichever is more):
-# the first draft of a decoder compiles its kernels (S4C's heads: 88 ms, three plain steps). The probe
+# the first draft of a decoder compiles its kernels (S4C's heads: a few plain steps). The probe
 # budget below counts every step in full.
 OUTLIER = 2.0
 # Exploring while the mean gain is below 1 may lose at most 1 % of the time of a request's skipped steps
 # (drafting plus the tree's forward, over plain steps for the same tokens), and a probe starts only when
 # the request has earned what it is expected to lose (`ProbeBudget`): a draft model's probe first reads
-# every token since its last run, mid-request a few, at a new request the whole prompt (0.1-0.4 s against
-# 50 ms steps on long Spec-Bench prompts), so one probe alone may cost a short request 4 %.
+# every token since its last run, mid-request a few, at a new request the whole prompt (several plain steps'
+# time on long Spec-Bench prompts), so one probe alone may cost a short request a few per cent.
 PROBE_SHARE = 0.01
 PROBE_ALLOWANCE = 2.0  # plain steps a decoder's first probes may lose before any step was skipped
 EMA = 0.1  # weight of the newest step in the running means

@@ -34,12 +34,12 @@ from specframe.terms.records import Prediction, VerifyResult
 from specframe.terms.sampling import SamplingParams
 from specframe.terms.tree import TokenTree
 
-# The cost model moves to the step's context every 16 tokens (on SmolLM2 at two CPU threads, 16 tokens add
-# at most 0.2 ms to a 16-node tree's 31 ms): tree selection then reuses one model for several steps.
+# The cost model moves to the step's context every 16 tokens (16 more cached tokens change a tree's cost by
+# less than the noise of a step): tree selection then reuses one model for several steps.
 CONTEXT_STEP = 16
 # Each tree size also learns its own realised forward over the calibrated one, beyond the machine's speed
-# as a whole: a busy spell slows sizes unevenly (a calibration on the 2-core development CPU put a plain
-# step 19-25 % and a 12-node tree 7 % above idle ones), so a calibration is off in its shape, not only its
+# as a whole: a busy spell slows sizes unevenly (a plain step far more than a 12-node tree, on a shared
+# 2-core CPU), so a calibration is off in its shape, not only its
 # level ("Each size's own speed" in docs/explanation/adaptive-speculation.md). It learns more slowly: a
 # size is seen on a share of the steps only, and a step's time is noisy.
 SHAPE_EMA = 0.05

@@ -2,10 +2,9 @@
 
 transformers' `DynamicLayer` appends a step's keys and values with `torch.cat`, which copies the layer's
 whole cache into a freshly allocated tensor at every forward. A speculative decoder pays that at every
-step: it scores a tree, crops the rejected rows and appends again. For SmolLM2 on the development CPU
-(two threads) the copies cost 0-2 % of a step at 256 cached tokens, 1-4 % at 1,024, 3-5 % at 2,048 and
-up to 10 % at 4,096, and how much varies with the state of the allocator
-(docs/explanation/metrics-and-costs.md has the measurements and how to reproduce them).
+step: it scores a tree, crops the rejected rows and appends again. For SmolLM2 on a CPU the copies cost
+little on a short cache and more as the cache grows, by an amount that varies with the state of the
+allocator (docs/explanation/metrics-and-costs.md).
 
 `BufferedLayer` keeps each layer's keys and values in buffers with room to spare and exposes the filled
 part as views (`keys = buffer[..., :length, :]`), so appending is one copy of the new rows. A crop only

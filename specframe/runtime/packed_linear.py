@@ -3,9 +3,9 @@
 Speculative decoding pays when a forward over the N rows of a tree costs about one plain step. On the
 CPUs we measured, `torch.nn.functional.linear` breaks that: one row runs as a matrix-vector product,
 2-16 rows as a matrix product that re-packs the whole weight matrix on every call, so SmolLM2's
-matrices cost 2-3x more for 4 rows than for one (its 49152-row output layer: 11 ms for 1 row, 23-35 ms
-for 2-3). oneDNN with a weight packed once into its blocked layout costs about the same for 1 to 8 rows
-and less than the plain kernel for one row. `docs/explanation/metrics-and-costs.md` has the measured
+matrices cost two to three times more for 4 rows than for one (its 49152-row output layer above all).
+oneDNN with a weight packed once into its blocked layout costs about the same for 1 to 8 rows and less
+than the plain kernel for one row. `docs/explanation/metrics-and-costs.md` has the measured
 step costs with and without packing.
 
 `pack_linear_layers(model)` replaces every `torch.nn.Linear` of a model by a `PackedLinear` that holds
@@ -193,12 +193,12 @@ def pack_linear_layers(model: torch.nn.Module, *, bfloat16: bool = False, exact_
 def invariant_rows(linear: torch.nn.Linear, limit: int) -> int:
     """The most rows m <= `limit` such that `linear` (in its weight's dtype) gives every row of a product
     of up to m rows the bits that row alone gets: measured, not assumed, because it depends on the
-    kernels the CPU and the torch build choose (on the development CPU oneDNN's bfloat16 kernels keep 32
-    rows invariant, and a `PackedLinear` with `exact_rows=64` all 64). Kernels are chosen by the class,
-    shapes, types and thread count, not by the values, so the first layer of each such kind is probed
-    on random inputs, once per process. A kernel that sums in another order changes only the outputs
-    whose float32 sum lies near a bfloat16 rounding boundary (about one in 6,000), so each row count is
-    compared over at least `PROBE_OUTPUTS` outputs."""
+    kernels the CPU and the torch build choose (oneDNN's bfloat16 kernels keep fewer rows invariant than a
+    `PackedLinear` with `exact_rows=64`, which keeps all 64: docs/explanation/metrics-and-costs.md).
+    Kernels are chosen by the class, shapes, types and thread count, not by the values, so the first
+    layer of each such kind is probed on random inputs, once per process. A kernel that sums in another
+    order changes only the outputs whose float32 sum lies near a bfloat16 rounding boundary (about one in
+    6,000), so each row count is compared over at least `PROBE_OUTPUTS` outputs."""
     packing = (linear.exact_rows, linear._dtypes) if isinstance(linear, PackedLinear) else None
     dtype = linear.weight.dtype
     kind = (type(linear), linear.in_features, linear.out_features, linear.bias is not None, packing, dtype,

@@ -96,8 +96,8 @@ class SamplingParams:
 def argmax(logits: torch.Tensor) -> int:
     """The index of the largest of (V,) `logits`, the first on ties (and the first NaN, if any), as
     `torch.argmax` gives it. On the CPU numpy's vectorised argmax is used: over SmolLM2's 49152 logits it
-    takes 4 us where torch's takes 43 (one thread), and the greedy verifier reduces one row per emitted
-    token."""
+    takes a tenth of the time torch's takes (one thread), and the greedy verifier reduces one row per
+    emitted token."""
     import torch
 
     if logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.float64) and logits.dim() == 1:

@@ -1,11 +1,10 @@
 """Stop strings, found by decoding only the end of the output.
 
-Decoding the whole output after each emitted token costs time that grows with the output. On SmolLM2's
-tokenizer a step that emits two tokens spent 0.1 ms on it at 128 tokens of output and 3.1 ms at 4,000,
-about a tenth of a CPU step by then; decoding the tail costs 0.02 ms at any length. A stop string that
-ends in this step's tokens starts at most its own length in characters before them, so that many
-characters' worth of earlier tokens is all that needs decoding (`tests/core/terms/test_stopping.py` checks the
-result against decoding everything).
+Decoding the whole output after each emitted token costs time that grows with the output: on SmolLM2's
+tokenizer, a noticeable share of a CPU step after a few thousand tokens; decoding the tail costs the same
+small time at any length. A stop string that ends in this step's tokens starts at most its own length in
+characters before them, so that many characters' worth of earlier tokens is all that needs decoding
+(`tests/core/terms/test_stopping.py` checks the result against decoding everything).
 """
 
 from __future__ import annotations

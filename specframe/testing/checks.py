@@ -119,7 +119,7 @@ def check_tree_builder(builder: TreeBuilder, rng: np.random.Generator, trials: i
     and without a cost model, `build` never raises and returns a tree `check_tree` accepts; a non-empty
     proposal gets a non-empty tree unless `may_return_empty` (builders that prune by what pays)."""
     name, caps = type(builder).name, type(builder).capabilities
-    cost = PolynomialCost((2e-4, 1e-2))  # 10 ms a step plus 0.2 ms a node: a cost for builders that read one
+    cost = PolynomialCost((2e-4, 1e-2))  # a made-up cost (per step, per node) for builders that read one
     for trial in range(trials):
         with_probs = caps.needs_draft_probs or trial % 2 == 0
         draw = draws[trial % len(draws)] if with_probs else DrawMethod.RETRIEVED

@@ -205,6 +205,52 @@ def test_code_comments_name_no_runs_issues_or_commits(folder):
     assert not found, "say why, not when (state the finding as it stands):\n" + "\n".join(found)
 
 
+# A measured figure in a comment or docstring of the product ("12.7 ms", "2.1x", "on the development CPU")
+# is true of one machine on one day: it belongs in docs/explanation, and the comment keeps the reason.
+# Shapes ("4x4", "80 x 64"), hex ("0x1F"), seconds of a timeout, versions and options do not match, nor does
+# a figure quoted as a label between quotes or backticks ("turns < 0.9x").
+MEASURED_FIGURE = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?:-\d+(?:\.\d+)?)? ?(?:ms|us|µs)\b"
+                             r"|(?<![\w.])\d+(?:\.\d+)?x\b|\bdevelopment CPU\b")
+QUOTED = re.compile(r"\"[^\"]*\"|`[^`]*`")
+DOCSTRING = re.compile(r"[rRuU]?(?:\"\"\"|\'\'\')")
+PRODUCT_FOLDERS = ("specframe", "plugins", "kernels")
+
+
+def measured_figures(name: str, source: str) -> list[str]:
+    """`name:line: text` for every comment or docstring line of `source` that states a measured figure."""
+    found = []
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT:
+            text = token.string
+        elif token.type == tokenize.STRING and DOCSTRING.match(token.string):
+            text = DOCSTRING.sub("", token.string, count=1)[:-3]  # without its own quotes
+        else:
+            continue
+        found += [f"{name}:{token.start[0] + n}: {line.strip()}" for n, line in enumerate(text.splitlines())
+                  if MEASURED_FIGURE.search(QUOTED.sub("", line))]
+    return found
+
+
+def test_measured_figures_are_found_in_comments_and_docstrings():
+    planted = ('"""A step takes 12.7 ms on the development CPU."""\n\n'
+               'size = 4  # 2.1x faster packed\nwait = 5  # 0.1-0.3 ms a step, 10 us alone\n')
+    found = [line.split(": ", 1)[0] for line in measured_figures("planted.py", planted)]
+    assert found == ["planted.py:1", "planted.py:3", "planted.py:4"], found
+    clean = ('"""A (4x4) grid of 80 x 64 heads, mask 0x1F, torch 2.13, a 5 s timeout, `budget=4`."""\n'
+             'label = "turns < 0.9x"  # the report\'s "below 0.9x" column, `kv(min_rows=4)`\n'
+             'header = f"0x{code:02x} at 3.5x"\n')
+    assert measured_figures("clean.py", clean) == []
+
+
+@pytest.mark.parametrize("folder", PRODUCT_FOLDERS)
+def test_code_comments_state_no_measured_figures(folder):
+    """A comment says why the code is as it is; how fast it was on one machine is a page's business
+    (docs/explanation/metrics-and-costs.md and its neighbours), in words."""
+    found = [line for name in tracked_python_files(folder)
+             for line in measured_figures(name, (ROOT / name).read_text())]
+    assert not found, "move the figure to docs/explanation and keep the reason here:\n" + "\n".join(found)
+
+
 def test_the_tutorial_drafter_is_lossless(tiny_target):
     """The code of 'Write your first drafter plugin' runs as printed and decodes losslessly."""
     text = (DOCS / "tutorials" / "first-drafter-plugin.md").read_text()
