@@ -444,6 +444,22 @@ def test_the_readme_layout_names_the_core_as_it_is():
     assert not stale, f"README's layout names files that are gone: {stale}"
 
 
+def test_the_core_tests_mirror_its_layers():
+    """tests/core holds one folder per core package (or module: `cli`), named after it, and
+    test_architecture.py, which checks the whole; README's layout says so."""
+    core = {p.stem for p in (ROOT / "specframe").iterdir()
+            if (p / "__init__.py").is_file() or p.suffix == ".py"}
+    tests = ROOT / "tests" / "core"
+    stray = sorted(p.name for p in tests.iterdir()
+                   if p.is_dir() and p.name != "__pycache__" and p.name not in core)
+    assert not stray, f"tests/core/{stray} are named after no package of specframe/"
+    loose = sorted(p.name for p in tests.glob("test_*.py") if p.name != "test_architecture.py")
+    assert not loose, f"tests/core/{loose} belong in the folder of the package they test"
+    lines = (ROOT / "README.md").read_text().splitlines()
+    row = next(line for line in lines if line.startswith("| `tests/`"))
+    assert "`core/<layer>/`" in row and "`plugins/corpus/`" in row, row
+
+
 def test_the_site_takes_its_repository_link_from_the_environment(monkeypatch):
     from mkdocs.config import load_config
 
