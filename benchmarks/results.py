@@ -90,8 +90,10 @@ def load_run(folder: Path) -> dict | None:
 
     A run stopped before its tables has records.jsonl and settings.json only: its overall table is then
     computed here as `specframe bench` would, each method against the baseline of its own backend."""
-    from specframe.bench.llamacpp_peers import LLAMACPP_PEERS
     from specframe.bench.report import method_stats
+    from specframe.plugging.registry import get_registry
+
+    peers = get_registry().peers
 
     about = folder / "machine.json"
     extra = json.loads(about.read_text("utf-8")) if about.exists() else {}
@@ -108,7 +110,8 @@ def load_run(folder: Path) -> dict | None:
     def llama_peer(label: str) -> bool:
         """llama.cpp's own decoding: measured against plain decoding through `llamacpp`, and not lossless
         (its logits are not the backend's bit for bit), as bench records it."""
-        return label.split("(")[0] in LLAMACPP_PEERS
+        name = label.split("(")[0]
+        return name in peers.names() and peers.get(name).baseline_backend == "llamacpp"
 
     def baseline_of(label: str) -> str | None:
         if label in bases:

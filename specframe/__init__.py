@@ -22,6 +22,7 @@ if TYPE_CHECKING:
         BackendCapabilities, BatchBackend, BuildContext, Drafter, DrafterCapabilities, RowByRow, StateBackend,
         TreeBuilder, TreeBuilderCapabilities, Verifier, VerifierCapabilities,
     )
+    from specframe.contract.peers import Peer, PeerSpec
     from specframe.terms.cost import CostModel, PolynomialCost
     from specframe.terms.kinds import ComponentKind
     from specframe.terms.metrics import DecodeMetrics
@@ -49,6 +50,7 @@ _EXPORTS = {
     "specframe.contract.interfaces": ("BackendCapabilities", "BatchBackend", "BuildContext", "Drafter",
                                       "DrafterCapabilities", "RowByRow", "StateBackend", "TreeBuilder",
                                       "TreeBuilderCapabilities", "Verifier", "VerifierCapabilities"),
+    "specframe.contract.peers": ("Peer", "PeerSpec"),
     "specframe.terms.cost": ("CostModel", "PolynomialCost"),
     "specframe.terms.kinds": ("ComponentKind",),
     "specframe.terms.metrics": ("DecodeMetrics",),
@@ -85,7 +87,8 @@ __all__ = [
     "Drafter", "DrafterCapabilities", "DrafterError", "DraftProposal", "DrawMethod",
     "DuplicateComponentError", "generate",
     "GenerationResult", "get_registry", "hookimpl", "load_target", "ModelLoadError", "ModelRecipe",
-    "Pipeline", "PluginRegistry", "PolynomialCost", "Preset", "PromptError", "RowByRow", "Sampler",
+    "Peer", "PeerSpec", "Pipeline", "PluginRegistry", "PolynomialCost", "Preset", "PromptError", "RowByRow",
+    "Sampler",
     "SamplingParams", "ScoreKind", "SpecframeError", "SpecframeWarning", "SpeculativeDecoder", "StateBackend",
     "StepEvent",
     "StepOutcome", "Target", "TargetScores", "TokenTree", "TreeBuilder", "TreeBuilderCapabilities",

@@ -20,16 +20,27 @@ of plain greedy decoding through it (`tests/plugins/llamacpp`). Limits: attentio
 (recurrent, hybrid and sliding-window ones are refused); the CPU only; at most `max_leaves` root-to-leaf
 paths per tree and `context` positions per request (both options, with errors that say which to raise);
 no hidden states, so drafters that read the target's features (s4c) cannot run on it.
+
+The plugin also registers llama.cpp's own decoding as bench peers (`peers`: `llamacpp-generate`,
+`llamacpp-pld`), timed beside specframe's methods against plain decoding through this backend.
 """
 
 from __future__ import annotations
 
 import specframe
 from specframe_llamacpp.backend import LlamaCppBackend
+from specframe_llamacpp.peers import LlamaCppGenerate, LlamaCppPromptLookup
 
-__all__ = ["LlamaCppBackend", "register_state_backends"]
+__all__ = ["LlamaCppBackend", "LlamaCppGenerate", "LlamaCppPromptLookup", "register_peers",
+           "register_state_backends"]
 
 
 @specframe.hookimpl
 def register_state_backends(register):
     register(LlamaCppBackend)
+
+
+@specframe.hookimpl
+def register_peers(register):
+    register(LlamaCppGenerate)
+    register(LlamaCppPromptLookup)

@@ -1,5 +1,8 @@
-"""Peers run in the same process on the same prompts: Hugging Face transformers' own decoding (this
-module), and, named explicitly, llama.cpp's (`specframe.bench.llamacpp_peers`).
+"""The bench's peers (decoding by other systems, timed in the same process on the same prompts): how
+`--peers` picks them from the registry (`parse_peers`, `peer_runner`), and Hugging Face transformers' own
+decoding, the core's default peer plugin (`register_peers` below; the registry loads this module as a
+built-in plugin, `specframe.plugging.registry.BUILTIN_PLUGINS`). Other peers come from plugins, such as
+llama.cpp's in `specframe_llamacpp`.
 
 - `hf-generate`: `model.generate`, greedy (Spec-Bench's baseline). With `split_prompt` (what
   `specframe generate --compare` runs) it reads the prompt as specframe does (`prompt_cache`).
@@ -10,7 +13,8 @@ module), and, named explicitly, llama.cpp's (`specframe.bench.llamacpp_peers`).
 
 Timing comes from a streamer: transformers calls `put` with the prompt, then once per target forward with
 the tokens that forward produced, so the first call after the prompt ends the prefill and every call is
-one verification step. Draft counts are not visible from outside, so a peer's alpha is None.
+one verification step. Draft counts are not visible from outside, so a peer's alpha is None. Importing
+this module loads neither torch nor transformers: a peer imports them when it runs.
 """
 
 from __future__ import annotations
@@ -18,78 +22,65 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import torch
-
+from specframe.contract.hookspecs import hookimpl
+from specframe.contract.peers import Peer, PeerSpec
 from specframe.terms.errors import ConfigurationError
 from specframe.runtime.devices import synchronize
 from specframe.terms.metrics import DecodeMetrics, now, peak_memory_bytes
 from specframe.terms.target import Target
-from specframe.plugging.registry import ComponentSpec
+from specframe.plugging.registry import ComponentSpec, PluginRegistry, get_registry
 from specframe.terms.sampling import SamplingParams
-from specframe.runtime.truncation import truncated_model
 
 from specframe.bench.methods import split_parts
 
-# Defaults: the first 8 layers (fewer on smaller models) as the assistant, 4 draft tokens per step.
-PEERS = {"hf-generate": {}, "hf-pld": {"num_tokens": 10}, "hf-assisted": {"layers": None, "num_tokens": 4}}
+if TYPE_CHECKING:
+    import torch
+
 DEFAULT_ASSISTANT_LAYERS = 8
 # transformers' assisted generation calls its assistant's `generate` with a `generation_config` and generation
 # arguments both, which transformers itself then warns is deprecated: nothing a user of bench can change.
 ASSISTANT_WARNING = ("transformers.generation.utils", "Passing `generation_config` together with generation-")
 
 
-@dataclass(frozen=True)
-class PeerSpec:
-    label: str
-    name: str
-    options: dict = field(default_factory=dict)
-    optional: bool = False  # chosen by `all`: skipped with a warning where it cannot run on the target
-
-
-# transformers refuses to assist the generation of a model that keeps a recurrent state (`_is_stateful`:
-# Mamba, hybrids), and prompt lookup is assisted generation with another candidate generator.
-NEEDS_STATELESS = {"hf-pld", "hf-assisted"}
-
-
-def peer_unsupported(target: Target, spec: PeerSpec) -> str | None:
-    """Why transformers' peer `spec` cannot run on `target`, or None."""
-    if spec.name in NEEDS_STATELESS and getattr(target.model, "_is_stateful", False):
-        model = type(target.model).__name__
-        return (f"peer '{spec.name}' runs transformers' assisted generation, which transformers refuses "
-                f"for models that keep a recurrent state ({model}); use --peers hf-generate")
-    return None
-
-
-def parse_peers(text: str) -> list[PeerSpec]:
-    """`--peers`: a comma list of peer specs, `all` (the transformers peers) or `none`."""
-    from specframe.bench.llamacpp_peers import LLAMACPP_PEERS
-
-    known = {**PEERS, **LLAMACPP_PEERS}
+def parse_peers(text: str, registry: PluginRegistry | None = None) -> list[PeerSpec]:
+    """`--peers`: a comma list of peer specs, `all` (the registered peers that say `in_all`: transformers')
+    or `none`. An unknown name lists the registered peers."""
+    peers = (registry or get_registry()).peers
     text = text.strip()
     if text in ("", "none"):
         return []
-    parts = list(PEERS) if text == "all" else [p for p in split_parts(text, ",") if p]
-    peers = []
+    parts = ([name for name in peers.registered() if peers.get(name).in_all] if text == "all"
+             else [p for p in split_parts(text, ",") if p])
+    chosen = []
     for part in parts:
         spec = ComponentSpec.parse(part)
-        if spec.name not in known:
-            raise ConfigurationError(f"unknown peer '{spec.name}': known peers are {', '.join(known)}")
-        unknown = set(spec.options) - set(known[spec.name])
+        defaults = peers.get(spec.name).options
+        unknown = set(spec.options) - set(defaults)
         if unknown:
             raise ConfigurationError(f"peer '{spec.name}' takes options "
-                                     f"{sorted(known[spec.name]) or 'none'}, got {sorted(unknown)}")
-        peers.append(PeerSpec(part.strip(), spec.name, {**known[spec.name], **spec.options}, text == "all"))
-    return peers
+                                     f"{sorted(defaults) or 'none'}, got {sorted(unknown)}")
+        chosen.append(PeerSpec(part.strip(), spec.name, {**defaults, **spec.options}, text == "all"))
+    return chosen
 
 
-def peer_runner(target: Target, spec: PeerSpec, sampling: SamplingParams, baseline: str):
-    """The runner of peer `spec`: llama.cpp's for its peers, transformers' for the others."""
-    from specframe.bench.llamacpp_peers import LLAMACPP_PEERS, LlamaCppPeerRunner
+def peer_class(spec: PeerSpec, registry: PluginRegistry | None = None) -> type[Peer]:
+    """The registered class of peer `spec`."""
+    return (registry or get_registry()).peers.get(spec.name)
 
-    runner = LlamaCppPeerRunner if spec.name in LLAMACPP_PEERS else PeerRunner
-    return runner(target, spec, sampling, baseline=baseline)
+
+def peer_runner(target: Target, spec: PeerSpec, sampling: SamplingParams, baseline: str,
+                registry: PluginRegistry | None = None) -> Peer:
+    """The runner of peer `spec`, measured against `baseline`."""
+    return peer_class(spec, registry)(target, spec, sampling, baseline=baseline)
+
+
+@hookimpl
+def register_peers(register):
+    register(PeerRunner)
+    register(PromptLookupPeer)
+    register(AssistedPeer)
 
 
 class StepClock:
@@ -133,67 +124,101 @@ def truncated_assistant(target: Target, layers: int | None) -> torch.nn.Module:
     (`specframe.runtime.truncation.truncated_model`).
 
     `layers=None` takes `DEFAULT_ASSISTANT_LAYERS`, or all layers but one on smaller models."""
+    from specframe.runtime.truncation import truncated_model
+
     total = int(getattr(target.config, "num_hidden_layers", 0) or 0)
     layers = min(DEFAULT_ASSISTANT_LAYERS, total - 1) if layers is None else int(layers)
     return truncated_model(target, layers, "peer 'hf-assisted' (leave it out of --peers)").eval()
 
 
-class PeerRunner:
-    """Runs one transformers peer; `generate` returns (new tokens, `DecodeMetrics.to_dict()`-shaped dict)."""
+class PeerRunner(Peer):
+    """transformers' own `model.generate` (peer `hf-generate`); the other transformers peers are it with a
+    candidate generator (`assistance`)."""
 
+    name = "hf-generate"
+    in_all = True
     lossless = True  # greedy transformers decoding, with or without assistance, is plain greedy decoding
 
     def __init__(self, target: Target, spec: PeerSpec, sampling: SamplingParams, baseline: str = "baseline",
                  split_prompt: bool = False):
-        self.target, self.spec, self.label, self.baseline = target, spec, spec.label, baseline
+        super().__init__(target, spec, sampling, baseline)
         self.split_prompt = split_prompt  # read the prompt as specframe does, where possible: `prompt_cache`
         self.kwargs: dict = {"do_sample": False} if sampling.greedy else {
             "do_sample": True, "temperature": sampling.temperature, "top_p": sampling.top_p,
             "top_k": sampling.top_k or None}
-        self.seed = sampling.seed
-        if spec.name == "hf-pld":
-            self.kwargs["prompt_lookup_num_tokens"] = int(spec.options["num_tokens"])
-        elif spec.name == "hf-assisted":
-            assistant = truncated_assistant(target, spec.options["layers"])
-            assistant.generation_config.num_assistant_tokens = int(spec.options["num_tokens"])
-            assistant.generate = without_log(assistant.generate, *ASSISTANT_WARNING)  # transformers calls it
-            self.kwargs["assistant_model"] = assistant
+        self.kwargs.update(self.assistance())
 
-    @torch.inference_mode()
-    def generate(self, prompt_ids: list[int], max_new_tokens: int,
-                 seed: int | None = None) -> tuple[list[int], dict]:
-        input_ids = torch.tensor([prompt_ids], device=self.target.device)  # (1, P)
-        clock = StepClock()
-        seed = self.seed if seed is None else seed
-        if seed is not None:
-            torch.manual_seed(seed)
-        eos = sorted(self.target.eos_token_ids)
-        device = self.target.device
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)  # the peak of this request, not of the process
-        synchronize(device)
-        start = now()
-        kwargs = dict(self.kwargs)
-        if self.split_prompt and splits_prompt(self.target.model):
-            kwargs["past_key_values"] = prompt_cache(self.target.model, input_ids)
-        out = self.target.model.generate(
-            input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_new_tokens,
-            streamer=clock, pad_token_id=eos[0] if eos else None, **kwargs)  # (1, P + new)
-        synchronize(device)  # generate syncs every step to test for a stop; this charges the last one
-        wall = now() - start
+    def assistance(self) -> dict:
+        """The arguments of `generate` that make it speculate (none: plain decoding)."""
+        return {}
+
+    def decode(self, prompt_ids: list[int], max_new_tokens: int,
+               seed: int | None) -> tuple[list[int], DecodeMetrics]:
+        import torch
+
+        with torch.inference_mode():
+            input_ids = torch.tensor([prompt_ids], device=self.target.device)  # (1, P)
+            clock = StepClock()
+            if seed is not None:
+                torch.manual_seed(seed)
+            eos = sorted(self.target.eos_token_ids)
+            device = self.target.device
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)  # the peak of this request, not of the process
+            synchronize(device)
+            start = now()
+            kwargs = dict(self.kwargs)
+            if self.split_prompt and splits_prompt(self.target.model):
+                kwargs["past_key_values"] = prompt_cache(self.target.model, input_ids)
+            out = self.target.model.generate(
+                input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_new_tokens,
+                streamer=clock, pad_token_id=eos[0] if eos else None, **kwargs)  # (1, P + new)
+            synchronize(device)  # generate syncs every step to test for a stop; this charges the last one
+            wall = now() - start
         tokens = out[0, len(prompt_ids):].tolist()
         steps = clock.events[1:]  # the first call is the prompt itself
-        metrics = DecodeMetrics(prompt_tokens=len(prompt_ids), new_tokens=len(tokens), steps=len(steps),
-                                accepted_per_step=[n - 1 for _, n in steps],
-                                prefill_s=steps[0][0] - start if steps else wall, wall_s=wall,
-                                peak_memory_bytes=peak_memory_bytes(self.target.device))
-        record = metrics.to_dict()
-        decode_s = wall - metrics.prefill_s  # the prefill forward already produced the first token
-        record["decode_tokens_per_s"] = (len(tokens) - 1) / decode_s if decode_s > 0 else 0.0
-        for unknown in ("alpha", "draft_tokens", "accepted_draft_tokens", "mean_tree_size", "time_s",
-                        "time_per_step_ms"):
-            record[unknown] = None  # not observable from outside transformers
-        return tokens, record
+        return tokens, DecodeMetrics(prompt_tokens=len(prompt_ids), new_tokens=len(tokens), steps=len(steps),
+                                     accepted_per_step=[n - 1 for _, n in steps],
+                                     prefill_s=steps[0][0] - start if steps else wall, wall_s=wall,
+                                     peak_memory_bytes=peak_memory_bytes(self.target.device))
+
+
+class StatelessPeer(PeerRunner):
+    """A transformers peer that runs assisted generation, which transformers refuses for a model that keeps a
+    recurrent state (`_is_stateful`: Mamba, hybrids); prompt lookup is assisted generation with another
+    candidate generator."""
+
+    @classmethod
+    def unsupported_reason(cls, target: Target) -> str | None:
+        if getattr(target.model, "_is_stateful", False):
+            model = type(target.model).__name__
+            return (f"peer '{cls.name}' runs transformers' assisted generation, which transformers refuses "
+                    f"for models that keep a recurrent state ({model}); use --peers hf-generate")
+        return None
+
+
+class PromptLookupPeer(StatelessPeer):
+    """transformers' prompt lookup (peer `hf-pld`)."""
+
+    name = "hf-pld"
+    options = {"num_tokens": 10}
+
+    def assistance(self) -> dict:
+        return {"prompt_lookup_num_tokens": int(self.spec.options["num_tokens"])}
+
+
+class AssistedPeer(StatelessPeer):
+    """transformers' assisted generation with the target's first layers as the assistant (peer
+    `hf-assisted`): by default the first 8 layers (fewer on smaller models), 4 draft tokens per step."""
+
+    name = "hf-assisted"
+    options = {"layers": None, "num_tokens": 4}
+
+    def assistance(self) -> dict:
+        assistant = truncated_assistant(self.target, self.spec.options["layers"])
+        assistant.generation_config.num_assistant_tokens = int(self.spec.options["num_tokens"])
+        assistant.generate = without_log(assistant.generate, *ASSISTANT_WARNING)  # transformers calls it
+        return {"assistant_model": assistant}
 
 
 def splits_prompt(model: torch.nn.Module) -> bool:

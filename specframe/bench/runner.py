@@ -38,8 +38,7 @@ from specframe.plugging.registry import ComponentSpec, PluginRegistry
 from specframe.terms.sampling import SamplingParams
 
 from specframe.bench.methods import MethodSpec, baseline_spec
-from specframe.bench.llamacpp_peers import LLAMACPP_PEERS
-from specframe.bench.peers import PeerSpec, peer_runner, peer_unsupported
+from specframe.bench.peers import PeerSpec, peer_class, peer_runner
 from specframe.support.prompt_suites import BenchPrompt, encode_turn
 from specframe.support.untrusted import json_problem
 from specframe.bench.synthetic import SyntheticDrafter
@@ -93,9 +92,9 @@ def build_runners(target: Target, methods: list[MethodSpec], peers: list[PeerSpe
                   default_budget: int | str = "auto", phase_timing: bool = True) -> list:
     """Baselines first (plain decoding through each backend the methods use; the default backend `kv`
     when it can serve the target), then the methods, the synthetic method and the peers, who are measured
-    against the first (llama.cpp's peers against plain decoding through `llamacpp`, where a method uses
-    it). A preset that says it cannot run on the target fails with its reason, or from `all` is skipped
-    with a warning."""
+    against the first (a peer with a `baseline_backend` against plain decoding through it, where a method
+    uses it: llama.cpp's peers against `llamacpp`). A preset that says it cannot run on the target fails
+    with its reason, or from `all` is skipped with a warning."""
     default = DEFAULT_COMPONENTS[ComponentKind.BACKEND]
     backends: dict[str, ComponentSpec] = {}
     if registry.get(ComponentKind.BACKEND, default).unsupported_reason(target) is None:
@@ -121,16 +120,16 @@ def build_runners(target: Target, methods: list[MethodSpec], peers: list[PeerSpe
     if synthetic_acceptance is not None:
         runners.append(SyntheticRunner(target, synthetic_acceptance, bases[0], sampling, registry,
                                        default_budget, phase_timing))
-    llama = base_of.get("llamacpp", bases[0].label)
     for peer in peers:
-        reason = peer_unsupported(target, peer)
+        cls = peer_class(peer, registry)
+        reason = cls.unsupported_reason(target)
         if reason is not None:
             if not peer.optional:
                 raise ConfigurationError(reason)
             warnings.warn(f"bench: skipping {reason}", SpecframeWarning, stacklevel=2)
             continue
-        baseline = llama if peer.name in LLAMACPP_PEERS else bases[0].label
-        runners.append(peer_runner(target, peer, sampling, baseline=baseline))
+        baseline = base_of.get(cls.baseline_backend, bases[0].label)
+        runners.append(peer_runner(target, peer, sampling, baseline, registry))
     return runners
 
 

@@ -1,2 +1,3 @@
-"""The plugin contract: the four interfaces (Drafter, TreeBuilder, Verifier, StateBackend), the pluggy hook
-specifications, and the extension records (CLI options, model recipes, presets) plugins register."""
+"""The plugin contract: the four interfaces (Drafter, TreeBuilder, Verifier, StateBackend), the bench peer
+interface (Peer), the pluggy hook specifications, and the extension records (CLI options, model recipes,
+presets) plugins register."""

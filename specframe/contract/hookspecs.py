@@ -1,8 +1,8 @@
 """Hook specifications: the whole plugin API of specframe.
 
 Registration hooks receive a `register` callable and call it once per component *class* they provide
-(or per `Preset` / `CliOption` record); importing a plugin allocates nothing. Observer hooks are called
-during decoding. No hook is firstresult: every implementation is called.
+(or per `Preset` / `CliOption` record, or bench `Peer` class); importing a plugin allocates nothing.
+Observer hooks are called during decoding. No hook is firstresult: every implementation is called.
 """
 
 from __future__ import annotations
@@ -82,6 +82,16 @@ def register_cli_options(register: Callable[[CliOption], None]) -> None:
     The option's value is applied as an environment variable or as an option of the plugin's component,
     as the record says. Called once, with the registration hooks above (the CLI triggers it when it
     starts). Returns nothing. Not firstresult.
+    """
+
+
+@hookspec
+def register_peers(register: Callable[[type], None]) -> None:
+    """Register bench peers, other systems' decoding timed beside specframe's methods (`specframe bench
+    --peers NAME`): call `register(cls)` for each `Peer` subclass.
+
+    Called once, with the registration hooks above (the core registers transformers' peers through it).
+    Returns nothing. Not firstresult.
     """
 
 

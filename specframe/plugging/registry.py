@@ -3,7 +3,8 @@
 Plugins are found through the `specframe` entry-point group, lazily (on the first lookup, never at
 `import specframe`) and once. `SPECFRAME_LOAD_PLUGINS=a,b` restricts loading to those entry-point
 names (an empty value loads none), except the plugins providing the core's defaults (`DEFAULT_PLUGINS`),
-which always load: the core names their components itself.
+which always load: the core names their components itself. The core's own plugins (`BUILTIN_PLUGINS`)
+are modules of specframe named here, as pytest names its built-in plugins, and load first, always.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib import import_module
 from importlib.metadata import entry_points
 from typing import Any
 
@@ -25,12 +27,16 @@ from specframe.terms.errors import (
 )
 from specframe.contract.extensions import CliOption, ModelRecipe, Preset
 from specframe.contract.interfaces import Drafter, StateBackend, TreeBuilder, Verifier
+from specframe.contract.peers import Peer
 from specframe.terms.kinds import ComponentKind
 
 ENTRY_POINT_GROUP = "specframe"
 DISTRIBUTION = "specframe"
 # Entry points of this distribution that provide `kinds.DEFAULT_COMPONENTS` (and the plain drafter `none`).
 DEFAULT_PLUGINS = ("kv", "pld", "trees", "verify")
+# The core's own plugins, by name -> module, imported when plugins load (not when this module is imported):
+# transformers' bench peers, which live in the bench, a layer above this one.
+BUILTIN_PLUGINS = {"hf-peers": "specframe.bench.peers"}
 KINDS = {ComponentKind.DRAFTER: Drafter, ComponentKind.TREE_BUILDER: TreeBuilder,
          ComponentKind.VERIFIER: Verifier, ComponentKind.BACKEND: StateBackend}
 
@@ -109,6 +115,10 @@ class ComponentRegister:
     def names(self) -> list[str]:
         return sorted(self._classes)
 
+    def registered(self) -> list[str]:
+        """The names in the order they were registered."""
+        return list(self._classes)
+
     def owner(self, name: str) -> str:
         return self._owner[name]
 
@@ -145,6 +155,7 @@ class PluginRegistry:
         self._presets = RecordRegister("preset", Preset, "name", **labels)
         self._cli_options = RecordRegister("command-line option", CliOption, "flag", **labels)
         self._models = RecordRegister("model alias", ModelRecipe, "name", **labels)
+        self._peers = ComponentRegister("peer", Peer, **labels)
         self._loaded = False
         self.distributions: dict[str, str] = {}  # plugin name -> "dist==version"
         self.failures: dict[str, str] = {}  # plugin name -> why it could not be loaded
@@ -174,6 +185,9 @@ class PluginRegistry:
         """
         if self._loaded:
             return
+        for name, module in BUILTIN_PLUGINS.items():
+            if not self.pm.has_plugin(name):
+                self.pm.register(import_module(module), name=name)
         wanted = os.environ.get("SPECFRAME_LOAD_PLUGINS")
         allow = None if wanted is None else {w.strip() for w in wanted.split(",") if w.strip()}
         for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: not _provides_defaults(ep)):
@@ -231,13 +245,13 @@ class PluginRegistry:
                 why = f"{type(err).__name__}: {err}"
                 self.failures[name] = why
                 for register, item in offered:
-                    register.refused(item, name, why, protected=lambda owner: owner in DEFAULT_PLUGINS)
+                    register.refused(item, name, why, protected=_is_core_plugin)
 
     def _call_registration_hooks(self, plugin: str, offered: list[tuple[ComponentRegister, Any]]) -> None:
         """Run `plugin`'s registration hooks; every (register, item) it offers is appended to `offered`."""
         hooks = [(kind.registration_hook, self.registers[kind]) for kind in KINDS]
         hooks += [("register_presets", self._presets), ("register_cli_options", self._cli_options),
-                  ("register_models", self._models)]
+                  ("register_models", self._models), ("register_peers", self._peers)]
         for hook_name, target in hooks:
             def register(item, _target=target):
                 offered.append((_target, item))
@@ -298,6 +312,12 @@ class PluginRegistry:
         self.load()
         return self._models
 
+    @property
+    def peers(self) -> ComponentRegister:
+        """Bench peers by name (`Peer` subclasses), for `specframe bench --peers`."""
+        self.load()
+        return self._peers
+
     def preset(self, name: str) -> Preset | None:
         """The preset registered under `name`, or None."""
         return dict(self.presets.items()).get(name)
@@ -320,7 +340,7 @@ class PluginRegistry:
                                                                   "version": "?", "components": {}})
                 entry["components"].setdefault(kind + "s", []).append(comp)
         for key, register in (("presets", self.presets), ("options", self.cli_options),
-                              ("models", self.models)):
+                              ("models", self.models), ("peers", self.peers)):
             for item in register.names():
                 owner = register.owner(item)
                 entry = plugins.setdefault(owner, {"name": owner, "version": "?", "components": {}})
@@ -328,10 +348,16 @@ class PluginRegistry:
         return {"plugins": sorted(plugins.values(), key=lambda p: p["name"]),
                 "components": {kind + "s": reg.names() for kind, reg in self.registers.items()},
                 "presets": {name: preset.spec for name, preset in self.presets.items()},
+                "peers": self.peers.names(),
                 "failed": dict(sorted(self.failures.items()))}
 
 
 _registry: PluginRegistry | None = None
+
+
+def _is_core_plugin(plugin: str) -> bool:
+    """Whether `plugin` provides the core's defaults or is one of its own, whose names nobody may take."""
+    return plugin in DEFAULT_PLUGINS or plugin in BUILTIN_PLUGINS
 
 
 def _provides_defaults(ep) -> bool:

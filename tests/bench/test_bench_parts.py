@@ -44,7 +44,7 @@ def test_bad_method_specs_fail_with_the_known_names():
         parse_method("pld+chain+greedy+kv+extra", registry)
     with pytest.raises(ConfigurationError, match="unique"):
         resolve_methods(["pld", "pld"], registry)
-    with pytest.raises(ConfigurationError, match="unknown peer"):
+    with pytest.raises(UnknownComponentError, match="unknown peer 'hf-nosuch'. Known peers: .*hf-pld"):
         parse_peers("hf-nosuch")
     with pytest.raises(ConfigurationError, match="takes options"):
         parse_peers("hf-pld(layers=3)")

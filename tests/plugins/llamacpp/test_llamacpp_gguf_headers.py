@@ -36,7 +36,7 @@ import json, sys
 import numpy as np
 from specframe.runtime.load import gguf_file
 from specframe.terms.errors import SpecframeError
-from specframe.bench.llamacpp_peers import without_extra_buffers
+from specframe_llamacpp.peers import without_extra_buffers
 from specframe_llamacpp import engine
 from llama_cpp import Llama
 

@@ -1,5 +1,5 @@
-"""Peers that run llama.cpp itself (llama-cpp-python's `Llama`) in the same process, on the GGUF file the
-target was loaded from, greedy:
+"""Bench peers that run llama.cpp itself (llama-cpp-python's `Llama`) in the same process, on the GGUF file
+the target was loaded from, greedy (registered through `register_peers` in this package's `__init__`):
 
 - `llamacpp-generate`: `Llama.generate`, llama.cpp's own plain decoding;
 - `llamacpp-pld(num_tokens=10)`: the same with llama-cpp-python's prompt lookup draft model
@@ -20,15 +20,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import torch
+from specframe import ConfigurationError, DecodeMetrics, Peer, PeerSpec, SamplingParams, Target
+from specframe.kit.progress import now, peak_memory_bytes
 
-from specframe.runtime.load import gguf_file
-from specframe.terms.errors import ConfigurationError
-from specframe.terms.metrics import DecodeMetrics, now, peak_memory_bytes
-from specframe.terms.sampling import SamplingParams
-from specframe.terms.target import Target
-
-LLAMACPP_PEERS = {"llamacpp-generate": {"context": 4096}, "llamacpp-pld": {"num_tokens": 10, "context": 4096}}
 GREEDY = {"top_k": 1, "top_p": 1.0, "min_p": 0.0, "temp": 0.0, "repeat_penalty": 1.0}
 
 
@@ -52,29 +46,33 @@ def without_extra_buffers() -> Iterator[None]:
         lib.llama_model_default_params = default
 
 
-class LlamaCppPeerRunner:
-    """Runs one llama.cpp peer; `generate` returns (new tokens, `DecodeMetrics.to_dict()`-shaped dict)."""
+class LlamaCppGenerate(Peer):
+    """llama.cpp's own plain decoding (peer `llamacpp-generate`); `llamacpp-pld` is it with a draft model."""
 
+    name = "llamacpp-generate"
+    options = {"context": 4096}
     lossless = False  # llama.cpp's kernels are not the baseline's: outputs are not compared with it
+    baseline_backend = "llamacpp"
 
-    def __init__(self, target: Target, spec, sampling: SamplingParams, baseline: str = "baseline"):
-        self.target, self.spec, self.label, self.baseline = target, spec, spec.label, baseline
-        self.seed = sampling.seed  # greedy: no draw uses it
+    def __init__(self, target: Target, spec: PeerSpec, sampling: SamplingParams, baseline: str = "baseline"):
+        super().__init__(target, spec, sampling, baseline)  # greedy: no draw uses the seed
         if not sampling.greedy:
             raise ConfigurationError(f"peer '{spec.name}' decodes greedily only: leave it out of --peers "
                                      "when sampling")
         try:
             from llama_cpp import Llama
-            from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
         except ImportError:
             raise ConfigurationError(f"peer '{spec.name}' needs llama-cpp-python: pip install "
                                      "'specframe[llamacpp]', or leave it out of --peers") from None
+        import torch
+
+        from specframe.kit.backend import gguf_file
+
         path = gguf_file(target.name)
         if path is None:
             raise ConfigurationError(f"peer '{spec.name}' runs the GGUF file the model was loaded from, and "
                                      f"model '{target.name}' is none: pass --model path/to/model.gguf")
-        draft = (LlamaPromptLookupDecoding(num_pred_tokens=int(spec.options["num_tokens"]))
-                 if spec.name == "llamacpp-pld" else None)
+        draft = self.draft_model()
         threads = torch.get_num_threads()
         with without_extra_buffers():
             context = min(int(spec.options["context"]), target.max_context)
@@ -91,8 +89,12 @@ class LlamaCppPeerRunner:
 
         self.llm.eval = counted  # one call per forward: the prompt, then one per step
 
-    def generate(self, prompt_ids: list[int], max_new_tokens: int,
-                 seed: int | None = None) -> tuple[list[int], dict]:
+    def draft_model(self):
+        """llama-cpp-python's draft model for this peer (none: plain decoding)."""
+        return None
+
+    def decode(self, prompt_ids: list[int], max_new_tokens: int,
+               seed: int | None) -> tuple[list[int], DecodeMetrics]:
         room = self.llm.n_ctx()
         if len(prompt_ids) + max_new_tokens > room:  # llama-cpp-python would fail on a numpy shape
             raise ConfigurationError(
@@ -117,13 +119,19 @@ class LlamaCppPeerRunner:
         # Tokens of each forward; the prompt's counts as a step, as in the other peers and specframe's
         # decoding, where the first step reads the prompt's last token
         per_step = [forwards.count(k) for k in sorted(set(forwards))]
-        metrics = DecodeMetrics(prompt_tokens=len(prompt_ids), new_tokens=len(tokens), steps=len(per_step),
-                                accepted_per_step=[n - 1 for n in per_step], prefill_s=prefill, wall_s=wall,
-                                peak_memory_bytes=peak_memory_bytes(torch.device("cpu")))
-        record = metrics.to_dict()
-        decode_s = wall - prefill
-        record["decode_tokens_per_s"] = (len(tokens) - 1) / decode_s if decode_s > 0 else 0.0
-        for unknown in ("alpha", "draft_tokens", "accepted_draft_tokens", "mean_tree_size", "time_s",
-                        "time_per_step_ms"):
-            record[unknown] = None  # not observable from outside llama-cpp-python
-        return tokens, record
+        return tokens, DecodeMetrics(prompt_tokens=len(prompt_ids), new_tokens=len(tokens),
+                                     steps=len(per_step), accepted_per_step=[n - 1 for n in per_step],
+                                     prefill_s=prefill, wall_s=wall,
+                                     peak_memory_bytes=peak_memory_bytes("cpu"))
+
+
+class LlamaCppPromptLookup(LlamaCppGenerate):
+    """llama.cpp's plain decoding with llama-cpp-python's prompt lookup draft model (peer `llamacpp-pld`)."""
+
+    name = "llamacpp-pld"
+    options = {"num_tokens": 10, "context": 4096}
+
+    def draft_model(self):
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+        return LlamaPromptLookupDecoding(num_pred_tokens=int(self.spec.options["num_tokens"]))

@@ -1,4 +1,4 @@
-"""The llama.cpp peers of `specframe bench` (`specframe.bench.llamacpp_peers`), on a tiny random Llama
+"""The llama.cpp peers of `specframe bench` (`specframe_llamacpp.peers`), on a tiny random Llama
 written as a GGUF (`tiny_gguf`): llama.cpp's own greedy decoding, with and without its prompt lookup,
 emits what plain decoding through the `llamacpp` backend emits here, where the prompt fits one
 micro-batch of both; steps and tau are counted; refusals say what to do. Skipped without llama-cpp-python."""
