@@ -197,16 +197,18 @@ def test_a_dt_limit_is_applied_as_plain_greedy_decoding_applies_it(kind, limit, 
     backend = backend_cls(backend_name)(target)
     backend.prefill(prompt)
     first = backend.score(tree)
+    # The clamp moves logits by more than 1e-3 (asserted below); Bamba's attention layer rounds by up to a
+    # few 1e-5 against step-by-step decoding on some CPUs' kernels, so the deeper stacks' tolerance applies.
     for path in tree.paths:
         want = stepwise_logits(target.model, prompt, tree.tokens[path].tolist())
-        torch.testing.assert_close(first.logits[packed_path(path)], want, atol=ATOL, rtol=ATOL)
+        torch.testing.assert_close(first.logits[packed_path(path)], want, atol=LOOSE_ATOL, rtol=ATOL)
     path, bonus = tree.path_to(3), 13
     backend.commit(first, path, bonus)
     history = [*tree.tokens[path].tolist(), bonus]
     second = backend.score(tree)
     for path in tree.paths:
         want = stepwise_logits(target.model, prompt, history + tree.tokens[path].tolist())[len(history):]
-        torch.testing.assert_close(second.logits[packed_path(path)], want, atol=ATOL, rtol=ATOL)
+        torch.testing.assert_close(second.logits[packed_path(path)], want, atol=LOOSE_ATOL, rtol=ATOL)
         unclamped = stepwise_logits(free.model, prompt, history + tree.tokens[path].tolist())[len(history):]
         assert not torch.allclose(want, unclamped, atol=1e-3)  # the clamp binds in the prompt
     ids = torch.tensor([prompt])
