@@ -50,7 +50,10 @@ def test_replay_takes_the_steps_the_real_run_took(tiny, spec, sampling):
     plain, modelled = np.sum(stats.turn_seconds, axis=0)  # per turn: what the tables by category add up
     assert len(stats.turn_seconds) == len(turns) and plain / modelled == pytest.approx(stats.speedup)
     assert stats.tau > 1.0  # the prompts repeat themselves: drafts were accepted
-    assert stats.speedup == pytest.approx(stats.tau, rel=0.05)  # flat cost: speed is tau, bar drafting
+    # Flat cost: the modelled forwards alone give a speed of exactly tau; the real drafting time (which a
+    # busy machine stretches, so it is not compared with a figure) can only take from it.
+    assert stats.plain_s / (stats.modelled_s - stats.draft_s) == pytest.approx(stats.tau, rel=1e-6)
+    assert 0.0 < stats.draft_s and stats.speedup < stats.tau
 
 
 class CharTokenizer:
