@@ -1,8 +1,8 @@
 """The bench's peers (decoding by other systems, timed in the same process on the same prompts): how
 `--peers` picks them from the registry (`parse_peers`, `peer_runner`), and Hugging Face transformers' own
-decoding, the core's default peer plugin (`register_peers` below; the registry loads this module as a
-built-in plugin, `specframe.plugging.registry.BUILTIN_PLUGINS`). Other peers come from plugins, such as
-llama.cpp's in `specframe_llamacpp`.
+decoding, the core's default peer plugin (`register_peers` below; pyproject.toml registers this module
+through the `specframe` entry-point group as `hf-peers`, as every first-party plugin is registered). Other
+peers come from plugins, such as llama.cpp's in `specframe_llamacpp`.
 
 - `hf-generate`: `model.generate`, greedy (Spec-Bench's baseline). With `split_prompt` (what
   `specframe generate --compare` runs) it reads the prompt as specframe does (`prompt_cache`).

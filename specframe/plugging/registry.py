@@ -2,9 +2,8 @@
 
 Plugins are found through the `specframe` entry-point group, lazily (on the first lookup, never at
 `import specframe`) and once. `SPECFRAME_LOAD_PLUGINS=a,b` restricts loading to those entry-point
-names (an empty value loads none), except the plugins providing the core's defaults (`DEFAULT_PLUGINS`),
-which always load: the core names their components itself. The core's own plugins (`BUILTIN_PLUGINS`)
-are modules of specframe named here, as pytest names its built-in plugins, and load first, always.
+names (an empty value loads none), except the plugins providing the core's defaults (`DEFAULT_PLUGINS`,
+transformers' bench peers among them), which always load: the core names their components itself.
 """
 
 from __future__ import annotations
@@ -15,7 +14,6 @@ import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from importlib import import_module
 from importlib.metadata import entry_points
 from typing import Any
 
@@ -32,11 +30,9 @@ from specframe.terms.kinds import ComponentKind
 
 ENTRY_POINT_GROUP = "specframe"
 DISTRIBUTION = "specframe"
-# Entry points of this distribution that provide `kinds.DEFAULT_COMPONENTS` (and the plain drafter `none`).
-DEFAULT_PLUGINS = ("kv", "pld", "trees", "verify")
-# The core's own plugins, by name -> module, imported when plugins load (not when this module is imported):
-# transformers' bench peers, which live in the bench, a layer above this one.
-BUILTIN_PLUGINS = {"hf-peers": "specframe.bench.peers"}
+# Entry points of this distribution that provide `kinds.DEFAULT_COMPONENTS` (and the plain drafter `none`),
+# and transformers' bench peers (`specframe.bench.peers`, registered by entry point as any plugin is).
+DEFAULT_PLUGINS = ("kv", "pld", "trees", "verify", "hf-peers")
 KINDS = {ComponentKind.DRAFTER: Drafter, ComponentKind.TREE_BUILDER: TreeBuilder,
          ComponentKind.VERIFIER: Verifier, ComponentKind.BACKEND: StateBackend}
 
@@ -185,9 +181,6 @@ class PluginRegistry:
         """
         if self._loaded:
             return
-        for name, module in BUILTIN_PLUGINS.items():
-            if not self.pm.has_plugin(name):
-                self.pm.register(import_module(module), name=name)
         wanted = os.environ.get("SPECFRAME_LOAD_PLUGINS")
         allow = None if wanted is None else {w.strip() for w in wanted.split(",") if w.strip()}
         for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: not _provides_defaults(ep)):
@@ -356,8 +349,8 @@ _registry: PluginRegistry | None = None
 
 
 def _is_core_plugin(plugin: str) -> bool:
-    """Whether `plugin` provides the core's defaults or is one of its own, whose names nobody may take."""
-    return plugin in DEFAULT_PLUGINS or plugin in BUILTIN_PLUGINS
+    """Whether `plugin` provides the core's defaults, whose names nobody may take."""
+    return plugin in DEFAULT_PLUGINS
 
 
 def _provides_defaults(ep) -> bool:
