@@ -1,5 +1,5 @@
 """The peers of `specframe bench`: registered through `register_peers` (transformers' by the core's
-built-in plugin, a third party's like any plugin's), chosen by `--peers`, and what the transformers peers'
+default plugin, a third party's like any plugin's), chosen by `--peers`, and what the transformers peers'
 runs print."""
 
 import logging
