@@ -89,15 +89,11 @@ def generate(
     ids = encode_prompt(target, prompt, chat)
     with warnings.catch_warnings(record=True) as caught:  # e.g. a cache that could not be saved:
         if compare:  # printed after the text
-            from specframe.bench.compare import choose_baseline, compare_with_baseline, plain_decoder
+            from specframe.bench.compare import baseline_for, compare_with_baseline
             from specframe.bench.runner import WARMUP_PROMPT
-            from specframe.plugging.registry import ComponentSpec, get_registry
 
             warmup_ids = encode_prompt(target, WARMUP_PROMPT, chat)
-            backend_cls = get_registry().get(ComponentKind.BACKEND, ComponentSpec.parse(backend).name)
-            baseline = choose_baseline(target, backend_cls,
-                                       lambda: plain_decoder(target, backend, sampling, phase_timing),
-                                       stop or (), sampling)
+            baseline = baseline_for(target, backend, stop or (), sampling, phase_timing)
             comparison = compare_with_baseline(target, make_decoder, baseline, ids, warmup_ids,
                                                max_new_tokens, stop or (), sampling, repeats, drafter)
             result = comparison.pop("result")
@@ -254,7 +250,8 @@ def print_report(report: dict) -> None:
                  (f"baseline tokens/s (median of {report['repeats']})", base),
                  ("speedup (median)",
                   f"{report['speedup']:.2f}x" + span(report["speedup_range"], ".2f", "x")),
-                 ("noise (baseline's spread)", f"±{100 * report['noise']:.0f} %"),
+                 ("noise (baseline's spread)", f"±{100 * report['noise']:.0f} %" if report["repeats"] > 1
+                  else "not measured (one repeat)"),
                  ("clock", f"{report['clock']}, {report['threads']} thread(s)"),
                  ("identical", str(report["identical"]) if "identical" in report else "n/a (sampled)")]
     for name, value in rows:

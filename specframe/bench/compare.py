@@ -57,6 +57,18 @@ def plain_decoder(target, backend: str, sampling, phase_timing: bool = True):
                                          phase_timing=phase_timing)
 
 
+def baseline_for(target, backend: str, stop, sampling,
+                 phase_timing: bool = True) -> tuple[str, object, str | None]:
+    """`choose_baseline` for the pipeline's backend spec `backend` (`kv`, `llamacpp(...)`), its class
+    looked up in the registry: what `specframe generate --compare` times against."""
+    from specframe.plugging.registry import ComponentSpec, get_registry
+    from specframe.terms.kinds import ComponentKind
+
+    backend_cls = get_registry().get(ComponentKind.BACKEND, ComponentSpec.parse(backend).name)
+    return choose_baseline(target, backend_cls,
+                           lambda: plain_decoder(target, backend, sampling, phase_timing), stop, sampling)
+
+
 def choose_baseline(target, backend, make_plain, stop, sampling) -> tuple[str, object, str | None]:
     """(label, runner, note) of the baseline for a pipeline on `backend` (its class or an instance):
     transformers' `generate` where the backend runs the target's own model; plain decoding through the
@@ -113,22 +125,27 @@ def compare_with_baseline(target, make_decoder, baseline: tuple[str, object, str
     notes = [baseline_note]
     if sampling.greedy and baseline_note is None:
         notes.append(half_precision_note(target.model, report["identical"]))
-    notes.append(above_tau_note(report["speedup"], result.metrics.tau, report["noise"], label, drafter))
+    notes.append(above_tau_note(report["speedup"], result.metrics.tau, report["noise"], label, drafter,
+                                measured=repeats > 1))
     if any(notes):
         report["note"] = "; ".join(filter(None, notes))
     return report
 
 
-def above_tau_note(speedup: float, tau: float, noise: float, baseline: str, drafter: str) -> str | None:
-    """A note on a speedup above tau by more than the measured `noise` (a step emits at most tau tokens, so
-    the baseline then ran slower per token than a step here, or the timing strayed), or None. It advises
-    plain decoding (`--drafter none`) only to a pipeline that drafts."""
-    if not speedup > tau * (1 + noise):
+def above_tau_note(speedup: float, tau: float, noise: float, baseline: str, drafter: str,
+                   measured: bool = True) -> str | None:
+    """A note on a speedup above tau by more than the measured `noise` and at the precision shown (a step
+    emits at most tau tokens, so the baseline then ran slower per token than a step here, or the timing
+    strayed), or None. `measured` False: one repeat, whose noise is unknown. It advises plain decoding
+    (`--drafter none`) only to a pipeline that drafts."""
+    if not (speedup > tau * (1 + noise) and round(speedup, 2) > round(tau, 2)):
         return None
     plain = drafter.partition("(")[0].strip() == PLAIN_DRAFTER
     advice = ("time it with --threads 1 --clock cpu, or raise --repeats" if plain
               else f"compare with --drafter {PLAIN_DRAFTER}, or raise --repeats")
-    return (f"speedup {speedup:.2f}x is above tau {tau:.2f} by more than the noise (±{100 * noise:.0f} %): "
+    margin = (f"by more than the noise (±{100 * noise:.0f} %)" if measured
+              else "(one repeat: the noise is not measured)")
+    return (f"speedup {speedup:.2f}x is above tau {tau:.2f} {margin}: "
             f"a step cannot emit more than tau tokens, so {baseline}'s own per-token cost was higher than "
             f"a step here, or the timing strayed; {advice}")
 

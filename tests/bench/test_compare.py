@@ -91,6 +91,13 @@ def test_a_speedup_above_tau_within_the_noise_has_no_note(monkeypatch):
     assert "note" not in report
 
 
+def test_one_repeat_says_its_noise_is_unmeasured_and_a_speedup_equal_to_tau_as_shown_has_no_note(monkeypatch):
+    report, _, _ = run_compare(monkeypatch, [1.0, 30.0], [1.0, 10.0], tau=2.0)
+    assert "one repeat: the noise is not measured" in report["note"]
+    report, _, _ = run_compare(monkeypatch, [1.0, 10.04], [1.0, 10.0], tau=1.0)  # 1.004x: "1.00x above 1.00"
+    assert "note" not in report
+
+
 def test_the_above_tau_note_never_advises_the_drafter_in_use(monkeypatch):
     report, _, _ = run_compare(monkeypatch, [1.0, 13.0], [1.0, 10.0], tau=1.0, drafter="none")
     assert "above tau 1.00" in report["note"] and "--drafter" not in report["note"]
