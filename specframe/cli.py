@@ -66,55 +66,91 @@ def generate(
     phase_timing: bool = phase_timing_option(),
 ) -> None:
     """Generate a continuation with a speculative pipeline and print it with its metrics."""
-    from specframe.decode.loop import SpeculativeDecoder
-    from specframe.plugging.models import model_recipes
     from specframe.runtime.load import load_target
-    from specframe.plugging.pipeline import check_specs
-    from specframe.terms.budget import parse_budget
-    from specframe.terms.request import check_request_input
+    from specframe.plugging.models import model_recipes
     from specframe.terms.sampling import SamplingParams
 
     sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
-    # Checked as the decoder checks them, but before the model loads
-    stop = check_request_input(prompt, max_new_tokens, stop or (), stop_name="--stop")
-    parse_budget(budget)
-    check_specs(drafter, tree, verifier, backend)
+    pipeline = {"drafter": drafter, "tree": tree, "verifier": verifier, "backend": backend, "budget": budget}
+    stop = check_generate(prompt, max_new_tokens, stop, pipeline)
     set_timing(threads, clock, device)
     target = load_target(model, device=device, dtype=dtype, recipes=model_recipes)
-
-    def make_decoder() -> SpeculativeDecoder:
-        return SpeculativeDecoder.from_names(target, drafter, tree, verifier, backend, budget=budget,
-                                             sampling=sampling, phase_timing=phase_timing)
-
     ids = encode_prompt(target, prompt, chat)
+    make_decoder = decoder_factory(target, pipeline, sampling, phase_timing)
     with warnings.catch_warnings(record=True) as caught:  # e.g. a cache that could not be saved:
         if compare:  # printed after the text
-            from specframe.bench.compare import baseline_for, compare_with_baseline
-            from specframe.bench.runner import WARMUP_PROMPT
-
-            warmup_ids = encode_prompt(target, WARMUP_PROMPT, chat)
-            baseline = baseline_for(target, backend, stop or (), sampling, phase_timing)
-            comparison = compare_with_baseline(target, make_decoder, baseline, ids, warmup_ids,
-                                               max_new_tokens, stop or (), sampling, repeats, drafter)
-            result = comparison.pop("result")
+            result, comparison = decode_compared(target, make_decoder, ids, chat, max_new_tokens, stop,
+                                                 sampling, repeats, pipeline, phase_timing)
         else:
-            try:
-                result = make_decoder().generate(ids, max_new_tokens=max_new_tokens, stop=stop or ())
-            except DrafterError as err:  # the text decoded until the drafter failed stands: printed first
-                typer.echo(getattr(err.partial, "text", None) or "")
-                raise
-    report = {"text": result.text, "new_tokens": len(result.tokens), "finish_reason": result.finish_reason,
-              **{k: v for k, v in result.metrics.to_dict().items() if k != "new_tokens"},
-              "pipeline": {"drafter": drafter, "tree": tree, "verifier": verifier, "backend": backend,
-                           "budget": budget}}
-    if compare:
-        report.update(comparison)
+            result, comparison = decode_once(make_decoder, ids, max_new_tokens, stop), {}
+    show_generated(generated_report(result, pipeline, comparison), as_json)
+    for warning in caught:
+        warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
+
+
+def check_generate(prompt: str, max_new_tokens: int, stop: list[str] | None,
+                   pipeline: dict) -> tuple[str, ...]:
+    """`generate`'s input checked as the decoder checks it, but before the model loads; returns the stop
+    strings as a tuple."""
+    from specframe.plugging.pipeline import check_specs
+    from specframe.terms.budget import parse_budget
+    from specframe.terms.request import check_request_input
+
+    stop = check_request_input(prompt, max_new_tokens, stop or (), stop_name="--stop")
+    parse_budget(pipeline["budget"])
+    check_specs(pipeline["drafter"], pipeline["tree"], pipeline["verifier"], pipeline["backend"])
+    return stop
+
+
+def decoder_factory(target, pipeline: dict, sampling, phase_timing: bool) -> Callable:
+    """A function making a fresh decoder of `pipeline` on `target` (one per timed run under --compare)."""
+    from specframe.decode.loop import SpeculativeDecoder
+
+    def make_decoder() -> SpeculativeDecoder:
+        return SpeculativeDecoder.from_names(target, pipeline["drafter"], pipeline["tree"],
+                                             pipeline["verifier"], pipeline["backend"],
+                                             budget=pipeline["budget"], sampling=sampling,
+                                             phase_timing=phase_timing)
+
+    return make_decoder
+
+
+def decode_once(make_decoder: Callable, ids: list[int], max_new_tokens: int, stop: tuple[str, ...]):
+    """One decode of `ids`; where the drafter fails, the text decoded until then is printed first."""
+    try:
+        return make_decoder().generate(ids, max_new_tokens=max_new_tokens, stop=stop)
+    except DrafterError as err:
+        typer.echo(getattr(err.partial, "text", None) or "")
+        raise
+
+
+def decode_compared(target, make_decoder: Callable, ids: list[int], chat: bool, max_new_tokens: int,
+                    stop: tuple[str, ...], sampling, repeats: int, pipeline: dict, phase_timing: bool):
+    """`generate --compare`: the decode of median speed and the comparison with the plain baseline
+    (`specframe.bench.compare.compare_with_baseline`)."""
+    from specframe.bench.compare import baseline_for, compare_with_baseline
+    from specframe.bench.runner import WARMUP_PROMPT
+
+    warmup_ids = encode_prompt(target, WARMUP_PROMPT, chat)
+    baseline = baseline_for(target, pipeline["backend"], stop, sampling, phase_timing)
+    comparison = compare_with_baseline(target, make_decoder, baseline, ids, warmup_ids, max_new_tokens, stop,
+                                       sampling, repeats, pipeline["drafter"])
+    return comparison.pop("result"), comparison
+
+
+def generated_report(result, pipeline: dict, comparison: dict) -> dict:
+    """What `generate` prints: the text, its metrics, the pipeline and any comparison."""
+    return {"text": result.text, "new_tokens": len(result.tokens), "finish_reason": result.finish_reason,
+            **{k: v for k, v in result.metrics.to_dict().items() if k != "new_tokens"},
+            "pipeline": dict(pipeline), **comparison}
+
+
+def show_generated(report: dict, as_json: bool) -> None:
+    """Print `report` as one JSON object, or as the text and a table (`print_report`)."""
     if as_json:
         typer.echo(json.dumps(report, indent=2))
     else:
         print_report(report)
-    for warning in caught:
-        warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
 
 
 def calibrate(
