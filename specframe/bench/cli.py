@@ -73,55 +73,63 @@ def bench_command(
 ) -> None:
     """Benchmark speculative methods against plain decoding and transformers, Spec-Bench style."""
     from specframe.bench.batch import batched, parse_batches
+    from specframe.terms.sampling import SamplingParams
+
+    if list_methods:
+        from specframe.plugging.registry import get_registry
+
+        typer.echo(preset_listing(get_registry()))
+        return
+    sizes = parse_batches(batch)
+    machine = dict(model=model, device=device, dtype=dtype, threads=threads, clock=clock, ray=ray)
+    options = dict(peers=peers, limit=limit, repeats=repeats, max_new_tokens=max_new_tokens, budget=budget,
+                   keep=keep, plots=plots, fresh=fresh, phase_timing=phase_timing)
+    grid = dict(shard=shard, synthetic_acceptance=synthetic_acceptance, max_turns=turns)
+    if batched(sizes):
+        bench_batches(sizes, suite, _split(methods), out, **machine, **grid, chunk=batch_chunk, **options,
+                      sampling=SamplingParams(temperature=temperature, seed=seed))
+    else:
+        bench_suite(suite, _split(methods), out, **machine, workers=ray_workers, temperature=temperature,
+                    seed=seed, **grid, **options)
+
+
+def bench_suite(suite: str, methods: list[str], out: Path, *, model: str, device: str, dtype: str,
+                threads: int | None, clock: str, ray: str | None, workers: int, temperature: float,
+                seed: int | None, **options) -> None:
+    """`specframe bench` at --batch 1: every option checked before the model loads, then
+    `specframe.bench.harness.run_benchmark`, or `specframe.bench.distributed.run_benchmark_ray` under
+    --ray (on `workers` actors, one torch thread each unless --threads says); exits 3 on a lossless
+    mismatch."""
     from specframe.bench.harness import check_options, run_benchmark
     from specframe.plugging.models import model_recipes
     from specframe.runtime.load import load_target
     from specframe.support.paths import check_writable_dir
-    from specframe.plugging.registry import get_registry
     from specframe.terms.sampling import SamplingParams
 
-    if list_methods:
-        typer.echo(preset_listing(get_registry()))
-        return
-    sizes = parse_batches(batch)
-    if batched(sizes):
-        bench_batches(sizes, suite, _split(methods), out, model=model, device=device, dtype=dtype,
-                      threads=threads, clock=clock, ray=ray, shard=shard, sampling=SamplingParams(
-                          temperature=temperature, seed=seed), synthetic_acceptance=synthetic_acceptance,
-                      max_turns=turns, peers=peers, limit=limit, repeats=repeats,
-                      max_new_tokens=max_new_tokens, budget=budget, keep=keep, plots=plots, fresh=fresh,
-                      phase_timing=phase_timing, chunk=batch_chunk)
-        return
     if ray is not None:
         from specframe.bench.distributed import require_ray
 
         require_ray()  # a clear error before anything else when Ray is missing
         threads = 1 if threads is None else threads
     set_timing(threads, clock, device)
-    sampling = SamplingParams(temperature=temperature, seed=seed)
+    options["sampling"] = SamplingParams(temperature=temperature, seed=seed)
     check_writable_dir(out, "--out", "pass a writable directory with --out")  # before loading the model
-    check_options(suite, _split(methods), peers=peers, limit=limit, shard=shard, max_turns=turns,
-                  repeats=repeats, max_new_tokens=max_new_tokens, budget=budget, keep=keep, sampling=sampling)
-    options = dict(peers=peers, limit=limit, repeats=repeats, max_new_tokens=max_new_tokens, budget=budget,
-                   synthetic_acceptance=synthetic_acceptance, max_turns=turns, shard=shard, sampling=sampling,
-                   plots=plots, fresh=fresh, phase_timing=phase_timing, keep=keep)
+    check_options(suite, methods, **{k: options[k] for k in ("peers", "limit", "shard", "max_turns",
+                                                          "repeats", "max_new_tokens", "budget", "keep",
+                                                          "sampling")})
     if ray is not None:
         from functools import partial
 
         from specframe.bench.distributed import run_benchmark_ray
 
         load_model = partial(load_target, model, device=device, dtype=dtype, recipes=model_recipes)
-        run, table = run_benchmark_ray(load_model, suite, _split(methods), out, address=ray,
-                                       workers=ray_workers, threads=threads, **options)
+        run, _ = run_benchmark_ray(load_model, suite, methods, out, address=ray, workers=workers,
+                                   threads=threads, **options)
     else:
         target = load_target(model, device=device, dtype=dtype, recipes=model_recipes)
-        run, table = run_benchmark(target, suite, _split(methods), out, **options)
-    typer.echo((out / "results.md").read_text("utf-8"))
-    typer.echo(f"written under {out}: records.jsonl, results.json, results.md" + (", *.png" if plots else ""))
-    if run.mismatches:
-        typer.secho(f"{len(run.mismatches)} LOSSLESS MISMATCH(ES): see {out / 'results.md'}",
-                    fg="red", err=True)
-        raise typer.Exit(3)
+        run, _ = run_benchmark(target, suite, methods, out, **options)
+    report_written(run, out, "results.md", "records.jsonl, results.json, results.md"
+                   + (", *.png" if options["plots"] else ""))
 
 
 def bench_batches(sizes: list[int], suite: str, methods: list[str], out: Path, *, model: str, device: str,
@@ -142,12 +150,17 @@ def bench_batches(sizes: list[int], suite: str, methods: list[str], out: Path, *
                     synthetic_acceptance=synthetic_acceptance, max_turns=max_turns, **checked)
     target = load_target(model, device=device, dtype=dtype, recipes=model_recipes)
     run, _ = run_batch_benchmark(target, suite, methods, out, batches=sizes, **options)
-    typer.echo((out / "batch_results.md").read_text("utf-8"))
-    typer.echo(f"written under {out}: batch_records.jsonl, batch_results.json, batch_results.md"
-               + (", batch_speedup.png" if options["plots"] else ""))
+    report_written(run, out, "batch_results.md", "batch_records.jsonl, batch_results.json, batch_results.md"
+                   + (", batch_speedup.png" if options["plots"] else ""))
+
+
+def report_written(run, out: Path, results: str, written: str) -> None:
+    """Print the results page `out / results` and the list of files `written`; exit with status 3 on a
+    lossless mismatch."""
+    typer.echo((out / results).read_text("utf-8"))
+    typer.echo(f"written under {out}: {written}")
     if run.mismatches:
-        typer.secho(f"{len(run.mismatches)} LOSSLESS MISMATCH(ES): see {out / 'batch_results.md'}",
-                    fg="red", err=True)
+        typer.secho(f"{len(run.mismatches)} LOSSLESS MISMATCH(ES): see {out / results}", fg="red", err=True)
         raise typer.Exit(3)
 
 
