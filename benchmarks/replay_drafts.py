@@ -24,7 +24,6 @@ from pathlib import Path
 
 import numpy as np
 
-from specframe.decode.calibration import stored_cost
 from specframe.bench.methods import resolve_methods, split_parts
 from specframe.bench.replay import copy_bound, open_run, replay
 from specframe.bench.runner import read_records
@@ -53,7 +52,7 @@ def priced_as(cost: MeasuredCost, cheap: int, up_to: int) -> MeasuredCost:
 def repriced(target, backend, price_as: tuple[int, int]) -> MeasuredCost | None:
     """The stored calibration of `backend` on `target`, `priced_as` `price_as`; None where there is none
     (`replay` then says to calibrate). Assembles the backend alone: no drafter is loaded for this."""
-    calibrated = stored_cost(assemble(target, backend=backend).backend)
+    calibrated = assemble(target, backend=backend).backend.calibration.cost  # handed down at assembly
     return priced_as(calibrated, *price_as) if calibrated else None
 
 

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 import specframe
-from specframe.decode.calibration import cached_cost
+from specframe.plugging.pipeline import calibrate_pipeline
 
 torch.set_num_threads(1)  # steadier timings on a shared machine
 target = specframe.load_target("smollm2-135m")
@@ -44,8 +44,8 @@ tok = target.tokenizer
 # curve at each step's context (`cost.at_context`).
 
 # %%
-backend = specframe.assemble(target).backend
-cost = cached_cost(backend)
+pipeline = specframe.assemble(target)
+cost = calibrate_pipeline(pipeline)  # stored, or measured now and stored
 sizes = np.array(cost.sizes)
 long = cost.at_context(2048)
 fig, ax = plt.subplots(figsize=(6, 3.5))

@@ -167,7 +167,7 @@ def calibrate(
     the measurement is still printed, then an `error:` line says why, and the exit status is 2."""
     import torch
 
-    from specframe.decode.calibration import cost_key, cost_path, measure_cost, store_cost
+    from specframe.plugging.calibration import cost_key, cost_path, measure_cost, store_cost
     from specframe.plugging.models import model_recipes
     from specframe.runtime.load import load_target
     from specframe.support.paths import check_writable_dir, specframe_home
@@ -179,10 +179,11 @@ def calibrate(
     if threads is not None:
         torch.set_num_threads(threads)
     target = load_target(model, device=device, dtype=dtype, recipes=model_recipes)
-    state = assemble(target, backend=backend).backend
-    key = cost_key(state)
+    pipeline = assemble(target, backend=backend)
+    key = cost_key(pipeline.backend)
     path = cost_path(key)
-    cost = measure_cost(state)
+    build = pipeline.build_backend  # measured on backends built for measuring (None: on its own backend)
+    cost = measure_cost(build or (lambda calibration: pipeline.backend), probe=build is not None)
     unstored = store_cost(path, key, cost)
     slopes = cost.flat_slope or (0.0,) * len(cost.sizes)  # none where the model's context is too short
     rows = [{"nodes": n, "flat_ms": 1000 * f, "chain_ms": 1000 * c, "flat_ratio": f / cost.flat_s[0],

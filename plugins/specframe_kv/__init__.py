@@ -16,10 +16,10 @@ costs less than unpadded on an Intel Xeon and on an AMD EPYC). So every forward,
 alone) included, may be padded with throwaway rows up to `min_rows` (docs/explanation/metrics-and-costs.md).
 Nothing attends to the padding and its logits and cache rows are dropped, so results are unchanged. On other
 CPUs padding loses (an Intel Xeon with AMX, where a plain step padded to 4 rows is slower than one row), so
-whether a CPU pads is measured for the model by its calibration (`specframe.kit.backend.forward_min_rows`).
-Without one `kv` does not pad, so that plain decoding runs the one-row forward transformers' `generate` runs;
-a calibration measured later in the process (the first `budget="auto"` request) sets the padding of the
-backends built before it (`specframe.kit.backend.stored_min_rows`).
+whether a CPU pads is measured for the model by its calibration (`specframe.kit.backend.forward_min_rows`),
+handed to the backend when it is built (`specframe.kit.backend.Calibration`). Without one `kv` does not pad,
+so that plain decoding runs the one-row forward transformers' `generate` runs; a calibration measured later
+(the first `budget="auto"` request) reaches the backends built after it, never one already built.
 
 A CPU target in bfloat16 computes each row of a forward exactly as a plain step would
 (`specframe.runtime.attention`) only up to `exact_rows(model)` rows (measured on the CPU, and more rows with
@@ -113,21 +113,21 @@ class KVCacheBackend(StateBackend):
     capabilities = BackendCapabilities(supports_trees=True, provides_hidden_states=True,
                                        fresh_state_per_copy=True)  # prefill makes a new cache
 
-    def __init__(self, target, *, want_hidden: bool = False, min_rows: int | None = None,
+    def __init__(self, target, *, want_hidden: bool = False, calibration=None, min_rows: int | None = None,
                  cache: CacheKind = "buffer"):
-        from specframe.kit.backend import forward_min_rows, pads_by_measurement, stored_min_rows
+        from specframe.kit.backend import forward_min_rows, pads_by_measurement
         from specframe.kit.models import linear_kernel
 
-        super().__init__(target, want_hidden=want_hidden)
+        super().__init__(target, want_hidden=want_hidden, calibration=calibration)
         if cache not in CACHES:
             raise ConfigurationError(f"backend 'kv': cache must be one of {', '.join(CACHES)}, got {cache!r}")
         self.model = target.model
         self.cache_kind = cache
         # Rows (root + nodes) a tree forward is padded to: see the module docstring. 1 turns padding off.
         linear = linear_kernel(target.model)
-        self.auto_padding = pads_by_measurement(min_rows, target.device, linear)  # decided by calibration
+        self._measured_padding = pads_by_measurement(min_rows, target.device, linear)
         self.min_rows = forward_min_rows(min_rows, target.device, self.name, linear,
-                                         calibrated=lambda: stored_min_rows(self))
+                                         calibrated=self.calibration.min_rows)
         self._max_rows: dict[int, int | None] = {}  # `exact_rows(model)` by torch's thread count
         self._fixed_rows: tuple[int | None] | None = None
         self.cache = None
@@ -176,7 +176,12 @@ class KVCacheBackend(StateBackend):
         self._fixed_rows = (rows,)
 
     def cost_options(self) -> dict:
-        return {"min_rows": "auto" if self.auto_padding else self.min_rows, "cache": self.cache_kind}
+        return {"min_rows": "auto" if self._measured_padding else self.min_rows, "cache": self.cache_kind}
+
+    def pads_by_measurement(self) -> bool:
+        """Whether `min_rows` was left to calibration: not given, on a CPU, with linears that are not
+        `stream` (`specframe.kit.backend.pads_by_measurement`)."""
+        return self._measured_padding
 
     @property
     def committed_length(self) -> int:

@@ -24,8 +24,8 @@ class LlamaCppBackend(StateBackend):
 
     Options: `context` (positions the KV cache holds), `max_leaves` (root-to-leaf paths a tree may have),
     `ubatch` (rows of a step per `llama_decode`; a tree of more rows takes several, in order),
-    `min_rows` (pad every forward to this many rows, as `kv` does; by default what calibration measured,
-    else no padding)."""
+    `min_rows` (pad every forward to this many rows, as `kv` does; by default what the calibration handed
+    to it measured, else no padding)."""
 
     name = "llamacpp"
     # One llama.cpp context holds one sequence's cache, which copies of the backend would share: the default
@@ -33,13 +33,13 @@ class LlamaCppBackend(StateBackend):
     capabilities = BackendCapabilities(supports_trees=True, provides_hidden_states=False,
                                        fresh_state_per_copy=False, runs_target_model=False)
 
-    def __init__(self, target, *, want_hidden: bool = False, context: int | None = None,
+    def __init__(self, target, *, want_hidden: bool = False, calibration=None, context: int | None = None,
                  max_leaves: int = DEFAULT_LEAVES, ubatch: int = DEFAULT_UBATCH, min_rows: int | None = None):
         import torch
 
-        from specframe.kit.backend import forward_min_rows, gguf_file, pads_by_measurement, stored_min_rows
+        from specframe.kit.backend import forward_min_rows, gguf_file, pads_by_measurement
 
-        super().__init__(target, want_hidden=want_hidden)
+        super().__init__(target, want_hidden=want_hidden, calibration=calibration)
         reason = self.unsupported_reason(target)
         if reason:
             raise ConfigurationError(f"backend 'llamacpp' cannot serve model '{target.name}': {reason}")
@@ -50,9 +50,9 @@ class LlamaCppBackend(StateBackend):
         self.max_leaves = check_count("max_leaves", max_leaves, most_leaves)
         self.ubatch = check_count("ubatch", ubatch, engine.PREFILL_ROWS)
         cpu = torch.device("cpu")  # llama.cpp runs on the CPU whatever the target's device
-        self.auto_padding = pads_by_measurement(min_rows, cpu, "llama.cpp")
+        self._measured_padding = pads_by_measurement(min_rows, cpu, "llama.cpp")
         self.min_rows = forward_min_rows(min_rows, cpu, self.name, "llama.cpp",
-                                         calibrated=lambda: stored_min_rows(self))
+                                         calibrated=self.calibration.min_rows)
         self.engine = engine.LlamaEngine(self.path, context=self.context, paths=self.max_leaves, threads=1)
         self._committed = 0
         self._pending: int | None = None
@@ -83,7 +83,12 @@ class LlamaCppBackend(StateBackend):
         return facts_reason(facts, target.vocab_size)
 
     def cost_options(self) -> dict:
-        return {"min_rows": "auto" if self.auto_padding else self.min_rows, "ubatch": self.ubatch}
+        return {"min_rows": "auto" if self._measured_padding else self.min_rows, "ubatch": self.ubatch}
+
+    def pads_by_measurement(self) -> bool:
+        """Whether `min_rows` was left to calibration: not given
+        (`specframe.kit.backend.pads_by_measurement`)."""
+        return self._measured_padding
 
     @property
     def committed_length(self) -> int:

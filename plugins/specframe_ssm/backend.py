@@ -39,10 +39,10 @@ class SSMBackendBase(StateBackend):
                                        fresh_state_per_copy=True)  # prefill makes a new cache
     min_rows = 1  # rows every forward is padded to (root included); 1: no padding
 
-    def __init__(self, target, *, want_hidden: bool = False):
+    def __init__(self, target, *, want_hidden: bool = False, calibration=None):
         from specframe_ssm.layout import inspect_layout
 
-        super().__init__(target, want_hidden=want_hidden)
+        super().__init__(target, want_hidden=want_hidden, calibration=calibration)
         reason = self.unsupported_reason(target)
         if reason:
             raise UnsupportedModelError(f"backend '{self.name}' cannot serve model '{target.name}': {reason}")
@@ -61,13 +61,13 @@ class SSMBackendBase(StateBackend):
         return f"{reason}; {_attention_only_advice(target)}" if reason == NO_RECURRENT else reason
 
     def cost_model(self) -> CostModel:
-        """The calibration stored for this backend on this machine (`specframe calibrate`), else the
-        reference CPU fit of this backend for the target's kind, scaled by its layers and width and
-        padded as this backend pads small trees (`specframe_ssm.cost`)."""
-        from specframe.kit.backend import stored_cost
+        """The cost measured for this backend on this machine (`specframe calibrate`), handed to it when
+        it was built (`calibration.cost`), else the reference CPU fit of this backend for the target's
+        kind, scaled by its layers and width and padded as this backend pads small trees
+        (`specframe_ssm.cost`)."""
         from specframe_ssm.cost import default_cost_model
 
-        return stored_cost(self) or default_cost_model(self.name, self.model, self.min_rows)
+        return self.calibration.cost or default_cost_model(self.name, self.model, self.min_rows)
 
     def cost_options(self) -> dict:
         """The attention cache kind, so calibrations stored before attention layers appended in place
@@ -146,8 +146,9 @@ class SSMTreeBackend(SSMBackendBase):
     """Packed-tree verification on Mamba2, gated DeltaNet and hybrid models (STree). Options: `commit` =
     "replay" or "closed" (how the recurrent state absorbs the accepted path), `scan` = "auto", "torch" or
     "triton" (the Mamba2 tree scan), `min_rows` (rows every forward is padded to, a plain step included,
-    as the `kv` backend pads; by default on a CPU 4 where the calibration measured that no slower for the
-    model, else 1, and 1 elsewhere: `specframe.kit.backend.forward_min_rows`; 1 turns padding off).
+    as the `kv` backend pads; by default on a CPU 4 where the calibration handed to it measured that no
+    slower for the model, else 1, and 1 elsewhere: `specframe.kit.backend.forward_min_rows`; 1 turns
+    padding off).
 
     The padding is a chain of throwaway nodes after the tree's last node: no tree node has it among its
     ancestors, so neither attention nor the tree scan carries it into a real row, and `commit` reads only
@@ -155,9 +156,9 @@ class SSMTreeBackend(SSMBackendBase):
 
     name = "ssm-tree"
 
-    def __init__(self, target, *, want_hidden: bool = False, commit: CommitRule = "replay",
+    def __init__(self, target, *, want_hidden: bool = False, calibration=None, commit: CommitRule = "replay",
                  scan: ScanImpl = "auto", min_rows: int | None = None):
-        from specframe.kit.backend import forward_min_rows, pads_by_measurement, stored_min_rows
+        from specframe.kit.backend import forward_min_rows, pads_by_measurement
         from specframe.kit.models import linear_kernel
         from specframe_ssm.mixer import COMMIT_RULES
 
@@ -166,14 +167,14 @@ class SSMTreeBackend(SSMBackendBase):
                                      f"got {commit!r}")
         if scan not in SCANS:
             raise ConfigurationError(f"backend 'ssm-tree': scan must be one of {list(SCANS)}, got {scan!r}")
-        super().__init__(target, want_hidden=want_hidden)
+        super().__init__(target, want_hidden=want_hidden, calibration=calibration)
         self.commit_rule, self.scan = commit, scan
         linear = linear_kernel(target.model)
-        self.auto_padding = pads_by_measurement(min_rows, target.device, linear)  # decided by calibration
+        self._measured_padding = pads_by_measurement(min_rows, target.device, linear)
         # The scan's work grows with the rows: without a calibration, not padded (it doubled a plain step
         # of a Bamba-style model at hidden size 1024, one thread).
         self.min_rows = forward_min_rows(min_rows, target.device, self.name, linear,
-                                         calibrated=lambda: stored_min_rows(self))
+                                         calibrated=self.calibration.min_rows)
         widths = {m.conv_kernel_size for m in self.layout.mixers.values()}
         if len(widths) != 1:
             raise UnsupportedModelError(
@@ -183,7 +184,12 @@ class SSMTreeBackend(SSMBackendBase):
     def cost_options(self) -> dict:
         """The commit rule and the scan change what a step costs: each is calibrated apart."""
         return {**super().cost_options(), "commit": self.commit_rule, "scan": self.scan,
-                "min_rows": "auto" if self.auto_padding else self.min_rows}
+                "min_rows": "auto" if self._measured_padding else self.min_rows}
+
+    def pads_by_measurement(self) -> bool:
+        """Whether `min_rows` was left to calibration: not given, on a CPU, with linears that are not
+        `stream` (`specframe.kit.backend.pads_by_measurement`)."""
+        return self._measured_padding
 
     @inference_mode
     def score(self, tree: TokenTree) -> TargetScores:

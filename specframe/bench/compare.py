@@ -35,12 +35,16 @@ BASELINE = "transformers.generate"
 class PlainRunner:
     """Plain decoding through the pipeline's backend as a baseline, run as a peer is: `generate` returns
     (new tokens, `DecodeMetrics.to_dict()`). One decoder serves every run: plain decoding keeps nothing from
-    one request to the next."""
+    one request to the next. It is made (`make_plain()`) at the first run, after the pipeline's warm-up, so
+    that a calibration that warm-up measured (`budget="auto"`) is handed to the baseline's backend too,
+    which then pads its forwards as the pipeline's backend does."""
 
-    def __init__(self, decoder, stop):
-        self.decoder, self.stop = decoder, stop
+    def __init__(self, make_plain, stop):
+        self.make_plain, self.stop, self.decoder = make_plain, stop, None
 
     def generate(self, ids: list[int], max_new_tokens: int) -> tuple[list[int], dict]:
+        if self.decoder is None:
+            self.decoder = self.make_plain()
         result = self.decoder.generate(ids, max_new_tokens=max_new_tokens, stop=self.stop)
         return result.tokens, result.metrics.to_dict()
 
@@ -82,7 +86,7 @@ def choose_baseline(target, backend, make_plain, stop, sampling) -> tuple[str, o
     note = (f"the baseline is plain decoding through '{backend.name}', on the weights and kernels the "
             "pipeline runs: transformers' generate would run another model (the one specframe converted for "
             "its tokenizer and drafters), so its speed and text would not compare")
-    return label, PlainRunner(make_plain(), stop), note
+    return label, PlainRunner(make_plain, stop), note
 
 
 def compare_with_baseline(target, make_decoder, baseline: tuple[str, object, str | None], ids: list[int],

@@ -33,7 +33,6 @@ from specframe.bench.playback import (
 )
 from specframe.bench.runner import read_records, read_settings
 from specframe.support.prompt_suites import BenchPrompt, encode_turn, load_suite
-from specframe.decode.calibration import stored_cost
 from specframe.decode.loop import SpeculativeDecoder
 from specframe.decode.planner import SHAPE_LEARNING, AdaptivePlanner, FixedPlanner
 from specframe.terms.budget import parse_budget
@@ -156,7 +155,7 @@ def replay(target: Target, method: MethodSpec, turns: list[Turn], cost: CostMode
     `oracle` replaces the planner's choice by `oracle_choice`: what the drafts could give at best.
     `learn_shape` False prices every tree size with one learned speed factor (`AdaptivePlanner`)."""
     pipeline = assemble(target, method.drafter, method.tree, method.verifier, method.backend)
-    cost = cost or stored_cost(pipeline.backend)
+    cost = cost or pipeline.backend.calibration.cost  # the stored calibration, handed down at assembly
     if cost is None:
         raise ConfigurationError(f"no stored step cost for {target.name} on this machine: run "
                                  f"`specframe calibrate --model {target.name}` first (same --threads)")

@@ -23,7 +23,7 @@ import sys
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from specframe.support.atomic_dirs import (FILE_LOCK_WAIT, exclusive, remove_stale, temp_name_pattern,
@@ -31,9 +31,11 @@ from specframe.support.atomic_dirs import (FILE_LOCK_WAIT, exclusive, remove_sta
 from specframe.decode.loop import SpeculativeDecoder
 from specframe.terms.errors import (ConfigurationError, OutputError, SpecframeError, SpecframeWarning,
                                     io_failure)
+from specframe.terms.budget import parse_budget
 from specframe.terms.kinds import DEFAULT_COMPONENTS, ComponentKind
 from specframe.terms.target import Target
 from specframe.support.progress import bar as progress_bar
+from specframe.plugging.pipeline import calibrate_backend
 from specframe.plugging.registry import ComponentSpec, PluginRegistry
 from specframe.terms.sampling import SamplingParams
 
@@ -106,6 +108,8 @@ def build_runners(target: Target, methods: list[MethodSpec], peers: list[PeerSpe
                                  "e.g. 'pld+chain+greedy+ssm-tree'")
     bases = [baseline_spec(b, "baseline" if key == default else f"baseline[{key}]", sampling.greedy)
              for key, b in backends.items()]
+    synthetic = [] if synthetic_acceptance is None else [replace(bases[0], budget=default_budget)]
+    calibrate_first(target, [*methods, *synthetic], registry)
     base_of = {spec_text(b.backend): b.label for b in bases}
     runners: list = [PipelineRunner(target, b, sampling, registry, None, phase_timing) for b in bases]
     for method in methods:
@@ -131,6 +135,24 @@ def build_runners(target: Target, methods: list[MethodSpec], peers: list[PeerSpe
         baseline = base_of.get(cls.baseline_backend, bases[0].label)
         runners.append(peer_runner(target, peer, sampling, baseline, registry))
     return runners
+
+
+def calibrate_first(target: Target, methods: list[MethodSpec], registry: PluginRegistry) -> None:
+    """Calibrate the backend of every `budget="auto"` method before any runner is built: a backend is
+    handed its calibration when it is built and keeps the padding it was built with, so the plain
+    baselines, built first, then pad their forwards as the methods they are measured against do. A method
+    that cannot run is left to `build_runners`, which fails or warns with its reason."""
+    for method in methods:
+        if not parse_budget(method.budget)[1]:
+            continue
+        try:
+            check_preset(method, target)
+            drafter = registry.get(ComponentKind.DRAFTER, method.drafter.name)
+            calibrate_backend(target, method.backend, registry,
+                              want_hidden=drafter.capabilities.needs_hidden_states)
+        except SpecframeError:
+            if not method.optional:
+                raise
 
 
 def check_preset(method: MethodSpec, target: Target) -> None:

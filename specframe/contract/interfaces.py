@@ -1,7 +1,9 @@
 """The four component interfaces. Plugins subclass these and register the classes through hooks.
 
-Each class has a `name` (the registry key) and declared capabilities, checked when a pipeline is
-assembled (`specframe.plugging.pipeline.assemble`), never inferred from the name.
+Each class has a `name` (the registry key) and declared capabilities (`specframe.contract.capabilities`,
+re-exported here), checked when a pipeline is assembled (`specframe.plugging.pipeline.assemble`), never
+inferred from the name. A state backend is handed its calibration when it is built
+(`specframe.contract.calibration.Calibration`).
 """
 
 from __future__ import annotations
@@ -12,69 +14,21 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
+from specframe.contract.batch import BatchBackend, Commit
+from specframe.contract.calibration import Calibration
+from specframe.contract.capabilities import (
+    BackendCapabilities, DrafterCapabilities, TreeBuilderCapabilities, VerifierCapabilities,
+)
 from specframe.terms.cost import CostModel
 from specframe.terms.errors import ConfigurationError
 from specframe.terms.kinds import DEFAULT_COMPONENTS, ComponentKind
-from specframe.terms.proposal import DraftContext, DraftProposal, ScoreKind
+from specframe.terms.proposal import DraftContext, DraftProposal
 from specframe.terms.records import StepOutcome, TargetScores, VerifyResult
 from specframe.terms.sampling import Sampler
 from specframe.terms.tree import TokenTree
 
 if TYPE_CHECKING:
     from specframe.terms.target import Target
-
-
-@dataclass(frozen=True)
-class DrafterCapabilities:
-    needs_hidden_states: bool = False  # wants `DraftContext.hidden` from the target
-    provides_draft_probs: bool = False  # fills `DraftProposal.draft_probs` with the real q
-    proposes_trees: bool = False  # may propose several children per node (chain-only backends need a chain)
-    score_kind: ScoreKind = ScoreKind.RANK  # what its `DraftProposal.scores` mean
-    samples_drafts: bool = False  # may propose `DrawMethod.SAMPLED` drafts (when the request samples)
-    # Drafting time grows with the budget (a draft model runs once per draft token), so adaptive
-    # speculation sizes the budget before drafting when drafting is dear. Drafters whose cost does not
-    # depend on the budget (retrieval, heads that run once) draft to the cap; the planner then prunes.
-    drafting_grows_with_budget: bool = False
-    # Keeps what earlier requests emitted and drafts from it (a cache of responses): a benchmark's
-    # repeats of one prompt are then not alike, since later ones can copy the first one's answer.
-    remembers_requests: bool = False
-
-
-@dataclass(frozen=True)
-class TreeBuilderCapabilities:
-    needs_draft_probs: bool = False  # expands by draft distributions (beam, dynamic)
-    needs_score_kind: ScoreKind | None = None  # the proposal scores it relies on; None: any ordering
-    makes_chains: bool = False  # always returns a chain (one child per node), for chain-only backends
-    keeps_draft_probs: bool = True  # passes q of the kept nodes on to the tree
-    # Keeps, from a sampled proposal, a draw-order prefix under every node chosen without looking at the
-    # tokens (`specframe.terms.tree.draw_order_prefix`), so the tree stays `SAMPLED` and `rejection` can use
-    # q.
-    keeps_draw_order: bool = False
-
-
-@dataclass(frozen=True)
-class VerifierCapabilities:
-    lossless: bool = True  # preserves the target's (processed) distribution exactly
-    needs_draft_probs: bool = False  # refuses drafters without q
-    uses_draft_probs: bool = False  # uses q of sampled trees; other trees are verified by sample-and-match
-    supports_sampling: bool = False  # handles temperature > 0
-    # Accepts a child exactly when its token is the target's own draw at its parent (the argmax when
-    # greedy), drawn whatever the tree holds: the adaptive planner then learns from the nodes it left out
-    matches_draws: bool = False
-
-
-@dataclass(frozen=True)
-class BackendCapabilities:
-    supports_trees: bool = True  # scores branching trees, not only chains
-    provides_hidden_states: bool = False
-    # `prefill` starts all of a sequence's state afresh (assigns new objects; nothing a shallow copy of the
-    # backend shares with it is changed in place), so copies prefilled with different prompts are independent
-    # sequences. The default `StateBackend.batch` (`RowByRow`) needs it and refuses backends without it.
-    fresh_state_per_copy: bool = False
-    # Scores with the target's own torch model, so transformers' `generate` on that model computes what plain
-    # decoding through the backend does; False for a backend that runs other weights or kernels (llama.cpp on
-    # the GGUF's quantized weights), which `generate --compare` times against plain decoding through itself.
-    runs_target_model: bool = True
 
 
 class Drafter(ABC):
@@ -194,9 +148,13 @@ class StateBackend(ABC):
     name: ClassVar[str]
     capabilities: ClassVar[BackendCapabilities] = BackendCapabilities()
 
-    def __init__(self, target: Target, *, want_hidden: bool = False, **options):
+    def __init__(self, target: Target, *, want_hidden: bool = False, calibration: Calibration | None = None,
+                 **options):
         self.target = target
         self.want_hidden = want_hidden
+        # What calibration measured for this backend, handed down at assembly; empty where nothing is
+        # stored. Read it while building (the padding) or after (the cost); it never changes.
+        self.calibration = calibration if calibration is not None else Calibration()
         if options:
             raise TypeError(f"backend '{self.name}' takes no options, got {sorted(options)}")
         self._issued: TargetScores | None = None  # what the latest `score` returned, until committed
@@ -209,18 +167,23 @@ class StateBackend(ABC):
     def cost_model(self) -> CostModel | None:
         """Predicted step time by tree size and depth, for tree builders (see `BuildContext`).
 
-        Default: None, and the decoder gives builders the calibration stored for this backend, target,
-        device, dtype and thread count (`specframe calibrate`), if there is one. Called once per decoder,
-        at its first request, when the budget is a fixed number; with `budget="auto"` builders receive
-        instead the cost measured for this backend on this machine (`specframe.decode.calibration`), which
-        also drives the planner.
-        """
+        Default: None, and with a fixed budget the decoder gives builders `calibration.cost`, the cost
+        stored for this backend on this machine (`specframe calibrate`), if any; with `budget="auto"`
+        they receive instead the cost measured for it (`specframe.plugging.calibration`), which also
+        drives the planner. Called once per decoder, at its first request."""
         return None
 
     def cost_options(self) -> dict:
         """This instance's options that change what a step costs (a key of the stored calibration, so
         `kv(min_rows=1)` and `kv` are measured apart). Default: none."""
         return {}
+
+    def pads_by_measurement(self) -> bool:
+        """Whether this backend, with the options it was built with, leaves the rows it pads each forward
+        to to calibration, which then times a plain step alone and padded on backends built with
+        `Calibration(min_rows=1)` and `Calibration(min_rows=4)` and hands its choice to the backends
+        built after it (`Calibration.min_rows`). Default: False (padding is not measured)."""
+        return False
 
     @property
     @abstractmethod
@@ -272,143 +235,6 @@ class StateBackend(ABC):
                 "(a newer score() replaced them, they were committed already, or they come from another "
                 "backend); commit exactly what the latest score() returned")
         self._issued = None
-
-
-Commit = tuple[TargetScores, list[int], int]  # what one row commits: its scores, accepted path, bonus
-
-
-class BatchBackend(ABC):
-    """The target's state for several sequences (rows) decoded together: each step scores every active
-    row's tree, ideally in one forward, and commits each row's accepted path on its own.
-
-    Rows are keyed by the int `add` returns and may come and go between steps (a finished request's row
-    is removed, a queued one added: continuous batching). A row's scores must be what
-    `StateBackend.score` would give for that row's tree alone, so that each row decodes exactly as its
-    request would alone; how a backend keeps that true across batch shapes is for it to say and test
-    (`specframe.testing.checks` has the check). `one_forward` says whether a step's rows share one
-    forward (False: scored one after the other, as `RowByRow` does).
-    """
-
-    one_forward: ClassVar[bool] = False
-
-    def __init__(self, backend: StateBackend):
-        self.backend = backend  # the single-sequence backend this batches (its options, its target)
-
-    @abstractmethod
-    def add(self, ids: list[int]) -> int:
-        """Start a row: process `ids[:-1]`, keep `ids[-1]` pending (as `StateBackend.prefill`); its key."""
-
-    @abstractmethod
-    def remove(self, row: int) -> None:
-        """Drop a row and free its state."""
-
-    @abstractmethod
-    def committed_length(self, row: int) -> int:
-        """Tokens in `row`'s committed state, its pending root excluded."""
-
-    @abstractmethod
-    def score(self, trees: Mapping[int, TokenTree]) -> dict[int, TargetScores]:
-        """Target logits at the root and every node of each row's tree (rows not in `trees` idle this
-        step). Never changes a committed state; a new `score` discards the previous uncommitted one."""
-
-    def forward_rows(self, sizes: Mapping[int, int]) -> list[int]:
-        """The query rows of each forward one `score` runs for trees of `sizes[row]` nodes: what the
-        batch planner prices with the backend's single-sequence cost (a forward of n rows costs what a
-        tree of n - 1 nodes costs alone). Default: one forward per row, its root and nodes, as `RowByRow`
-        scores; a backend that packs rows into one forward says how (padding included)."""
-        return [n + 1 for n in sizes.values()]
-
-    @abstractmethod
-    def commit(self, accepted: Mapping[int, Commit]) -> None:
-        """For each row in `accepted`: append the root and the nodes `path` of its scored tree, make
-        `bonus` pending (as `StateBackend.commit`). Every row scored by the latest `score` is committed
-        in this one call."""
-
-
-@dataclass
-class SlottedRow:
-    """Where a row of a `SlottedRows` batch stands: its slot in the shared buffers, committed length and
-    pending root."""
-
-    slot: int
-    length: int  # committed tokens, the pending root excluded
-    pending: int  # the root of its next tree
-    written: int = 0  # columns past `length` its latest scoring wrote (carried along when the row moves)
-
-
-class SlottedRows(BatchBackend):
-    """What a batch of rows in slots of shared buffers keeps, whatever the buffers hold (`kv`'s keys,
-    `ssm-tree`'s attention keys beside per-row recurrent states): active rows fill slots 0..N-1, so a step
-    reads them as one view; removing a row moves the last slot's row into the freed one (`move_slot`);
-    the scores of the latest `score` are issued, and a `commit` must redeem exactly them (`redeem`)."""
-
-    def __init__(self, backend: StateBackend):
-        super().__init__(backend)
-        self.rows: dict = {}  # row key -> its `SlottedRow` (or a subclass)
-        self._next = 0
-        self._issued: dict[int, TargetScores] = {}  # what the latest `score` returned, until committed
-
-    def admit(self, state: SlottedRow) -> int:
-        """Key a new row whose state sits in slot `len(self.rows)`."""
-        row, self._next = self._next, self._next + 1
-        self.rows[row] = state
-        return row
-
-    def remove(self, row: int) -> None:
-        gone = self.row_state(row)
-        del self.rows[row]
-        self._issued.pop(row, None)
-        last = len(self.rows)  # the slot that empties: its row moves into the freed one
-        if gone.slot != last:
-            mover = next(state for state in self.rows.values() if state.slot == last)
-            self.move_slot(last, gone.slot, mover.length + mover.written)
-            mover.slot = gone.slot
-
-    def move_slot(self, source: int, target: int, columns: int) -> None:
-        """Move the first `columns` columns of slot `source`'s buffers into slot `target`."""
-
-    def committed_length(self, row: int) -> int:
-        return self.row_state(row).length
-
-    def row_state(self, row: int) -> SlottedRow:
-        if row not in self.rows:
-            raise KeyError(f"backend '{self.backend.name}': row {row} is not in this batch (it was removed, "
-                           f"or never added); rows now: {sorted(self.rows)}")
-        return self.rows[row]
-
-    def advance(self, row: int, path: list[int], bonus: int,
-                moves: tuple[list[int], list[int], list[int]]) -> list[int]:
-        """Commit `row`'s root and accepted `path` and make `bonus` pending; when the path is a branch
-        other than the first chain, the columns whose keys must move go into `moves` (slots, sources,
-        targets). Returns the kept columns' tree positions, root first (0, then each node + 1)."""
-        state = self.rows[row]
-        packed = [0] + [int(i) + 1 for i in path]
-        keep = [state.length + i for i in packed]
-        target = list(range(state.length, state.length + len(keep)))
-        if keep != target:
-            moves[0].extend([state.slot] * len(keep))
-            moves[1].extend(keep)
-            moves[2].extend(target)
-        state.length, state.pending, state.written = state.length + len(keep), int(bonus), 0
-        return packed
-
-    def redeem(self, accepted: Mapping[int, Commit]) -> None:
-        """Raise `ValueError` unless `accepted` commits exactly the rows of the latest `score`, each
-        with the scores it returned for that row; then nothing is committable until the next `score`."""
-        name = self.backend.name
-        missing = sorted(set(self._issued) - set(accepted))
-        if missing:
-            raise ValueError(f"backend '{name}': rows {missing} were scored but are not in commit(); commit "
-                             "every row of the latest score() in one call (an empty path keeps the root "
-                             "alone)")
-        for row, (scored, _, _) in accepted.items():
-            if scored is None or self._issued.get(row) is not scored:
-                raise ValueError(
-                    f"backend '{name}': commit() was given scores for row {row} other than those of the "
-                    "latest score() (a newer score() replaced them, they were committed already, the row "
-                    "was not scored, or they come from another backend); commit exactly what the latest "
-                    "score() returned")
-        self._issued = {}
 
 
 class RowByRow(BatchBackend):

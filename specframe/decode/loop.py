@@ -312,8 +312,10 @@ class SpeculativeDecoder:
         return GenerationResult(list(row.new), text, "error", row.metrics, row.logprob)
 
     def _planner(self) -> FixedPlanner | AdaptivePlanner:
-        """The step planner, made once: for `budget="auto"` this measures (or loads) the backend's cost
-        model, which prefills the backend with a synthetic prompt, so it runs before a request's prefill."""
+        """The step planner, made once: for `budget="auto"` this loads the backend's measured cost, or
+        measures it on backends built for measuring and replaces the pipeline's backend by one built with
+        it (`specframe.plugging.pipeline.calibrate_pipeline`). So it runs before a request's prefill, and
+        before anything reads `self.pipeline.backend` for that request."""
         if self.planner is None and self.adaptive:
             self.planner = make_adaptive_planner(self.pipeline, self.budget, self.cost, self.acceptance_file,
                                                  self.progress, self.phase_timing)

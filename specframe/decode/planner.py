@@ -218,20 +218,19 @@ class AdaptivePlanner(CostAtContext):
 
 def make_fixed_planner(pipeline, budget: int) -> FixedPlanner:
     """A `FixedPlanner` of `budget` nodes whose builders receive the backend's cost model
-    (`StateBackend.cost_model`), else the calibration stored for the backend (`specframe calibrate`),
-    else no cost."""
-    from specframe.decode.calibration import stored_cost
-
+    (`StateBackend.cost_model`), else the cost the backend was handed at assembly, stored for it by
+    `specframe calibrate` (`StateBackend.calibration`), else no cost."""
     backend = pipeline.backend
     cost = backend.cost_model()
-    return FixedPlanner(budget, cost if cost is not None else stored_cost(backend))
+    return FixedPlanner(budget, cost if cost is not None else backend.calibration.cost)
 
 
 def make_adaptive_planner(pipeline, cap: int, cost: CostModel | None = None,
                           acceptance_file: Path | None = None, progress: bool = True,
                           phase_timing: bool = True) -> AdaptivePlanner:
     """An `AdaptivePlanner` for `pipeline` with `cost`, by default the backend's measured cost
-    (calibrated on first use and cached: `specframe.decode.calibration.cached_cost`), and the
+    (calibrated on first use and stored, the pipeline's backend then rebuilt with it:
+    `specframe.plugging.pipeline.calibrate_pipeline`), and the
     acceptance counts stored in `acceptance_file` when given (a missing file, or one in another version's
     format, starts afresh; a file specframe did not write is refused rather than overwritten).
     The stored calibration is scaled to the speed that real steps show, when the decoder times its
@@ -241,11 +240,11 @@ def make_adaptive_planner(pipeline, cap: int, cost: CostModel | None = None,
     The planner serves requests of any sampling: whether one is planned blind is `plans_blind`'s call,
     made for each request.
     """
-    from specframe.decode.calibration import cached_cost
+    from specframe.plugging.pipeline import calibrate_pipeline
 
     d, v = (c.capabilities for c in (pipeline.drafter, pipeline.verifier))
     measured = cost is None and phase_timing
-    cost = cost or cached_cost(pipeline.backend, progress=progress)
+    cost = cost or calibrate_pipeline(pipeline, progress=progress)
     acceptance = AcceptanceModel.load(acceptance_file) if acceptance_file is not None else None
     return AdaptivePlanner(cost, cap, acceptance, drafting_grows_with_budget=d.drafting_grows_with_budget,
                            learn_speed=measured, matches_draws=v.matches_draws)

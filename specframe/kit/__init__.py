@@ -8,7 +8,8 @@ modules, grouped by who needs them:
   builders, verifiers);
 - `specframe.kit.inference`: `inference_mode` for methods that run a model;
 - `specframe.kit.models`: packed linear layers, the linear kernel, truncated models (imports torch);
-- `specframe.kit.backend`: padding, stored calibration, the KV cache, exact rows (imports torch);
+- `specframe.kit.backend`: padding, the calibration a backend is handed, the KV cache, exact rows, batch
+  slots (imports torch);
 - `specframe.kit.files`: atomic writes, locks, the specframe home folder, I/O errors;
 - `specframe.kit.training`: resumable training state, config bounds (imports torch);
 - `specframe.kit.progress`, `specframe.kit.ray`, `specframe.kit.prompts`: progress bars, Ray, the

@@ -11,6 +11,12 @@ docs/explanation/adaptive-speculation.md). Chains are timed at `CHAIN_SIZES` and
 at `SLOPE_SIZES` only: about 130 forwards (docs/explanation/adaptive-speculation.md says what that takes).
 `cached_cost` returns a stored calibration for the same keys, measuring one when there is none (announced
 in one line with its expected time; a progress bar only on a terminal); `specframe calibrate` refreshes it.
+
+What is stored reaches a backend only when it is built: `build_calibrated` hands a backend the calibration
+stored for its keys (`specframe.contract.calibration.Calibration`), and `measure_cost` measures on backends
+built for measuring (`Build`), handing each the padding it is to run with, so no backend is changed after it
+is built. `specframe.plugging.pipeline.calibrate_pipeline` is where a calibration measured after assembly
+reaches a pipeline.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import math
 import platform
 import sys
 import time
-import weakref
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -32,6 +38,7 @@ from specframe.support.atomic_dirs import FILE_LOCK_WAIT, file_lock, locked_upda
 from specframe.terms.cost import MeasuredCost
 from specframe.runtime.devices import CPU_MIN_ROWS, padded_rows, synchronizer
 from specframe.terms.errors import ConfigurationError, io_failure
+from specframe.contract.calibration import Calibration
 from specframe.contract.interfaces import StateBackend
 from specframe.runtime.packed_linear import linear_kernel
 from specframe.support.progress import bar
@@ -48,32 +55,25 @@ SLOPE_SIZES = (0, 2, 8, 16, 32)  # where the context slope is measured: it grows
 # Part of `cost_key`, so of the file name: raised whenever what a calibration measures or stores changes
 # (sizes, rounds, slopes, padding), so that a stored calibration of another kind is measured again.
 FORMAT = 9
-# Backends that leave their padding to calibration and found none stored when they were built, with their
-# keys: a calibration for the same keys measured later in this process sets their padding too
-# (`stored_min_rows`). Weak: a backend nobody holds is forgotten.
-_AWAITING_PADDING: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# Builds the backend being calibrated, handed a calibration (None: none), the same way each time: the
+# backend of a pipeline as `assemble` builds it (`specframe.plugging.pipeline.Pipeline.build_backend`).
+Build = Callable[[Calibration | None], StateBackend]
 
 
 def calibrate(backend: StateBackend, sizes=SIZES, rounds: int = ROUNDS, progress: bool = True,
-              seed: int = 0) -> MeasuredCost:
+              seed: int = 0, padding_s: tuple[float, ...] = ()) -> MeasuredCost:
     """Time `backend.score` on flat trees and chains of every size in `sizes`, the fastest of `rounds`,
     after a prompt of `PROMPT_TOKENS` and again after one of `LONG_PROMPT_TOKENS` (when the model's
     context holds it) for the slopes in the context length. Slopes come out at least 0 and non-decreasing
     in size: attention's work never shrinks as the context or the tree grows, so anything else is noise.
 
-    A backend that leaves its padding to measurement (`auto_padding`:
-    `specframe.runtime.devices.forward_min_rows`)
-    first times a plain step alone and padded (`probe_padding`), pads from then on only if padding was
-    no slower, and is measured as it will run; the choice is stored with the costs (`min_rows`).
+    The backend is measured as it runs, at the rows it pads forwards to (its `min_rows`, stored with the
+    costs); `padding_s` are the probe's timings (`probe_padding`) that chose them where the backend left
+    its padding to measurement (`measure_cost`), stored beside them.
 
     Leaves the backend prefilled with a synthetic prompt: prefill again before decoding.
     """
-    padding: tuple[float, ...] = ()
-    if getattr(backend, "auto_padding", False):
-        padding = probe_padding(backend, rounds=rounds, seed=seed)
-        backend.min_rows = padded_rows(*padding, CPU_MIN_ROWS)
-        share_padding(cost_key(backend), backend.min_rows)
-    measured = {"min_rows": getattr(backend, "min_rows", 1), "padding_s": padding}
+    measured = {"min_rows": getattr(backend, "min_rows", 1), "padding_s": tuple(padding_s)}
     prompts = sorted({prompt_room(backend.target, sizes, n) for n in (PROMPT_TOKENS, LONG_PROMPT_TOKENS)})
     chains = chain_sizes(sizes)
     keys = [(n, "flat") for n in sizes] + [(n, "chain") for n in chains]
@@ -135,27 +135,28 @@ def expected_seconds(backend: StateBackend, sizes=SIZES, rounds: int = ROUNDS) -
     return rounds * float(priced[0] + priced[1] + 1.3 * priced[2])  # the longer context: dearer
 
 
-def probe_padding(backend: StateBackend, rows: int = CPU_MIN_ROWS, rounds: int = ROUNDS,
+def probe_padding(alone: StateBackend, padded: StateBackend, rounds: int = ROUNDS,
                   seed: int = 0) -> tuple[float, float]:
-    """Seconds of a plain step (the root alone) of `backend` after a prompt of `PROMPT_TOKENS`, run alone
-    and padded to `rows` rows (its `min_rows` set to 1, then to `rows`), alternately, the fastest of
-    `rounds` each after a warm-up. Leaves `min_rows` at `rows`: the caller chooses (`padded_rows`)."""
-    target = backend.target
-    room = prompt_room(target, (rows,), PROMPT_TOKENS)
+    """Seconds of a plain step (the root alone) after a prompt of `PROMPT_TOKENS` on two backends built
+    alike but for their padding (`measure_cost` hands them `Calibration(min_rows=1)` and
+    `Calibration(min_rows=CPU_MIN_ROWS)`), alternately, the fastest of `rounds` each after a warm-up:
+    (alone, padded). The caller chooses (`padded_rows`)."""
+    target = alone.target
+    room = prompt_room(target, (getattr(padded, "min_rows", CPU_MIN_ROWS),), PROMPT_TOKENS)
     ids = np.random.default_rng(seed).integers(0, target.vocab_size, room + 1)
-    backend.prefill(ids.tolist())
     plain = probe_tree(0, "flat", ids)
     sync = synchronizer(target.device) or (lambda: None)
-    times: dict[int, list[float]] = {1: [], rows: []}
+    times: list[list[float]] = [[], []]
+    for backend in (alone, padded):
+        backend.prefill(ids.tolist())
     for _ in range(rounds + 1):  # the first round warms up
-        for padded, seconds in times.items():
-            backend.min_rows = padded
+        for backend, seconds in zip((alone, padded), times):
             sync()
             start = time.perf_counter()
             backend.score(plain)
             sync()
             seconds.append(time.perf_counter() - start)
-    return min(times[1][1:]), min(times[rows][1:])
+    return min(times[0][1:]), min(times[1][1:])
 
 
 def non_decreasing(values: list[float]) -> tuple[float, ...]:
@@ -211,14 +212,14 @@ def probe_tree(n: int, shape: str, ids: np.ndarray) -> TokenTree:
     return TokenTree(tokens, parents)
 
 
-def cost_key(backend: StateBackend, options: dict | None = None) -> dict:
+def cost_key(backend: StateBackend) -> dict:
     """What a calibration depends on; its hash names the cache file."""
     target, model = backend.target, backend.target.model
     params = sum(p.numel() for p in model.parameters())
     config = json.dumps(model.config.to_dict(), sort_keys=True, default=str)
     return {"format": FORMAT, "model": target.name, "parameters": params,
             "config": hashlib.sha256(config.encode()).hexdigest()[:16],
-            "backend": backend.name, "options": sorted({**backend.cost_options(), **(options or {})}.items()),
+            "backend": backend.name, "options": sorted(backend.cost_options().items()),
             "device": str(target.device), "dtype": str(next(model.parameters()).dtype),
             "linear": linear_kernel(model), "attention": getattr(model.config, "_attn_implementation", None),
             "threads": torch.get_num_threads(), "torch": torch.__version__,
@@ -232,29 +233,49 @@ def cost_path(key: dict) -> Path:
     return specframe_home() / "costs" / f"{key['backend']}-{digest}.json"
 
 
-def cached_cost(backend: StateBackend, options: dict | None = None, refresh: bool = False,
+def cached_cost(backend: StateBackend, build: Build | None = None, refresh: bool = False,
                 progress: bool = True) -> MeasuredCost:
-    """The stored calibration for this backend's keys, measured and stored first when missing,
-    damaged or `refresh` is set. A store that cannot be written only costs a recalibration next time."""
-    key = cost_key(backend, options)
+    """The calibration stored for the keys of `backend`, measured and stored first when missing, damaged
+    or `refresh` is set: on backends `build` makes as `backend` was made (`measure_cost`). A store that
+    cannot be written only costs a recalibration next time.
+
+    Without `build` (a backend not built by `assemble`) it is measured on `backend` as it runs, its
+    padding not probed, and stored only where the backend does not leave its padding to measurement:
+    stored, it would stand for a probe's choice that was never made."""
+    key = cost_key(backend)
     path = cost_path(key)
     if not refresh:
         cost = read_cost(path, key)
         if cost is not None:
-            if cost.padding_s and options is None:
-                follow_padding(backend, cost.min_rows)  # it may have been stored after the backend was built
             return cost
-    cost = measure_cost(backend, progress)
+    if build is None:
+        cost = measure_cost(lambda calibration: backend, progress, probe=False)
+        if not backend.pads_by_measurement():
+            store_cost(path, key, cost)
+        return cost
+    cost = measure_cost(build, progress)
     store_cost(path, key, cost)
     return cost
 
 
-def measure_cost(backend: StateBackend, progress: bool = True) -> MeasuredCost:
-    """`calibrate(backend)`, announced on stderr in one line with its expected time where `progress`."""
+def measure_cost(build: Build, progress: bool = True, probe: bool = True, sizes=SIZES,
+                 rounds: int = ROUNDS) -> MeasuredCost:
+    """`calibrate` a backend from `build` (at `sizes`, the fastest of `rounds`), announced on stderr in one
+    line with its expected time where `progress`. Where that backend leaves its padding to measurement
+    (`StateBackend.pads_by_measurement`) and `probe` is set, a plain step is first timed on a backend
+    built unpadded and on one built padded (`probe_padding`), and the costs are measured on one built with
+    the rows chosen (`padded_rows`): as the backends handed this calibration will run."""
+    backend = build(None)
     if progress:
         print(f"calibrating step cost for {backend.target.name} on {backend.name} (once per machine/model, "
               f"~{expected_seconds(backend):.0f} s)", file=sys.stderr, flush=True)
-    return calibrate(backend, progress=progress)
+    if not (probe and backend.pads_by_measurement()):
+        return calibrate(backend, sizes, rounds, progress)
+    del backend  # the probe's two backends and the measured one take its place
+    padding = probe_padding(build(Calibration(min_rows=1)), build(Calibration(min_rows=CPU_MIN_ROWS)),
+                            rounds=rounds)
+    chosen = build(Calibration(min_rows=padded_rows(*padding, CPU_MIN_ROWS)))
+    return calibrate(chosen, sizes, rounds, progress, padding_s=padding)
 
 
 def store_cost(path: Path, key: dict, cost: MeasuredCost) -> str | None:
@@ -281,42 +302,20 @@ def write_cost(path: Path, key: dict, cost: MeasuredCost) -> None:
         write_atomically(path, json.dumps({"key": key, **asdict(cost)}, indent=1, default=str))
 
 
-def stored_min_rows(backend: StateBackend) -> int | None:
-    """The rows that the stored calibration of `backend` chose to pad its forwards to, measured
-    (`probe_padding`), or None where there is none: what a backend with `auto_padding` runs with.
-
-    A backend with `auto_padding` that finds none is told the choice of a calibration for its keys
-    measured later in this process (`share_padding`): built before that calibration (a bench builds its
-    plain baseline before the first `budget="auto"` method calibrates), it would otherwise keep the
-    uncalibrated default for as long as it lives."""
+def stored_cost(backend: StateBackend) -> MeasuredCost | None:
+    """The stored calibration for the keys of `backend`, or None: never measures."""
     key = cost_key(backend)
-    cost = read_cost(cost_path(key), key)
-    if cost is not None and cost.padding_s:
-        return cost.min_rows
-    if getattr(backend, "auto_padding", False):
-        _AWAITING_PADDING[backend] = key
-    return None
-
-
-def share_padding(key: dict, rows: int) -> None:
-    """A calibration for `key` chose to pad forwards to `rows`: the backends awaiting a choice for the
-    same keys (`stored_min_rows`) pad so from now on."""
-    for backend, awaited in list(_AWAITING_PADDING.items()):
-        if awaited == key:
-            follow_padding(backend, rows)
-
-
-def follow_padding(backend: StateBackend, rows: int) -> None:
-    """Pad `backend`'s forwards to the `rows` its calibration chose, if it leaves padding to calibration."""
-    if getattr(backend, "auto_padding", False):
-        backend.min_rows = rows
-        _AWAITING_PADDING.pop(backend, None)
-
-
-def stored_cost(backend: StateBackend, options: dict | None = None) -> MeasuredCost | None:
-    """The stored calibration for this backend's keys, or None: never measures."""
-    key = cost_key(backend, options)
     return read_cost(cost_path(key), key)
+
+
+def build_calibrated(build: Build) -> StateBackend:
+    """The backend `build` makes, handed the calibration stored for it (`Calibration.of`), if any. The
+    store is keyed by what the built backend says of itself (`cost_key`: its target, name and
+    `cost_options`), so it is built once without a calibration to read its keys, and where one is stored
+    built again with it: the backend built first is then dropped, never changed."""
+    backend = build(None)
+    calibration = Calibration.of(stored_cost(backend))
+    return backend if calibration == Calibration() else build(calibration)
 
 
 def plausible(cost: MeasuredCost) -> bool:

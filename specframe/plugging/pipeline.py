@@ -1,18 +1,27 @@
-"""Assembling a pipeline from component names, with capability checks that fail loudly."""
+"""Assembling a pipeline from component names, with capability checks that fail loudly.
+
+The backend is built with the calibration stored for it handed down (`specframe.plugging.calibration`);
+`calibrate_pipeline` is the one place a calibration measured after assembly reaches a pipeline: by a new
+backend built with it, never by changing the one built before.
+"""
 
 from __future__ import annotations
 
 import functools
+import inspect
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from specframe.terms.cost import MeasuredCost
 from specframe.terms.errors import CapabilityError, SpecframeWarning, UnsupportedModelError
+from specframe.contract.calibration import Calibration
 from specframe.contract.extensions import option_defaults
 from specframe.contract.interfaces import Drafter, StateBackend, TreeBuilder, Verifier
 from specframe.terms.kinds import DEFAULT_COMPONENTS, ComponentKind
 from specframe.terms.target import Target
+from specframe.plugging.calibration import Build, build_calibrated, cached_cost
 from specframe.plugging.options import check_options
 from specframe.plugging.registry import ComponentSpec, PluginRegistry, get_registry
 from specframe.terms.sampling import SamplingParams
@@ -28,6 +37,10 @@ class Pipeline:
     tree_builder: TreeBuilder
     verifier: Verifier
     backend: StateBackend
+    # How `assemble` built the backend, to build it again with a calibration measured after assembly
+    # (`calibrate_pipeline`); None for a pipeline put together by hand, or a backend whose constructor
+    # takes no calibration.
+    build_backend: Build | None = field(default=None, repr=False, compare=False)
     # (component classes, greedy) already found to fit: `check_request` checks each mode once
     checked: set[tuple] = field(default_factory=set, init=False, repr=False, compare=False)
 
@@ -149,7 +162,8 @@ def assemble(target: Target, drafter: Component = DEFAULT_COMPONENTS[ComponentKi
 
     Each is a registered name, which may carry options (`pld(max_ngram=4)`, or a `ComponentSpec`), or a
     component class, used as it is (registered or not). `options` maps a kind to more constructor
-    options, over those of the spec.
+    options, over those of the spec. The backend is handed the calibration stored for it on this
+    machine, if any (`specframe.plugging.calibration.build_calibrated`).
     """
     registry = registry or get_registry()
     sampling = sampling or SamplingParams()
@@ -159,15 +173,74 @@ def assemble(target: Target, drafter: Component = DEFAULT_COMPONENTS[ComponentKi
     check_compatible(target, *classes, sampling, registry)
     d, t, v, b = [(cls, {**option_defaults(kind, cls.name), **spec_options, **options.get(kind, {})})
                   for kind, (cls, spec_options) in zip(ComponentKind, parts)]
+    want_hidden = d[0].capabilities.needs_hidden_states
+    build = backend_builder(target, *b, want_hidden=want_hidden)
     pipeline = Pipeline(
         drafter=_construct(ComponentKind.DRAFTER, *d, target),
         tree_builder=_construct(ComponentKind.TREE_BUILDER, *t),
         verifier=_construct(ComponentKind.VERIFIER, *v),
-        backend=_construct(ComponentKind.BACKEND, *b, target,
-                           want_hidden=d[0].capabilities.needs_hidden_states),
+        backend=(build_calibrated(build) if build is not None
+                 else _construct(ComponentKind.BACKEND, *b, target, want_hidden=want_hidden)),
+        build_backend=build,
     )
     pipeline.checked.add((*classes, sampling.greedy))  # requests of this mode need no second check
     return pipeline
+
+
+def backend_builder(target: Target, cls: type[StateBackend], options: dict, *,
+                    want_hidden: bool = False) -> Build | None:
+    """How to build the backend `cls(target, want_hidden=..., **options)` with a calibration handed down
+    (`StateBackend.__init__`'s `calibration`), or None where its constructor takes none (it neither
+    declares `calibration` nor passes unknown keywords on to `StateBackend.__init__`)."""
+    params = inspect.signature(cls.__init__).parameters
+    if "calibration" not in params and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return None
+
+    def build(calibration: Calibration | None = None) -> StateBackend:
+        return _construct(ComponentKind.BACKEND, cls, options, target, want_hidden=want_hidden,
+                          calibration=calibration)
+
+    return build
+
+
+def calibrate_pipeline(pipeline: Pipeline, progress: bool = True) -> MeasuredCost:
+    """The step cost measured for the pipeline's backend on this machine, which `budget="auto"` plans with
+    (the decoder asks at its first request: `specframe.decode.planner.make_adaptive_planner`).
+
+    Where a calibration was stored when the pipeline was assembled, the backend was handed it then, and
+    that is the answer. Else the stored one is read again (another process may have measured it since),
+    or it is measured now on backends built for measuring and stored
+    (`specframe.plugging.calibration.cached_cost`); then the pipeline's backend is replaced by one built
+    with it handed down, so that it pads its forwards as the cost was measured. This is the only place a
+    pipeline's backend is replaced, and only before the pipeline decodes with that calibration: read
+    `pipeline.backend` after it. A pipeline put together by hand keeps its backend (see `cached_cost`)."""
+    backend, build = pipeline.backend, pipeline.build_backend
+    if backend.calibration.cost is not None:
+        return backend.calibration.cost
+    cost = cached_cost(backend, build, progress=progress)
+    if build is not None:
+        pipeline.backend = build(Calibration.of(cost))
+    return cost
+
+
+def calibrate_backend(target: Target, backend: Component = DEFAULT_COMPONENTS[ComponentKind.BACKEND],
+                      registry: PluginRegistry | None = None, *, want_hidden: bool = False,
+                      progress: bool = True) -> MeasuredCost:
+    """The step cost of the backend `backend` (a name, a spec with options, or a class) on `target`: the
+    stored calibration, or one measured now on backends built for measuring and stored, as the first
+    `budget="auto"` request of a pipeline on it would (`calibrate_pipeline`). For a caller that assembles
+    several pipelines on that backend: calibrated first, every one of them is handed the calibration when
+    it is built (a bench's plain baseline pads its forwards as its `budget="auto"` methods do)."""
+    registry = registry or get_registry()
+    cls, spec_options = _lookup(registry, ComponentKind.BACKEND, backend)
+    reason = cls.unsupported_reason(target)
+    if reason:
+        raise UnsupportedModelError(f"backend '{cls.name}' cannot serve model '{target.name}': {reason}")
+    options = {**option_defaults(ComponentKind.BACKEND, cls.name), **spec_options}
+    build = backend_builder(target, cls, options, want_hidden=want_hidden)
+    built = build(None) if build is not None else _construct(ComponentKind.BACKEND, cls, options, target,
+                                                             want_hidden=want_hidden)
+    return cached_cost(built, build, progress=progress)
 
 
 def check_specs(drafter: Component = DEFAULT_COMPONENTS[ComponentKind.DRAFTER],

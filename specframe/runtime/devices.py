@@ -6,7 +6,8 @@ on most CPUs, and the lossless checks compare against float32 references there).
 machine cannot do with a message that says what it has instead.
 
 `forward_min_rows` gives the rows a state backend pads every forward to on a device (its `min_rows`):
-on a CPU, what the backend's calibration measured to be no slower for this model (`padded_rows`).
+on a CPU, what the backend's calibration measured to be no slower for this model (`padded_rows`), handed
+to the backend when it is built (`specframe.contract.calibration.Calibration.min_rows`).
 """
 
 from __future__ import annotations
@@ -89,14 +90,12 @@ def native_dtype(config) -> torch.dtype | None:
 
 
 def forward_min_rows(value: int | None, device: torch.device, backend: str, linear: str = "onednn", *,
-                     calibrated: Callable[[], int | None] = lambda: None,
-                     pads_uncalibrated: bool = False) -> int:
+                     calibrated: int | None = None, pads_uncalibrated: bool = False) -> int:
     """Rows a state backend pads every forward to (its `min_rows` option): `value`, checked; or by default
     1 (no padding) off the CPU and where the model's linears are `linear="stream"`
-    (`specframe.runtime.packed_linear.linear_kernel`); on a CPU, what `calibrated()` returns, the rows that
-    the
-    backend's stored calibration chose for this model (`padded_rows`), and without a calibration
-    `CPU_MIN_ROWS` where the backend `pads_uncalibrated` (it is known to gain), else 1.
+    (`specframe.runtime.packed_linear.linear_kernel`); on a CPU, `calibrated`, the rows that the backend's
+    calibration chose for this model (`padded_rows`; what the backend was handed, `Calibration.min_rows`),
+    and without one `CPU_MIN_ROWS` where the backend `pads_uncalibrated` (it is known to gain), else 1.
 
     On some CPUs oneDNN's and the BLAS's 1- and 2-row matrix products stream the weights more slowly than
     their 4-row ones, so a padded plain step of an attention model (SmolLM2) is faster than an unpadded
@@ -113,15 +112,15 @@ def forward_min_rows(value: int | None, device: torch.device, backend: str, line
         return value
     if not pads_by_measurement(value, device, linear):
         return 1
-    measured = calibrated()
-    if measured is not None:
-        return measured
+    if calibrated is not None:
+        return calibrated
     return CPU_MIN_ROWS if pads_uncalibrated else 1
 
 
 def pads_by_measurement(value: int | None, device: torch.device, linear: str = "onednn") -> bool:
     """Whether a backend given `min_rows=value` leaves padding to what calibration measures: no value
-    given, on a CPU, with linears that are not `stream` (see `forward_min_rows`)."""
+    given, on a CPU, with linears that are not `stream` (see `forward_min_rows`). What a backend's
+    `StateBackend.pads_by_measurement` returns, for the `min_rows` it was built with."""
     return value is None and device.type == "cpu" and linear != "stream"
 
 

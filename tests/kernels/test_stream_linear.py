@@ -150,6 +150,6 @@ def test_backends_pad_nothing_under_the_kernel():
     pack_linear_layers(streamed.model, stream=True)
     pack_linear_layers(packed.model)
     streamed_kv, packed_kv = (assemble(t, backend="kv").backend for t in (streamed, packed))
-    assert streamed_kv.min_rows == 1 and not streamed_kv.auto_padding
-    assert packed_kv.auto_padding
+    assert streamed_kv.min_rows == 1 and not streamed_kv.pads_by_measurement()
+    assert packed_kv.pads_by_measurement()
     assert assemble(streamed, backend="kv(min_rows=4)").backend.min_rows == 4

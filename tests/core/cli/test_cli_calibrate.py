@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from specframe import cli
-from specframe.decode import calibration
+from specframe.plugging import calibration
 from specframe.terms.cost import MeasuredCost
 from specframe.testing import tiny_target
 
@@ -26,7 +26,8 @@ def model(tmp_path, monkeypatch):
     tiny.model.save_pretrained(tmp_path / "model")
     tiny.tokenizer.save_pretrained(tmp_path / "model")
     monkeypatch.setenv("SPECFRAME_HOME", str(tmp_path / "home"))
-    monkeypatch.setattr(calibration, "calibrate", lambda backend, progress=True: COST)
+    monkeypatch.setattr(calibration, "calibrate", lambda backend, *args, padding_s=(): COST)
+    monkeypatch.setattr(calibration, "probe_padding", lambda alone, padded, **kwargs: (1e-3, 2e-3))
     return str(tmp_path / "model")
 
 

@@ -225,11 +225,12 @@ def tiny():
 
 def test_calibration_is_measured_once_then_read_back(tiny, tmp_path, monkeypatch):
     from specframe import assemble
-    from specframe.decode import calibration
+    from specframe.plugging import calibration
 
     monkeypatch.setenv("SPECFRAME_HOME", str(tmp_path))
-    backend = assemble(tiny).backend
-    cost = calibration.cached_cost(backend, progress=False)
+    pipeline = assemble(tiny)
+    backend, build = pipeline.backend, pipeline.build_backend
+    cost = calibration.cached_cost(backend, build, progress=False)
     assert len(cost.sizes) == len(cost.flat_s) == len(cost.chain_s) and min(cost.flat_s) > 0
     [stored] = (tmp_path / "costs").glob("kv-*.json")
 
@@ -237,16 +238,16 @@ def test_calibration_is_measured_once_then_read_back(tiny, tmp_path, monkeypatch
         raise AssertionError("calibrated again although a stored calibration exists")
 
     monkeypatch.setattr(calibration, "calibrate", no_measuring)
-    assert calibration.cached_cost(backend, progress=False) == cost
+    assert calibration.cached_cost(backend, build, progress=False) == cost
     stored.write_text("{damaged")  # a damaged store is measured again, not trusted
     monkeypatch.undo()
     monkeypatch.setenv("SPECFRAME_HOME", str(tmp_path))
-    assert calibration.cached_cost(backend, progress=False).sizes == cost.sizes
+    assert calibration.cached_cost(backend, build, progress=False).sizes == cost.sizes
 
 
 def test_a_calibration_file_reads_back_without_its_keys_but_not_under_other_keys(tmp_path):
     """`read_cost` without keys is what replays use to weigh another machine's or day's calibration."""
-    from specframe.decode.calibration import read_cost, write_cost
+    from specframe.plugging.calibration import read_cost, write_cost
 
     slope = (0.0, 1e-4, 2e-4)
     cost = MeasuredCost((0, 4, 8), (1.0, 1.2, 1.5), (1.0, 1.1, 1.4), 257, slope, slope)
@@ -263,7 +264,7 @@ def test_calibration_keeps_the_fastest_round_so_stalls_do_not_move_it(tiny, monk
     from types import SimpleNamespace
 
     from specframe import assemble
-    from specframe.decode import calibration
+    from specframe.plugging import calibration
 
     backend = assemble(tiny).backend
     true_s = {}  # tree size -> the time its forward takes without a stall
@@ -291,7 +292,7 @@ def test_calibration_measures_how_a_tree_costs_more_in_a_longer_context(tiny, mo
     from types import SimpleNamespace
 
     from specframe import assemble
-    from specframe.decode import calibration
+    from specframe.plugging import calibration
 
     backend = assemble(tiny).backend
     clock = [0.0]
@@ -310,7 +311,7 @@ def test_calibration_measures_how_a_tree_costs_more_in_a_longer_context(tiny, mo
 
 
 def test_context_slopes_never_fall_with_tree_size():
-    from specframe.decode.calibration import non_decreasing
+    from specframe.plugging.calibration import non_decreasing
 
     assert non_decreasing([3.0, 1.0, 2.0, 5.0]) == pytest.approx((2.0, 2.0, 2.0, 5.0))
     assert non_decreasing([0.0, 1.0, 1.0]) == (0.0, 1.0, 1.0)
@@ -580,10 +581,11 @@ def test_a_cost_model_passed_in_is_taken_as_given(tiny):
 def test_the_stored_calibration_is_scaled_only_when_phases_are_timed_apart(tiny, monkeypatch, phase_timing):
     """Without per-phase synchronisation an accelerator's forward phase holds launch time only: a speed
     learned from it would make every tree look nearly free."""
-    import specframe.decode.calibration as calibration
+    import specframe.plugging.pipeline as assembly
     from specframe import SpeculativeDecoder
 
-    monkeypatch.setattr(calibration, "cached_cost", lambda backend, progress=True: PolynomialCost((0.0, 1.0)))
+    monkeypatch.setattr(assembly, "calibrate_pipeline",
+                        lambda pipeline, progress=True: PolynomialCost((0.0, 1.0)))
     run = SpeculativeDecoder.from_names(tiny, "pld", budget="auto:4", phase_timing=phase_timing)
     assert run._planner().learn_speed == phase_timing
 
@@ -782,7 +784,7 @@ def test_first_use_calibration_is_announced_in_one_line_and_measures_slopes_on_f
     """Piped output gets one line saying what runs and for how long, no progress bar redraws; the longer
     context is timed on flat trees at `SLOPE_SIZES` alone (what keeps a first calibration short)."""
     from specframe import assemble
-    from specframe.decode import calibration
+    from specframe.plugging import calibration
 
     monkeypatch.setenv("SPECFRAME_HOME", str(tmp_path))
     backend = assemble(tiny).backend
@@ -807,7 +809,7 @@ def test_chains_between_the_timed_sizes_scale_the_flat_tree_by_the_interpolated_
     """A chain is timed at `CHAIN_SIZES` only: elsewhere it costs the flat tree's time (which carries the
     kernel's jumps in the row count) times the chain-to-flat ratio interpolated between the timed sizes;
     at 0 and 1 node a chain is the flat tree."""
-    from specframe.decode import calibration
+    from specframe.plugging import calibration
 
     sizes = (0, 1, 2, 3, 4, 5)
     assert calibration.chain_sizes(sizes) == (2, 4, 5)

@@ -39,7 +39,7 @@ from specframe_corpus.sources import TokenDocuments
 from specframe_suffix.store import SuffixCacheError, read_cache
 
 from specframe.decode.acceptance import AcceptanceModel
-from specframe.decode.calibration import read_cost
+from specframe.plugging.calibration import read_cost
 from specframe.terms.cost import MeasuredCost
 from specframe.terms.errors import ConfigurationError, ModelLoadError, PromptError
 from specframe.runtime.model_files import CONVERSION_MARKER, conversion_damage, write_marker

@@ -169,7 +169,7 @@ def test_acceptance_counts_of_two_writers_add_up(tmp_path):
 
 
 def test_a_calibration_write_cleans_temporaries_and_waits_for_the_lock(tmp_path):
-    from specframe.decode.calibration import read_cost, write_cost
+    from specframe.plugging.calibration import read_cost, write_cost
     from specframe.support.atomic_dirs import file_lock
     from specframe.terms.cost import MeasuredCost
 

@@ -50,14 +50,19 @@ def test_min_rows_that_is_not_a_positive_integer_is_refused(rows):
         KVCacheBackend(tiny_llama(seed=3), min_rows=rows)
 
 
-def test_with_a_fixed_budget_builders_get_the_stored_calibration(monkeypatch):
+def test_with_a_fixed_budget_builders_get_the_stored_calibration(tmp_path, monkeypatch):
     """`kv` offers no cost model of its own (`StateBackend.cost_model` returns None): the decoder passes
-    its builders the calibration stored for the backend instead, as `specframe calibrate` left it."""
-    from specframe import SpeculativeDecoder
-    from specframe.decode import calibration
+    its builders the calibration stored for the backend instead, as `specframe calibrate` left it, which
+    the backend was handed when it was built."""
+    from specframe import SpeculativeDecoder, assemble
+    from specframe.plugging import calibration
+    from specframe.terms.cost import MeasuredCost
 
-    decoder = SpeculativeDecoder.from_names(tiny_llama(seed=3), "pld", budget=4)
+    monkeypatch.setenv("SPECFRAME_HOME", str(tmp_path))
+    target = tiny_llama(seed=3)
+    stored = MeasuredCost((0, 4), (1.0, 1.2), (1.0, 1.1))
+    key = calibration.cost_key(assemble(target).backend)
+    calibration.write_cost(calibration.cost_path(key), key, stored)
+    decoder = SpeculativeDecoder.from_names(target, "pld", budget=4)
     assert decoder.pipeline.backend.cost_model() is None
-    seen = []
-    monkeypatch.setattr(calibration, "stored_cost", lambda backend: seen.append(backend) or "stored")
-    assert decoder._planner().cost == "stored" and seen == [decoder.pipeline.backend]
+    assert decoder._planner().cost == stored == decoder.pipeline.backend.calibration.cost

@@ -235,14 +235,17 @@ def test_bad_options_are_refused_with_their_bounds(target, options, message):
 
 def test_calibration_measures_it_and_chooses_its_padding(target, prompt):
     """`specframe calibrate`'s measurement runs on it as on `kv`: with `min_rows` left to measurement it
-    times a plain step alone and padded first, keeps the faster, then times flat trees and chains."""
-    from specframe.decode.calibration import calibrate
+    times a plain step alone and padded first on backends built for it, keeps the faster, then times flat
+    trees and chains; a backend built afterwards is handed the choice."""
+    from specframe.kit.backend import Calibration
+    from specframe.plugging.calibration import measure_cost
 
-    backend = LlamaCppBackend(target)
-    assert backend.auto_padding and backend.cost_options() == {"min_rows": "auto", "ubatch": 32}
-    cost = calibrate(backend, sizes=(0, 1, 2, 4), rounds=1, progress=False)
+    pipeline = specframe.assemble(target, backend="llamacpp")
+    backend = pipeline.backend
+    assert backend.pads_by_measurement() and backend.cost_options() == {"min_rows": "auto", "ubatch": 32}
+    cost = measure_cost(pipeline.build_backend, progress=False, sizes=(0, 1, 2, 4), rounds=1)
     assert cost.sizes == (0, 1, 2, 4) and len(cost.padding_s) == 2 and cost.min_rows in (1, 4)
-    assert backend.min_rows == cost.min_rows
+    assert pipeline.build_backend(Calibration.of(cost)).min_rows == cost.min_rows
 
 
 @pytest.mark.parametrize("tree", [TokenTree.empty(), TokenTree(np.array([1, 2]), np.array([-1, -1]))])

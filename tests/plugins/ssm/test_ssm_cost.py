@@ -9,7 +9,7 @@ from ssm_models import make_repetitive, tiny_ssm_target
 
 import specframe
 from specframe import PolynomialCost, SpeculativeDecoder, TokenTree, TreeBuilder
-from specframe.decode.calibration import cost_key
+from specframe.plugging.calibration import cost_key
 from specframe.plugging.pipeline import Pipeline
 from specframe_ssm import SSMTreeBackend, SSMUnrolledBackend, calibrate, full_binary_tree
 
@@ -23,16 +23,20 @@ def no_stored_calibration(tmp_path, monkeypatch):
 
 
 def test_a_stored_calibration_takes_precedence_over_the_reference_fit():
-    from specframe.decode.calibration import cached_cost
+    """The cost measured for the backend is handed to it when it is built: to the pipeline's backend once
+    measured (`calibrate_pipeline`), and to every backend assembled after it."""
+    from specframe.plugging.pipeline import calibrate_pipeline
 
-    backend = SSMTreeBackend(tiny_ssm_target("mamba2"))
-    reference = backend.cost_model()
-    measured = cached_cost(backend, progress=False)
-    assert backend.cost_model() == measured != reference
+    target = tiny_ssm_target("mamba2")
+    pipeline = specframe.assemble(target, backend="ssm-tree")
+    reference = pipeline.backend.cost_model()
+    measured = calibrate_pipeline(pipeline, progress=False)
+    assert pipeline.backend.cost_model() == measured != reference
+    assert specframe.assemble(target, backend="ssm-tree").backend.cost_model() == measured
 
 
 def test_options_that_change_the_step_cost_are_calibrated_apart():
-    from specframe.decode.calibration import cost_path
+    from specframe.plugging.calibration import cost_path
 
     target = tiny_ssm_target("mamba2")
     backends = [SSMTreeBackend(target), SSMTreeBackend(target, scan="torch"),

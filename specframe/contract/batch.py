@@ -1,0 +1,65 @@
+"""The state of several sequences decoded together (`StateBackend.batch`): the `BatchBackend` interface a
+backend's batch implements, and what one row commits (`Commit`). The default batch, `RowByRow`, is in
+`specframe.contract.interfaces` beside the `StateBackend` that returns it.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from typing import ClassVar
+
+from specframe.terms.records import TargetScores
+from specframe.terms.tree import TokenTree
+
+Commit = tuple[TargetScores, list[int], int]  # what one row commits: its scores, accepted path, bonus
+
+
+class BatchBackend(ABC):
+    """The target's state for several sequences (rows) decoded together: each step scores every active
+    row's tree, ideally in one forward, and commits each row's accepted path on its own.
+
+    Rows are keyed by the int `add` returns and may come and go between steps (a finished request's row
+    is removed, a queued one added: continuous batching). A row's scores must be what
+    `StateBackend.score` would give for that row's tree alone, so that each row decodes exactly as its
+    request would alone; how a backend keeps that true across batch shapes is for it to say and test
+    (`specframe.testing.checks` has the check). `one_forward` says whether a step's rows share one
+    forward (False: scored one after the other, as `RowByRow` does).
+    """
+
+    one_forward: ClassVar[bool] = False
+
+    def __init__(self, backend):
+        # The single-sequence `StateBackend` this batches (its options, its target). Not annotated: the
+        # interface that returns a batch imports this module, so this one cannot import it back.
+        self.backend = backend
+
+    @abstractmethod
+    def add(self, ids: list[int]) -> int:
+        """Start a row: process `ids[:-1]`, keep `ids[-1]` pending (as `StateBackend.prefill`); its key."""
+
+    @abstractmethod
+    def remove(self, row: int) -> None:
+        """Drop a row and free its state."""
+
+    @abstractmethod
+    def committed_length(self, row: int) -> int:
+        """Tokens in `row`'s committed state, its pending root excluded."""
+
+    @abstractmethod
+    def score(self, trees: Mapping[int, TokenTree]) -> dict[int, TargetScores]:
+        """Target logits at the root and every node of each row's tree (rows not in `trees` idle this
+        step). Never changes a committed state; a new `score` discards the previous uncommitted one."""
+
+    def forward_rows(self, sizes: Mapping[int, int]) -> list[int]:
+        """The query rows of each forward one `score` runs for trees of `sizes[row]` nodes: what the
+        batch planner prices with the backend's single-sequence cost (a forward of n rows costs what a
+        tree of n - 1 nodes costs alone). Default: one forward per row, its root and nodes, as `RowByRow`
+        scores; a backend that packs rows into one forward says how (padding included)."""
+        return [n + 1 for n in sizes.values()]
+
+    @abstractmethod
+    def commit(self, accepted: Mapping[int, Commit]) -> None:
+        """For each row in `accepted`: append the root and the nodes `path` of its scored tree, make
+        `bonus` pending (as `StateBackend.commit`). Every row scored by the latest `score` is committed
+        in this one call."""
