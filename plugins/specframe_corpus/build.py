@@ -137,55 +137,25 @@ def _build(
     dtype, sep = token_dtype(identity.vocab_size), identity.vocab_size
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.building-", dir=out.parent))
     try:
-        with open(tmp / TOKENS, "wb") as f:
-            if old is not None:
-                for s in range(0, len(old.tokens), CHUNK):
-                    f.write(np.asarray(old.tokens[s : s + CHUNK]).tobytes())
-            else:
-                f.write(np.array([sep], dtype).tobytes())
-            tokenize_start = time.perf_counter()
-            stats = [write_source(source, target, f, dtype, sep, out, progress) for source in sources]
-            tokenize_s = time.perf_counter() - tokenize_start
-        new_docs, new_tokens = sum(s["documents"] for s in stats), sum(s["tokens"] for s in stats)
-        if new_docs == 0:
+        stats, tokenize_s = _write_tokens(tmp / TOKENS, old, sources, target, dtype, sep, out, progress)
+        if sum(s["documents"] for s in stats) == 0:
             raise DatastoreError(
                 f"datastore '{out}': the sources ({', '.join(s.spec for s in sources)}) hold no "
                 "documents (empty files, an empty glob match, or only binary files)"
             )
-        n = (tmp / TOKENS).stat().st_size // dtype.itemsize
-        tokens = np.memmap(tmp / TOKENS, dtype=dtype, mode="r", shape=(n,))
         index_start = time.perf_counter()
-        suffix_array(tokens).tofile(tmp / SUFFIXES)
-        bucket_offsets(tokens, sep).tofile(tmp / BUCKETS)
+        n = _write_index(tmp, dtype, sep)
         index_s = time.perf_counter() - index_start
-        del tokens
-        previous = old.header if old is not None else None
-        header = {
-            "format": FORMAT,
-            "format_version": FORMAT_VERSION,
-            "specframe_version": specframe.__version__,
-            "tokenizer": identity.to_json(),
-            "separator": sep,
-            "token_dtype": dtype.name,
-            "suffix_dtype": suffix_dtype(n).name,
-            "n_positions": n,
-            "n_tokens": new_tokens + (previous["n_tokens"] if previous else 0),
-            "n_documents": new_docs + (previous["n_documents"] if previous else 0),
-            "sources": (previous["sources"] if previous else []) + stats,
-            "built_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "build": {
-                "seconds": round(time.perf_counter() - start, 2),
-                "tokenize_seconds": round(tokenize_s, 2),
-                "index_seconds": round(index_s, 2),
-                "tokens_per_second": round(new_tokens / tokenize_s) if tokenize_s else None,
-                "peak_memory_bytes": peak_memory_bytes("cpu"),
-                "appended": old is not None,
-            },
-            "files": {
-                name: {"bytes": (tmp / name).stat().st_size, "sha256": file_digest(tmp / name)}
-                for name in (TOKENS, SUFFIXES, BUCKETS)
-            },
+        new_tokens = sum(s["tokens"] for s in stats)
+        build = {
+            "seconds": round(time.perf_counter() - start, 2),
+            "tokenize_seconds": round(tokenize_s, 2),
+            "index_seconds": round(index_s, 2),
+            "tokens_per_second": round(new_tokens / tokenize_s) if tokenize_s else None,
+            "peak_memory_bytes": peak_memory_bytes("cpu"),
+            "appended": old is not None,
         }
+        header = _header(tmp, identity, dtype, n, stats, old.header if old is not None else None, build)
         (tmp / HEADER).write_text(json.dumps(header, indent=2) + "\n")
         Datastore.open(tmp, expect=identity)  # never publish a store that does not open
         del old
@@ -194,6 +164,55 @@ def _build(
         return header
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _write_tokens(path: Path, old: Datastore | None, sources: list[Source], target, dtype: np.dtype, sep: int,
+                  out: Path, progress: bool) -> tuple[list[dict], float]:
+    """Write the token file at `path`: the tokens of `old` (or a first separator), then each source's
+    documents; return each source's stats and the seconds the sources took to tokenize."""
+    with open(path, "wb") as f:
+        if old is not None:
+            for s in range(0, len(old.tokens), CHUNK):
+                f.write(np.asarray(old.tokens[s : s + CHUNK]).tobytes())
+        else:
+            f.write(np.array([sep], dtype).tobytes())
+        tokenize_start = time.perf_counter()
+        stats = [write_source(source, target, f, dtype, sep, out, progress) for source in sources]
+        return stats, time.perf_counter() - tokenize_start
+
+
+def _write_index(tmp: Path, dtype: np.dtype, sep: int) -> int:
+    """Index the token file in `tmp`: its suffix array and bucket offsets; return its length in tokens."""
+    n = (tmp / TOKENS).stat().st_size // dtype.itemsize
+    tokens = np.memmap(tmp / TOKENS, dtype=dtype, mode="r", shape=(n,))
+    suffix_array(tokens).tofile(tmp / SUFFIXES)
+    bucket_offsets(tokens, sep).tofile(tmp / BUCKETS)
+    return n
+
+
+def _header(tmp: Path, identity: TokenizerIdentity, dtype: np.dtype, n: int, stats: list[dict],
+            previous: dict | None, build: dict) -> dict:
+    """The header of the store written in `tmp`: its format, tokenizer, sizes (with those of the
+    `previous` header it extends), sources, `build` timings and file digests."""
+    return {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "specframe_version": specframe.__version__,
+        "tokenizer": identity.to_json(),
+        "separator": identity.vocab_size,
+        "token_dtype": dtype.name,
+        "suffix_dtype": suffix_dtype(n).name,
+        "n_positions": n,
+        "n_tokens": sum(s["tokens"] for s in stats) + (previous["n_tokens"] if previous else 0),
+        "n_documents": sum(s["documents"] for s in stats) + (previous["n_documents"] if previous else 0),
+        "sources": (previous["sources"] if previous else []) + stats,
+        "built_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "build": build,
+        "files": {
+            name: {"bytes": (tmp / name).stat().st_size, "sha256": file_digest(tmp / name)}
+            for name in (TOKENS, SUFFIXES, BUCKETS)
+        },
+    }
 
 
 def _existing(out: Path, identity: TokenizerIdentity, append: bool, overwrite: bool) -> Datastore | None:

@@ -53,17 +53,32 @@ def build(
 ) -> None:
     """Tokenize SOURCEs with MODEL's tokenizer and index them into a datastore at OUT."""
     from specframe import load_target
-    from specframe.kit.files import check_writable_dir
     from specframe_corpus.build import build_datastore
-    from specframe_corpus.shards import is_sharded
     from specframe_corpus.source_specs import parse_source
+
+    sources = [parse_source(s, glob, field, max_new_tokens=answer_tokens, batch_size=batch_size,
+                            self_prompts=self_prompts) for s in source]
+    destination, sharded = checked_destination(out, append=append, shards=shards, ray=ray, ray_cpus=ray_cpus)
+    target = load_target(model, device=device, dtype=dtype)  # model: sources generate with it
+    if sharded:
+        from specframe_corpus.distributed import build_sharded_datastore
+
+        manifest = build_sharded_datastore(destination, sources, target, shards=shards or 1, ray=ray,
+                                           ray_cpus=ray_cpus, append=append, overwrite=overwrite)
+        typer.echo(sharded_summary(destination, manifest))
+    else:
+        header = build_datastore(destination, sources, target, append=append, overwrite=overwrite)
+        typer.echo(build_summary(destination, header))
+
+
+def checked_destination(out: str, *, append: bool, shards: int | None, ray: str | None,
+                        ray_cpus: int | None) -> tuple[str, bool]:
+    """Where `datastore build` writes (a bare name goes under the datastore home) and whether it builds
+    shards; the Ray options and the directory checked before the model loads."""
+    from specframe.kit.files import check_writable_dir
+    from specframe_corpus.shards import is_sharded
     from specframe_corpus.stores import datastore_home
 
-    sources = [
-        parse_source(s, glob, field, max_new_tokens=answer_tokens, batch_size=batch_size,
-                     self_prompts=self_prompts)
-        for s in source
-    ]
     destination = out if ("/" in out or out.startswith(".")) else str(datastore_home() / out)
     sharded = shards is not None or (append and is_sharded(destination))
     if ray is not None and not sharded:
@@ -71,28 +86,26 @@ def build(
     if ray_cpus is not None:
         from specframe_corpus.distributed import check_ray_options
 
-        check_ray_options(ray, ray_cpus)  # before the model loads
+        check_ray_options(ray, ray_cpus)
     check_writable_dir(Path(destination).parent, "the directory of --out", "pass an --out in a writable one")
-    target = load_target(model, device=device, dtype=dtype)  # model: sources generate with it
-    if sharded:
-        from specframe_corpus.distributed import build_sharded_datastore
+    return destination, sharded
 
-        manifest = build_sharded_datastore(destination, sources, target, shards=shards or 1, ray=ray,
-                                           ray_cpus=ray_cpus, append=append, overwrite=overwrite)
-        stats = manifest["builds"][-1]
-        typer.echo(
-            f"built {destination}: {manifest['n_tokens']:,} tokens in {manifest['n_documents']:,} documents, "
+
+def sharded_summary(destination: str, manifest: dict) -> str:
+    """The line `datastore build` prints for a sharded datastore: its size and this build's speed."""
+    stats = manifest["builds"][-1]
+    return (f"built {destination}: {manifest['n_tokens']:,} tokens in {manifest['n_documents']:,} documents, "
             f"{len(manifest['shards'])} shards ({len(stats['shards'])} new, {stats['executor']}), "
-            f"{stats['seconds']:.1f} s ({stats['tokens_per_second']:,} tokens/s)"
-        )
-        return
-    header = build_datastore(destination, sources, target, append=append, overwrite=overwrite)
+            f"{stats['seconds']:.1f} s ({stats['tokens_per_second']:,} tokens/s)")
+
+
+def build_summary(destination: str, header: dict) -> str:
+    """The line `datastore build` prints for a single datastore: its size, speed and peak memory."""
     stats = header["build"]
-    typer.echo(
-        f"built {destination}: {header['n_tokens']:,} tokens in {header['n_documents']:,} documents, "
-        f"{stats['seconds']:.1f} s ({stats['tokens_per_second'] or 0:,} tokens/s tokenizing, "
-        f"{stats['index_seconds']:.1f} s indexing), peak memory {stats['peak_memory_bytes'] / 2**20:,.0f} MiB"
-    )
+    return (f"built {destination}: {header['n_tokens']:,} tokens in {header['n_documents']:,} documents, "
+            f"{stats['seconds']:.1f} s ({stats['tokens_per_second'] or 0:,} tokens/s tokenizing, "
+            f"{stats['index_seconds']:.1f} s indexing), peak memory "
+            f"{stats['peak_memory_bytes'] / 2**20:,.0f} MiB")
 
 
 @app.command()
