@@ -14,6 +14,7 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 from specframe.kit.files import check_encodable, json_lines, json_or_none
 from specframe.kit.prompts import chat_ids
@@ -128,6 +129,52 @@ class ModelAnswers(Source):
         """Greedy answers (without the EOS token) for one batch of prompts."""
         encoded = [prompt_ids(self.target.tokenizer, p, self.template) for p in prompts]
         return generate_batch(self.target, encoded, self.max_new_tokens, do_sample=False)
+
+
+@dataclass
+class WrittenPrompts(Source):
+    """The target's answers to `count` prompts written first to `<out>.prompts.jsonl` beside the datastore
+    (`model:self`, `model-continue:python-stubs`). A subclass names its `KIND`, whether its prompts are
+    answered in the chat template (`TEMPLATE`), and how the prompts are written (`write_prompts`)."""
+
+    KIND: ClassVar[str] = ""
+    TEMPLATE: ClassVar[bool] = True
+
+    count: int = 1000
+    seed: int = 0
+    max_new_tokens: int = 256
+    batch_size: int = ANSWER_BATCH
+    answers: ModelAnswers | None = None
+
+    @classmethod
+    def from_spec(cls, spec: str, count: int, max_new_tokens: int = 256,
+                  batch_size: int = ANSWER_BATCH) -> WrittenPrompts:
+        """The source for `spec` with `count` prompts (`--self-prompts`), refused below 1."""
+        if count < 1:
+            raise DatastoreError(f"datastore source '{spec}': --self-prompts must be at least 1, not {count}")
+        check_generation(spec, max_new_tokens, batch_size)
+        meta = {"prompts": count, "max_new_tokens": max_new_tokens, "seed": 0}
+        return cls(spec, cls.KIND, count, meta, count, max_new_tokens=max_new_tokens, batch_size=batch_size)
+
+    def write_prompts(self, target, path: Path) -> list[str]:
+        """Write (or reuse) the prompt file at `path`; return its prompts."""
+        raise NotImplementedError
+
+    def prepare(self, target, out: Path) -> None:
+        """Write the prompt file beside `out`, then bind the answers source to it."""
+        path = out.parent / f"{out.name}.prompts.jsonl"
+        prompts = self.write_prompts(target, path)
+        self.answers = ModelAnswers(self.spec, self.kind, len(prompts), {}, path, self.max_new_tokens,
+                                    self.batch_size, prompts=prompts, template=self.TEMPLATE)
+        self.answers.prepare(target, out)
+        self.meta["prompt_file"] = str(path)
+
+    def batches(self) -> Iterator[tuple[list, int]]:
+        yield from self.answers.batches()
+
+    def describe(self) -> dict:
+        generated = {} if self.answers is None else {"generated": self.answers.meta.get("generated", 0)}
+        return {**super().describe(), **generated}
 
 
 @inference_mode  # torch loads on the first call: `specframe --help` reads ANSWER_BATCH

@@ -15,57 +15,32 @@ import json
 import random
 import sysconfig
 import textwrap
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
-from specframe_corpus.answers import ANSWER_BATCH, ModelAnswers, check_generation
+from specframe_corpus.answers import WrittenPrompts
 from specframe_corpus.datastore import DatastoreError
-from specframe_corpus.sources import Source
 
 SPEC = "model-continue:python-stubs"
 MAX_STUB_CHARS = 1500  # longer docstrings are manuals, not the prompts a completion request carries
 
 
 @dataclass
-class PythonStubs(Source):
+class PythonStubs(WrittenPrompts):
     """`count` standard-library function stubs, then the target's raw greedy continuations of them."""
 
-    count: int = 1000
-    seed: int = 0
-    max_new_tokens: int = 256
-    batch_size: int = ANSWER_BATCH
-    answers: ModelAnswers | None = None
+    KIND: ClassVar[str] = "model-continue-stubs"
+    TEMPLATE: ClassVar[bool] = False  # continued as raw text, as code prompts are fed
 
-    @classmethod
-    def from_spec(cls, spec: str, count: int = 1000, max_new_tokens: int = 256,
-                  batch_size: int = ANSWER_BATCH) -> PythonStubs:
-        if count < 1:
-            raise DatastoreError(f"datastore source '{spec}': --self-prompts must be at least 1, not {count}")
-        check_generation(spec, max_new_tokens, batch_size)
-        meta = {"prompts": count, "max_new_tokens": max_new_tokens, "seed": 0}
-        return cls(spec, "model-continue-stubs", count, meta, count, max_new_tokens=max_new_tokens,
-                   batch_size=batch_size)
-
-    def prepare(self, target, out: Path) -> None:
-        """Write the stubs beside `out` (the same ones for the same count and seed), then bind the answers."""
-        path = out.parent / f"{out.name}.prompts.jsonl"
+    def write_prompts(self, target, path: Path) -> list[str]:
+        """Write the stubs to `path`: the same ones for the same count and seed."""
         stubs = python_stubs(self.count, self.seed)
         if len(stubs) < self.count:
             raise DatastoreError(f"datastore source '{self.spec}': the standard library gave {len(stubs)} "
                                  f"stubs, fewer than the {self.count} asked for; lower --self-prompts")
         path.write_text("".join(json.dumps({"prompt": s}) + "\n" for s in stubs), encoding="utf-8")
-        self.answers = ModelAnswers(self.spec, self.kind, len(stubs), {}, path, self.max_new_tokens,
-                                    self.batch_size, prompts=stubs, template=False)
-        self.answers.prepare(target, out)
-        self.meta["prompt_file"] = str(path)
-
-    def batches(self) -> Iterator[tuple[list, int]]:
-        yield from self.answers.batches()
-
-    def describe(self) -> dict:
-        generated = {} if self.answers is None else {"generated": self.answers.meta.get("generated", 0)}
-        return {**super().describe(), **generated}
+        return stubs
 
 
 def python_stubs(count: int, seed: int = 0, root: Path | None = None) -> list[str]:

@@ -11,58 +11,33 @@ No text comes from a benchmark or a hub: the corpus is the target's own voice on
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 
 from specframe.kit.files import json_or_none
 from specframe.kit.progress import bar as progress_bar
-from specframe_corpus.answers import ANSWER_BATCH, ModelAnswers, check_generation
+from specframe_corpus.answers import WrittenPrompts
 from specframe_corpus.datastore import DatastoreError
-from specframe_corpus.sources import Source
 
 MARK = "\u2063specframe-user-turn\u2063"  # a placeholder no chat template rewrites
 SAMPLE_BATCH = 32  # prompts sampled per generate call (one shared prefix, no padding)
 
 
 @dataclass
-class SelfPrompts(Source):
+class SelfPrompts(WrittenPrompts):
     """`count` prompts sampled from the target's pre-query template, then the target's answers to them."""
+
+    KIND: ClassVar[str] = "model-self"
 
     count: int = 2000
     max_prompt_tokens: int = 96
-    seed: int = 0
-    max_new_tokens: int = 256
-    batch_size: int = ANSWER_BATCH
-    answers: ModelAnswers | None = None
 
-    @classmethod
-    def from_spec(cls, spec: str, count: int = 2000, max_new_tokens: int = 256,
-                  batch_size: int = ANSWER_BATCH) -> SelfPrompts:
-        if count < 1:
-            raise DatastoreError(f"datastore source '{spec}': --self-prompts must be at least 1, not {count}")
-        check_generation(spec, max_new_tokens, batch_size)
-        meta = {"prompts": count, "max_new_tokens": max_new_tokens, "seed": 0}
-        return cls(spec, "model-self", count, meta, count, max_new_tokens=max_new_tokens,
-                   batch_size=batch_size)
-
-    def prepare(self, target, out: Path) -> None:
-        """Sample (or reuse) the prompt file beside `out`, then bind the answers source to it."""
-        path = out.parent / f"{out.name}.prompts.jsonl"
-        prompts = write_self_prompts(target, path, self.count, self.max_prompt_tokens, self.seed)
-        self.answers = ModelAnswers(self.spec, self.kind, len(prompts), {}, path, self.max_new_tokens,
-                                    self.batch_size, prompts=prompts)
-        self.answers.prepare(target, out)
-        self.meta["prompt_file"] = str(path)
-
-    def batches(self) -> Iterator[tuple[list, int]]:
-        yield from self.answers.batches()
-
-    def describe(self) -> dict:
-        generated = {} if self.answers is None else {"generated": self.answers.meta.get("generated", 0)}
-        return {**super().describe(), **generated}
+    def write_prompts(self, target, path: Path) -> list[str]:
+        """Sample the prompts into `path`, or reuse those sampled there before (`write_self_prompts`)."""
+        return write_self_prompts(target, path, self.count, self.max_prompt_tokens, self.seed)
 
 
 def pre_query(tokenizer) -> str:
