@@ -37,7 +37,9 @@ def generate(
     drafter: str = typer.Option(DEFAULT_COMPONENTS[ComponentKind.DRAFTER],
                                 help="Drafter spec, e.g. pld or 'pld(max_ngram=4)'; 'none' = plain."),
     tree: str = typer.Option(DEFAULT_COMPONENTS[ComponentKind.TREE_BUILDER], help="Tree builder spec."),
-    verifier: str = typer.Option(DEFAULT_COMPONENTS[ComponentKind.VERIFIER], help="Verifier spec."),
+    verifier: str = typer.Option(DEFAULT_COMPONENTS[ComponentKind.VERIFIER],
+                                 help="Verifier spec. When sampling, sample-match gives one text per --seed "
+                                 "at any --budget (see --seed)."),
     backend: str = typer.Option(DEFAULT_COMPONENTS[ComponentKind.BACKEND], help="State backend spec."),
     budget: str = typer.Option(DEFAULT_BUDGET, help="Draft tree nodes per step: N (fill N every step), or "
                                "'auto' / 'auto:CAP' (keep the subtree expected to pay, up to CAP nodes). "
@@ -51,7 +53,11 @@ def generate(
     temperature: float = typer.Option(0.0, help="0 = greedy."),
     top_p: float = typer.Option(1.0, "--top-p"),
     top_k: int = typer.Option(0, "--top-k", help="0 = off."),
-    seed: Optional[int] = typer.Option(None, help="Seed for a reproducible sampled run."),
+    seed: Optional[int] = typer.Option(None, help="Seed of a sampled run. With --verifier sample-match "
+                                       "the text is a function of the prompt, the seed and the pipeline, at "
+                                       "any --budget; with rejection over sampled drafts (draft-model, s4c) "
+                                       "or typical, at a fixed --budget only: their acceptance draws depend "
+                                       "on the trees, which auto chooses from measured step costs."),
     compare: bool = typer.Option(False, help="Also time a plain-decoding baseline and compare: "
                                  "transformers' own generate on the model, or plain decoding through the "
                                  "backend where it runs other weights (llamacpp); both sides warmed up "
