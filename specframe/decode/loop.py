@@ -84,10 +84,10 @@ class SpeculativeDecoder:
         `seed` replaces the sampling seed for this request only (e.g. one seed per sample of best-of-n);
         None keeps `sampling.seed`. With `verifier="sample-match"` (or greedy decoding) the text is a
         function of the prompt, the seed and the pipeline alone: plain sampling's with that seed, at any
-        budget, on a fresh or a warm decoder. `rejection` over sampled drafts (`draft-model`, `s4c`) and
-        `typical` decide on the tree's tokens, so their text for a seed also depends on the tree: it is
-        reproducible at a fixed budget, not at `budget="auto"`, whose trees follow the step times and
-        acceptance the planner measured ("Seeds and reproducibility" in
+        budget, on a fresh or a warm decoder. `rejection` over sampled drafts (`draft-model`, `s4c`) decides
+        on the tree's tokens, so its text for a seed also depends on the tree: it is reproducible at a
+        fixed budget, not at `budget="auto"`, whose trees follow the step times and acceptance the planner
+        measured; the lossy `typical` depends on the tree with any drafter ("Seeds and reproducibility" in
         docs/explanation/lossless-sampling.md). Several prompts (a list of texts, or of id lists) go to
         `generate_batch` and a list of results comes back (each row with `seed`, as if alone)."""
         if is_batch(prompt):
@@ -156,7 +156,7 @@ class SpeculativeDecoder:
         `seeds[i]` is prompt i's sampling seed (None keeps `sampling.seed`): a row samples from its own
         generator, never from another row's. With `verifier="sample-match"` a row's text is therefore what
         `generate(prompts[i], seed=seeds[i])` gives, whatever else is in the batch, at any budget. With
-        `rejection` over sampled drafts (or `typical`) that holds at a fixed budget only: at
+        `rejection` over sampled drafts that holds at a fixed budget only: at
         `budget="auto"` the rows' trees are sized together, so a row's tree, and with it its text, depends
         on the other rows and on measured times (see `generate`). `batch_size` caps the rows
         decoded at once: when a row ends, the next waiting prompt takes its place (continuous batching);
@@ -185,8 +185,8 @@ class SpeculativeDecoder:
         it once), best first: by the mean log-probability the target gives a sample's tokens
         (`GenerationResult.logprob` over its length). Sample i draws with seed `seed + i` (default: the
         sampling's seed, else 0). With `verifier="sample-match"` each sample is what
-        `generate(prompt, seed=seed + i)` gives, at any budget; with `rejection` over sampled drafts (or
-        `typical`) only at a fixed budget (see `generate_batch`)."""
+        `generate(prompt, seed=seed + i)` gives, at any budget; with `rejection` over sampled drafts only
+        at a fixed budget (see `generate_batch`)."""
         if self.sampling.greedy:
             raise ConfigurationError("best_of draws n samples, and greedy decoding gives one answer n times: "
                                      "set sampling=SamplingParams(temperature=...) above 0")
