@@ -56,8 +56,9 @@ def generate(
     seed: Optional[int] = typer.Option(None, help="Seed of a sampled run. With --verifier sample-match "
                                        "the text is a function of the prompt, the seed and the pipeline, at "
                                        "any --budget; with rejection over sampled drafts (draft-model, s4c) "
-                                       "or typical, at a fixed --budget only: their acceptance draws depend "
-                                       "on the trees, which auto chooses from measured step costs."),
+                                       "at a fixed --budget only, its acceptance draws depending on the "
+                                       "trees, which auto chooses from measured step costs; with the lossy "
+                                       "typical on the trees whatever the drafter."),
     compare: bool = typer.Option(False, help="Also time a plain-decoding baseline and compare: "
                                  "transformers' own generate on the model, or plain decoding through the "
                                  "backend where it runs other weights (llamacpp); both sides warmed up "
