@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from tiny_gguf import tiny_gguf_target
+from llamacpp_tests import gguf_target, plain_logits, require_llama_cpp  # noqa: F401 (the target fixture)
 
 import specframe
 from specframe import ConfigurationError, PolynomialCost, SpeculativeDecoder, TokenTree, assemble
@@ -16,29 +16,14 @@ from specframe.testing.synthetic import random_tree
 from specframe.testing.targets import repetitive_prompt, tiny_target
 from specframe_llamacpp import LlamaCppBackend
 
-SKIP = "llama-cpp-python is not installed: pip install 'specframe[llamacpp]'"
-pytest.importorskip("llama_cpp", reason=SKIP)
+require_llama_cpp()
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # fixture in conftest.py
 
 
 @pytest.fixture(scope="module")
-def target(tmp_path_factory):
-    return tiny_gguf_target(tmp_path_factory.mktemp("gguf"))
-
-
-@pytest.fixture(scope="module")
 def prompt(target):
     return repetitive_prompt(target.vocab_size, 40, seed=0)
-
-
-def plain_logits(backend: LlamaCppBackend, prompt: list[int], tokens: list[int]) -> torch.Tensor:
-    """The next-token logits of plain decoding through `backend` after `prompt`, then `tokens` one step
-    each."""
-    backend.prefill(prompt)
-    for token in tokens:
-        backend.commit(backend.score(TokenTree.empty()), [], token)
-    return backend.score(TokenTree.empty()).logits[0]
 
 
 def plain_steps(backend: LlamaCppBackend, prompt: list[int], tokens: list[int]) -> list[torch.Tensor]:
@@ -276,7 +261,8 @@ def test_generate_compare_times_it_against_plain_decoding_through_llama_cpp_not_
                                sampling)
     label, runner, note = baseline
     assert label == "plain llamacpp (drafter none)" and "transformers' generate would run another" in note
-    assert runner.decoder.pipeline.drafter.name == "none"
+    assert runner.decoder is None  # made at its first run, after the pipeline's warm-up has calibrated
+    assert runner.make_plain().pipeline.drafter.name == "none"
 
     def make_decoder():
         return SpeculativeDecoder.from_names(target, "pld", "trie", "greedy", "llamacpp", budget=4)
