@@ -37,9 +37,7 @@ def generate(
     drafter: str = typer.Option(DEFAULT_COMPONENTS[ComponentKind.DRAFTER],
                                 help="Drafter spec, e.g. pld or 'pld(max_ngram=4)'; 'none' = plain."),
     tree: str = typer.Option(DEFAULT_COMPONENTS[ComponentKind.TREE_BUILDER], help="Tree builder spec."),
-    verifier: str = typer.Option(DEFAULT_COMPONENTS[ComponentKind.VERIFIER],
-                                 help="Verifier spec. When sampling, sample-match gives one text per --seed "
-                                 "at any --budget (see --seed)."),
+    verifier: str = typer.Option(DEFAULT_COMPONENTS[ComponentKind.VERIFIER], help="Verifier spec."),
     backend: str = typer.Option(DEFAULT_COMPONENTS[ComponentKind.BACKEND], help="State backend spec."),
     budget: str = typer.Option(DEFAULT_BUDGET, help="Draft tree nodes per step: N (fill N every step), or "
                                "'auto' / 'auto:CAP' (keep the subtree expected to pay, up to CAP nodes). "
@@ -53,12 +51,9 @@ def generate(
     temperature: float = typer.Option(0.0, help="0 = greedy."),
     top_p: float = typer.Option(1.0, "--top-p"),
     top_k: int = typer.Option(0, "--top-k", help="0 = off."),
-    seed: Optional[int] = typer.Option(None, help="Seed of a sampled run. With --verifier sample-match "
-                                       "the text is a function of the prompt, the seed and the pipeline, at "
-                                       "any --budget; with rejection over sampled drafts (draft-model, s4c) "
-                                       "at a fixed --budget only, its acceptance draws depending on the "
-                                       "trees, which auto chooses from measured step costs; with the lossy "
-                                       "typical on the trees whatever the drafter."),
+    seed: Optional[int] = typer.Option(None, help="Seed of a sampled run: one text per seed at any "
+                                       "--budget with --verifier sample-match; with rejection over sampled "
+                                       "drafts, at a fixed --budget only (auto picks trees by timings)."),
     compare: bool = typer.Option(False, help="Also time a plain-decoding baseline and compare: "
                                  "transformers' own generate on the model, or plain decoding through the "
                                  "backend where it runs other weights (llamacpp); both sides warmed up "
