@@ -141,34 +141,50 @@ def run_benchmark_ray(target_factory: Callable[[], Target], suite: str | list[Be
         settings = bench_settings(outlines[0]["settings"], suite, max_new_tokens, budget, sampling)
         start_out(out, settings, fresh)
         store = RecordStore(out / "records.jsonl")
-        cells = [(index, prompt, [store.records[k] for k in cell_keys(prompt, runners, repeats)
-                                  if k in store.records])
-                 for index, prompt in enumerate(prompts)
-                 if any(k not in store.records for k in cell_keys(prompt, runners, repeats))]
-        mismatches: list[Mismatch] = []
-        done = {p.qid for p in prompts} - {p.qid for _, p, _ in cells}
-        for prompt in prompts:
-            if prompt.qid in done:  # checked again, as a local resumed run does
-                mismatches += check_cell(prompt, runners, store, repeats, tokenizer, sampling.greedy)
+        cells = pending_cells(prompts, runners, store, repeats)
+        by_qid = {p.qid: p for p in prompts}
+
+        def check(qid: str) -> list[Mismatch]:
+            return check_cell(by_qid[qid], runners, store, repeats, tokenizer, sampling.greedy)
+
+        pending = {p.qid for _, p, _ in cells}  # the others are checked again, as a local resumed run does
+        mismatches = [m for p in prompts if p.qid not in pending for m in check(p.qid)]
         bar = progress_bar(total=len(prompts), initial=len(prompts) - len(cells), desc="bench (ray)",
                            unit="question", show=progress, mininterval=1)
-        pool = ActorPool(actors)
-        by_qid = {p.qid: p for p in prompts}
-        for records in pool.map_unordered(lambda actor, cell: actor.run_cell.remote(*cell), cells):
-            for record in records:
-                if store.key(record) not in store.records:
-                    store.add(record)
-            found = check_cell(by_qid[records[0]["qid"]], runners, store, repeats, tokenizer, sampling.greedy)
-            for mismatch in found:
-                bar.write(f"\033[1;31m{mismatch.describe()}\033[0m", file=sys.stderr)
-            mismatches += found
-            bar.update()
+        mismatches += run_cells(ActorPool(actors), cells, store, check, bar)
         bar.close()
     records = [store.records[k] for p in prompts for k in cell_keys(p, runners, repeats)]
     run = BenchRun(records, runners, prompts, mismatches, identity_checked=sampling.greedy)
     table = write_results(run, out, settings, limit=limit, repeats=repeats, max_turns=max_turns, plots=plots,
                           keep=keep, command=command)
     return run, table
+
+
+def pending_cells(prompts: list[BenchPrompt], runners: list, store: RecordStore,
+                  repeats: int) -> list[tuple[int, BenchPrompt, list[dict]]]:
+    """(index, question, its records already in `store`) for each question with records missing."""
+    cells = []
+    for index, prompt in enumerate(prompts):
+        keys = cell_keys(prompt, runners, repeats)
+        if any(k not in store.records for k in keys):
+            cells.append((index, prompt, [store.records[k] for k in keys if k in store.records]))
+    return cells
+
+
+def run_cells(pool, cells: list[tuple], store: RecordStore, check: Callable[[str], list[Mismatch]],
+              bar) -> list[Mismatch]:
+    """Run `cells` on the actors of `pool` as they come free; add each record a cell returns to `store` at
+    once, then `check` its question and print what does not match. Returns the mismatches."""
+    mismatches: list[Mismatch] = []
+    for records in pool.map_unordered(lambda actor, cell: actor.run_cell.remote(*cell), cells):
+        for record in records:
+            if store.key(record) not in store.records:
+                store.add(record)
+        for mismatch in check(records[0]["qid"]):
+            bar.write(f"\033[1;31m{mismatch.describe()}\033[0m", file=sys.stderr)
+            mismatches.append(mismatch)
+        bar.update()
+    return mismatches
 
 
 def stand_in(outline: dict):
