@@ -43,39 +43,60 @@ def train_s4c(
                              "steps on CPUs with native bfloat16 (AVX-512 BF16, AMX)"),
 ) -> None:
     """Train S4C draft heads; progress goes to stdout, state to OUT/state.safetensors every few steps."""
+    import time
+
     import torch
 
     import specframe
-    import time
-
-    from specframe.kit.files import check_writable_dir
-    from specframe_s4c.data import token_blocks
-    from specframe_s4c.heads import read_heads_file
-    from specframe_s4c.features import FeatureCache
-    from specframe_s4c.train import Trainer, TrainConfig
+    from specframe_s4c.train import Trainer
 
     start = time.time()
-    config = TrainConfig(num_heads=heads, block=block, batch=batch, lr=lr, steps=steps,
-                         draft_vocab=draft_vocab, init=str(init or ""), amp=amp)  # refuses bad settings
-    if init is not None and not init.is_file():
-        raise typer.BadParameter(f"no heads file at {init}", param_hint="--init")
-    if init is not None:
-        read_heads_file(init)  # a damaged or foreign file is refused before the model loads
-    check_writable_dir(out, "s4c training: --out", "pass an --out directory that can be written")
+    config = checked_config(out, init, num_heads=heads, block=block, batch=batch, lr=lr, steps=steps,
+                            draft_vocab=draft_vocab, amp=amp)
     if threads:
         torch.set_num_threads(threads)
     target = specframe.load_target(model, device=device, dtype=dtype)
-    eos = min(target.eos_token_ids) if target.eos_token_ids else None
-    blocks = token_blocks(target.tokenizer, data, block, max_tokens=max_tokens, eos=eos)
-    print(f"s4c: {blocks.size} tokens in {len(blocks)} blocks of {block} from {data}", flush=True)
-    log = lambda line: print(line, flush=True)  # noqa: E731
-    cache = FeatureCache(out / "features", blocks, hidden=target.model.config.hidden_size)
-    cache.fill(target, batch=batch, log=log)  # the target's features, once (resumable)
+    cache = feature_cache(target, data, out, config, max_tokens)
     trainer = Trainer(target, cache, out, config, log=log)
     if not fresh and trainer.resume():
-        print(f"s4c: resumed {trainer.state_path} at step {trainer.step}", flush=True)
+        log(f"s4c: resumed {trainer.state_path} at step {trainer.step}")
     left = None if max_minutes is None else max(0.0, max_minutes - (time.time() - start) / 60)
     trainer.run(max_minutes=left)
     command = "specframe " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     trainer.export(out / "heads.safetensors", command, data)
-    print(f"s4c: wrote {out / 'heads.safetensors'} after {trainer.step} steps", flush=True)
+    log(f"s4c: wrote {out / 'heads.safetensors'} after {trainer.step} steps")
+
+
+def checked_config(out: Path, init: Path | None, **settings):
+    """The training settings as a `TrainConfig` (which refuses bad ones), with `--init` read and `--out`
+    checked writable: all before the model loads."""
+    from specframe.kit.files import check_writable_dir
+    from specframe_s4c.heads import read_heads_file
+    from specframe_s4c.train import TrainConfig
+
+    config = TrainConfig(**settings, init=str(init or ""))
+    if init is not None and not init.is_file():
+        raise typer.BadParameter(f"no heads file at {init}", param_hint="--init")
+    if init is not None:
+        read_heads_file(init)  # a damaged or foreign file is refused
+    check_writable_dir(out, "s4c training: --out", "pass an --out directory that can be written")
+    return config
+
+
+def feature_cache(target, data: list[str], out: Path, config, max_tokens: int | None):
+    """The corpus `data` cut into blocks of `config.block` tokens, and the target's features of them,
+    computed once into `out/features` (resumable)."""
+    from specframe_s4c.data import token_blocks
+    from specframe_s4c.features import FeatureCache
+
+    eos = min(target.eos_token_ids) if target.eos_token_ids else None
+    blocks = token_blocks(target.tokenizer, data, config.block, max_tokens=max_tokens, eos=eos)
+    log(f"s4c: {blocks.size} tokens in {len(blocks)} blocks of {config.block} from {data}")
+    cache = FeatureCache(out / "features", blocks, hidden=target.model.config.hidden_size)
+    cache.fill(target, batch=config.batch, log=log)
+    return cache
+
+
+def log(line: str) -> None:
+    """Print a progress line of the training at once (stdout may be a pipe)."""
+    print(line, flush=True)
