@@ -23,6 +23,8 @@ from specframe.terms.errors import ConfigurationError, SpecframeError
 from specframe.terms.metrics import clock_name, now, set_clock
 from specframe.testing import tiny_target
 
+from bench_runs import BROKEN_METHOD, bench_before_loading, bench_main, broken_registry
+
 PROMPTS = [
     BenchPrompt("a", "code", ("abcabcabcabc",), chat=False),
     BenchPrompt("b", "code", ("xyz xyz xyz xyz xyz", "a second turn, never read at B > 1"), chat=False),
@@ -71,32 +73,10 @@ def test_the_table_has_its_columns_and_every_row_equals_plain_decoding(target, t
     assert set(results["batches"]["2"]) == set(rows) and results["mismatches"] == []
 
 
-class AcceptEverything(specframe.Verifier):
-    """A broken verifier that claims to be lossless but accepts every draft token."""
-
-    name = "accept-everything"
-    capabilities = specframe.VerifierCapabilities(lossless=True)
-
-    def verify(self, tree, scores, sampling):
-        path, node = [], -1
-        while tree.children[node + 1]:
-            node = tree.children[node + 1][0]
-            path.append(node)
-        return specframe.VerifyResult(path=path, bonus=int(scores.logits[node + 1].argmax()))
-
-
-class BrokenPlugin:
-    @specframe.hookimpl
-    def register_verifiers(register):
-        register(AcceptEverything)
-
-
 def test_a_row_that_departs_from_plain_decoding_is_a_mismatch(target, tmp_path):
-    registry = specframe.PluginRegistry()
-    registry.register_plugin(BrokenPlugin, name="broken")
-    method = "pld(min_ngram=1)+chain+accept-everything@4"
+    method = BROKEN_METHOD
     run, table = run_batch_benchmark(target, PROMPTS, [method], tmp_path, batches=[2], peers="none",
-                                     registry=registry, plots=False, **QUIET)
+                                     registry=broken_registry(), plots=False, **QUIET)
     assert run.mismatches and {(size, m.method) for size, m in run.mismatches} == {(2, method)}
     assert table[2][method]["rows_differing"] > 0
     assert "MISMATCH" in (tmp_path / "batch_results.md").read_text()
@@ -153,16 +133,7 @@ def test_batch_values_parse(text, sizes):
     (["--batch", "1,2", "--methods", "pld@4", "--peers", "none", "--turns", "0"], "--turns 0 does not go"),
 ])
 def test_bad_batch_options_are_refused_before_the_model_loads(monkeypatch, tmp_path, args, message):
-    from typer.testing import CliRunner
-
-    import specframe.runtime.load
-    from specframe.cli import app
-
-    def no_loading(*_, **__):
-        raise AssertionError("the model was loaded before the options were checked")
-
-    monkeypatch.setattr(specframe.runtime.load, "load_target", no_loading)
-    result = CliRunner().invoke(app, ["bench", "--out", str(tmp_path / "out"), *args])
+    result = bench_before_loading(monkeypatch, tmp_path / "out", *args)
     assert isinstance(result.exception, SpecframeError), result.output
     assert message in str(result.exception)
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
@@ -267,10 +238,6 @@ def test_a_full_disk_ends_a_batch_run_with_one_error_line_and_keeps_its_records(
                                                                                  capsys):
     import errno
     import os
-    import sys
-
-    import specframe.runtime.load
-    from specframe.cli import main
 
     from specframe.testing.targets import tiny_tokenizer
 
@@ -291,14 +258,10 @@ def test_a_full_disk_ends_a_batch_run_with_one_error_line_and_keeps_its_records(
 
     real = bench_batch.append_line
     monkeypatch.setattr(bench_batch, "append_line", full_disk)
-    monkeypatch.setattr(specframe.runtime.load, "load_target", lambda *_, **__: chatting)
-    monkeypatch.setattr(sys, "argv", ["specframe", "bench", "--suite", str(questions), "--methods", "pld@4",
-                                      "--peers", "none", "--repeats", "1", "--max-new-tokens", "4",
-                                      "--batch", "2", "--batch-chunk", "2", "--no-plots", "--out", str(out)])
-    with pytest.raises(SystemExit) as exit_:
-        main()
-    err = capsys.readouterr().err
-    assert exit_.value.code == 2 and err.count("\n") == 1
+    code, err = bench_main(monkeypatch, capsys, chatting, "--suite", str(questions), "--methods", "pld@4",
+                           "--peers", "none", "--repeats", "1", "--max-new-tokens", "4", "--batch", "2",
+                           "--batch-chunk", "2", "--no-plots", "--out", str(out))
+    assert code == 2 and err.count("\n") == 1
     records = out / "batch_records.jsonl"
     assert err.startswith(f"error: bench could not write {records} (No space left on device")
     assert "the 2 record(s) written before stay in" in err

@@ -18,6 +18,8 @@ from specframe.terms.errors import ConfigurationError, SpecframeError, Specframe
 from specframe.terms.metrics import DecodeMetrics
 from specframe.testing import tiny_target
 
+from bench_runs import BROKEN_METHOD, bench_before_loading, bench_main, broken_registry
+
 PROMPTS = [
     BenchPrompt("q1", "writing", ("Write a short poem about the sea. The sea, the sea, the sea.",
                                   "Now make it rhyme.")),
@@ -87,32 +89,10 @@ def _decoded_prompt(target, prompt, answer):
     return target.tokenizer.decode(encode_turn(target.tokenizer, prompt, 1, [answer]))
 
 
-class AcceptEverything(specframe.Verifier):
-    """A broken verifier that claims to be lossless but accepts every draft token."""
-
-    name = "accept-everything"
-    capabilities = specframe.VerifierCapabilities(lossless=True)
-
-    def verify(self, tree, scores, sampling):
-        path, node = [], -1
-        while tree.children[node + 1]:
-            node = tree.children[node + 1][0]
-            path.append(node)
-        return specframe.VerifyResult(path=path, bonus=int(scores.logits[node + 1].argmax()))
-
-
-class BrokenPlugin:
-    @specframe.hookimpl
-    def register_verifiers(register):
-        register(AcceptEverything)
-
-
 def test_a_broken_verifier_is_reported_as_a_mismatch(target, tmp_path):
-    registry = specframe.PluginRegistry()
-    registry.register_plugin(BrokenPlugin, name="broken")
-    method = "pld(min_ngram=1)+chain+accept-everything@4"  # fixed: `auto` may choose not to draft
+    method = BROKEN_METHOD
     run, table = run_benchmark(target, PROMPTS[1:], [method], tmp_path, peers="hf-generate", repeats=1,
-                               max_new_tokens=24, registry=registry, plots=False, progress=False)
+                               max_new_tokens=24, registry=broken_registry(), plots=False, progress=False)
     assert run.mismatches and {m.method for m in run.mismatches} == {method}
     assert table["coding"][method]["mismatches"] == len(run.mismatches)
     assert table["coding"]["hf-generate"]["mismatches"] == 0
@@ -224,16 +204,7 @@ def test_the_bench_command_writes_tables_and_plots(target, tmp_path):
 ])
 def test_the_bench_command_refuses_bad_options_before_loading_the_model(monkeypatch, tmp_path, args, message):
     """Bad input costs no model load: the options that need no model are judged first."""
-    from typer.testing import CliRunner
-
-    import specframe.runtime.load
-    from specframe.cli import app
-
-    def no_loading(*_, **__):
-        raise AssertionError("the model was loaded before the options were checked")
-
-    monkeypatch.setattr(specframe.runtime.load, "load_target", no_loading)
-    result = CliRunner().invoke(app, ["bench", "--out", str(tmp_path / "out"), *args])
+    result = bench_before_loading(monkeypatch, tmp_path / "out", *args)
     assert isinstance(result.exception, SpecframeError), result.output
     assert message in str(result.exception)
     assert not any((tmp_path / "out").iterdir())  # nothing written
@@ -289,20 +260,6 @@ def test_a_request_seed_replaces_the_sampling_seed_for_that_request_only(target)
 # --- what `specframe bench` shows and where it stops --------------------------------------------------------
 
 
-def bench_cli(monkeypatch, capsys, target, *args: str) -> tuple[int, str]:
-    """Run the real `specframe bench` entry point in this process on `target`: (exit code, stderr)."""
-    import sys
-
-    import specframe.runtime.load
-    from specframe.cli import main
-
-    monkeypatch.setattr(specframe.runtime.load, "load_target", lambda *_, **__: target)
-    monkeypatch.setattr(sys, "argv", ["specframe", "bench", *args])
-    with pytest.raises(SystemExit) as exit_:
-        main()
-    return exit_.value.code, capsys.readouterr().err
-
-
 def two_questions(tmp_path) -> list[str]:
     questions = tmp_path / "questions.jsonl"
     questions.write_text("".join(json.dumps({"question_id": i, "category": "qa", "turns": [text]}) + "\n"
@@ -335,7 +292,7 @@ def test_a_full_disk_ends_bench_with_one_error_line_and_keeps_the_records(target
     out = tmp_path / "out"
     args = [*two_questions(tmp_path), "--out", str(out)]
     monkeypatch.setattr(bench_runner, "append_line", full_disk_after(2, bench_runner.append_line, cut=True))
-    code, err = bench_cli(monkeypatch, capsys, target, *args)
+    code, err = bench_main(monkeypatch, capsys, target, *args)
     assert code == 2 and err.count("\n") == 1 and err.startswith("error: bench could not write")
     assert "No space left on device" in err and "free some space on that disk" in err
     assert "the 2 record(s) written before stay in" in err and "rerun the same command" in err
@@ -343,7 +300,7 @@ def test_a_full_disk_ends_bench_with_one_error_line_and_keeps_the_records(target
     assert len(lines) == 3 and all(json.loads(line) for line in lines[:2])  # and half a third line
 
     monkeypatch.undo()  # room again: the same command resumes, the cut line redone
-    code, _ = bench_cli(monkeypatch, capsys, target, *args)
+    code, _ = bench_main(monkeypatch, capsys, target, *args)
     assert code == 0
     assert len(bench_runner.read_records(out / "records.jsonl")) == 4
 
@@ -354,7 +311,7 @@ def test_a_full_disk_at_the_tables_keeps_every_record_and_says_how_to_write_them
 
     out = tmp_path / "out"
     monkeypatch.setattr(report, "write_atomically", full_disk_after(0, report.write_atomically))
-    code, err = bench_cli(monkeypatch, capsys, target, *two_questions(tmp_path), "--out", str(out))
+    code, err = bench_main(monkeypatch, capsys, target, *two_questions(tmp_path), "--out", str(out))
     assert code == 2 and err.count("\n") == 1 and "results.json" in err and "No space left" in err
     assert "every record stays in" in err and "nothing is run again" in err
     assert len(bench_runner.read_records(out / "records.jsonl")) == 4
@@ -369,7 +326,7 @@ def test_an_out_that_cannot_be_written_is_one_error_line(target, tmp_path, monke
            "read-only": Path("/proc/bench-out")}[where]  # /proc: no one creates files there, root included
     if where == "read-only" and not Path("/proc/self").is_dir():
         pytest.skip("no /proc here")
-    code, err = bench_cli(monkeypatch, capsys, target, *two_questions(tmp_path), "--out", str(out))
+    code, err = bench_main(monkeypatch, capsys, target, *two_questions(tmp_path), "--out", str(out))
     assert code == 2 and err.count("\n") == 1 and err.startswith("error: --out")
     assert ("cannot be a directory" if where != "read-only" else "is not writable") in err
 
