@@ -26,9 +26,10 @@ import numpy as np
 
 import specframe
 from specframe import (
-    ConfigurationError, DraftContext, DraftProposal, Drafter, DrafterCapabilities, DrawMethod, ScoreKind,
-    StepOutcome, UnsupportedModelError,
+    ComponentKind, ConfigurationError, DraftContext, DraftProposal, Drafter, DrafterCapabilities, DrawMethod,
+    ScoreKind, StepOutcome, UnsupportedModelError,
 )
+from specframe.kit.components import required
 from specframe.kit.drafting import DraftDraw, check_draw, samples_drafts
 from specframe.kit.inference import inference_mode
 
@@ -51,6 +52,9 @@ class DraftModelDrafter(Drafter):
                                        drafting_grows_with_budget=True)
 
     option_limits = {"layers": (1, 4096), "num_tokens": (1, 4096), "topk": (1, 4096)}
+    # The drafter rolls its model back as `kv` rolls the target back, so it asks `kv` which models it may
+    # draft with (`check_croppable`).
+    requires = ((ComponentKind.BACKEND, "kv"),)
 
     def __init__(self, target, *, model: str | None = None, layers: int | None = None, num_tokens: int = 4,
                  topk: int = 1, draw: DraftDraw = "auto"):
@@ -185,7 +189,7 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 def check_croppable(draft: specframe.Target) -> None:
     """The draft model's state must roll back by cropping a KV cache, as the `kv` backend's does."""
-    reason = specframe.get_registry().get(specframe.ComponentKind.BACKEND, "kv").unsupported_reason(draft)
+    reason = required(DraftModelDrafter, ComponentKind.BACKEND, "kv").unsupported_reason(draft)
     if reason:
         raise UnsupportedModelError(
             f"draft-model: '{draft.name}' cannot be a draft model: the drafter rolls its state back by "
@@ -196,7 +200,7 @@ def check_croppable(draft: specframe.Target) -> None:
 def check_layers_croppable(target: specframe.Target, layers: int) -> None:
     """The target's own first layers draft only when cropping a KV cache rolls them back exactly: when the
     `kv` backend serves the target (attention-only, of a verified family)."""
-    reason = specframe.get_registry().get(specframe.ComponentKind.BACKEND, "kv").unsupported_reason(target)
+    reason = required(DraftModelDrafter, ComponentKind.BACKEND, "kv").unsupported_reason(target)
     if reason:
         raise UnsupportedModelError(
             f"draft-model(layers={layers}) cannot draft with the first layers of '{target.name}': the "

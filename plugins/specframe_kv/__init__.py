@@ -32,20 +32,19 @@ each row's logits what this backend gives it alone (bit for bit in bfloat16 with
 
 The backend serves only the model families it has been shown to serve exactly (`VERIFIED_MODEL_TYPES`):
 a layer that keeps state outside its keys/values (RWKV's time mixing, xLSTM's matrix memory) is not
-rolled back by cropping, and a model without typed layers cannot say it has one. A refusal recommends
-another backend only when that backend accepts the model.
+rolled back by cropping, and a model without typed layers cannot say it has one. A refusal says only why
+`kv` cannot serve the model; the registry adds which installed backend does, if any.
 """
 
 from __future__ import annotations
 
-from contextvars import ContextVar
 from typing import TYPE_CHECKING, Literal, get_args
 
 import numpy as np
 
 import specframe
 from specframe import (
-    BackendCapabilities, ConfigurationError, StateBackend, TargetScores, TokenTree, UnknownComponentError,
+    BackendCapabilities, ConfigurationError, StateBackend, TargetScores, TokenTree,
 )
 from specframe.kit.inference import inference_mode
 
@@ -58,54 +57,24 @@ CACHELESS_TYPES = {"full_attention", "sliding_attention", "mlp", "moe"}
 # leave the state of the plain run: tests/plugins/kv/test_kv_admission.py proves each on a tiny random model.
 VERIFIED_MODEL_TYPES = ("cohere", "gemma", "gpt2", "granite", "llama", "mistral", "olmo2", "phi", "phi3",
                         "qwen2", "qwen3", "smollm3", "stablelm", "starcoder2")
-# Set while `kv` asks another backend whether it serves a model, so that backend asking back gets kv's
-# own refusal instead of a question that never ends.
-_CONSULTING: ContextVar[bool] = ContextVar("kv_consulting", default=False)
 # The `cache` option: append in place (specframe.kit.backend.buffered_cache), or transformers' torch.cat
 # per step.
 CacheKind = Literal["buffer", "concat"]
 CACHES = get_args(CacheKind)
 
 
-def _recurrent_reason(target, recurrent: list[str]) -> str:
-    """Why cropping a KV cache cannot serve a model with `recurrent` layer types, and what can, if anything.
-
-    'ssm-tree' is recommended only when that backend accepts the model; otherwise its own refusal, which
-    names the layer, what it is and says that no backend serves it yet (Zamba2's shared blocks,
-    Falcon-H1's rescaled mixers), is passed on. Layer types alone cannot tell those apart
-    from what ssm-tree serves: transformers types them all "linear_attention" (LFM2's are "conv").
-    """
-    lead = f"it has recurrent layers ({recurrent}) whose state cannot be rolled back by cropping a KV cache"
-    reason = _tree_backend_reason(target)
-    if reason is None:
-        return f"{lead}; use the 'ssm-tree' backend"
-    return f"{lead}; {reason or 'no installed backend serves recurrent layers'}"
+def _recurrent_reason(recurrent: list[str]) -> str:
+    """Why cropping a KV cache cannot serve a model with `recurrent` layer types. Which backend serves it
+    instead, if any, the registry adds to the refusal, having asked every backend
+    (`specframe.plugging.pipeline.backend_refusal`)."""
+    return f"it has recurrent layers ({recurrent}) whose state cannot be rolled back by cropping a KV cache"
 
 
-def _unverified_reason(target, model_type: str) -> str:
-    """Why `kv` refuses a family it has no evidence for, and which backend serves it, if any."""
-    lead = (f"its model type '{model_type}' is not one of the attention-only families the 'kv' backend is "
+def _unverified_reason(model_type: str) -> str:
+    """Why `kv` refuses a family it has no evidence for."""
+    return (f"its model type '{model_type}' is not one of the attention-only families the 'kv' backend is "
             f"verified to serve exactly ({', '.join(VERIFIED_MODEL_TYPES)}): its layers may keep state that "
             "cropping a KV cache does not roll back")
-    if _CONSULTING.get():
-        return lead
-    reason = _tree_backend_reason(target)
-    if reason is None:
-        return f"{lead}; use the 'ssm-tree' backend"
-    return f"{lead}; the 'ssm-tree' backend cannot serve it either, so no installed backend serves it yet"
-
-
-def _tree_backend_reason(target) -> str | None:
-    """The refusal of `target` by 'ssm-tree': None when it serves it, "" when it is not installed."""
-    try:
-        tree_backend = specframe.get_registry().get("backend", "ssm-tree")
-    except UnknownComponentError:
-        return ""
-    token = _CONSULTING.set(True)
-    try:
-        return tree_backend.unsupported_reason(target)
-    finally:
-        _CONSULTING.reset(token)
 
 
 class KVCacheBackend(StateBackend):
@@ -141,10 +110,10 @@ class KVCacheBackend(StateBackend):
         layer_types = getattr(target.config, "layer_types", None) or []
         recurrent = sorted(set(layer_types) - CACHELESS_TYPES)
         if recurrent:
-            return _recurrent_reason(target, recurrent)
+            return _recurrent_reason(recurrent)
         model_type = getattr(target.config, "model_type", "")
         if model_type not in VERIFIED_MODEL_TYPES:
-            return _unverified_reason(target, model_type)
+            return _unverified_reason(model_type)
         window = getattr(target.config, "sliding_window", None)
         if window and (not layer_types or "sliding_attention" in layer_types):
             return (f"its attention looks back over a sliding window of {window} tokens, which the tree mask "

@@ -14,10 +14,9 @@ from typing import TYPE_CHECKING, Literal, get_args
 
 import numpy as np
 
-import specframe
 from specframe import (
     BackendCapabilities, ConfigurationError, CostModel, StateBackend, TargetScores, TokenTree,
-    UnknownComponentError, UnsupportedModelError,
+    UnsupportedModelError,
 )
 from specframe.kit.inference import inference_mode
 
@@ -55,10 +54,11 @@ class SSMBackendBase(StateBackend):
 
     @classmethod
     def unsupported_reason(cls, target) -> str | None:
-        from specframe_ssm.layout import NO_RECURRENT, unsupported_reason
+        """Why the SSM backends cannot run the model (`specframe_ssm.layout.unsupported_reason`); the
+        registry adds which installed backend serves it instead, if any (an attention-only model: 'kv')."""
+        from specframe_ssm.layout import unsupported_reason
 
-        reason = unsupported_reason(target.model)
-        return f"{reason}; {_attention_only_advice(target)}" if reason == NO_RECURRENT else reason
+        return unsupported_reason(target.model)
 
     def cost_model(self) -> CostModel:
         """The cost measured for this backend on this machine (`specframe calibrate`), handed to it when
@@ -118,19 +118,6 @@ class SSMBackendBase(StateBackend):
         out = self._forward(ids, positions, self.cache, mask, **extra)
         self._committed = prefix + len(tokens)
         return out
-
-
-def _attention_only_advice(target) -> str:
-    """Where a model without recurrent layers can go: 'kv' when it serves the model, else nowhere."""
-    from specframe_ssm.layout import NO_BACKEND
-
-    try:
-        kv = specframe.get_registry().get("backend", "kv")
-    except UnknownComponentError:
-        return "no installed backend serves attention-only models"
-    if kv.unsupported_reason(target) is None:
-        return "use the 'kv' backend for attention-only models"
-    return f"the 'kv' backend refuses it too (it says why), so {NO_BACKEND}"
 
 
 def chain_allowed(prefix: int, length: int, batch: int, device) -> torch.Tensor:

@@ -3,11 +3,12 @@
 A copying drafter can only propose what was written before: in the prompt, an earlier response or a
 corpus. Open-ended answers are mostly new text, so there it proposes little or nothing and a step emits
 one token. SAM-Decoding answers this with an auxiliary model drafter next to its suffix automaton; here
-the auxiliary source is the `s4c` drafter's heads (found in the registry by name, so this plugin imports
-no other), which predict the next tokens from the target's own last feature. Their forest joins the
-suffix drafter's sources in the same merge: each node's score is its probability of being reached (the
-product of the heads' q along its path, as the suffix trees' counts give), labelled `HEADS`, so adaptive
-speculation learns how far the heads can be trusted and keeps their nodes only where they pay.
+the auxiliary source is the `s4c` drafter's heads (declared in `requires` and obtained through
+`specframe.kit.components.required`, so this plugin imports no other), which predict the next tokens
+from the target's own last feature. Their forest joins the suffix drafter's sources in the same merge:
+each node's score is its probability of being reached (the product of the heads' q along its path, as
+the suffix trees' counts give), labelled `HEADS`, so adaptive speculation learns how far the heads can
+be trusted and keeps their nodes only where they pay.
 
 The heads always draft their top-k tokens (never samples), so the merged forest is deterministic and
 is verified like any copied draft (greedy, or sample-and-match when the request samples). On
@@ -19,8 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
-import specframe
-from specframe import ConfigurationError, DraftContext, DrafterCapabilities, ScoreKind
+from specframe import ComponentKind, ConfigurationError, DraftContext, DrafterCapabilities, ScoreKind
+from specframe.kit.components import required
 from specframe_suffix.drafter import SuffixDrafter
 from specframe_suffix.drafts import HEADS, SourceDraft
 
@@ -36,6 +37,7 @@ class SuffixHeadsDrafter(SuffixDrafter):
     capabilities = DrafterCapabilities(needs_hidden_states=True, proposes_trees=True,
                                        score_kind=ScoreKind.FREQUENCY,
                                        remembers_requests=True)
+    requires = ((ComponentKind.DRAFTER, "s4c"),)  # the heads are the s4c plugin's drafter
 
     def __init__(self, target, *, heads: str | None = None, topk: int = 2, widths: int | tuple = 1,
                  depth: int | None = 1, heads_below: float = 1.0, **options):
@@ -72,11 +74,7 @@ class SuffixHeadsDrafter(SuffixDrafter):
 
 
 def s4c_drafter() -> type:
-    """The `s4c` drafter's class, asked of the registry by name: the heads are the s4c plugin's, and
-    plugins import no other plugin, so a missing or broken s4c plugin is a configuration error here."""
-    try:
-        return specframe.get_registry().get("drafter", "s4c")
-    except specframe.SpecframeError as err:
-        raise ConfigurationError(
-            f"drafter 'suffix-heads' drafts with the heads of the s4c plugin's drafter ({err}); install "
-            "specframe with its plugins, or use 'suffix'") from None
+    """The `s4c` drafter's class, which `suffix-heads` declares it needs: plugins import no other plugin,
+    so a missing or broken s4c plugin is a `ConfigurationError` that says what to install (assembly
+    checks it before building any drafter)."""
+    return required(SuffixHeadsDrafter, ComponentKind.DRAFTER, "s4c")

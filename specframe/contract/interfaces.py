@@ -3,7 +3,8 @@
 Each class has a `name` (the registry key) and declared capabilities (`specframe.contract.capabilities`,
 re-exported here), checked when a pipeline is assembled (`specframe.plugging.pipeline.assemble`), never
 inferred from the name. A state backend is handed its calibration when it is built
-(`specframe.contract.calibration.Calibration`).
+(`specframe.contract.calibration.Calibration`). A class that needs another component declares it in
+`requires` (checked at assembly; obtained through `specframe.kit.components.required`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class Drafter(ABC):
 
     name: ClassVar[str]
     capabilities: ClassVar[DrafterCapabilities] = DrafterCapabilities()
+    requires: ClassVar[tuple[tuple[ComponentKind | str, str], ...]] = ()  # (kind, name) it needs
 
     def __init__(self, target: Target, **options):
         self.target = target
@@ -107,6 +109,7 @@ class TreeBuilder(ABC):
 
     name: ClassVar[str]
     capabilities: ClassVar[TreeBuilderCapabilities] = TreeBuilderCapabilities()
+    requires: ClassVar[tuple[tuple[ComponentKind | str, str], ...]] = ()  # (kind, name) it needs
 
     def __init__(self, **options):
         if options:
@@ -122,6 +125,7 @@ class Verifier(ABC):
 
     name: ClassVar[str]
     capabilities: ClassVar[VerifierCapabilities] = VerifierCapabilities()
+    requires: ClassVar[tuple[tuple[ComponentKind | str, str], ...]] = ()  # (kind, name) it needs
 
     def __init__(self, **options):
         if options:
@@ -147,6 +151,7 @@ class StateBackend(ABC):
 
     name: ClassVar[str]
     capabilities: ClassVar[BackendCapabilities] = BackendCapabilities()
+    requires: ClassVar[tuple[tuple[ComponentKind | str, str], ...]] = ()  # (kind, name) it needs
 
     def __init__(self, target: Target, *, want_hidden: bool = False, calibration: Calibration | None = None,
                  **options):
@@ -161,7 +166,8 @@ class StateBackend(ABC):
 
     @classmethod
     def unsupported_reason(cls, target: Target) -> str | None:
-        """Why this backend cannot serve `target`, or None when it can."""
+        """Why this backend cannot serve `target`, or None when it can. Say only why this one cannot:
+        where to go instead is added by the registry (`specframe.plugging.pipeline.backend_refusal`)."""
         return None
 
     def cost_model(self) -> CostModel | None:

@@ -6,6 +6,8 @@ modules, grouped by who needs them:
 
 - `specframe.kit.drafting`: draws, draw order, the greedy token, tokenizer identity (drafters, tree
   builders, verifiers);
+- `specframe.kit.components`: `required`, the one way a component reaches another it declares in its
+  `requires` (a drafter running another plugin's drafter);
 - `specframe.kit.inference`: `inference_mode` for methods that run a model;
 - `specframe.kit.models`: packed linear layers, the linear kernel, truncated models (imports torch);
 - `specframe.kit.backend`: padding, the calibration a backend is handed, the KV cache, exact rows, batch

@@ -53,9 +53,7 @@ def check_compatible(target: Target, drafter: type[Drafter], tree: type[TreeBuil
     registry = registry or get_registry()
     verifiers = functools.partial(such_as, registry, ComponentKind.VERIFIER)  # hints: which would fit
     trees = functools.partial(such_as, registry, ComponentKind.TREE_BUILDER)
-    reason = backend.unsupported_reason(target)
-    if reason:
-        raise UnsupportedModelError(f"backend '{backend.name}' cannot serve model '{target.name}': {reason}")
+    check_serves(target, backend, registry)
     problems = []
     d, t, v, b = drafter.capabilities, tree.capabilities, verifier.capabilities, backend.capabilities
     if d.needs_hidden_states and not b.provides_hidden_states:
@@ -127,6 +125,37 @@ def sampling_problems(drafter: type[Drafter], tree: type[TreeBuilder], verifier:
                         f"{sampling.temperature} (use a lossless sampling verifier"
                         f"{verifiers(samples_losslessly)}, or temperature 0)")
     return problems
+
+
+def backend_refusal(target: Target, backend: Component = DEFAULT_COMPONENTS[ComponentKind.BACKEND],
+                    registry: PluginRegistry | None = None) -> str | None:
+    """Why the backend `backend` (a name, a spec or a class) cannot serve `target` and where to go
+    instead, or None when it serves it.
+
+    The backend's `unsupported_reason` says why it cannot; the advice comes from asking every registered
+    backend once (`PluginRegistry.backends_for`): "use the 'X' backend" for each that serves the model
+    (unless the reason says so already), else each other backend's refusal and that no installed backend
+    serves it. No backend asks another: a refusal recommends only backends that accept the model."""
+    registry = registry or get_registry()
+    cls = _lookup(registry, ComponentKind.BACKEND, backend)[0]
+    reason = cls.unsupported_reason(target)
+    if not reason:
+        return None
+    lead = f"backend '{cls.name}' cannot serve model '{target.name}': {reason}"
+    others = {name: why for name, why in registry.backends_for(target).items() if name != cls.name}
+    serving = [name for name, why in others.items() if why is None]
+    if serving:
+        advice = [f"the '{name}' backend" for name in serving if f"use the '{name}' backend" not in reason]
+        return f"{lead}; use {' or '.join(advice)}" if advice else lead
+    refused = "".join(f"; the '{name}' backend refuses it too ({why})" for name, why in others.items())
+    return f"{lead}{refused}{', so' if refused else ';'} no installed backend serves it yet"
+
+
+def check_serves(target: Target, backend: Component, registry: PluginRegistry | None = None) -> None:
+    """Raise `UnsupportedModelError` with `backend_refusal` when the backend cannot serve `target`."""
+    refusal = backend_refusal(target, backend, registry)
+    if refusal:
+        raise UnsupportedModelError(refusal)
 
 
 def warn_if_lossy(verifier: type[Verifier], sampling: SamplingParams, registry: PluginRegistry,
@@ -233,9 +262,7 @@ def calibrate_backend(target: Target, backend: Component = DEFAULT_COMPONENTS[Co
     it is built (a bench's plain baseline pads its forwards as its `budget="auto"` methods do)."""
     registry = registry or get_registry()
     cls, spec_options = _lookup(registry, ComponentKind.BACKEND, backend)
-    reason = cls.unsupported_reason(target)
-    if reason:
-        raise UnsupportedModelError(f"backend '{cls.name}' cannot serve model '{target.name}': {reason}")
+    check_serves(target, cls, registry)
     options = {**option_defaults(ComponentKind.BACKEND, cls.name), **spec_options}
     build = backend_builder(target, cls, options, want_hidden=want_hidden)
     built = build(None) if build is not None else _construct(ComponentKind.BACKEND, cls, options, target,
@@ -258,11 +285,15 @@ def check_specs(drafter: Component = DEFAULT_COMPONENTS[ComponentKind.DRAFTER],
 
 
 def _lookup(registry: PluginRegistry, kind: ComponentKind, component: Component) -> tuple[type, dict]:
-    """A component's class and the options its spec carries."""
+    """A component's class and the options its spec carries, once the components the class declares it
+    needs (`requires`) are found available."""
     if isinstance(component, type):
-        return component, {}
-    spec = component if isinstance(component, ComponentSpec) else ComponentSpec.parse(component)
-    return registry.get(kind, spec.name), spec.options
+        cls, options = component, {}
+    else:
+        spec = component if isinstance(component, ComponentSpec) else ComponentSpec.parse(component)
+        cls, options = registry.get(kind, spec.name), spec.options
+    registry.check_requires(cls)
+    return cls, options
 
 
 def _construct(kind: ComponentKind, cls: type, options: dict, *args, **kwargs):

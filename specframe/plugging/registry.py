@@ -71,6 +71,7 @@ class ComponentRegister:
         name = getattr(cls, "name", None)
         if not isinstance(name, str) or not name:
             raise TypeError(f"{self.kind} class {cls.__qualname__} needs a non-empty `name`")
+        requirements(cls)  # a malformed `requires` is refused at registration, not at first use
         return name
 
     @staticmethod
@@ -287,6 +288,53 @@ class PluginRegistry:
         self.load()
         return self.registers[ComponentKind(kind)].names()
 
+    def backends_for(self, target: Any) -> dict[str, str | None]:
+        """Which registered backends serve `target`, in registration order: name -> None where one does,
+        else its `unsupported_reason`. Each backend is asked once and speaks for itself only; a check that
+        raises answers with its error, so one broken backend cannot hide what the others say."""
+        answers: dict[str, str | None] = {}
+        for name in self.registered(ComponentKind.BACKEND):
+            try:
+                answers[name] = self.get(ComponentKind.BACKEND, name).unsupported_reason(target)
+            except Exception as err:  # a broken plugin must not take the others down
+                answers[name] = f"its check failed ({type(err).__name__}: {err})"
+        return answers
+
+    def registered(self, kind: ComponentKind | str) -> list[str]:
+        """The names of `kind` in the order they were registered (the defaults' plugins first)."""
+        self.load()
+        return self.registers[ComponentKind(kind)].registered()
+
+    def check_requires(self, cls: type) -> None:
+        """Refuse (`ConfigurationError`) a component class whose declared `requires` are not all
+        available, naming what to install: checked when a pipeline is assembled."""
+        for kind, name in requirements(cls):
+            self.require(cls, kind, name)
+
+    def require(self, cls: type, kind: ComponentKind | str, name: str) -> type:
+        """The class of the component `kind` `name` that `cls` needs, or `ConfigurationError` saying that
+        `cls` needs it and how to get it. Plugins call `specframe.kit.components.required`, which also
+        refuses a name `cls` did not declare."""
+        kind = ComponentKind(kind)
+        try:
+            return self.get(kind, name)
+        except SpecframeError as err:
+            raise ConfigurationError(
+                f"{self._describe_component(cls)} needs {kind} '{name}' (it declares it in `requires`), "
+                f"which is not available: {err} Install the plugin that provides {kind} '{name}' (or let "
+                f"it load: see `specframe plugins`), or choose another {_kind_of(cls) or 'component'}"
+            ) from None
+
+    def _describe_component(self, cls: type) -> str:
+        """"drafter 'suffix-heads' (plugin 'suffix')", for messages about `cls`."""
+        kind = _kind_of(cls)
+        name = getattr(cls, "name", cls.__qualname__)
+        if kind is None:
+            return f"component '{name}'"
+        register = self.registers[kind]
+        owned = name in register.names() and register.get(name) is cls
+        return f"{kind} '{name}'" + (f" ({self._label(register.owner(name))})" if owned else "")
+
     @property
     def presets(self) -> RecordRegister:
         """Bench presets by name (`Preset` records)."""
@@ -346,6 +394,27 @@ class PluginRegistry:
 
 
 _registry: PluginRegistry | None = None
+
+
+def requirements(cls: type) -> tuple[tuple[ComponentKind, str], ...]:
+    """The components `cls` declares it needs (its `requires`), as (kind, name) pairs; `TypeError` when
+    the declaration is malformed."""
+    declared = getattr(cls, "requires", ())
+    try:
+        pairs = tuple((ComponentKind(kind), name) for kind, name in declared)
+        if all(isinstance(name, str) and name for _, name in pairs):
+            return pairs
+    except (TypeError, ValueError):
+        pass
+    kinds = ", ".join(repr(k.value) for k in ComponentKind)
+    raise TypeError(f"{cls.__qualname__}.requires must be a tuple of (kind, name) pairs, the kind one of "
+                    f"{kinds} and the name a non-empty string, e.g. (('drafter', 's4c'),); got {declared!r}")
+
+
+def _kind_of(cls: type) -> ComponentKind | None:
+    """The kind of component `cls` is, or None."""
+    kinds = [kind for kind, base in KINDS.items() if isinstance(cls, type) and issubclass(cls, base)]
+    return kinds[0] if kinds else None
 
 
 def _is_core_plugin(plugin: str) -> bool:

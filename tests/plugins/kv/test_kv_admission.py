@@ -14,6 +14,8 @@ import transformers
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from specframe import SpeculativeDecoder, Target, UnsupportedModelError, get_registry
+from first_party import first_party_registry, own_words
+from specframe.plugging.pipeline import backend_refusal
 from specframe.testing.checks import check_backend_scores
 from specframe_kv import VERIFIED_MODEL_TYPES, KVCacheBackend
 
@@ -21,7 +23,7 @@ VOCAB = 64
 _SMALL = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
               num_attention_heads=4, num_key_value_heads=2, initializer_range=0.2, pad_token_id=None,
               bos_token_id=None, eos_token_id=None)
-RECOMMENDS = re.compile(r"use the '([\w-]+)' backend")
+RECOMMENDS = re.compile(r"(?:use|or) the '([\w-]+)' backend")
 
 
 def tiny_model(model_type: str, **overrides) -> Target:
@@ -49,11 +51,17 @@ def tiny_recurrent(kind: str) -> Target:
     return Target(model.eval(), None, f"tiny-{kind}")
 
 
+def refusal(target: Target, backend: str) -> str | None:
+    """`backend`'s refusal of `target` as the registry composes it, among specframe's own backends."""
+    return backend_refusal(target, backend, first_party_registry())
+
+
 def check_recommendations(target: Target) -> None:
-    """Every backend's refusal recommends only backends that accept the model."""
+    """Every backend's refusal, as the registry composes it, recommends only backends that accept the
+    model."""
     for name in ("kv", "ssm-tree", "ssm-unrolled"):
-        reason = get_registry().get("backend", name).unsupported_reason(target) or ""
-        for other in RECOMMENDS.findall(reason):
+        reason = refusal(target, name) or ""
+        for other in RECOMMENDS.findall(own_words(reason)):
             assert get_registry().get("backend", other).unsupported_reason(target) is None, \
                 f"{name} sends {target.name} to {other}: {reason}"
 
@@ -70,12 +78,13 @@ def test_recurrent_models_without_layer_types_are_refused_and_sent_nowhere(kind)
     """RWKV and xLSTM keep state outside a KV cache: kv would serve RWKV with wrong tokens and crash on
     xLSTM, so kv refuses both and ssm-tree does not send them to it."""
     target = tiny_recurrent(kind)
-    reason = KVCacheBackend.unsupported_reason(target)
+    reason = refusal(target, "kv")
     assert f"model type '{kind}'" in reason and "llama" in reason
     assert "no installed backend serves it" in reason
-    assert not RECOMMENDS.search(reason), reason
-    tree_reason = get_registry().get("backend", "ssm-tree").unsupported_reason(target)
-    assert "'kv' backend refuses it too" in tree_reason and "no backend serves it yet" in tree_reason
+    assert not RECOMMENDS.search(own_words(reason)), reason
+    tree_reason = refusal(target, "ssm-tree")
+    assert "'kv' backend refuses it too" in tree_reason, tree_reason
+    assert "no installed backend serves it yet" in tree_reason, tree_reason
     check_recommendations(target)
     for backend in ("kv", "ssm-tree"):
         with pytest.raises(UnsupportedModelError, match=f"tiny-{kind}"):
@@ -85,7 +94,8 @@ def test_recurrent_models_without_layer_types_are_refused_and_sent_nowhere(kind)
 def test_an_unverified_attention_family_is_refused_by_name():
     target = tiny_model("llama")
     target.model.config.model_type = "future_attention"
-    reason = KVCacheBackend.unsupported_reason(target)
+    assert "'future_attention'" in KVCacheBackend.unsupported_reason(target)
+    reason = refusal(target, "kv")  # the registry adds: no backend serves it
     assert "'future_attention'" in reason and "no installed backend serves it yet" in reason
     check_recommendations(target)
 
@@ -96,5 +106,4 @@ def test_a_sliding_window_without_layer_types_is_refused():
 
 
 def test_an_attention_only_model_is_sent_to_kv_by_ssm_tree():
-    reason = get_registry().get("backend", "ssm-tree").unsupported_reason(tiny_model("qwen3"))
-    assert "use the 'kv' backend" in reason
+    assert "use the 'kv' backend" in refusal(tiny_model("qwen3"), "ssm-tree")

@@ -20,6 +20,8 @@ from ssm_models import (
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from specframe import SpeculativeDecoder, Target, TokenTree, UnsupportedModelError, get_registry
+from first_party import first_party_registry, own_words
+from specframe.plugging.pipeline import backend_refusal
 from specframe_ssm.cache import crop_kv
 
 PROMPT = [5, 9, 3, 7, 11, 2, 8, 9, 3]
@@ -266,8 +268,8 @@ def test_unrolled_refuses_mamba1(kind):
     after a prefix, so ssm-unrolled says so and names ssm-tree, which serves the model."""
     target = tiny_ssm_target(kind)
     assert backend_cls("ssm-tree").unsupported_reason(target) is None
-    reason = backend_cls("ssm-unrolled").unsupported_reason(target)
-    assert "zero state" in reason and "use the 'ssm-tree' backend" in reason
+    reason = refusal(target, "ssm-unrolled")
+    assert "zero state" in reason and reason.count("use the 'ssm-tree' backend") == 1, reason
     with pytest.raises(UnsupportedModelError, match="ssm-unrolled"):
         backend_cls("ssm-unrolled")(target)
     check_recommendations(target)
@@ -277,25 +279,31 @@ def test_attention_only_model_is_refused():
     model = LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=16, intermediate_size=32,
                                          num_hidden_layers=1, num_attention_heads=2))
     target = Target(model, None, "tiny-llama")
-    reason = backend_cls("ssm-tree").unsupported_reason(target)
-    assert "no Mamba2 layers" in reason and "'kv'" in reason
+    assert "no Mamba2 layers" in backend_cls("ssm-tree").unsupported_reason(target)
+    reason = refusal(target, "ssm-tree")  # the registry adds: kv serves it
+    assert "no Mamba2 layers" in reason and "use the 'kv' backend" in reason
     check_recommendations(target)
 
 
 def test_kv_backend_refuses_ssm_models(target):
-    assert "use the 'ssm-tree' backend" in backend_cls("kv").unsupported_reason(target)
+    assert "use the 'ssm-tree' backend" in refusal(target, "kv")
     check_recommendations(target)
 
 
-RECOMMENDS = re.compile(r"use the '([\w-]+)' backend")
+RECOMMENDS = re.compile(r"(?:use|or) the '([\w-]+)' backend")
+
+
+def refusal(target: Target, backend: str) -> str | None:
+    """`backend`'s refusal of `target` as the registry composes it, among specframe's own backends."""
+    return backend_refusal(target, backend, first_party_registry())
 
 
 def check_recommendations(target: Target) -> None:
-    """A backend's refusal recommends only backends that accept the model (naming one in an explanation,
-    as in "the Mamba2 tree scan (ssm-tree)", is not a recommendation)."""
+    """A backend's refusal, as the registry composes it, recommends only backends that accept the model
+    (naming one in an explanation, as in "the Mamba2 tree scan (ssm-tree)", is not a recommendation)."""
     for name in ("kv", "ssm-tree"):
-        reason = backend_cls(name).unsupported_reason(target) or ""
-        for other in RECOMMENDS.findall(reason):
+        reason = refusal(target, name) or ""
+        for other in RECOMMENDS.findall(own_words(reason)):
             assert backend_cls(other).unsupported_reason(target) is None, f"{name} names {other}: {reason}"
 
 
@@ -312,9 +320,9 @@ def test_recurrent_layers_of_unknown_classes_are_refused_with_what_they_are(fami
         if type(module).__name__ in ("MambaMixer", "Qwen3NextGatedDeltaNet", "Lfm2ShortConv"):
             module.__class__ = type(renamed, (type(module),), {})
     for name in ("kv", "ssm-tree", "ssm-unrolled"):
-        reason = backend_cls(name).unsupported_reason(target)
-        assert what in reason and "no backend serves it yet" in reason, reason
-        assert not RECOMMENDS.search(reason), reason
+        reason = refusal(target, name)
+        assert what in reason and "no installed backend serves it yet" in reason, reason
+        assert not RECOMMENDS.search(own_words(reason)), reason
         with pytest.raises(UnsupportedModelError, match=renamed):
             SpeculativeDecoder.from_names(target, "pld", backend=name)
 
