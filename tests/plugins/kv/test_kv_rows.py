@@ -10,6 +10,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from row_twins import RowTwins
 
 from specframe import TokenTree
 from specframe.runtime.attention import EXACT, NAME, exact_attention_forward, use_attention
@@ -52,49 +53,11 @@ def random_tree(draw, vocab: int, nodes: int) -> TokenTree:
     return TokenTree(np.array(tokens, np.int64), np.array(parents, np.int64))
 
 
-def path_to(tree: TokenTree, node: int) -> list[int]:
-    """The tree nodes from the root's child down to `node` (none for -1)."""
-    return [] if node < 0 else [int(i) for i in np.flatnonzero(tree.ancestor_mask[node + 1][1:])]
-
-
-class Twins:
-    """A batch and, for each of its rows, a single-row backend fed the same prompts, trees and commits."""
+class Twins(RowTwins):
+    """`kv`'s batch and its rows alone, their logits and hidden states compared with `compare`."""
 
     def __init__(self, target, compare, **options):
-        self.target, self.compare, self.options = target, compare, options
-        self.batch = KVCacheBackend(target, **options).batch()
-        self.alone: dict[int, KVCacheBackend] = {}
-        self.worst = 0.0  # the largest |logit difference| seen
-
-    def add(self, ids: list[int]) -> int:
-        row = self.batch.add(ids)
-        self.alone[row] = KVCacheBackend(self.target, **self.options)
-        self.alone[row].prefill(ids)
-        assert self.batch.committed_length(row) == len(ids) - 1
-        return row
-
-    def remove(self, row: int) -> None:
-        self.batch.remove(row)
-        del self.alone[row]
-
-    def step(self, trees: dict[int, TokenTree], picks: dict[int, tuple[int, int]]) -> None:
-        """Score `trees` together and alone, compare, commit the path to node `picks[row][0]` (-1: the
-        root alone) with bonus `picks[row][1]` everywhere."""
-        together, accepted = self.batch.score(trees), {}
-        for row, tree in trees.items():
-            alone = self.alone[row].score(tree)
-            assert together[row].logits.shape == alone.logits.shape == (len(tree) + 1, self.target.vocab_size)
-            assert together[row].tree is tree
-            self.worst = max(self.worst, float((together[row].logits - alone.logits).abs().max()))
-            self.compare(together[row].logits, alone.logits)
-            if alone.hidden is not None:
-                self.compare(together[row].hidden, alone.hidden)
-            node, bonus = picks[row]
-            accepted[row] = (together[row], path_to(tree, node), bonus)
-            self.alone[row].commit(alone, path_to(tree, node), bonus)
-        self.batch.commit(accepted)
-        for row, backend in self.alone.items():
-            assert self.batch.committed_length(row) == backend.committed_length
+        super().__init__(target, KVCacheBackend, logits=compare, hidden=compare, **options)
 
 
 def bit_for_bit(a: torch.Tensor, b: torch.Tensor) -> None:
@@ -275,11 +238,7 @@ def _smollm2_rows(target, compare, max_rows=-1) -> Twins:
     for length in (12, 40, 25, 3):
         twins.add(rng.integers(0, target.vocab_size, length).tolist())
     for step in range(4):
-        sizes = dict(zip(sorted(twins.alone), np.roll([0, 3, 9, 20], step)))
-        trees = {row: TokenTree(rng.integers(0, target.vocab_size, n), np.arange(n) // 2 - 1)
-                 for row, n in sizes.items()}
-        twins.step(trees, {row: (int(n) - 1, int(rng.integers(0, target.vocab_size)))
-                           for row, n in sizes.items()})
+        twins.step_binary_trees(np.roll([0, 3, 9, 20], step), rng)
         if step == 1:
             twins.remove(sorted(twins.alone)[1])
             twins.add(rng.integers(0, target.vocab_size, 17).tolist())

@@ -16,9 +16,12 @@ and GraniteMoeHybrid targets, with rows finishing at different times."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import pytest
 import torch
+from row_twins import RowTwins
 from ssm_models import VOCAB, make_repetitive, reference_greedy, tiny_ssm_target
 
 from specframe import SpeculativeDecoder, TokenTree
@@ -34,60 +37,19 @@ BATCHED = ["mamba2", "bamba", "nemotronh", "granite_hybrid", "qwen3_next", "olmo
            "falcon_mamba", "jamba", "lfm2", "falcon_h1", "zamba2"]
 
 
-def path_to(tree: TokenTree, node: int) -> list[int]:
-    """The tree nodes from the root's child down to `node` (none for -1)."""
-    return [] if node < 0 else [int(i) for i in np.flatnonzero(tree.ancestor_mask[node + 1][1:])]
-
-
 def random_tree(rng: np.random.Generator, nodes: int) -> TokenTree:
     parents = [int(rng.integers(-1, i)) if i else -1 for i in range(nodes)]
     return TokenTree(rng.integers(0, VOCAB, nodes), np.array(parents, np.int64))
 
 
-class Twins:
-    """A batch and, for each of its rows, a single-row backend fed the same prompts, trees and commits."""
+class Twins(RowTwins):
+    """`ssm-tree`'s batch and its rows alone, scored in one forward; hidden states compared within
+    `ROW_ATOL`, logits measured (`worst`) for each test to judge."""
 
     def __init__(self, target, **options):
-        self.target, self.options = target, options
-        self.batch = SSMTreeBackend(target, **options).batch()
+        close = partial(torch.testing.assert_close, atol=ROW_ATOL, rtol=0)
+        super().__init__(target, SSMTreeBackend, hidden=close, one_forward=True, **options)
         assert isinstance(self.batch, SSMRows)
-        self.alone: dict[int, SSMTreeBackend] = {}
-        self.worst = 0.0  # the largest |logit difference| seen
-
-    def add(self, ids: list[int]) -> int:
-        row = self.batch.add(ids)
-        self.alone[row] = SSMTreeBackend(self.target, **self.options)
-        self.alone[row].prefill(ids)
-        assert self.batch.committed_length(row) == len(ids) - 1
-        return row
-
-    def remove(self, row: int) -> None:
-        self.batch.remove(row)
-        del self.alone[row]
-
-    def step(self, trees: dict[int, TokenTree], picks: dict[int, tuple[int, int]]) -> None:
-        """Score `trees` together (one forward) and alone, compare, commit the path to node `picks[row][0]`
-        (-1: the root alone) with bonus `picks[row][1]` everywhere."""
-        forwards = []
-        hook = self.target.model.register_forward_hook(lambda *args: forwards.append(1))
-        try:
-            together, accepted = self.batch.score(trees), {}
-        finally:
-            hook.remove()
-        assert len(forwards) == 1  # every row in one forward
-        for row, tree in trees.items():
-            alone = self.alone[row].score(tree)
-            assert together[row].logits.shape == alone.logits.shape == (len(tree) + 1, self.target.vocab_size)
-            assert together[row].tree is tree
-            self.worst = max(self.worst, float((together[row].logits - alone.logits).abs().max()))
-            if alone.hidden is not None:
-                torch.testing.assert_close(together[row].hidden, alone.hidden, atol=ROW_ATOL, rtol=0)
-            node, bonus = picks[row]
-            accepted[row] = (together[row], path_to(tree, node), bonus)
-            self.alone[row].commit(alone, path_to(tree, node), bonus)
-        self.batch.commit(accepted)
-        for row, backend in self.alone.items():
-            assert self.batch.committed_length(row) == backend.committed_length
 
 
 def drive(twins: Twins, seed: int, steps: int = 5) -> None:
@@ -234,11 +196,7 @@ def test_hybrid_rows_together_equal_rows_alone(hybrid):
     for text in TEXTS:
         twins.add(hybrid.tokenizer.encode(text))
     for step in range(3):
-        sizes = dict(zip(sorted(twins.alone), np.roll([0, 3, 9, 6], step)))
-        trees = {row: TokenTree(rng.integers(0, hybrid.vocab_size, n), np.arange(n) // 2 - 1)
-                 for row, n in sizes.items()}
-        twins.step(trees, {row: (int(n) - 1, int(rng.integers(0, hybrid.vocab_size)))
-                           for row, n in sizes.items()})
+        twins.step_binary_trees(np.roll([0, 3, 9, 6], step), rng)
     assert twins.worst < REAL_ATOL
 
 
