@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from gguf_edits import header_edits, put
-from tiny_gguf import tiny_gguf_target
+from llamacpp_tests import gguf_target, require_llama_cpp  # noqa: F401 (the target fixture)
 
 from specframe.bench.peers import parse_peers, peer_runner
 from specframe.runtime.gguf_header import read_header
@@ -24,8 +24,7 @@ from specframe.terms.errors import SpecframeError
 from specframe.terms.sampling import SamplingParams
 from specframe_llamacpp import LlamaCppBackend, engine
 
-SKIP = "llama-cpp-python is not installed: pip install 'specframe[llamacpp]'"
-pytest.importorskip("llama_cpp", reason=SKIP)
+require_llama_cpp()
 
 # Loads each file named on stdin (JSON lines: label, path) as the backend and the peers would, printing
 # "outcome" and a JSON list per file: ["start", label], then [outcome, label], the outcome "ran" or
@@ -61,11 +60,6 @@ for line in sys.stdin:
 # The edits that made llama.cpp abort (SIGABRT) when nothing checked the header before it
 ABORTED = ("llama.block_count = 0", "llama.block_count = 4294967295", "token 1 = token 0",
            "llama.attention.layer_norm_rms_epsilon = -1.0", "llama.attention.layer_norm_rms_epsilon = nan")
-
-
-@pytest.fixture(scope="module")
-def target(tmp_path_factory):
-    return tiny_gguf_target(tmp_path_factory.mktemp("gguf"))
 
 
 def test_no_edit_of_the_header_makes_llama_cpp_abort(target, tmp_path):

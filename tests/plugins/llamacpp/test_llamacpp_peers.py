@@ -6,21 +6,15 @@ micro-batch of both; steps and tau are counted; refusals say what to do. Skipped
 from __future__ import annotations
 
 import pytest
-from tiny_gguf import tiny_gguf_target
+from llamacpp_tests import gguf_target, require_llama_cpp  # noqa: F401 (the target fixture)
 
 from specframe import ConfigurationError, SamplingParams, SpeculativeDecoder
 from specframe.bench.peers import parse_peers, peer_runner
 from specframe.testing.targets import repetitive_prompt, tiny_target
 
-SKIP = "llama-cpp-python is not installed: pip install 'specframe[llamacpp]'"
-pytest.importorskip("llama_cpp", reason=SKIP)
+require_llama_cpp()
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # fixture in conftest.py
-
-
-@pytest.fixture(scope="module")
-def target(tmp_path_factory):
-    return tiny_gguf_target(tmp_path_factory.mktemp("gguf"))
 
 
 def test_all_means_the_transformers_peers_and_llamacpp_ones_are_named():

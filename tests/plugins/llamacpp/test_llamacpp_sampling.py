@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import pytest
 from lossless_mutants import ByScoreChain, MutantRejection
+from llamacpp_tests import require_llama_cpp
 from tiny_gguf import tiny_gguf_target
 
 from specframe import Pipeline, PolynomialCost, SamplingParams, SpeculativeDecoder, TokenTree
@@ -20,8 +21,7 @@ from specframe.plugging.registry import get_registry
 from specframe.testing.exact import P_CATCH, P_PASS, LogitTable, contexts, decoder_counts, exact_law, law_test
 from specframe_llamacpp import LlamaCppBackend
 
-SKIP = "llama-cpp-python is not installed: pip install 'specframe[llamacpp]'"
-pytest.importorskip("llama_cpp", reason=SKIP)
+require_llama_cpp()
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # fixture in conftest.py
 

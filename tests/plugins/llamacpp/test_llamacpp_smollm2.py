@@ -8,13 +8,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from llamacpp_tests import plain_logits, require_llama_cpp
 
 from specframe import PolynomialCost, SpeculativeDecoder, TokenTree, assemble
 from specframe.testing.synthetic import random_tree
 from specframe_llamacpp import LlamaCppBackend
 
-SKIP = "llama-cpp-python is not installed: pip install 'specframe[llamacpp]'"
-pytest.importorskip("llama_cpp", reason=SKIP)
+require_llama_cpp()
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]  # fixture in conftest.py
 
@@ -36,15 +36,6 @@ def prompt_ids(target, text: str, chat: bool) -> list[int]:
 @pytest.fixture(scope="module")
 def prompts(smollm2):
     return [prompt_ids(smollm2, text, chat) for text, chat in ((CODE, False), (CHAT, True), (LIST, True))]
-
-
-def plain_logits(backend: LlamaCppBackend, prompt: list[int], tokens: list[int]) -> torch.Tensor:
-    """The next-token logits of plain decoding through `backend` after `prompt`, then `tokens` one step
-    each."""
-    backend.prefill(prompt)
-    for token in tokens:
-        backend.commit(backend.score(TokenTree.empty()), [], token)
-    return backend.score(TokenTree.empty()).logits[0]
 
 
 def test_a_chain_of_70_rows_equals_70_plain_steps_bit_for_bit(smollm2, prompts):
