@@ -652,6 +652,13 @@ def sampled(n: int) -> set[int]:
     return {*sample.tolist(), *(sample + 1).tolist()}
 
 
+def copy_with_suffixes(big_store: Path, tmp_path: Path) -> tuple[Path, np.ndarray]:
+    """A copy of `big_store` and its suffix array, to edit and write back to `copy / SUFFIXES`."""
+    store = tmp_path / "ds"
+    shutil.copytree(big_store, store)
+    return store, np.fromfile(store / SUFFIXES, np.int32)  # (n,)
+
+
 def test_a_sparse_file_claiming_gigabytes_is_refused_at_open(templates, tmp_path):
     sep = 1 << 26  # buckets.bin of 512 MiB, almost all of it a hole
     header = json.loads((templates.store / HEADER).read_text())
@@ -670,9 +677,7 @@ def test_a_sparse_file_claiming_gigabytes_is_refused_at_open(templates, tmp_path
 
 
 def test_a_suffix_entry_out_of_range_past_the_sample_is_refused_at_open(big_store, tmp_path):
-    store = tmp_path / "ds"
-    shutil.copytree(big_store, store)
-    suffixes = np.fromfile(store / SUFFIXES, np.int32)  # (n,)
+    store, suffixes = copy_with_suffixes(big_store, tmp_path)
     unsampled = next(i for i in range(len(suffixes)) if i not in sampled(len(suffixes)))
     suffixes[unsampled] = len(suffixes) + 5
     suffixes.tofile(store / SUFFIXES)
@@ -681,9 +686,7 @@ def test_a_suffix_entry_out_of_range_past_the_sample_is_refused_at_open(big_stor
 
 
 def test_a_suffix_entry_at_the_corpus_end_past_the_sample_is_a_retrieval_error(big_store, tmp_path):
-    store = tmp_path / "ds"
-    shutil.copytree(big_store, store)
-    suffixes = np.fromfile(store / SUFFIXES, np.int32)  # (n,)
+    store, suffixes = copy_with_suffixes(big_store, tmp_path)
     buckets = np.fromfile(store / BUCKETS, np.int64)  # (VOCAB + 2,)
     checked = sampled(len(suffixes))
     token, i = next((t, i) for t in range(VOCAB) for i in range(buckets[t], buckets[t + 1])
