@@ -293,9 +293,11 @@ class PluginRegistry:
         else its `unsupported_reason`. Each backend is asked once and speaks for itself only; a check that
         raises answers with its error, so one broken backend cannot hide what the others say."""
         answers: dict[str, str | None] = {}
-        for name in self.registered(ComponentKind.BACKEND):
+        names = self.registered(ComponentKind.BACKEND)  # loads the plugins
+        classes = dict(self.registers[ComponentKind.BACKEND].items())
+        for name in names:
             try:
-                answers[name] = self.get(ComponentKind.BACKEND, name).unsupported_reason(target)
+                answers[name] = classes[name].unsupported_reason(target)
             except Exception as err:  # a broken plugin must not take the others down
                 answers[name] = f"its check failed ({type(err).__name__}: {err})"
         return answers
@@ -321,8 +323,8 @@ class PluginRegistry:
         except SpecframeError as err:
             raise ConfigurationError(
                 f"{self._describe_component(cls)} needs {kind} '{name}' (it declares it in `requires`), "
-                f"which is not available: {err} Install the plugin that provides {kind} '{name}' (or let "
-                f"it load: see `specframe plugins`), or choose another {_kind_of(cls) or 'component'}"
+                f"which is not available: {err} Install (or stop excluding) the plugin that provides {kind} "
+                f"'{name}', or choose another {_kind_of(cls) or 'component'}"
             ) from None
 
     def _describe_component(self, cls: type) -> str:
@@ -332,7 +334,7 @@ class PluginRegistry:
         if kind is None:
             return f"component '{name}'"
         register = self.registers[kind]
-        owned = name in register.names() and register.get(name) is cls
+        owned = dict(register.items()).get(name) is cls
         return f"{kind} '{name}'" + (f" ({self._label(register.owner(name))})" if owned else "")
 
     @property

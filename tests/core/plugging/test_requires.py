@@ -124,7 +124,7 @@ def test_a_component_whose_requirement_is_missing_is_refused_at_assembly(monkeyp
             check_specs(drafter, registry=registry)
         message = str(info.value)
         assert message.startswith("drafter 'needs-missing'") and "needs drafter 'nosuch'" in message
-        assert "`requires`" in message and "Install the plugin that provides drafter 'nosuch'" in message
+        assert "`requires`" in message and "the plugin that provides drafter 'nosuch'" in message
 
 
 def test_the_accessor_hands_out_only_declared_components(monkeypatch):
