@@ -143,6 +143,9 @@ class OraclePlanner:
     def __getattr__(self, name: str):
         return getattr(self.planner, name)
 
+    def row(self) -> OraclePlanner:
+        return self
+
     def choose(self, proposal, tree: TokenTree) -> tuple[TokenTree, None]:
         return accepted_subtree(tree, self.playback.future), None
 

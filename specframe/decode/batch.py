@@ -1,5 +1,5 @@
-"""What the batch loop (`SpeculativeDecoder.generate_batch`) shares between rows: phases timed once for
-every row, and telling a batch of prompts from one prompt.
+"""What the decode loop (`SpeculativeDecoder`) shares between rows: phases timed once for every row, the
+one-sequence form of its rows (`Alone`), and telling a batch of prompts from one prompt.
 
 In a batch each request is a `RequestRow` with its own drafter (`Drafter.spawn`), planner, sampler and
 stop checks, so it drafts, verifies and emits exactly as it would alone; only the backend's scoring and
@@ -16,11 +16,14 @@ than the call took; `BatchMetrics` keeps the call's own split, each step's phase
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from specframe.terms.metrics import PHASES, now
+from specframe.contract.interfaces import BatchBackend, Commit
+from specframe.terms.metrics import PHASES
+from specframe.terms.records import TargetScores
+from specframe.terms.tree import TokenTree
 
 
 @dataclass
@@ -29,18 +32,43 @@ class Phase:
 
 
 @contextmanager
-def shared_phase(timers, phase: str, sync=None) -> Iterator[Phase]:
-    """Time one phase that serves every row (the batch's forward, its commit) and charge it to each;
-    the `Phase` yielded holds its seconds once the block ends."""
-    start, timed = now(), Phase()
-    try:
+def shared_phase(timers: list, phase: str) -> Iterator[Phase]:
+    """Time one phase that serves every row (the forward, the commit) with the first row's timer, and
+    charge what it measured to every other row; the `Phase` yielded holds its seconds once the block
+    ends. Timed by a row's own timer, the phase is measured as that timer measures (waiting for the
+    device where it syncs phases, modelled where it models them: `specframe.bench.replay`)."""
+    first, timed = timers[0], Phase()
+    before = first.times.get(phase, 0.0)
+    with first(phase):
         yield timed
-    finally:
-        if sync is not None:
-            sync()
-        timed.seconds = now() - start
-        for timer in timers:
-            timer.times[phase] = timer.times.get(phase, 0.0) + timed.seconds
+    timed.seconds = first.times.get(phase, 0.0) - before
+    for timer in timers[1:]:
+        timer.times[phase] = timer.times.get(phase, 0.0) + timed.seconds
+
+
+class Alone(BatchBackend):
+    """The decode loop's rows when it runs one request at a time: the pipeline's own backend, one
+    sequence, whose row is its state (`prefill` starts it afresh, so a row that ended needs no removal).
+    What `generate` decodes with; a batch of several rows uses `StateBackend.batch`."""
+
+    ROW = 0
+
+    def add(self, ids: list[int]) -> int:
+        self.backend.prefill(ids)
+        return self.ROW
+
+    def remove(self, row: int) -> None:
+        pass
+
+    def committed_length(self, row: int) -> int:
+        return self.backend.committed_length
+
+    def score(self, trees: Mapping[int, TokenTree]) -> dict[int, TargetScores]:
+        return {row: self.backend.score(tree) for row, tree in trees.items()}
+
+    def commit(self, accepted: Mapping[int, Commit]) -> None:
+        for scored, path, bonus in accepted.values():
+            self.backend.commit(scored, path, bonus)
 
 
 @dataclass

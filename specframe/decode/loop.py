@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import numbers
 import warnings
 from collections import deque
@@ -23,10 +22,11 @@ from specframe.support.paths import check_writable_dir
 from specframe.runtime.devices import synchronizer
 from specframe.plugging.pipeline import Pipeline, assemble, check_request
 from specframe.plugging.registry import PluginRegistry, get_registry
-from specframe.decode.batch import BatchMetrics, is_batch, shared_phase
+from specframe.contract.interfaces import BatchBackend
+from specframe.decode.batch import Alone, BatchMetrics, is_batch, shared_phase
 from specframe.decode.batch_planner import BatchPlanner, batch_planner_of
 from specframe.decode.planner import (
-    AdaptivePlanner, FixedPlanner, make_adaptive_planner, make_fixed_planner, plans_blind,
+    AdaptivePlanner, FixedPlanner, StepPlanner, make_adaptive_planner, make_fixed_planner, plans_blind,
 )
 from specframe.decode.row import RequestRow
 
@@ -93,55 +93,13 @@ class SpeculativeDecoder:
         if is_batch(prompt):
             return self.generate_batch(prompt, max_new_tokens, stop,
                                        seeds=None if seed is None else [seed] * len(prompt))
-        prompt_ids, stop = self._checked(prompt, max_new_tokens, stop)
-        sampling = self._sampling(seed)
-        planner = self._planner()  # the first request may calibrate the cost: not part of its time
-        row = self.make_row(self.pipeline.drafter, planner, prompt_ids, max_new_tokens, stop, sampling)
-        self.registry.hook.on_decode_start(prompt_ids=prompt_ids)
-        device, sync = self.target.device, synchronizer(self.target.device)
-        reset_peak_memory(device)  # on CUDA the peak is this request's, not the process's
-        start = now()
+        request = (*self._checked(prompt, max_new_tokens, stop), max_new_tokens)
         try:
-            self._decode(row)
+            return self._decode_rows([request], [self._sampling(seed)], size=1)[0]
         except DrafterError as err:  # what was decoded is verified: it goes with the error
-            err.partial = self.partial_result(row)
+            if isinstance(err.partial, list):
+                err.partial = err.partial[0]
             raise
-        if sync is not None:
-            sync()  # queued work is part of the request's time
-        row.metrics.wall_s = now() - start
-        row.metrics.peak_memory_bytes = peak_memory_bytes(device)
-        result = self.finish_row(row)
-        if self.acceptance_file is not None and isinstance(self.planner, AdaptivePlanner):
-            try:
-                self.planner.acceptance.save(self.acceptance_file)
-            except (OSError, ConfigurationError) as err:  # the result stands: warn, save with the next
-                warnings.warn(SpecframeWarning(
-                    f"the acceptance counts could not be saved to {self.acceptance_file} ({err}); they are "
-                    "kept and saved after the next request"), stacklevel=2)
-        self.registry.hook.on_decode_end(prompt_ids=prompt_ids, result=result)
-        return result
-
-    def _decode(self, row: RequestRow) -> None:
-        """The loop, in the paper's words: draft, build the tree, score it, verify, commit."""
-        backend = self.pipeline.backend
-        sync = synchronizer(self.target.device)  # None on the CPU
-        phase_sync = sync if self.phase_timing else None
-        row.start()
-        t0 = now()
-        backend.prefill(row.prompt_ids)
-        if sync is not None:
-            sync()  # once per request, even without phase timing: keeps prefill_s and decode tokens/s right
-        row.metrics.prefill_s = now() - t0
-        while row.reason is None:
-            timer = self.step_timer(phase_sync)
-            tree = row.draft(timer)
-            with timer("forward"):
-                scores = backend.score(tree)
-            result = row.verify(scores, timer)
-            with timer("commit"):
-                backend.commit(scores, result.path, result.bonus)
-            row.advance(scores, result, timer)
-        row.metrics.new_tokens = len(row.new)
 
     def generate_batch(self, prompts: Sequence[str | Sequence[int]],
                        max_new_tokens: int | Sequence[int] = 128, stop: str | Sequence[str] = (), *,
@@ -177,7 +135,7 @@ class SpeculativeDecoder:
                                      "limit, or one per prompt")
         requests = [(*self._checked(prompt, limit, stop), limit) for prompt, limit in zip(prompts, limits)]
         samplings = [self._sampling(seed) for seed in seeds]
-        return self._decode_batch(requests, samplings, batch_size or len(prompts), logprobs)
+        return self._decode_rows(requests, samplings, batch_size or len(prompts), logprobs)
 
     def best_of(self, prompt: str | Sequence[int], n: int, max_new_tokens: int = 128,
                 stop: str | Sequence[str] = (), *, seed: int | None = None) -> list[GenerationResult]:
@@ -197,31 +155,33 @@ class SpeculativeDecoder:
                                       logprobs=True)
         return sorted(samples, key=lambda r: -r.logprob / max(len(r.tokens), 1))
 
-    def _decode_batch(self, requests: Sequence[tuple[list[int], tuple[str, ...], int]],
-                      samplings: Sequence[SamplingParams], size: int,
-                      logprobs: bool = False) -> list[GenerationResult]:
-        """Decode `requests` (prompt ids, stop strings, max_new_tokens) at most `size` at a time; their
-        results in order."""
-        batch = self.pipeline.backend.batch()  # first: a backend that cannot batch refuses before any work
-        planner = self._planner()
-        if self.adaptive and self.batch_planner is None:
-            self.batch_planner = batch_planner_of(planner)
-        batch_planner = self.batch_planner
+    def _decode_rows(self, requests: Sequence[tuple[list[int], tuple[str, ...], int]],
+                     samplings: Sequence[SamplingParams], size: int,
+                     logprobs: bool = False) -> list[GenerationResult]:
+        """The decode loop: `requests` (prompt ids, stop strings, max_new_tokens) decoded at most `size` at
+        a time, each step drafting, scoring, verifying and committing every active row (`_step`); a row
+        that ends leaves and the next waiting request takes its place. Their results in order.
+
+        At `size` 1 the rows run one after the other on the pipeline's own backend and drafter (`Alone`),
+        as `generate` does; above, on the backend's batch (`StateBackend.batch`), each row with a spawn of
+        the drafter. Either way the planner for that size plans every row (`StepPlanner`)."""
+        # First: the first request at budget="auto" may calibrate, which replaces the pipeline's backend by
+        # one built with the measured calibration (not part of the request's time)
+        planner = self._planner(size)
+        rows = Alone(self.pipeline.backend) if size == 1 else self.pipeline.backend.batch()
         waiting = deque(range(len(requests)))
         active: dict[int, tuple[int, RequestRow, float]] = {}  # backend row -> (request, its row, its start)
         results: list[GenerationResult | None] = [None] * len(requests)
         account = self.batch_metrics = BatchMetrics()
-        reset_peak_memory(self.target.device)
+        reset_peak_memory(self.target.device)  # on CUDA the peak is this call's, not the process's
         while waiting or active:
             while waiting and len(active) < size:  # a free place: the next request takes it
                 index = waiting.popleft()
-                plan = batch_planner.row() if batch_planner else copy.copy(planner)
-                key, row, start = self._admit(batch, requests[index], samplings[index], plan, logprobs)
+                key, row, start = self._admit(rows, requests[index], samplings[index], planner, logprobs)
                 active[key] = (index, row, start)
                 account.prefill_s += row.metrics.prefill_s
             try:
-                self._batch_step(batch, {key: row for key, (_, row, _) in active.items()}, batch_planner,
-                                 account)
+                self._step(rows, {key: row for key, (_, row, _) in active.items()}, planner, account)
             except DrafterError as err:  # every row's verified tokens go with the error
                 for index, row, _ in active.values():
                     results[index] = self.partial_result(row)
@@ -229,60 +189,77 @@ class SpeculativeDecoder:
                 raise
             for key, (index, row, start) in list(active.items()):
                 if row.reason is not None:
-                    results[index] = self._retire(batch, key, row, start)
+                    results[index] = self._retire(rows, key, row, start)
                     del active[key]
+        self._save_acceptance()
         return results
 
-    def _admit(self, batch, request: tuple[list[int], tuple[str, ...], int], sampling: SamplingParams, plan,
+    def _save_acceptance(self) -> None:
+        """Persist the acceptance counts after a call, when the decoder was given an `acceptance_file`."""
+        if self.acceptance_file is None or not isinstance(self.planner, AdaptivePlanner):
+            return
+        try:
+            self.planner.acceptance.save(self.acceptance_file)
+        except (OSError, ConfigurationError) as err:  # the results stand: warn, save with the next call
+            warnings.warn(SpecframeWarning(
+                f"the acceptance counts could not be saved to {self.acceptance_file} ({err}); they are kept "
+                "and saved after the next request"), stacklevel=3)
+
+    def _admit(self, rows: BatchBackend, request: tuple[list[int], tuple[str, ...], int],
+               sampling: SamplingParams, planner: StepPlanner,
                logprobs: bool) -> tuple[int, RequestRow, float]:
-        """Start a request in the batch (its prefill is part of its own time): its backend row key, its
-        row and its start time."""
+        """Start a request (its prefill is part of its own time): its backend row key, its row and its
+        start time. Alone, the row drafts with the pipeline's drafter; in a batch, with a spawn of it."""
         prompt_ids, stop, limit = request
-        row = self.make_row(self.pipeline.drafter.spawn(), plan, prompt_ids, limit, stop, sampling, logprobs)
+        drafter = self.pipeline.drafter if isinstance(rows, Alone) else self.pipeline.drafter.spawn()
+        row = self.make_row(drafter, planner.row(), prompt_ids, limit, stop, sampling, logprobs)
         self.registry.hook.on_decode_start(prompt_ids=prompt_ids)
         row.start()
         start = now()
-        key = batch.add(prompt_ids)
+        key = rows.add(prompt_ids)
         sync = synchronizer(self.target.device)
         if sync is not None:
             sync()
         row.metrics.prefill_s = now() - start
         return key, row, start
 
-    def _batch_step(self, batch, rows: dict[int, RequestRow], batch_planner: BatchPlanner | None,
-                    account: BatchMetrics) -> None:
-        """One step of every row: each drafts its tree (sized together at `budget="auto"`), one scoring of
-        all the trees, each row verified, one commit, each row advanced; `account` counts its phases once."""
-        sync = synchronizer(self.target.device)
-        phase_sync = sync if self.phase_timing else None
+    def _step(self, rows: BatchBackend, active: dict[int, RequestRow], planner: StepPlanner,
+              account: BatchMetrics) -> None:
+        """One step of every active row, in the paper's words: each row drafts and builds its tree, the
+        planner keeps what pays with every row in view, one scoring of all the trees, each row verified,
+        one commit, each row advanced; `account` counts the step's phases once."""
+        phase_sync = synchronizer(self.target.device) if self.phase_timing else None
         step_start = now()
-        timers = {key: PhaseTimer(phase_sync) for key in rows}
-        trees = {key: row.draft(timers[key]) for key, row in rows.items()}
-        if batch_planner is not None:
-            cut = batch_planner.cut(trees, {key: row.planner for key, row in rows.items()}, batch)
-            for key, (tree, predicted) in cut.items():
-                rows[key].keep(tree, predicted)
-                trees[key] = tree
-        with shared_phase(timers.values(), "forward", phase_sync) as forward:
-            scores = batch.score(trees)
-        verdicts = {key: row.verify(scores[key], timers[key]) for key, row in rows.items()}
-        with shared_phase(timers.values(), "commit", phase_sync) as commit:
-            batch.commit({key: (scores[key], v.path, v.bonus) for key, v in verdicts.items()})
-        if batch_planner is not None:
-            drafting = sum(timer.times.get("draft", 0.0) for timer in timers.values())
-            batch_planner.observe(forward.seconds, now() - step_start, drafting)
-        for key, row in rows.items():
+        timers = {key: self.step_timer(phase_sync) for key in active}
+        planner.begin_step()
+        trees = {key: row.draft(timers[key]) for key, row in active.items()}
+        for key, (tree, predicted) in planner.cut(trees, {k: row.planner for k, row in active.items()},
+                                                  rows).items():
+            active[key].keep(tree, predicted)
+            trees[key] = tree
+        with shared_phase(list(timers.values()), "forward") as forward:
+            scores = rows.score(trees)
+        verdicts = {key: row.verify(scores[key], timers[key]) for key, row in active.items()}
+        with shared_phase(list(timers.values()), "commit") as commit:
+            rows.commit({key: (scores[key], v.path, v.bonus) for key, v in verdicts.items()})
+        drafting = sum(timer.times.get("draft", 0.0) for timer in timers.values())
+        tokens = sum(v.accepted + 1 for v in verdicts.values())
+        planner.observe_step(forward.seconds, now() - step_start, drafting, tokens)
+        for key, row in active.items():
             row.advance(scores[key], verdicts[key], timers[key])
         account.record_step(now() - step_start, {"forward": forward.seconds, "commit": commit.seconds},
                             [timer.times for timer in timers.values()])
 
-    def _retire(self, batch, key: int, row: RequestRow, start: float) -> GenerationResult:
+    def _retire(self, rows: BatchBackend, key: int, row: RequestRow, start: float) -> GenerationResult:
         """A row that ended leaves the batch: its result, its drafter told, its observers told."""
+        sync = synchronizer(self.target.device)
+        if sync is not None:
+            sync()  # queued work is part of the request's time
         row.metrics.new_tokens = len(row.new)
         row.metrics.wall_s = now() - start
         row.metrics.peak_memory_bytes = peak_memory_bytes(self.target.device)
         result = self.finish_row(row)
-        batch.remove(key)
+        rows.remove(key)
         self.registry.hook.on_decode_end(prompt_ids=row.prompt_ids, result=result)
         return result
 
@@ -323,17 +300,24 @@ class SpeculativeDecoder:
         row.metrics.new_tokens = len(row.new)
         return GenerationResult(list(row.new), text, "error", row.metrics, row.logprob)
 
-    def _planner(self) -> FixedPlanner | AdaptivePlanner:
-        """The step planner, made once: for `budget="auto"` this loads the backend's measured cost, or
-        measures it on backends built for measuring and replaces the pipeline's backend by one built with
-        it (`specframe.plugging.pipeline.calibrate_pipeline`). So it runs before a request's prefill, and
+    def _planner(self, size: int = 1) -> StepPlanner:
+        """The planner of `size` rows at a time, made once and kept (what it learns serves every later
+        call): at a fixed budget `FixedPlanner` at any size; at `budget="auto"` `AdaptivePlanner` for one
+        row, and for more the batch planner, which starts from what `AdaptivePlanner` learned and shares
+        its acceptance counts. Making `AdaptivePlanner` loads the backend's measured cost, or measures it
+        on backends built for measuring and replaces the pipeline's backend by one built with it
+        (`specframe.plugging.pipeline.calibrate_pipeline`): so it runs before a request's prefill, and
         before anything reads `self.pipeline.backend` for that request."""
         if self.planner is None and self.adaptive:
             self.planner = make_adaptive_planner(self.pipeline, self.budget, self.cost, self.acceptance_file,
                                                  self.progress, self.phase_timing)
         elif self.planner is None:
             self.planner = make_fixed_planner(self.pipeline, self.budget)
-        return self.planner
+        if size == 1 or not self.adaptive:
+            return self.planner
+        if self.batch_planner is None:
+            self.batch_planner = batch_planner_of(self.planner)
+        return self.batch_planner
 
     def _encode(self, prompt: str | Sequence[int]) -> list[int]:
         if isinstance(prompt, str):
