@@ -33,6 +33,14 @@ are learned from every row. When drafting grows with the budget
 (`DrafterCapabilities.drafting_grows_with_budget`) a row's draft is sized before it drafts: the size of
 most tokens per second by the acceptance realised at each index position, the drafting time per node
 and the forward its nodes add next to the other rows' trees of the last step.
+
+All of that is a model, and a model can be wrong on a machine, a row count or a text it did not foresee.
+So the batch also checks, as measured, that its drafted steps emit more tokens per second than its plain
+steps (`BatchGuard`): where they do not, no row drafts (and its drafting costs nothing) but on probes,
+spaced further apart while they keep losing; where they do, a plain step now and then keeps the plain
+side measured. This is what makes `budget="auto"` never lose to plain batched decoding by more than its
+probes.
+
 Every decision reads earlier steps only, so rows stay lossless.
 """
 
@@ -42,18 +50,84 @@ import copy
 
 import numpy as np
 
-from specframe.decode.acceptance import AcceptanceModel, NodeFeatures, matched_outcomes
+from specframe.decode.acceptance import AcceptanceModel, NodeFeatures
 from specframe.decode.drafting import (
-    CHEAP_DRAFT, EMA, PROBE_ALLOWANCE, DecayedLine, DraftingDecision, DraftingGain, ProbeBudget,
-    tokens_by_size,
+    EMA, PROBE_ALLOWANCE, DecayedLine, DraftingDecision, DraftingGain, ProbeBudget, tokens_by_size,
 )
-from specframe.decode.planner import CostAtContext
+from specframe.decode.learning import CutRecord, DraftingTime, best_size, count_positions
+from specframe.decode.planner import CostAtContext, StepPlanner
 from specframe.decode.selection import path_probabilities
 from specframe.contract.interfaces import BatchBackend
 from specframe.terms.cost import CostModel
 from specframe.terms.proposal import DraftProposal
 from specframe.terms.records import Prediction, VerifyResult
 from specframe.terms.tree import TokenTree
+
+# The batch's realised check (`BatchGuard`): while drafted steps do not pay, one step in PROBE_EVERY lets
+# the cut draft again, the gap doubling (up to PROBE_EVERY_MAX) after each probe that finds drafting still
+# losing; while they pay, a plain step is taken when none ran for PLAIN_EVERY steps, so the plain side of
+# the comparison stays measured. GUARD_EMA weighs the newest step of each kind.
+PROBE_EVERY = 16
+PROBE_EVERY_MAX = 128
+PLAIN_EVERY = 64
+GUARD_EMA = 0.25
+
+
+class BatchGuard:
+    """Whether a batch's drafted steps emit more tokens per second than its plain steps, as measured:
+    what keeps `budget="auto"` from losing to plain batched decoding where the cut's cost model or
+    acceptance model is wrong (a machine, a row count or a text it did not foresee).
+
+    Each step's seconds are compared with a fixed reference, the calibrated forward of a plain step of
+    the step's rows (`ref_s`), so that steps with different rows compare: a plain step's ratio is
+    seconds / ref_s, a drafted step's its seconds per token over a plain step's per token,
+    seconds * rows / (tokens * ref_s). Drafting pays while the drafted ratio's running mean is below
+    the plain one's. A plain step is timed without the drafting it threw away (a plain step would not
+    have drafted)."""
+
+    def __init__(self):
+        self.plain: float | None = None  # running mean of plain steps' ratio
+        self.drafted: float | None = None  # running mean of drafted steps' ratio
+        self.since_plain = PLAIN_EVERY - 8  # steps since the last plain one: the first comes early
+        self.since_probe = 0
+        self.probe_every = PROBE_EVERY  # the steps between probes now
+        self.mode = "cut"  # this step: "cut" (the cut decides) or "plain" (no row drafts)
+
+    def pays(self) -> bool:
+        return self.plain is None or self.drafted is None or self.drafted < self.plain
+
+    def begin_step(self) -> str:
+        """This step's mode: plain while drafting does not pay (but for a probe every `PROBE_EVERY`
+        steps), or to measure a plain step when none ran for `PLAIN_EVERY` steps; else the cut decides."""
+        self.since_probe += 1
+        if self.pays():
+            self.probe_every = PROBE_EVERY
+            self.mode = "plain" if self.since_plain >= PLAIN_EVERY else "cut"
+        elif self.since_probe >= self.probe_every:
+            self.mode, self.since_probe = "cut", 0
+            self.probe_every = min(2 * self.probe_every, PROBE_EVERY_MAX)
+        else:
+            self.mode = "plain"
+        return self.mode
+
+    def record(self, kept: int, rows: int, tokens: int, seconds: float, drafting_s: float,
+               ref_s: float) -> None:
+        """A step of `rows` rows kept `kept` nodes in all and emitted `tokens` in `seconds` (its rows
+        drafting `drafting_s` of them); `ref_s` is its rows' calibrated plain forward."""
+        if ref_s <= 0 or rows <= 0:
+            return
+        if kept:
+            ratio = seconds * rows / (max(tokens, 1) * ref_s)
+            self.drafted = _running_mean(self.drafted, ratio)
+            self.since_plain += 1
+        else:
+            self.plain = _running_mean(self.plain, max(seconds - drafting_s, 0.0) / ref_s)
+            self.since_plain = 0
+
+
+def _running_mean(mean: float | None, value: float) -> float:
+    """`mean` moved `GUARD_EMA` of the way to `value` (`value` itself for the first)."""
+    return value if mean is None else mean + GUARD_EMA * (value - mean)
 
 
 class RowPlan:
@@ -64,10 +138,7 @@ class RowPlan:
     def __init__(self, planner: BatchPlanner):
         self.planner = planner
         self.blind = False
-        self.proposal = DraftProposal.empty()
-        self.built: TokenTree | None = None  # the tree before the cut, when it was cut
-        self.built_features: NodeFeatures | None = None
-        self.features: NodeFeatures | None = None  # of the kept nodes
+        self.record = CutRecord()  # this step's nodes, for learning acceptance (cut by `BatchPlanner.cut`)
         probes = copy.copy(planner.probes)  # its probes' budget (the drafting-time fit is shared)
         probes.earned_s = 0.0
         # whether its drafting pays, its drafted steps' speed over its plain steps' starting from the batch's
@@ -75,6 +146,13 @@ class RowPlan:
         self.added_s = 0.0  # its share of what the step's kept nodes added to the forward (the cut's)
         self.added_by_size: np.ndarray | None = None  # what n nodes would add, by the last cut (n = 0..cap)
         self.proposed = 0
+
+    def priced(self, added_s: float, added_by_size: np.ndarray | None) -> None:
+        """What the last cut priced for this row: its share of the forward seconds the kept nodes added,
+        and, where its draft is sized before drafting, what n nodes would add (None: not priced)."""
+        self.added_s = added_s
+        if added_by_size is not None:
+            self.added_by_size = added_by_size
 
     @property
     def cost(self) -> CostModel | None:
@@ -95,6 +173,8 @@ class RowPlan:
         emitted more slowly than its plain steps; then probe as `AdaptivePlanner.should_draft` does,
         within the row's own budget (a plain step of the row being its share of a plain batch step)."""
         planner = self.planner
+        if planner.guard.mode == "plain":
+            return False
         planner.gain.forget()
         return self.drafting.decide(planner.expensive(), PROBE_ALLOWANCE * planner.plain_row_s)
 
@@ -106,10 +186,9 @@ class RowPlan:
         return min(planner.cap, room)
 
     def choose(self, proposal: DraftProposal, tree: TokenTree) -> tuple[TokenTree, Prediction | None]:
-        self.proposal, self.built, self.built_features = proposal, None, None
         self.proposed = len(proposal)
         prunable = not self.blind and tree.origin is not None and len(tree) > 0
-        self.features = NodeFeatures.of(proposal, tree.origin, tree.depth) if prunable else None
+        self.record = CutRecord(NodeFeatures.of(proposal, tree.origin, tree.depth) if prunable else None)
         return tree, None  # cut with every row's tree in view: `BatchPlanner.cut`
 
     def observe(self, tree: TokenTree, result: VerifyResult, times: dict[str, float]) -> None:
@@ -118,22 +197,16 @@ class RowPlan:
         drafted, what drafting cost (`times["draft"]`) and whether the step emitted faster than a plain
         one."""
         planner = self.planner
-        acceptance = planner.acceptance
-        if self.built is not None and (planner.matches_draws or result.fallback is not None):
-            emitted = [*tree.tokens[result.path].tolist(), result.bonus]
-            acceptance.record(self.built_features, *matched_outcomes(
-                self.built.tokens, self.built.parents, self.built.depth, emitted))
-        elif self.features is not None and len(tree):
-            acceptance.update(self.features, tree.parents, result.path)
-        self.features = self.built = self.built_features = None
-        if len(tree):
-            planner.position_hits[1, :len(tree)] += 1
-            planner.position_hits[0, :result.accepted] += 1
+        self.record.learn(planner.acceptance, tree, result, planner.matches_draws)
+        count_positions(planner.position_hits, tree, result)
+        if planner.guard.mode == "plain":  # the batch's check chose this plain step, not the row's record
+            self.proposed, self.added_s = 0, 0.0
+            return
         plain = max(planner.plain_row_s, 1e-12)
         decision = self.drafting
         drafting = times.get("draft", 0.0) if decision.drafted else 0.0
         if decision.drafted:
-            planner.drafted(drafting, self.proposed)
+            planner.drafting_time.add(drafting, self.proposed)
         probing = decision.probing
         # a drafted step of the row took a plain row step, its drafting and its share of the added forward
         seconds = plain + drafting + self.added_s if decision.drafted else plain
@@ -160,13 +233,13 @@ class SpeedByRows(DecayedLine):
         return self.at(rows)
 
 
-class BatchPlanner(CostAtContext):
+class BatchPlanner(CostAtContext, StepPlanner):
     """Sizes the trees of a batch's rows together (see the module docstring); `cap` bounds each row's."""
 
     def __init__(self, cost: CostModel, cap: int, acceptance: AcceptanceModel | None = None,
                  matches_draws: bool = False, learn_speed: bool = True,
                  drafting_grows_with_budget: bool = False, position_hits: np.ndarray | None = None,
-                 draft_s: float = 0.0, draft_node_s: float = 0.0):
+                 drafting_time: DraftingTime | None = None):
         super().__init__(cost)
         self.cap = cap
         self.acceptance = acceptance or AcceptanceModel()
@@ -175,8 +248,8 @@ class BatchPlanner(CostAtContext):
         self.per_token_drafting = drafting_grows_with_budget  # dear drafting: size each row's draft first
         # [accepted, tried] by index position in the scored tree, over every row
         self.position_hits = np.zeros((2, cap)) if position_hits is None else position_hits
-        self.draft_s = draft_s  # a row's drafting seconds, running mean over drafted row steps
-        self.draft_node_s = draft_node_s  # the same per proposed node
+        # a row's drafting seconds per drafted row step and per proposed node, over every row
+        self.drafting_time = drafting_time or DraftingTime()
         self.gain = DraftingGain()  # every row's drafted steps, each row step aging it: a new row's prior
         self.probes = ProbeBudget()  # what every row's budget shares: the drafting-time fit, the allowance
         self.speed = SpeedByRows()  # realised batch forward over the calibrated cost, by rows
@@ -186,9 +259,15 @@ class BatchPlanner(CostAtContext):
         self.contexts: list[int] = []  # this step's rows' contexts
         self._calibrated_s = 0.0  # the calibrated forward of the step's chosen rows
         self._rows = 0  # the query rows of the step's chosen forwards
+        self.guard = BatchGuard()  # whether drafted steps pay, as measured
+        self._step = (0, 0, 0.0)  # this step's kept nodes, rows, and their calibrated plain forward
 
     def row(self) -> RowPlan:
         return RowPlan(self)
+
+    def begin_step(self) -> None:
+        """Before the rows draft: whether this step is plain (`BatchGuard.begin_step`)."""
+        self.guard.begin_step()
 
     def cut(self, trees: dict[int, TokenTree], plans: dict[int, RowPlan],
             batch: BatchBackend) -> dict[int, tuple[TokenTree, Prediction]]:
@@ -197,14 +276,15 @@ class BatchPlanner(CostAtContext):
         if self.contexts:
             self.start_step(int(np.mean(self.contexts)))
             self.contexts.clear()
-        whole = {key: len(tree) if plans[key].features is None else 0 for key, tree in trees.items()}
+        whole = {key: len(tree) if plans[key].record.features is None else 0 for key, tree in trees.items()}
         sizes = dict(whole)
         owners, nodes, probs = [], [], []
         for key, tree in trees.items():
-            if plans[key].features is not None:
+            features = plans[key].record.features
+            if features is not None:
                 owners += [key] * len(tree)
                 nodes.append(np.arange(len(tree)))
-                probs.append(path_probabilities(tree.parents, self.acceptance.predict(plans[key].features)))
+                probs.append(path_probabilities(tree.parents, self.acceptance.predict(features)))
         owners = np.asarray(owners, np.int64)
         nodes, probs = (np.concatenate(x) if x else np.zeros(0) for x in (nodes, probs))
         order = np.lexsort((nodes, -probs))  # best first; parents first (lower index, P at least the child's)
@@ -221,17 +301,17 @@ class BatchPlanner(CostAtContext):
         out = {}
         for key, tree in trees.items():
             plan = plans[key]
-            if plan.features is None:
+            if plan.record.features is None:
                 out[key] = (tree, Prediction(1.0, float(seconds[best])))
                 continue
             mine = chosen[owners[chosen] == key]
             keep = np.sort(nodes[mine]).astype(np.int64)
-            if len(keep) < len(tree):
-                plan.built, plan.built_features = tree, plan.features
-                plan.features, tree = plan.features.take(keep), tree.subtree(keep)
+            tree = plan.record.cut(tree, keep)
             whole[key] = len(tree)
             out[key] = (tree, Prediction(1.0 + float(probs[mine].sum()), float(seconds[best])))
         self._price_rows(whole, plans, batch)
+        plain_ref = self._calibrated(batch.forward_rows(dict.fromkeys(trees, 0)))[0]
+        self._step = (sum(whole.values()), len(trees), plain_ref)
         # The rows of the first step hold the first probes' allowance (two plain row steps each: two plain
         # batch steps in all, as alone); rows admitted later earn their probes
         self.probes.allowance_granted = True
@@ -241,13 +321,7 @@ class BatchPlanner(CostAtContext):
         """Whether a row's drafting costs over `CHEAP_DRAFT` of a plain step of one sequence, as
         `AdaptivePlanner` judges it: a drafter cheap alone (prompt lookup, suffix trees) drafts to the cap
         on every step of a batch too."""
-        return self.draft_s > CHEAP_DRAFT * self.cost.step_seconds(0, 0)
-
-    def drafted(self, seconds: float, proposed: int) -> None:
-        """A row drafted `proposed` nodes in `seconds`."""
-        self.draft_s += EMA * (seconds - self.draft_s)
-        if proposed:
-            self.draft_node_s += EMA * (seconds / proposed - self.draft_node_s)
+        return self.drafting_time.dear(self.cost.step_seconds(0, 0))
 
     def size(self, added_by_size: np.ndarray | None) -> int:
         """A dear per-token drafter's budget for a row, from earlier steps: the size n >= 1 of most tokens
@@ -259,8 +333,7 @@ class BatchPlanner(CostAtContext):
         if added_by_size is None:
             alone = self._forward_s([[n + 1] for n in sizes])
             added_by_size = alone - alone[0]
-        seconds = self.plain_row_s + sizes * self.draft_node_s + added_by_size
-        return 1 + int(np.argmax((tokens / seconds)[1:]))
+        return best_size(tokens, self.plain_row_s + sizes * self.drafting_time.node_s + added_by_size)
 
     def _price_rows(self, kept: dict[int, int], plans: dict[int, RowPlan], batch: BatchBackend) -> None:
         """What the rows' drafting decisions read from this step, its trees cut to `kept` nodes: a plain
@@ -274,10 +347,11 @@ class BatchPlanner(CostAtContext):
         nodes = sum(kept.values())
         sized = self.per_token_drafting and self.expensive()
         for key, plan in plans.items():
-            plan.added_s = max(full - plain, 0.0) * kept[key] / nodes if nodes else 0.0
+            by_size = None
             if sized:
                 by_size = self._forward_s([batch.forward_rows({**kept, key: n}) for n in range(self.cap + 1)])
-                plan.added_by_size = by_size - by_size[0]
+                by_size = by_size - by_size[0]
+            plan.priced(max(full - plain, 0.0) * kept[key] / nodes if nodes else 0.0, by_size)
 
     def _calibrated(self, forwards: list[int]) -> tuple[float, int]:
         """The calibrated seconds of forwards of these query rows (each costing what a tree of one node
@@ -289,9 +363,11 @@ class BatchPlanner(CostAtContext):
         calibrated, rows = np.array([self._calibrated(forwards) for forwards in steps]).T
         return self.speed.factor(rows) * calibrated
 
-    def observe(self, forward_s: float, step_s: float, drafting_s: float = 0.0) -> None:
+    def observe_step(self, forward_s: float, step_s: float, drafting_s: float, tokens: int) -> None:
         """Learn the machine's speed at batch shapes and the step's overhead from one batch step whose rows
-        drafted for `drafting_s` seconds in all."""
+        drafted for `drafting_s` seconds in all and emitted `tokens`, and tell the guard how it went."""
+        kept, rows, plain_ref = self._step
+        self.guard.record(kept, rows, tokens, step_s, drafting_s, plain_ref)
         if self.learn_speed and self._calibrated_s > 0:
             self.speed.add(self._rows, forward_s / self._calibrated_s)
         self.overhead_s += EMA * (max(step_s - forward_s, 0.0) - self.overhead_s)
@@ -305,5 +381,5 @@ def batch_planner_of(planner) -> BatchPlanner:
     return BatchPlanner(planner.calibrated, planner.cap, planner.acceptance,
                         matches_draws=planner.matches_draws, learn_speed=planner.learn_speed,
                         drafting_grows_with_budget=planner.per_token_drafting,
-                        position_hits=planner.position_hits, draft_s=planner.draft_s,
-                        draft_node_s=planner.draft_node_s)
+                        position_hits=planner.position_hits,
+                        drafting_time=copy.copy(planner.drafting_time))

@@ -19,14 +19,17 @@ is decided for each request (`plans_blind`, passed to `start_request`), never on
 
 from __future__ import annotations
 
+import copy
+from abc import ABC, abstractmethod
 from pathlib import Path
 
 import numpy as np
 
-from specframe.decode.acceptance import AcceptanceModel, NodeFeatures, matched_outcomes
+from specframe.decode.acceptance import AcceptanceModel, NodeFeatures
 from specframe.decode.drafting import (
-    CHEAP_DRAFT, EMA, PROBE_ALLOWANCE, DraftingDecision, DraftingGain, ProbeBudget, tokens_by_size,
+    EMA, PROBE_ALLOWANCE, DraftingDecision, DraftingGain, ProbeBudget, tokens_by_size,
 )
+from specframe.decode.learning import CutRecord, DraftingTime, best_size, count_positions
 from specframe.decode.selection import choose_subtree
 from specframe.terms.cost import CostModel, ScaledCost
 from specframe.terms.proposal import DraftProposal
@@ -62,12 +65,43 @@ class CostAtContext:
             self._context, self.cost = context, self.calibrated.at_context(context)
 
 
-class FixedPlanner(CostAtContext):
+class StepPlanner(ABC):
+    """What the decode loop asks of a planner, alone or in a batch: a plan for each row it admits (`row`,
+    whose `start_request`, `start_step`, `should_draft`, `build_budget`, `choose` and `observe`
+    `RequestRow` calls), and for every step, before the rows draft (`begin_step`), the trees they built,
+    to keep what pays with every row in view (`cut`), then how the step went (`observe_step`).
+
+    `FixedPlanner` and `AdaptivePlanner` plan a row on its own: a row's `choose` already kept its tree, so
+    their `cut` keeps every tree as it is. The batch planner (`specframe.decode.batch_planner`) keeps the
+    nodes of every row's tree that pay together in one forward."""
+
+    @abstractmethod
+    def row(self):
+        """The plan of a row the loop admits."""
+
+    def begin_step(self) -> None:
+        """A step begins; no row has drafted yet."""
+
+    def cut(self, trees: dict[int, TokenTree], plans: dict, rows) -> dict[int, tuple[TokenTree, Prediction]]:
+        """The trees to score, by row, where they differ from what each row's plan chose (none here); `rows`
+        is the loop's `BatchBackend`, which prices the forward."""
+        return {}
+
+    def observe_step(self, forward_s: float, step_s: float, drafting_s: float, tokens: int) -> None:
+        """The step's shared forward took `forward_s` of its `step_s` seconds, its rows drafted for
+        `drafting_s` in all and emitted `tokens`."""
+
+
+class FixedPlanner(CostAtContext, StepPlanner):
     """Fill the budget every step; predict nothing. `cost` (the backend's, if any) goes to builders."""
 
     def __init__(self, budget: int, cost: CostModel | None = None):
         super().__init__(cost)
         self.budget = budget
+
+    def row(self) -> FixedPlanner:
+        """A copy of its own: each row's cost follows its own context."""
+        return copy.copy(self)
 
     def start_request(self, blind: bool = False) -> None:
         pass
@@ -85,8 +119,11 @@ class FixedPlanner(CostAtContext):
         pass
 
 
-class AdaptivePlanner(CostAtContext):
-    """Speculate only what pays: see the module docstring. `cap` bounds the tree size."""
+class AdaptivePlanner(CostAtContext, StepPlanner):
+    """Speculate only what pays: see the module docstring. `cap` bounds the tree size. Plans one row at a
+    time (the decoder's requests alone, B = 1), each its own plan (`row` is the planner itself), learning
+    across them; a batch's rows are planned together by `specframe.decode.batch_planner`, which starts
+    from what this planner learned."""
 
     def __init__(self, cost: CostModel, cap: int, acceptance: AcceptanceModel | None = None,
                  drafting_grows_with_budget: bool = True, learn_speed: bool = True,
@@ -103,15 +140,16 @@ class AdaptivePlanner(CostAtContext):
         self.shape = np.ones(cap + 1)  # by tree size: its realised over calibrated forward, over `speed`
         self.learn_shape = learn_shape  # False: `speed` alone scales every size alike
         self.overhead_s = 0.0  # realised step time besides drafting and the forward, running mean
-        self.draft_s = 0.0  # drafting time, running mean
-        self.draft_node_s = 0.0  # drafting time per proposed node, running mean
+        self.drafting_time = DraftingTime()  # drafting seconds per drafted step and per node
         self.gain = DraftingGain()  # realised speed of drafted steps over plain steps
         self.probes = ProbeBudget()  # what probes may still lose in this request
         self.drafting = DraftingDecision(self.gain, self.probes)  # whether dear drafting pays
         self._proposed = 0
-        self._features: NodeFeatures | None = None
-        self._built: tuple[TokenTree, NodeFeatures] | None = None  # the tree before the cut, if cut
+        self._record = CutRecord()  # this step's nodes, for learning acceptance
         self._prediction: Prediction | None = None
+
+    def row(self) -> AdaptivePlanner:
+        return self
 
     # --- before the step -----------------------------------------------------------------------------
 
@@ -137,8 +175,8 @@ class AdaptivePlanner(CostAtContext):
             return min(self.cap, room)
         tokens = tokens_by_size(self.position_hits)  # (cap + 1,)
         sizes = np.arange(self.cap + 1)
-        seconds = self._cost().many(sizes, sizes) + self.overhead_s + sizes * self.draft_node_s
-        best = 1 + int(np.argmax((tokens / seconds)[1:]))
+        seconds = self._cost().many(sizes, sizes) + self.overhead_s + sizes * self.drafting_time.node_s
+        best = best_size(tokens, seconds)
         self._prediction = Prediction(float(tokens[best]), float(seconds[best]))
         return min(best, room)
 
@@ -151,14 +189,12 @@ class AdaptivePlanner(CostAtContext):
         """The subtree of `tree` worth scoring, with its predicted tokens and seconds."""
         self._proposed = len(proposal)
         if self.draw_order_only or tree.origin is None:
-            self._features = None
+            self._record = CutRecord()
             return tree, self._prediction if self.draw_order_only else None
-        self._features = NodeFeatures.of(proposal, tree.origin, tree.depth)
-        p = self.acceptance.predict(self._features)
+        self._record = CutRecord(NodeFeatures.of(proposal, tree.origin, tree.depth))
+        p = self.acceptance.predict(self._record.features)
         choice = choose_subtree(tree.parents, tree.depth, p, self._cost(), overhead_s=self.overhead_s)
-        if len(choice.keep) < len(tree):
-            self._built = (tree, self._features)
-            self._features, tree = self._features.take(choice.keep), tree.subtree(choice.keep)
+        tree = self._record.cut(tree, choice.keep)
         self._prediction = Prediction(choice.expected_tokens, choice.expected_seconds)
         return tree, self._prediction
 
@@ -167,10 +203,8 @@ class AdaptivePlanner(CostAtContext):
     def observe(self, tree: TokenTree, result: VerifyResult, times: dict[str, float]) -> None:
         """Learn acceptance, the machine's speed, the step overhead, the drafting cost and whether
         drafting paid. `times` holds the step's seconds by phase ("draft", "forward", the rest)."""
-        self._learn_acceptance(tree, result)
-        if len(tree):
-            self.position_hits[1, :len(tree)] += 1
-            self.position_hits[0, :result.accepted] += 1
+        self._record.learn(self.acceptance, tree, result, self.matches_draws)
+        count_positions(self.position_hits, tree, result)
         calibrated = self.cost.step_seconds(len(tree), int(tree.depth.max()) if len(tree) else 0)
         # The forward as timed, or as calibrated where the speed is not learned (see make_adaptive_planner)
         forward = times.get("forward", calibrated) if self.learn_speed else calibrated
@@ -182,28 +216,14 @@ class AdaptivePlanner(CostAtContext):
         self.overhead_s += EMA * (max(step - forward, 0.0) - self.overhead_s)
         drafting = times.get("draft", 0.0) if self.drafting.drafted else 0.0
         if self.drafting.drafted:
-            self.draft_s += EMA * (drafting - self.draft_s)
-            if self._proposed:
-                self.draft_node_s += EMA * (drafting / self._proposed - self.draft_node_s)
+            self.drafting_time.add(drafting, self._proposed)
         # did the step emit faster than a plain one?
         self.drafting.record(result.accepted + 1, step + drafting, self._seconds(0, 0), drafting)
-        self._features = self._built = self._prediction = None
+        self._prediction = None
         self._proposed = 0
 
-    def _learn_acceptance(self, tree: TokenTree, result: VerifyResult) -> None:
-        """Count which nodes the target accepted. Where the step matched the target's draws, the nodes
-        the cut left out count too (`matched_outcomes`): learning only from the nodes it keeps, the model
-        would never see that the ones it leaves out pay more than it thinks."""
-        if self._built is not None and (self.matches_draws or result.fallback is not None):
-            built, features = self._built
-            emitted = [*tree.tokens[result.path].tolist(), result.bonus]
-            outcomes = matched_outcomes(built.tokens, built.parents, built.depth, emitted)
-            self.acceptance.record(features, *outcomes)
-        elif self._features is not None and len(tree):
-            self.acceptance.update(self._features, tree.parents, result.path)
-
     def _expensive(self) -> bool:
-        return self.draft_s > CHEAP_DRAFT * self._seconds(0, 0)
+        return self.drafting_time.dear(self._seconds(0, 0))
 
     def _cost(self) -> CostModel:
         """The calibrated forward cost at the speed realised steps show, and each size's own ratio to that

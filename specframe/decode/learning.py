@@ -1,0 +1,82 @@
+"""What a planner learns from each step of a row, the same alone and in a batch: which nodes the target
+accepted (`CutRecord`), how far into a scored tree it accepts (`PositionHits`), what drafting costs
+(`DraftingTime`), and from those the draft size of most tokens per second (`best_size`).
+
+`AdaptivePlanner` (one row at a time) and the batch planner's rows (`RowPlan`) keep these records and
+differ only in what a step costs them: a step alone, or a row's share of a batch step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from specframe.decode.acceptance import AcceptanceModel, NodeFeatures, matched_outcomes
+from specframe.decode.drafting import CHEAP_DRAFT, EMA
+from specframe.terms.records import VerifyResult
+from specframe.terms.tree import TokenTree
+
+
+@dataclass
+class CutRecord:
+    """One row's step as the acceptance model learns from it: the features of the nodes scored, and,
+    when a cut dropped nodes, the tree before the cut with its features."""
+
+    features: NodeFeatures | None = None  # of the nodes kept (None: the tree is not pruned by features)
+    built: TokenTree | None = None  # the tree before the cut, when the cut dropped nodes
+    built_features: NodeFeatures | None = None
+
+    def cut(self, tree: TokenTree, keep: np.ndarray) -> TokenTree:
+        """Keep the nodes `keep` (ascending, closed under parents) of `tree`, whose features `features`
+        holds; the whole tree is remembered for `learn`. Returns the kept subtree."""
+        if len(keep) == len(tree):
+            return tree
+        self.built, self.built_features = tree, self.features
+        self.features = self.features.take(keep)
+        return tree.subtree(keep)
+
+    def learn(self, acceptance: AcceptanceModel, tree: TokenTree, result: VerifyResult,
+              matches_draws: bool) -> None:
+        """Count which nodes the target accepted, then forget the step. Where the step matched the target's
+        draws (`matches_draws`, or a verifier that fell back to sample-and-match), the nodes the cut left
+        out count too (`matched_outcomes`): learning only from the nodes it keeps, the model would never
+        see that the ones it leaves out pay more than it thinks."""
+        if self.built is not None and (matches_draws or result.fallback is not None):
+            emitted = [*tree.tokens[result.path].tolist(), result.bonus]
+            acceptance.record(self.built_features, *matched_outcomes(
+                self.built.tokens, self.built.parents, self.built.depth, emitted))
+        elif self.features is not None and len(tree):
+            acceptance.update(self.features, tree.parents, result.path)
+        self.features = self.built = self.built_features = None
+
+
+def count_positions(position_hits: np.ndarray, tree: TokenTree, result: VerifyResult) -> None:
+    """Add a scored tree to the [accepted, tried] counts by index position (`tokens_by_size` reads them)."""
+    if len(tree):
+        position_hits[1, :len(tree)] += 1
+        position_hits[0, :result.accepted] += 1
+
+
+@dataclass
+class DraftingTime:
+    """Running means of drafting's seconds: per drafted step, and per node it proposed."""
+
+    step_s: float = 0.0
+    node_s: float = 0.0
+
+    def add(self, seconds: float, proposed: int) -> None:
+        """A step drafted `proposed` nodes in `seconds`."""
+        self.step_s += EMA * (seconds - self.step_s)
+        if proposed:
+            self.node_s += EMA * (seconds / proposed - self.node_s)
+
+    def dear(self, plain_s: float) -> bool:
+        """Whether drafting costs over `CHEAP_DRAFT` of a plain step of `plain_s` seconds."""
+        return self.step_s > CHEAP_DRAFT * plain_s
+
+
+def best_size(tokens: np.ndarray, seconds: np.ndarray) -> int:
+    """The draft size n >= 1 of most tokens per second, given the expected tokens and the seconds of a step
+    with n nodes for n = 0 .. cap (size 0 is what not drafting gives; whether to draft is decided apart)."""
+    return 1 + int(np.argmax((tokens / seconds)[1:]))
