@@ -17,7 +17,7 @@ from typing import Any
 
 from specframe.terms.errors import ConfigurationError
 
-INJECTED = {"self", "target", "want_hidden"}  # passed by the pipeline, not by the user
+INJECTED = {"self", "target", "want_hidden", "calibration"}  # passed by the pipeline, not by the user
 C_INT = (-(2**31), 2**31 - 1)  # the range of an integer option whose component declares none
 
 
