@@ -191,13 +191,20 @@ def calibrate(
     rows = [{"nodes": n, "flat_ms": 1000 * f, "chain_ms": 1000 * c, "flat_ratio": f / cost.flat_s[0],
              "flat_us_per_context_token": 1e6 * k}
             for n, f, c, k in zip(cost.sizes, cost.flat_s, cost.chain_s, slopes)]
-    padding = padding_line(cost)
     if as_json:
         typer.echo(json.dumps({"path": str(path), "stored": unstored is None, "context": cost.context,
                                "costs": rows, "min_rows": cost.min_rows,
                                "padding_ms": [1000 * t for t in cost.padding_s]}, indent=2))
         check_stored(path, unstored)
         return
+    show_cost(target, backend, cost, rows)
+    check_stored(path, unstored)
+    typer.echo(f"stored in {path}")
+
+
+def show_cost(target, backend: str, cost, rows: list[dict]) -> None:
+    """The measured step cost as a table, and the padding choice if calibration made one."""
+    import torch
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text
@@ -214,10 +221,9 @@ def calibrate(
         table.add_row(str(r["nodes"]), f"{r['flat_ms']:.1f}", f"{r['chain_ms']:.1f}",
                       f"{r['flat_ratio']:.2f}", f"{r['flat_us_per_context_token']:.1f}")
     console.print(table)
+    padding = padding_line(cost)
     if padding:
         typer.echo(padding)
-    check_stored(path, unstored)
-    typer.echo(f"stored in {path}")
 
 
 def check_stored(path, unstored: str | None) -> None:

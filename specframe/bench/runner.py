@@ -418,7 +418,6 @@ def run_bench(target: Target, prompts: list[BenchPrompt], runners: list, *, repe
     check_run_args(target, repeats, max_new_tokens)
     out.mkdir(parents=True, exist_ok=True)
     store = RecordStore(out / "records.jsonl")
-    tokenizer = target.tokenizer
     wanted = [(r.label, p.qid, t, rep) for p in prompts for rep in range(repeats)
               for t in range(len(p.turns)) for r in runners]
     todo = [k for k in wanted if k not in store.records]
@@ -426,54 +425,72 @@ def run_bench(target: Target, prompts: list[BenchPrompt], runners: list, *, repe
     bar = progress_bar(total=len(wanted), initial=len(wanted) - len(todo), desc="bench", unit="gen",
                        show=progress, mininterval=1)
     if warmup and todo:
-        busy = {k[0] for k in todo}
-        # A prompt of no suite: methods that remember earlier responses (`suffix`) learn nothing from it.
-        warm = BenchPrompt("warmup", "warmup", (WARMUP_PROMPT,), prompts[0].chat)
-        ids = encode_turn(tokenizer, warm, 0, [])
-        for runner in runners:
-            if runner.label in busy:
-                if isinstance(runner, SyntheticRunner):
-                    runner.drafter.reference = []
-                bar.set_postfix_str(f"warming up {runner.label}")  # a first request may calibrate
-                runner.generate(ids, min(WARMUP_TOKENS, max_new_tokens))
+        warm_up([r for r in runners if r.label in {k[0] for k in todo}], target.tokenizer, prompts[0].chat,
+                max_new_tokens, bar)
     for index, prompt in enumerate(prompts):
         for rep in range(repeats):
             order = rotation(runners, (first_index + index) * repeats + rep)
             answers: dict[str, list[str]] = {r.label: [] for r in runners}
             for turn in range(len(prompt.turns)):
                 for runner in order:
-                    record = store.get(runner.label, prompt.qid, turn, rep)
-                    if record is not None and getattr(runner, "remembers", False):
-                        # Resuming: the drafter's memory of earlier requests gets this one as well, so
-                        # the requests still to run see what an uninterrupted run would have shown them.
-                        runner.remember(encode_turn(tokenizer, prompt, turn, answers[runner.label]),
-                                        record["tokens"])
-                    if record is None:
-                        ids = encode_turn(tokenizer, prompt, turn, answers[runner.label])
-                        if isinstance(runner, SyntheticRunner):
-                            base = store.get(runner.baseline, prompt.qid, turn, rep)
-                            runner.drafter.reference = base["tokens"]
-                        seed = request_seed(runner, rep)
-                        bar.set_postfix_str(f"{runner.label} on {prompt.qid} turn {turn + 1}, repeat "
-                                            f"{rep + 1}/{repeats}")
-                        tokens, metrics = runner.generate(ids, max_new_tokens, seed=seed)
-                        record = {"method": runner.label, "qid": prompt.qid, "category": prompt.category,
-                                  "turn": turn, "repeat": rep, "tokens": tokens, "metrics": metrics,
-                                  "seed": seed}
-                        store.add(record)
-                        bar.update()
+                    record = run_turn(runner, store, prompt, turn, rep, repeats, answers[runner.label],
+                                      target.tokenizer, max_new_tokens, bar)
                     run.records.append(record)
-                    answers[runner.label].append(tokenizer.decode(record["tokens"], skip_special_tokens=True))
-                for runner in order if check_identity else ():
-                    if runner.baseline is not None and runner.lossless:
-                        mismatch = compare(store.get(runner.label, prompt.qid, turn, rep),
-                                           store.get(runner.baseline, prompt.qid, turn, rep), runner.baseline,
-                                           tokenizer)
-                        if mismatch:
-                            run.mismatches.append(mismatch)
-                            bar.write(f"\033[1;31m{mismatch.describe()}\033[0m", file=sys.stderr)
+                    answers[runner.label].append(target.tokenizer.decode(record["tokens"],
+                                                                         skip_special_tokens=True))
+                if check_identity:
+                    check_turn(order, store, prompt.qid, turn, rep, target.tokenizer, run, bar)
     bar.close()
     return run
+
+
+def warm_up(runners: list, tokenizer, chat: bool, max_new_tokens: int, bar) -> None:
+    """One short request of each runner before any timed one (a first request may calibrate), on a prompt
+    of no suite: methods that remember earlier responses (`suffix`) learn nothing from it."""
+    warm = BenchPrompt("warmup", "warmup", (WARMUP_PROMPT,), chat)
+    ids = encode_turn(tokenizer, warm, 0, [])
+    for runner in runners:
+        if isinstance(runner, SyntheticRunner):
+            runner.drafter.reference = []
+        bar.set_postfix_str(f"warming up {runner.label}")
+        runner.generate(ids, min(WARMUP_TOKENS, max_new_tokens))
+
+
+def run_turn(runner, store: RecordStore, prompt: BenchPrompt, turn: int, rep: int, repeats: int,
+             answers: list[str], tokenizer, max_new_tokens: int, bar) -> dict:
+    """The record of `runner` on one turn of one repeat: read from `store` where a stopped run measured it
+    already (a drafter that remembers earlier requests is then told of it), else measured and stored."""
+    record = store.get(runner.label, prompt.qid, turn, rep)
+    if record is not None:
+        if getattr(runner, "remembers", False):
+            # Resuming: the drafter's memory of earlier requests gets this one as well, so the requests
+            # still to run see what an uninterrupted run would have shown them.
+            runner.remember(encode_turn(tokenizer, prompt, turn, answers), record["tokens"])
+        return record
+    ids = encode_turn(tokenizer, prompt, turn, answers)
+    if isinstance(runner, SyntheticRunner):
+        runner.drafter.reference = store.get(runner.baseline, prompt.qid, turn, rep)["tokens"]
+    seed = request_seed(runner, rep)
+    bar.set_postfix_str(f"{runner.label} on {prompt.qid} turn {turn + 1}, repeat {rep + 1}/{repeats}")
+    tokens, metrics = runner.generate(ids, max_new_tokens, seed=seed)
+    record = {"method": runner.label, "qid": prompt.qid, "category": prompt.category, "turn": turn,
+              "repeat": rep, "tokens": tokens, "metrics": metrics, "seed": seed}
+    store.add(record)
+    bar.update()
+    return record
+
+
+def check_turn(runners: list, store: RecordStore, qid: str, turn: int, rep: int, tokenizer, run: BenchRun,
+               bar) -> None:
+    """Compare each lossless runner's output on one turn with its baseline's; a difference is recorded in
+    `run.mismatches` and shown at once."""
+    for runner in runners:
+        if runner.baseline is not None and runner.lossless:
+            mine, base = (store.get(label, qid, turn, rep) for label in (runner.label, runner.baseline))
+            mismatch = compare(mine, base, runner.baseline, tokenizer)
+            if mismatch:
+                run.mismatches.append(mismatch)
+                bar.write(f"\033[1;31m{mismatch.describe()}\033[0m", file=sys.stderr)
 
 
 def request_seed(runner, repeat: int) -> int | None:

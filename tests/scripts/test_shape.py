@@ -17,8 +17,6 @@ BEING_SPLIT = "being split"
 ALLOWED = {
     "specframe/bench/cli.py::bench_command": "its parameters declare bench's two dozen options; the body "
                                              "hands them to bench_suite or bench_batches",
-    "specframe/bench/runner.py::run_bench": BEING_SPLIT,
-    "specframe/cli.py::calibrate": BEING_SPLIT,
 }
 
 
