@@ -74,8 +74,7 @@ class LlamaCppBackend(StateBackend):
             return str(err)
         if path is None:
             return ("it was not loaded from a GGUF file, which the 'llamacpp' backend runs itself: pass "
-                    "--model path/to/model.gguf or a GGUF alias (smollm2-135m), or use the 'kv' backend for "
-                    "this model")
+                    "--model path/to/model.gguf or a GGUF alias (smollm2-135m)")
         try:
             facts = engine.model_facts(engine.load_model(path))
         except SpecframeError as err:

@@ -197,9 +197,9 @@ def _no_recurrent_module_reason(layer_types: list[str]) -> str:
 def unsupported_reason(model: torch.nn.Module) -> str | None:
     """Why the SSM backends cannot run `model`, naming the offending layer and what it is; None when they can.
 
-    Every refusal of a model with recurrent layers says "no backend serves it yet": the `kv` backend
-    recommends 'ssm-tree' only when this returns None, and passes the explanation on otherwise. A model
-    without recurrent layers gets `NO_RECURRENT`, to which the backend adds whether 'kv' serves it.
+    A backend states its own reason only: which other backend serves the model, if any, is added where a
+    pipeline refuses one (the registry asks every backend: `PluginRegistry.backends_for`). A model without
+    recurrent layers gets `NO_RECURRENT`.
     """
     layers = recurrent_layers(model)
     for name, module, kind in layers:

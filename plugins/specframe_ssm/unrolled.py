@@ -104,7 +104,7 @@ class SSMUnrolledBackend(SSMBackendBase):
         if reason is None and MAMBA1 in inspect_layout(target.model).kinds.values():
             return ("its Mamba-1 mixers run a multi-token forward from a zero state in transformers (their "
                     "selective scan takes no initial state), so a path cannot be scored as a sequence after "
-                    "the prefix; use the 'ssm-tree' backend")
+                    "the prefix")
         return reason
 
     @inference_mode

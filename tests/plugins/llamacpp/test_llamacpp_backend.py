@@ -174,8 +174,13 @@ def test_llama_cpp_runs_on_one_thread_and_says_so_when_asked_for_more(target, pr
 
 
 def test_refuses_a_model_not_loaded_from_a_gguf():
-    reason = LlamaCppBackend.unsupported_reason(tiny_target(seed=0))
-    assert "GGUF" in reason and "--model" in reason and "'kv'" in reason
+    """llama.cpp says why it cannot run the model; the refusal a user sees adds the backend that can."""
+    from specframe.plugging.pipeline import backend_refusal
+
+    target = tiny_target(seed=0)
+    reason = LlamaCppBackend.unsupported_reason(target)
+    assert "GGUF" in reason and "--model" in reason and "'kv'" not in reason
+    assert "use the 'kv' backend" in backend_refusal(target, "llamacpp")
 
 
 def test_refuses_a_target_whose_vocabulary_is_not_the_ggufs(target):
