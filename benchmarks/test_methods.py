@@ -25,7 +25,7 @@ from specframe.bench.peers import PeerRunner, parse_peers
 from specframe.bench.runner import PipelineRunner
 from specframe.support.prompt_suites import encode_turn, load_suite
 from specframe.terms.errors import SpecframeError
-from specframe.plugging.registry import ComponentSpec
+from specframe.plugging.specs import ComponentSpec
 
 MODEL = os.environ.get("SPECFRAME_BENCH_MODEL", "smollm2-135m")
 NEW_TOKENS = int(os.environ.get("SPECFRAME_BENCH_TOKENS", "48"))

@@ -32,7 +32,8 @@ if TYPE_CHECKING:
     from specframe.terms.proposal import DraftContext, DraftProposal, DrawMethod, ScoreKind
     from specframe.terms.records import StepEvent, StepOutcome, TargetScores, VerifyResult
     from specframe.terms.result import GenerationResult
-    from specframe.plugging.registry import ComponentSpec, PluginRegistry, get_registry
+    from specframe.plugging.registry import PluginRegistry, get_registry
+    from specframe.plugging.specs import ComponentSpec
     from specframe.terms.sampling import Sampler, SamplingParams
     from specframe.terms.tree import TokenTree
 
@@ -60,7 +61,8 @@ _EXPORTS = {
     "specframe.terms.proposal": ("DraftContext", "DraftProposal", "DrawMethod", "ScoreKind"),
     "specframe.terms.records": ("StepEvent", "StepOutcome", "TargetScores", "VerifyResult"),
     "specframe.terms.result": ("GenerationResult",),
-    "specframe.plugging.registry": ("ComponentSpec", "PluginRegistry", "get_registry"),
+    "specframe.plugging.registry": ("PluginRegistry", "get_registry"),
+    "specframe.plugging.specs": ("ComponentSpec",),
     "specframe.terms.sampling": ("Sampler", "SamplingParams"),
     "specframe.terms.tree": ("TokenTree",),
 }

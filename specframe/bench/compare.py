@@ -54,7 +54,7 @@ def plain_decoder(target, backend: str, sampling, phase_timing: bool = True):
     backend spec `backend`, sampling as `sampling` says."""
     from specframe.bench.methods import baseline_spec
     from specframe.decode.loop import SpeculativeDecoder
-    from specframe.plugging.registry import ComponentSpec
+    from specframe.plugging.specs import ComponentSpec
 
     spec = baseline_spec(ComponentSpec.parse(backend), greedy=sampling.greedy)
     return SpeculativeDecoder.from_names(target, *spec.components, budget=spec.budget, sampling=sampling,
@@ -65,7 +65,8 @@ def baseline_for(target, backend: str, stop, sampling,
                  phase_timing: bool = True) -> tuple[str, object, str | None]:
     """`choose_baseline` for the pipeline's backend spec `backend` (`kv`, `llamacpp(...)`), its class
     looked up in the registry: what `specframe generate --compare` times against."""
-    from specframe.plugging.registry import ComponentSpec, get_registry
+    from specframe.plugging.registry import get_registry
+    from specframe.plugging.specs import ComponentSpec
     from specframe.terms.kinds import ComponentKind
 
     backend_cls = get_registry().get(ComponentKind.BACKEND, ComponentSpec.parse(backend).name)

@@ -17,7 +17,8 @@ from specframe.terms.budget import parse_budget
 from specframe.terms.errors import ConfigurationError, UnknownComponentError
 from specframe.contract.extensions import Preset
 from specframe.terms.kinds import DEFAULT_COMPONENTS, PLAIN_DRAFTER, ComponentKind
-from specframe.plugging.registry import ComponentSpec, PluginRegistry
+from specframe.plugging.registry import PluginRegistry
+from specframe.plugging.specs import ComponentSpec
 
 
 @dataclass(frozen=True)

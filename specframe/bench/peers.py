@@ -30,7 +30,8 @@ from specframe.terms.errors import ConfigurationError
 from specframe.runtime.devices import synchronize
 from specframe.terms.metrics import DecodeMetrics, now, peak_memory_bytes
 from specframe.terms.target import Target
-from specframe.plugging.registry import ComponentSpec, PluginRegistry, get_registry
+from specframe.plugging.registry import PluginRegistry, get_registry
+from specframe.plugging.specs import ComponentSpec
 from specframe.terms.sampling import SamplingParams
 
 from specframe.bench.methods import split_parts

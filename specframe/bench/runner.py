@@ -36,7 +36,8 @@ from specframe.terms.kinds import DEFAULT_COMPONENTS, ComponentKind
 from specframe.terms.target import Target
 from specframe.support.progress import bar as progress_bar
 from specframe.plugging.pipeline import calibrate_backend
-from specframe.plugging.registry import ComponentSpec, PluginRegistry
+from specframe.plugging.registry import PluginRegistry
+from specframe.plugging.specs import ComponentSpec
 from specframe.terms.sampling import SamplingParams
 
 from specframe.bench.methods import MethodSpec, baseline_spec

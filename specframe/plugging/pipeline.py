@@ -23,7 +23,8 @@ from specframe.terms.kinds import DEFAULT_COMPONENTS, ComponentKind
 from specframe.terms.target import Target
 from specframe.plugging.calibration import Build, build_calibrated, cached_cost
 from specframe.plugging.options import check_options
-from specframe.plugging.registry import ComponentSpec, PluginRegistry, get_registry
+from specframe.plugging.registry import PluginRegistry, get_registry
+from specframe.plugging.specs import ComponentSpec
 from specframe.terms.sampling import SamplingParams
 
 Component = str | ComponentSpec | type  # a name, a name with options (`pld(max_ngram=4)`), or a class

@@ -21,7 +21,8 @@ from specframe.terms.target import Target
 from specframe.plugging.pipeline import assemble
 from specframe.terms.proposal import DraftProposal, DrawMethod, ScoreKind
 from specframe.terms.records import TargetScores
-from specframe.plugging.registry import ComponentSpec, get_registry
+from specframe.plugging.registry import get_registry
+from specframe.plugging.specs import ComponentSpec
 from specframe.terms.sampling import Sampler, SamplingParams
 from specframe.testing.exact import spelled
 from specframe.testing.synthetic import (

@@ -22,7 +22,7 @@ from safetensors import SafetensorError
 from specframe.runtime import load
 from specframe.support.prompt_suites import load_suite
 from specframe.terms.errors import ConfigurationError, ModelLoadError, PromptError
-from specframe.plugging.registry import ComponentSpec
+from specframe.plugging.specs import ComponentSpec
 from specframe.testing import tiny_target
 
 ENOSPC = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))

@@ -15,7 +15,8 @@ from specframe import ConfigurationError, UnknownComponentError
 from specframe.terms.errors import UnsupportedModelError
 from specframe.plugging.options import describe, matches
 from specframe.plugging.pipeline import check_specs
-from specframe.plugging.registry import ComponentSpec, PluginRegistry
+from specframe.plugging.registry import PluginRegistry
+from specframe.plugging.specs import ComponentSpec
 from specframe.testing.targets import tiny_target
 
 
