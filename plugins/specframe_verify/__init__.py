@@ -3,6 +3,9 @@
 - `greedy`: the longest path whose every token is the target's argmax, plus the bonus token (temperature 0).
 - `sample-match` (sample_match.py): lossless sampling for drafts without probabilities, any tree.
 - `rejection` (rejection.py): lossless recursive rejection sampling with the real draft q, any tree.
+- `block` (block.py): lossless block verification of chains with the real draft q (Sun et al., 2024).
+- `traversal` (traversal.py): lossless traversal verification of trees with the real draft q, leaves
+  first (Weng et al., 2025); block verification on a chain.
 - `typical` (typical.py): Medusa's typical acceptance, LOSSY when sampling.
 """
 
@@ -11,8 +14,10 @@ from __future__ import annotations
 import specframe
 from specframe import Sampler, TargetScores, TokenTree, Verifier, VerifierCapabilities, VerifyResult
 from specframe.kit.drafting import argmax
+from specframe_verify.block import BlockVerifier
 from specframe_verify.rejection import RejectionVerifier
 from specframe_verify.sample_match import SampleMatchVerifier, walk
+from specframe_verify.traversal import TraversalVerifier
 from specframe_verify.typical import TypicalVerifier
 
 
@@ -35,4 +40,6 @@ def register_verifiers(register):
     register(GreedyVerifier)
     register(SampleMatchVerifier)
     register(RejectionVerifier)
+    register(BlockVerifier)
+    register(TraversalVerifier)
     register(TypicalVerifier)

@@ -128,3 +128,69 @@ class ByScorePlanner(AdaptivePlanner):
         return cls(decoder.cost, decoder.budget, learn_speed=False,
                    drafting_grows_with_budget=drafter.capabilities.drafting_grows_with_budget,
                    matches_draws=verifier.capabilities.matches_draws)
+
+
+TRAVERSAL_FAULTS = ("residual-from-child-row", "weight-not-joint", "kept-with-old-weight", "bonus-from-p",
+                    "q-not-renormalised")
+
+
+class MutantTraversal(Verifier):
+    """Traversal verification (block verification on a chain) with one `fault`:
+
+    - `residual-from-child-row`: after a child's subtree is rejected, the residual is built from the
+      rejected child's target row instead of its parent's (the residual from the wrong node);
+    - `weight-not-joint`: a node is judged by min(1, p / q) of its own token alone, not by the weight of
+      its whole path (a block accepted without its joint test);
+    - `kept-with-old-weight`: after its children are rejected, a node is kept with the weight it came in
+      with instead of s / (s + 1 - w) (the wrong acceptance rule);
+    - `bonus-from-p`: the bonus is drawn from the node's target row, never from its residual;
+    - `q-not-renormalised`: the k-th sibling is tested against q, not q without the earlier siblings.
+    """
+
+    name = "mutant-traversal"
+    capabilities = VerifierCapabilities(lossless=True, needs_draft_probs=True, uses_draft_probs=True,
+                                        supports_sampling=True)
+
+    def __init__(self, fault: str):
+        super().__init__()
+        assert fault in TRAVERSAL_FAULTS, fault
+        self.fault = fault
+
+    def verify(self, tree: TokenTree, scores: TargetScores, sampling: Sampler) -> VerifyResult:
+        rows = [sampling.probs(row).double() for row in scores.logits]  # (V,) target row after each entry
+        found = self._visit(tree, -1, 1.0, rows[0], rows, sampling)
+        assert found is not None
+        return found
+
+    def _visit(self, tree, node, weight, p, rows, sampling):
+        own = p
+        children = tree.children[node + 1]
+        if children:
+            q = tree.draft_probs[children[0]].double()  # (V,)
+            remaining, tried = q.clone(), set()
+            for child in children:
+                token = int(tree.tokens[child])
+                if token in tried:
+                    continue
+                tried.add(token)
+                q_k = q if self.fault == "q-not-renormalised" else remaining / remaining.sum()  # (V,)
+                base = 1.0 if self.fault == "weight-not-joint" else weight
+                chance = min(1.0, base * float(p[token]) / float(q_k[token]))
+                if chance > 0:
+                    found = self._visit(tree, child, chance, rows[child + 1], rows, sampling)
+                    if found is not None:
+                        return found
+                row = rows[child + 1] if self.fault == "residual-from-child-row" else p
+                rest = (weight * row - q_k).clamp_min(0)  # (V,)
+                mass = float(rest.sum())
+                if mass > 1e-12:
+                    new_weight = mass / (mass + (1 - weight)) if mass + (1 - weight) > 1e-12 else 1.0
+                    weight = weight if self.fault == "kept-with-old-weight" else new_weight
+                    p = rest / mass
+                remaining[token] = 0
+                if remaining.sum() <= 0:
+                    break
+        if weight < 1 and not sampling.uniform() < weight:
+            return None
+        bonus = sampling.draw(own if self.fault == "bonus-from-p" else p)
+        return VerifyResult(tree.path_to(node) if node >= 0 else [], bonus)
