@@ -34,12 +34,11 @@ are learned from every row. When drafting grows with the budget
 most tokens per second by the acceptance realised at each index position, the drafting time per node
 and the forward its nodes add next to the other rows' trees of the last step.
 
-All of that is a model, and a model can be wrong on a machine, a row count or a text it did not foresee.
-So the batch also checks, as measured, that its drafted steps emit more tokens per second than its plain
-steps (`BatchGuard`): where they do not, no row drafts (and its drafting costs nothing) but on probes,
-spaced further apart while they keep losing; where they do, a plain step now and then keeps the plain
-side measured. This is what makes `budget="auto"` never lose to plain batched decoding by more than its
-probes.
+The cut keeps the nodes whose predicted acceptance is highest, so the predictions for the nodes it keeps
+run high on average, most at the deep tails where estimates rest on fewer counts; scored as the realised
+tokens, a cut that trusts them keeps nodes that do not pay their row's cost. So the cut scales each
+node's predicted acceptance by how the kept nodes at its depth have fared (`DepthCalibration`): realised
+over predicted acceptance of kept nodes whose parent was accepted, learned from every row's steps.
 
 Every decision reads earlier steps only, so rows stay lossless.
 """
@@ -54,7 +53,7 @@ from specframe.decode.acceptance import AcceptanceModel, NodeFeatures
 from specframe.decode.drafting import (
     EMA, PROBE_ALLOWANCE, DecayedLine, DraftingDecision, DraftingGain, ProbeBudget, tokens_by_size,
 )
-from specframe.decode.learning import CutRecord, DraftingTime, best_size, count_positions
+from specframe.decode.learning import CutRecord, DepthCalibration, DraftingTime, best_size, count_positions
 from specframe.decode.planner import CostAtContext, StepPlanner
 from specframe.decode.selection import path_probabilities
 from specframe.contract.interfaces import BatchBackend
@@ -62,73 +61,6 @@ from specframe.terms.cost import CostModel
 from specframe.terms.proposal import DraftProposal
 from specframe.terms.records import Prediction, VerifyResult
 from specframe.terms.tree import TokenTree
-
-# The batch's realised check (`BatchGuard`): while drafted steps do not pay, one step in PROBE_EVERY lets
-# the cut draft again, the gap doubling (up to PROBE_EVERY_MAX) after each probe that finds drafting still
-# losing; while they pay, a plain step is taken when none ran for PLAIN_EVERY steps, so the plain side of
-# the comparison stays measured. GUARD_EMA weighs the newest step of each kind.
-PROBE_EVERY = 16
-PROBE_EVERY_MAX = 128
-PLAIN_EVERY = 64
-GUARD_EMA = 0.25
-
-
-class BatchGuard:
-    """Whether a batch's drafted steps emit more tokens per second than its plain steps, as measured:
-    what keeps `budget="auto"` from losing to plain batched decoding where the cut's cost model or
-    acceptance model is wrong (a machine, a row count or a text it did not foresee).
-
-    Each step's seconds are compared with a fixed reference, the calibrated forward of a plain step of
-    the step's rows (`ref_s`), so that steps with different rows compare: a plain step's ratio is
-    seconds / ref_s, a drafted step's its seconds per token over a plain step's per token,
-    seconds * rows / (tokens * ref_s). Drafting pays while the drafted ratio's running mean is below
-    the plain one's. A plain step is timed without the drafting it threw away (a plain step would not
-    have drafted)."""
-
-    def __init__(self):
-        self.plain: float | None = None  # running mean of plain steps' ratio
-        self.drafted: float | None = None  # running mean of drafted steps' ratio
-        self.since_plain = PLAIN_EVERY - 8  # steps since the last plain one: the first comes early
-        self.since_probe = 0
-        self.probe_every = PROBE_EVERY  # the steps between probes now
-        self.mode = "cut"  # this step: "cut" (the cut decides) or "plain" (no row drafts)
-
-    def pays(self) -> bool:
-        return self.plain is None or self.drafted is None or self.drafted < self.plain
-
-    def begin_step(self) -> str:
-        """This step's mode: plain while drafting does not pay (but for a probe every `PROBE_EVERY`
-        steps), or to measure a plain step when none ran for `PLAIN_EVERY` steps; else the cut decides."""
-        self.since_probe += 1
-        if self.pays():
-            self.probe_every = PROBE_EVERY
-            self.mode = "plain" if self.since_plain >= PLAIN_EVERY else "cut"
-        elif self.since_probe >= self.probe_every:
-            self.mode, self.since_probe = "cut", 0
-            self.probe_every = min(2 * self.probe_every, PROBE_EVERY_MAX)
-        else:
-            self.mode = "plain"
-        return self.mode
-
-    def record(self, kept: int, rows: int, tokens: int, seconds: float, drafting_s: float,
-               ref_s: float) -> None:
-        """A step of `rows` rows kept `kept` nodes in all and emitted `tokens` in `seconds` (its rows
-        drafting `drafting_s` of them); `ref_s` is its rows' calibrated plain forward."""
-        if ref_s <= 0 or rows <= 0:
-            return
-        if kept:
-            ratio = seconds * rows / (max(tokens, 1) * ref_s)
-            self.drafted = _running_mean(self.drafted, ratio)
-            self.since_plain += 1
-        else:
-            self.plain = _running_mean(self.plain, max(seconds - drafting_s, 0.0) / ref_s)
-            self.since_plain = 0
-
-
-def _running_mean(mean: float | None, value: float) -> float:
-    """`mean` moved `GUARD_EMA` of the way to `value` (`value` itself for the first)."""
-    return value if mean is None else mean + GUARD_EMA * (value - mean)
-
 
 class RowPlan:
     """A row's side of the batch planner, with the interface `RequestRow` calls (as a planner's): whether
@@ -139,6 +71,7 @@ class RowPlan:
         self.planner = planner
         self.blind = False
         self.record = CutRecord()  # this step's nodes, for learning acceptance (cut by `BatchPlanner.cut`)
+        self.predicted: np.ndarray | None = None  # kept nodes' predicted acceptance (`DepthCalibration`)
         probes = copy.copy(planner.probes)  # its probes' budget (the drafting-time fit is shared)
         probes.earned_s = 0.0
         # whether its drafting pays, its drafted steps' speed over its plain steps' starting from the batch's
@@ -173,8 +106,6 @@ class RowPlan:
         emitted more slowly than its plain steps; then probe as `AdaptivePlanner.should_draft` does,
         within the row's own budget (a plain step of the row being its share of a plain batch step)."""
         planner = self.planner
-        if planner.guard.mode == "plain":
-            return False
         planner.gain.forget()
         return self.drafting.decide(planner.expensive(), PROBE_ALLOWANCE * planner.plain_row_s)
 
@@ -197,11 +128,11 @@ class RowPlan:
         drafted, what drafting cost (`times["draft"]`) and whether the step emitted faster than a plain
         one."""
         planner = self.planner
+        if self.predicted is not None:
+            planner.calibration.add(self.predicted, tree, result.path)
+            self.predicted = None
         self.record.learn(planner.acceptance, tree, result, planner.matches_draws)
         count_positions(planner.position_hits, tree, result)
-        if planner.guard.mode == "plain":  # the batch's check chose this plain step, not the row's record
-            self.proposed, self.added_s = 0, 0.0
-            return
         plain = max(planner.plain_row_s, 1e-12)
         decision = self.drafting
         drafting = times.get("draft", 0.0) if decision.drafted else 0.0
@@ -259,15 +190,10 @@ class BatchPlanner(CostAtContext, StepPlanner):
         self.contexts: list[int] = []  # this step's rows' contexts
         self._calibrated_s = 0.0  # the calibrated forward of the step's chosen rows
         self._rows = 0  # the query rows of the step's chosen forwards
-        self.guard = BatchGuard()  # whether drafted steps pay, as measured
-        self._step = (0, 0, 0.0)  # this step's kept nodes, rows, and their calibrated plain forward
+        self.calibration = DepthCalibration()  # realised over predicted acceptance of kept nodes, by depth
 
     def row(self) -> RowPlan:
         return RowPlan(self)
-
-    def begin_step(self) -> None:
-        """Before the rows draft: whether this step is plain (`BatchGuard.begin_step`)."""
-        self.guard.begin_step()
 
     def cut(self, trees: dict[int, TokenTree], plans: dict[int, RowPlan],
             batch: BatchBackend) -> dict[int, tuple[TokenTree, Prediction]]:
@@ -284,7 +210,9 @@ class BatchPlanner(CostAtContext, StepPlanner):
             if features is not None:
                 owners += [key] * len(tree)
                 nodes.append(np.arange(len(tree)))
-                probs.append(path_probabilities(tree.parents, self.acceptance.predict(features)))
+                predicted = self.acceptance.predict(features)
+                plans[key].predicted = predicted
+                probs.append(path_probabilities(tree.parents, self.calibration.scaled(predicted, tree.depth)))
         owners = np.asarray(owners, np.int64)
         nodes, probs = (np.concatenate(x) if x else np.zeros(0) for x in (nodes, probs))
         order = np.lexsort((nodes, -probs))  # best first; parents first (lower index, P at least the child's)
@@ -307,11 +235,10 @@ class BatchPlanner(CostAtContext, StepPlanner):
             mine = chosen[owners[chosen] == key]
             keep = np.sort(nodes[mine]).astype(np.int64)
             tree = plan.record.cut(tree, keep)
+            plan.predicted = plan.predicted[keep]
             whole[key] = len(tree)
             out[key] = (tree, Prediction(1.0 + float(probs[mine].sum()), float(seconds[best])))
         self._price_rows(whole, plans, batch)
-        plain_ref = self._calibrated(batch.forward_rows(dict.fromkeys(trees, 0)))[0]
-        self._step = (sum(whole.values()), len(trees), plain_ref)
         # The rows of the first step hold the first probes' allowance (two plain row steps each: two plain
         # batch steps in all, as alone); rows admitted later earn their probes
         self.probes.allowance_granted = True
@@ -363,11 +290,9 @@ class BatchPlanner(CostAtContext, StepPlanner):
         calibrated, rows = np.array([self._calibrated(forwards) for forwards in steps]).T
         return self.speed.factor(rows) * calibrated
 
-    def observe_step(self, forward_s: float, step_s: float, drafting_s: float, tokens: int) -> None:
+    def observe_step(self, forward_s: float, step_s: float, drafting_s: float) -> None:
         """Learn the machine's speed at batch shapes and the step's overhead from one batch step whose rows
-        drafted for `drafting_s` seconds in all and emitted `tokens`, and tell the guard how it went."""
-        kept, rows, plain_ref = self._step
-        self.guard.record(kept, rows, tokens, step_s, drafting_s, plain_ref)
+        drafted for `drafting_s` seconds in all."""
         if self.learn_speed and self._calibrated_s > 0:
             self.speed.add(self._rows, forward_s / self._calibrated_s)
         self.overhead_s += EMA * (max(step_s - forward_s, 0.0) - self.overhead_s)

@@ -80,3 +80,48 @@ def best_size(tokens: np.ndarray, seconds: np.ndarray) -> int:
     """The draft size n >= 1 of most tokens per second, given the expected tokens and the seconds of a step
     with n nodes for n = 0 .. cap (size 0 is what not drafting gives; whether to draft is decided apart)."""
     return 1 + int(np.argmax((tokens / seconds)[1:]))
+
+
+DEPTH_BUCKETS = 8  # depth 8 and deeper share a bucket
+CALIBRATION_MEMORY = 0.995  # each step's weight one step later
+CALIBRATION_PRIOR = 4.0  # pseudo-nodes at which predictions count as right before any step
+
+
+class DepthCalibration:
+    """Realised over predicted acceptance of the nodes a cut kept, by depth, and predictions scaled by it.
+
+    A cut keeps the nodes whose predicted acceptance is highest, so among the nodes it keeps the noisy
+    estimates that came out high are over-represented: predictions for kept nodes run high on average (a
+    winner's curse), the more so where a node's estimate rests on fewer counts, at the deep tails. Kept nodes
+    whose parent was accepted count: their predicted conditional acceptance against whether they were
+    accepted, summed by depth with older steps weighing `CALIBRATION_MEMORY` less each step, and
+    `CALIBRATION_PRIOR` pseudo-nodes of agreement. `scaled` multiplies a prediction by its depth's ratio,
+    at most 1, so a path's probability still never grows from parent to child."""
+
+    def __init__(self):
+        self.sums = np.zeros((2, DEPTH_BUCKETS))  # [accepted, predicted] of kept nodes whose parent was
+
+    def ratio(self) -> np.ndarray:
+        accepted, predicted = self.sums
+        return (accepted + CALIBRATION_PRIOR) / (predicted + CALIBRATION_PRIOR)
+
+    def scaled(self, conditional: np.ndarray, depth: np.ndarray) -> np.ndarray:
+        """`conditional` (each node's predicted acceptance given its parent's) times its depth's ratio."""
+        return np.minimum(conditional * self.ratio()[_buckets(depth)], 1.0)
+
+    def add(self, conditional: np.ndarray, tree: TokenTree, path: list[int]) -> None:
+        """A step scored `tree`, whose nodes were predicted `conditional` (unscaled), and accepted `path`."""
+        self.sums *= CALIBRATION_MEMORY
+        if not len(tree):
+            return
+        accepted = np.zeros(len(tree), bool)
+        accepted[list(path)] = True
+        parents = tree.parents
+        tried = (parents < 0) | accepted[np.maximum(parents, 0)]  # the parent was accepted (or is the root)
+        buckets = _buckets(tree.depth[tried])
+        np.add.at(self.sums[0], buckets, accepted[tried])
+        np.add.at(self.sums[1], buckets, conditional[tried])
+
+
+def _buckets(depth: np.ndarray) -> np.ndarray:
+    return np.clip(np.asarray(depth, np.int64), 1, DEPTH_BUCKETS) - 1

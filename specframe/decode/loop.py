@@ -231,7 +231,6 @@ class SpeculativeDecoder:
         phase_sync = synchronizer(self.target.device) if self.phase_timing else None
         step_start = now()
         timers = {key: self.step_timer(phase_sync) for key in active}
-        planner.begin_step()
         trees = {key: row.draft(timers[key]) for key, row in active.items()}
         for key, (tree, predicted) in planner.cut(trees, {k: row.planner for k, row in active.items()},
                                                   rows).items():
@@ -243,8 +242,7 @@ class SpeculativeDecoder:
         with shared_phase(list(timers.values()), "commit") as commit:
             rows.commit({key: (scores[key], v.path, v.bonus) for key, v in verdicts.items()})
         drafting = sum(timer.times.get("draft", 0.0) for timer in timers.values())
-        tokens = sum(v.accepted + 1 for v in verdicts.values())
-        planner.observe_step(forward.seconds, now() - step_start, drafting, tokens)
+        planner.observe_step(forward.seconds, now() - step_start, drafting)
         for key, row in active.items():
             row.advance(scores[key], verdicts[key], timers[key])
         account.record_step(now() - step_start, {"forward": forward.seconds, "commit": commit.seconds},

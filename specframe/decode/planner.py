@@ -68,8 +68,8 @@ class CostAtContext:
 class StepPlanner(ABC):
     """What the decode loop asks of a planner, alone or in a batch: a plan for each row it admits (`row`,
     whose `start_request`, `start_step`, `should_draft`, `build_budget`, `choose` and `observe`
-    `RequestRow` calls), and for every step, before the rows draft (`begin_step`), the trees they built,
-    to keep what pays with every row in view (`cut`), then how the step went (`observe_step`).
+    `RequestRow` calls), and for every step the trees the rows built, to keep what pays with every row in
+    view (`cut`), then how the step went (`observe_step`).
 
     `FixedPlanner` and `AdaptivePlanner` plan a row on its own: a row's `choose` already kept its tree, so
     their `cut` keeps every tree as it is. The batch planner (`specframe.decode.batch_planner`) keeps the
@@ -79,17 +79,14 @@ class StepPlanner(ABC):
     def row(self):
         """The plan of a row the loop admits."""
 
-    def begin_step(self) -> None:
-        """A step begins; no row has drafted yet."""
-
     def cut(self, trees: dict[int, TokenTree], plans: dict, rows) -> dict[int, tuple[TokenTree, Prediction]]:
         """The trees to score, by row, where they differ from what each row's plan chose (none here); `rows`
         is the loop's `BatchBackend`, which prices the forward."""
         return {}
 
-    def observe_step(self, forward_s: float, step_s: float, drafting_s: float, tokens: int) -> None:
-        """The step's shared forward took `forward_s` of its `step_s` seconds, its rows drafted for
-        `drafting_s` in all and emitted `tokens`."""
+    def observe_step(self, forward_s: float, step_s: float, drafting_s: float) -> None:
+        """The step's shared forward took `forward_s` of its `step_s` seconds, its rows drafting for
+        `drafting_s` in all."""
 
 
 class FixedPlanner(CostAtContext, StepPlanner):
