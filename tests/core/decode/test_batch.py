@@ -20,6 +20,7 @@ from specframe import (
 )
 from specframe.contract.interfaces import Drafter, RowByRow, StateBackend
 from specframe.decode.batch_planner import BatchPlanner
+from specframe.decode.learning import CutRecord
 from specframe.plugging.registry import get_registry
 from specframe.terms.proposal import DraftProposal
 from specframe.terms.tree import TokenTree
@@ -281,7 +282,7 @@ def test_the_batch_planner_prices_the_forwards_the_batch_runs(batch, kept):
     for key, p in ((0, 0.95), (1, 0.1)):
         trees[key] = TokenTree(np.arange(3, dtype=np.int64), np.arange(3, dtype=np.int64) - 1)
         plans[key] = planner.row()
-        plans[key].features = np.full(3, p)
+        plans[key].record = CutRecord(np.full(3, p))  # features stand for their p here
     cut = planner.cut(trees, plans, batch)
     assert {key: len(tree) for key, (tree, _) in cut.items()} == kept
 
@@ -298,7 +299,7 @@ def test_the_batch_planner_learns_that_large_forwards_cost_more_than_calibrated(
                  for key in range(4)}
         plans = {key: planner.row() for key in trees}
         for plan in plans.values():
-            plan.features = np.full(4, 0.6)
+            plan.record = CutRecord(np.full(4, 0.6))
         return sum(len(tree) for tree, _ in planner.cut(trees, plans, PaddedForward()).values())
 
     before = kept()
