@@ -38,7 +38,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from specframe import Sampler, TargetScores, TokenTree, Verifier, VerifierCapabilities, VerifyResult
-from specframe_verify.block import draft_ratio, keep, residual, sample_and_match
+from specframe_verify.joint import draft_ratio, keep, residual, sample_and_match
 from specframe_verify.rejection import fallback_reason
 
 if TYPE_CHECKING:  # torch is imported where it is used, so that registering the verifier loads none

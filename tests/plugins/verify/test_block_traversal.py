@@ -4,8 +4,9 @@ chain; at least `rejection`'s acceptance; capabilities that refuse what they can
 1. Exact enumeration: on a target with 4 tokens, every random choice of one step (each draft draw and
    each acceptance coin and bonus draw of the verifier) is enumerated, which gives the exact law of what
    the verifier's code emits. Lossless means: for every k, given the first k - 1 emitted tokens and that
-   a k-th is emitted, the k-th is distributed as the target's row there. Checked to 1e-6 (float32 rounding) for chains,
-   i.i.d. tries, raw streams with repeats and drafts without replacement; each mutant breaks it by far.
+   a k-th is emitted, the k-th is distributed as the target's row there. Checked to 1e-6 (float32
+   rounding) for chains, i.i.d. tries, raw streams with repeats and drafts without replacement; each
+   mutant breaks it by far.
 2. The exact-law harness (`specframe.testing.law`): 20,000 seeded decodes per scenario against the exact
    law at p >= 1e-4, and each mutant rejected at p < 1e-6 in the scenario aimed at it.
 """
@@ -230,7 +231,8 @@ EXACT = 1e-6  # float32 rows (as drafters and `Sampler.probs` give them) round a
 
 
 # `block` hands branching trees to `traversal`: it is enumerated on chains
-LAW_CASES = [("traversal", shape, q) for shape in SHAPES for q in QS] + [("block", "chain of 3", q) for q in QS]
+LAW_CASES = ([("traversal", shape, q) for shape in SHAPES for q in QS]
+             + [("block", "chain of 3", q) for q in QS])
 
 
 @pytest.mark.parametrize("name,shape,q", LAW_CASES, ids=str)
@@ -262,7 +264,8 @@ def test_the_enumeration_passes_rejection_and_fails_a_mutant_on_one_draft():
     shape = chain(1)
     for name in ("rejection", "traversal"):
         assert law_error(step_law(verifier(name).verify, shape, QS["adversarial"], HOT), HOT) < EXACT
-    assert law_error(step_law(MutantTraversal("bonus-from-p").verify, shape, QS["adversarial"], HOT), HOT) > 1e-3
+    mutant = MutantTraversal("bonus-from-p").verify
+    assert law_error(step_law(mutant, shape, QS["adversarial"], HOT), HOT) > 1e-3
 
 
 # --- 2. the exact-law harness: 20,000 seeded decodes per scenario ------------------------------------------
@@ -328,7 +331,8 @@ def test_accepts_at_least_as_many_drafts_as_rejection_and_more_with_a_good_draft
         ours, theirs = expected_accepted("traversal", shape, q), expected_accepted("rejection", shape, q)
         assert ours >= theirs - 1e-9, f"{shape}, q {q}: traversal {ours:.4f} < rejection {theirs:.4f}"
         if q == "draft model":
-            assert ours > theirs + 1e-4, f"{shape}: traversal {ours:.4f} is no better than rejection {theirs:.4f}"
+            assert ours > theirs + 1e-4, (
+                f"{shape}: traversal {ours:.4f} is no better than rejection {theirs:.4f}")
 
 
 # --- temperature 0, fallbacks, capabilities, bad input -----------------------------------------------------
@@ -372,8 +376,10 @@ def test_trees_without_usable_q_are_sampled_and_matched_and_say_so(name):
     scores = TargetScores(logits=torch.randn(5, 8, generator=torch.Generator().manual_seed(0)))
     for seed in range(20):
         ours = verifier(name).verify(tree, scores, Sampler(SamplingParams(temperature=1.0, seed=seed)))
-        theirs = verifier("sample-match").verify(tree, scores, Sampler(SamplingParams(temperature=1.0, seed=seed)))
-        assert (ours.path, ours.bonus, ours.fallback) == (theirs.path, theirs.bonus, "not sampled in draw order")
+        theirs = verifier("sample-match").verify(tree, scores,
+                                                 Sampler(SamplingParams(temperature=1.0, seed=seed)))
+        assert (ours.path, ours.bonus, ours.fallback) == (theirs.path, theirs.bonus,
+                                                          "not sampled in draw order")
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -407,7 +413,8 @@ def test_the_registry_refuses_what_they_cannot_verify_losslessly(target, name):
     with pytest.raises(CapabilityError, match=f"verifier '{name}' needs draft probabilities.*'pld'"):
         SpeculativeDecoder.from_names(target, "pld", "chain", name, sampling=HOT_SEEDED)
     with pytest.raises(CapabilityError, match="tree builder 'beam' chooses among the drafts"):
-        SpeculativeDecoder.from_names(target, "draft-model(layers=1, topk=2)", "beam", name, sampling=HOT_SEEDED)
+        SpeculativeDecoder.from_names(target, "draft-model(layers=1, topk=2)", "beam", name,
+                                      sampling=HOT_SEEDED)
     SpeculativeDecoder.from_names(target, "draft-model(layers=1, topk=2)", "trie", name, sampling=HOT_SEEDED)
 
 
