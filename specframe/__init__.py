@@ -65,6 +65,8 @@ _EXPORTS = {
     "specframe.plugging.specs": ("ComponentSpec",),
     "specframe.terms.sampling": ("Sampler", "SamplingParams"),
     "specframe.terms.tree": ("TokenTree",),
+    "specframe.terms.constraint": ("Constraint", "ConstraintError", "ConstraintState"),
+    "specframe.runtime.structured": ("constraint_for",),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 
@@ -85,7 +87,8 @@ def __dir__() -> list[str]:
 __all__ = [
     "assemble", "BackendCapabilities", "BatchBackend", "BuildContext", "CapabilityError", "CliOption",
     "ComponentKind",
-    "ComponentSpec", "ConfigurationError", "CostModel", "DecodeMetrics", "DEFAULT_BUDGET", "DraftContext",
+    "ComponentSpec", "ConfigurationError", "Constraint", "ConstraintError", "ConstraintState",
+    "constraint_for", "CostModel", "DecodeMetrics", "DEFAULT_BUDGET", "DraftContext",
     "Drafter", "DrafterCapabilities", "DrafterError", "DraftProposal", "DrawMethod",
     "DuplicateComponentError", "generate",
     "GenerationResult", "get_registry", "hookimpl", "load_target", "ModelLoadError", "ModelRecipe",

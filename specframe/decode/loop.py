@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from specframe.terms.budget import parse_budget
+from specframe.terms.constraint import Constraint
 from specframe.terms.cost import CostModel
 from specframe.terms.errors import ConfigurationError, DrafterError, PromptError, SpecframeWarning
 from specframe.terms.kinds import DEFAULT_BUDGET
@@ -28,6 +29,7 @@ from specframe.decode.batch_planner import BatchPlanner, batch_planner_of
 from specframe.decode.planner import (
     AdaptivePlanner, FixedPlanner, StepPlanner, make_adaptive_planner, make_fixed_planner, plans_blind,
 )
+from specframe.decode.constrained import check_constraint
 from specframe.decode.row import RequestRow
 
 class SpeculativeDecoder:
@@ -77,7 +79,8 @@ class SpeculativeDecoder:
                    phase_timing=phase_timing)
 
     def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 128,
-                 stop: str | Sequence[str] = (), *, seed: int | None = None) -> GenerationResult:
+                 stop: str | Sequence[str] = (), *, seed: int | None = None,
+                 constraint: Constraint | None = None) -> GenerationResult:
         """Decode up to `max_new_tokens` after `prompt` (text, or token ids: a list, a 1-D array or
         tensor), stopping at EOS or at a `stop` string (one string, or several).
 
@@ -89,13 +92,19 @@ class SpeculativeDecoder:
         fixed budget, not at `budget="auto"`, whose trees follow the step times and acceptance the planner
         measured; the lossy `typical` depends on the tree with any drafter ("Seeds and reproducibility" in
         docs/explanation/lossless-sampling.md). Several prompts (a list of texts, or of id lists) go to
-        `generate_batch` and a list of results comes back (each row with `seed`, as if alone)."""
+        `generate_batch` and a list of results comes back (each row with `seed`, as if alone).
+
+        `constraint` (structured output: `specframe.constraint_for` makes one from a JSON schema, a regular
+        expression or a grammar) restricts the new tokens: they follow the target's law masked to what
+        the constraint allows at each position (mask, then temperature, top-k, top-p); greedy is the
+        argmax of the masked logits; speculation stays lossless (docs/explanation/structured-output.md)."""
         if is_batch(prompt):
-            return self.generate_batch(prompt, max_new_tokens, stop,
+            return self.generate_batch(prompt, max_new_tokens, stop, constraint=constraint,
                                        seeds=None if seed is None else [seed] * len(prompt))
         request = (*self._checked(prompt, max_new_tokens, stop), max_new_tokens)
+        constraints = self._constraints(constraint, 1)
         try:
-            return self._decode_rows([request], [self._sampling(seed)], size=1)[0]
+            return self._decode_rows([request], [self._sampling(seed)], size=1, constraints=constraints)[0]
         except DrafterError as err:  # what was decoded is verified: it goes with the error
             if isinstance(err.partial, list):
                 err.partial = err.partial[0]
@@ -104,7 +113,9 @@ class SpeculativeDecoder:
     def generate_batch(self, prompts: Sequence[str | Sequence[int]],
                        max_new_tokens: int | Sequence[int] = 128, stop: str | Sequence[str] = (), *,
                        seeds: Sequence[int | None] | None = None, batch_size: int | None = None,
-                       logprobs: bool = False) -> list[GenerationResult]:
+                       logprobs: bool = False,
+                       constraint: Constraint | Sequence[Constraint | None] | None = None
+                       ) -> list[GenerationResult]:
         """Decode several prompts together, each to its own end (EOS, a stop string, `max_new_tokens`):
         every step drafts and builds a tree for each row, scores all the trees together (in one forward
         where the backend batches: `StateBackend.batch`), then verifies and commits each row on its own.
@@ -120,7 +131,9 @@ class SpeculativeDecoder:
         decoded at once: when a row ends, the next waiting prompt takes its place (continuous batching);
         None decodes all prompts at once. A result's `wall_s` runs from its row's start to its end.
         `logprobs` fills each result's `logprob` (the target's log-probability of its tokens).
-        Afterwards `batch_metrics` holds the call's time split, every step's phases counted once."""
+        Afterwards `batch_metrics` holds the call's time split, every step's phases counted once.
+        `constraint` is one constraint for every prompt, or one per prompt (None: that row is free); each
+        row holds its own constraint state (see `generate`)."""
         if isinstance(prompts, str) or not len(prompts):
             raise PromptError("generate_batch takes a non-empty list of prompts (texts or token id lists); "
                               "for one prompt call generate")
@@ -135,7 +148,8 @@ class SpeculativeDecoder:
                                      "limit, or one per prompt")
         requests = [(*self._checked(prompt, limit, stop), limit) for prompt, limit in zip(prompts, limits)]
         samplings = [self._sampling(seed) for seed in seeds]
-        return self._decode_rows(requests, samplings, batch_size or len(prompts), logprobs)
+        constraints = self._constraints(constraint, len(prompts))
+        return self._decode_rows(requests, samplings, batch_size or len(prompts), logprobs, constraints)
 
     def best_of(self, prompt: str | Sequence[int], n: int, max_new_tokens: int = 128,
                 stop: str | Sequence[str] = (), *, seed: int | None = None) -> list[GenerationResult]:
@@ -156,8 +170,8 @@ class SpeculativeDecoder:
         return sorted(samples, key=lambda r: -r.logprob / max(len(r.tokens), 1))
 
     def _decode_rows(self, requests: Sequence[tuple[list[int], tuple[str, ...], int]],
-                     samplings: Sequence[SamplingParams], size: int,
-                     logprobs: bool = False) -> list[GenerationResult]:
+                     samplings: Sequence[SamplingParams], size: int, logprobs: bool = False,
+                     constraints: Sequence[Constraint | None] | None = None) -> list[GenerationResult]:
         """The decode loop: `requests` (prompt ids, stop strings, max_new_tokens) decoded at most `size` at
         a time, each step drafting, scoring, verifying and committing every active row (`_step`); a row
         that ends leaves and the next waiting request takes its place. Their results in order.
@@ -172,12 +186,14 @@ class SpeculativeDecoder:
         waiting = deque(range(len(requests)))
         active: dict[int, tuple[int, RequestRow, float]] = {}  # backend row -> (request, its row, its start)
         results: list[GenerationResult | None] = [None] * len(requests)
+        constraints = constraints or [None] * len(requests)
         account = self.batch_metrics = BatchMetrics()
         reset_peak_memory(self.target.device)  # on CUDA the peak is this call's, not the process's
         while waiting or active:
             while waiting and len(active) < size:  # a free place: the next request takes it
                 index = waiting.popleft()
-                key, row, start = self._admit(rows, requests[index], samplings[index], planner, logprobs)
+                key, row, start = self._admit(rows, requests[index], samplings[index], planner, logprobs,
+                                              constraints[index])
                 active[key] = (index, row, start)
                 account.prefill_s += row.metrics.prefill_s
             try:
@@ -206,13 +222,13 @@ class SpeculativeDecoder:
                 "and saved after the next request"), stacklevel=3)
 
     def _admit(self, rows: BatchBackend, request: tuple[list[int], tuple[str, ...], int],
-               sampling: SamplingParams, planner: StepPlanner,
-               logprobs: bool) -> tuple[int, RequestRow, float]:
+               sampling: SamplingParams, planner: StepPlanner, logprobs: bool,
+               constraint: Constraint | None = None) -> tuple[int, RequestRow, float]:
         """Start a request (its prefill is part of its own time): its backend row key, its row and its
         start time. Alone, the row drafts with the pipeline's drafter; in a batch, with a spawn of it."""
         prompt_ids, stop, limit = request
         drafter = self.pipeline.drafter if isinstance(rows, Alone) else self.pipeline.drafter.spawn()
-        row = self.make_row(drafter, planner.row(), prompt_ids, limit, stop, sampling, logprobs)
+        row = self.make_row(drafter, planner.row(), prompt_ids, limit, stop, sampling, logprobs, constraint)
         self.registry.hook.on_decode_start(prompt_ids=prompt_ids)
         row.start()
         start = now()
@@ -268,6 +284,18 @@ class SpeculativeDecoder:
         self._check_request(prompt_ids, max_new_tokens, stop)
         return prompt_ids, stop
 
+    def _constraints(self, constraint, rows: int) -> list[Constraint | None]:
+        """One constraint per row (`constraint` is one for all, or a sequence of one per row), each checked
+        against the pipeline and the target before any work (`check_constraint`)."""
+        many = constraint is not None and not isinstance(constraint, Constraint)
+        constraints = list(constraint) if many else [constraint] * rows
+        if len(constraints) != rows:
+            raise ConfigurationError(f"{len(constraints)} constraints for {rows} prompts: pass one "
+                                     "constraint, or one per prompt (None for a free row)")
+        for one in {id(c): c for c in constraints if c is not None}.values():
+            check_constraint(one, self.pipeline, self.target)
+        return constraints
+
     def _sampling(self, seed: int | None) -> SamplingParams:
         """The request's sampling (`seed` replacing the decoder's), checked against the pipeline."""
         sampling = self.sampling if seed is None else replace(self.sampling, seed=seed)
@@ -275,11 +303,12 @@ class SpeculativeDecoder:
         return sampling
 
     def make_row(self, drafter, planner, prompt_ids: list[int], max_new_tokens: int, stop: Sequence[str],
-                 sampling: SamplingParams, logprobs: bool = False) -> RequestRow:
+                 sampling: SamplingParams, logprobs: bool = False,
+                 constraint: Constraint | None = None) -> RequestRow:
         """A request's decoding state, drafted by `drafter` and planned by `planner`."""
         return RequestRow(self.target, self.pipeline, drafter, planner, prompt_ids, max_new_tokens, stop,
                           sampling, blind=plans_blind(self.pipeline, sampling), hook=self.registry.hook,
-                          phase_timing=self.phase_timing, logprobs=logprobs)
+                          phase_timing=self.phase_timing, logprobs=logprobs, constraint=constraint)
 
     def finish_row(self, row: RequestRow) -> GenerationResult:
         """The result of a row that ended; its drafter learns the response (not timed: the request is

@@ -5,25 +5,34 @@
 the backend scores the trees (alone, or every row's in one forward), `verify`, then `advance` (commit
 bookkeeping, the drafter's and planner's feedback, the stop checks). Only the scoring and the commit are
 shared between rows, so a row decodes exactly as its request would alone, given the same scores.
+
+Under a constraint (structured output) the row keeps the constraint's state at its root (on its sampler,
+where drafters read it) and, each step, the states of the paths under the root (`PathStates`): `draft`
+drops the proposal's and the tree's nodes the constraint forbids on their own path, `verify` masks the
+target's logits at the root and at every node by the state of that node's path before the verifier sees
+them (so every lossless verifier verifies against the constrained law unchanged, the bonus included), and
+`advance` moves the state along the emitted tokens only (docs/explanation/structured-output.md).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 
 import numpy as np
 
 from specframe.contract.interfaces import BuildContext
 from specframe.plugging.pipeline import Pipeline
+from specframe.terms.constraint import Constraint, ConstraintError, PathStates, mask_logits
 from specframe.terms.errors import DrafterError, SpecframeError
 from specframe.terms.metrics import DecodeMetrics, PhaseTimer
-from specframe.terms.proposal import DraftContext, DraftProposal
+from specframe.terms.proposal import DraftContext, DraftProposal, DrawMethod
 from specframe.terms.records import Prediction, StepEvent, StepOutcome, TargetScores, VerifyResult
 from specframe.terms.sampling import Sampler, SamplingParams
 from specframe.terms.stopping import StopStrings
 from specframe.terms.target import Target
-from specframe.terms.tree import TokenTree
+from specframe.terms.tree import SAMPLED_DRAWS, TokenTree
 
 
 class RequestRow:
@@ -34,10 +43,13 @@ class RequestRow:
 
     def __init__(self, target: Target, pipeline: Pipeline, drafter, planner, prompt_ids: list[int],
                  max_new_tokens: int, stop: Sequence[str], sampling: SamplingParams, *, blind: bool,
-                 hook, phase_timing: bool = True, logprobs: bool = False):
+                 hook, phase_timing: bool = True, logprobs: bool = False,
+                 constraint: Constraint | None = None):
         self.target, self.pipeline, self.drafter, self.planner = target, pipeline, drafter, planner
         self.prompt_ids, self.max_new_tokens = prompt_ids, max_new_tokens
-        self.sampler = Sampler(sampling, device=target.device)
+        self.constraint = constraint
+        self.sampler = Sampler(sampling, device=target.device,
+                               constraint=None if constraint is None else constraint.start())
         self.stops = StopStrings(target.tokenizer, stop)
         self.metrics = DecodeMetrics(prompt_tokens=len(prompt_ids), phase_timing=phase_timing)
         self.hook = hook
@@ -52,6 +64,8 @@ class RequestRow:
         self._tree = TokenTree.empty()
         self._predicted: Prediction | None = None
         self._drafting = self._skipped = False
+        self._paths: PathStates | None = None  # this step's constraint states by path, when constrained
+        self._seen: TargetScores | None = None  # the scores the verifier saw (masked, when constrained)
 
     def start(self) -> None:
         """Before the request's prefill: a fresh drafter state and planner request."""
@@ -65,17 +79,48 @@ class RequestRow:
         room = min(self.max_new_tokens - len(self.new) - 1, self.target.max_context - len(self.tokens) - 1)
         planner.start_step(len(self.tokens))
         with timer("draft"):
+            self._paths = self._step_paths()
             self._drafting = room > 0 and planner.should_draft()
             budget = planner.build_budget(room) if self._drafting else 0
             context = DraftContext(self.tokens, len(self.prompt_ids), budget, self.hidden, self.sampler)
             with self._drafter_failure():
                 self._proposal = self.drafter.propose(context) if self._drafting else DraftProposal.empty()
+            self._proposal = self._allowed_proposal(self._proposal)
         with timer("tree"):
             tree = (self.pipeline.tree_builder.build(self._proposal, BuildContext(budget, planner.cost))
                     if len(self._proposal) else TokenTree.empty())
+            if self._paths is not None:  # builders may add nodes of their own (from q): drop forbidden ones
+                tree = tree.subtree(self._paths.keep(tree))
             self._tree, self._predicted = planner.choose(self._proposal, tree)
         self._skipped = room > 0 and not self._drafting  # the planner judged drafting not worth it
         return self._tree
+
+    def _step_paths(self) -> PathStates | None:
+        """This step's constraint states by path (None when unconstrained); refuses a dead end."""
+        state = self.sampler.constraint
+        if state is None:
+            return None
+        paths = PathStates(state, self.target.vocab_size)
+        if not paths.entry(())[1].any():
+            raise ConstraintError(
+                f"constraint {self.constraint.describe()}: no token of model '{self.target.name}' may follow "
+                f"the {len(self.new)} tokens generated (the constraint is complete and the model has no "
+                "end-of-sequence token it allows, or no tokenization reaches it): check the schema or "
+                "grammar")
+        return paths
+
+    def _allowed_proposal(self, proposal: DraftProposal) -> DraftProposal:
+        """`proposal` without the nodes the constraint forbids on their own path. The dropping looks at the
+        drawn tokens, so a sampled proposal is verified by sampling and matching after it (`RETRIEVED`),
+        which is lossless for any tree (`TokenTree.from_proposal`)."""
+        if self._paths is None or not len(proposal):
+            return proposal
+        keep = np.asarray(self._paths.keep(proposal), dtype=np.int64)
+        probs = None if proposal.draft_probs is None else proposal.draft_probs[keep.tolist()]
+        draw = DrawMethod.RETRIEVED if proposal.draw in SAMPLED_DRAWS else proposal.draw
+        return replace(proposal, tokens=proposal.tokens[keep], parents=proposal.kept_parents(keep),
+                       scores=proposal.scores[keep], draft_probs=probs, draw=draw,
+                       group=None if proposal.group is None else proposal.group[keep])
 
     @contextmanager
     def _drafter_failure(self) -> Iterator[None]:
@@ -100,7 +145,15 @@ class RequestRow:
     def verify(self, scores: TargetScores, timer: PhaseTimer) -> VerifyResult:
         """What the target accepts of this step's tree, timed as the "verify" phase."""
         with timer("verify"):
-            return self.pipeline.verifier.verify(self._tree, scores, self.sampler)
+            self._seen = self.masked(scores)
+            return self.pipeline.verifier.verify(self._tree, self._seen, self.sampler)
+
+    def masked(self, scores: TargetScores) -> TargetScores:
+        """`scores` with the logits of the root and of every node masked to what the constraint allows
+        after that node's path (the scores themselves when unconstrained): the constrained law."""
+        if self._paths is None:
+            return scores
+        return replace(scores, logits=mask_logits(scores.logits, self._paths.masks(self._tree)))
 
     def advance(self, scores: TargetScores, result: VerifyResult, timer: PhaseTimer) -> None:
         """After the backend committed `result`: emit its tokens (cut at EOS, a stop string or the length
@@ -112,9 +165,14 @@ class RequestRow:
         with self._drafter_failure():
             self.drafter.observe(StepOutcome(self._proposal, len(tree), emitted[:-1], result.bonus,
                                              self.hidden))
+        if self._paths is not None:
+            self.sampler.constraint = self.constrained_state(emitted)
         emitted, self.reason = self._cut(emitted)
-        if self.logprob is not None:
-            self.logprob += _logprob(scores.logits, [0, *(i + 1 for i in result.path)], emitted)
+        if self.reason is None and self._paths is not None and not self.sampler.constraint.allowed().any():
+            self.reason = "constraint"  # complete, and the target has no end-of-sequence token it allows
+        if self.logprob is not None:  # of the law sampled: the constrained one, when constrained
+            seen = self._seen if self._seen is not None else scores
+            self.logprob += _logprob(seen.logits, [0, *(i + 1 for i in result.path)], emitted)
         self.new += emitted
         self.tokens = np.concatenate([self.tokens, np.asarray(emitted, dtype=np.int64)])
         times = timer.close()
@@ -123,6 +181,17 @@ class RequestRow:
                                  self._skipped)
         self.hook.on_step(event=StepEvent(self.metrics.steps, len(tree), result.accepted, emitted, times,
                                           self._predicted, not self._skipped))
+
+    def constrained_state(self, emitted: list[int]):
+        """The constraint's state after this step's `emitted` tokens (the accepted path, then the bonus):
+        the root's state moved along them only, never along a rejected branch."""
+        found = self._paths.entry(tuple(emitted))
+        if found is None:
+            raise ConstraintError(
+                f"verifier '{self.pipeline.verifier.name}' emitted tokens {emitted} that constraint "
+                f"{self.constraint.describe()} forbids: it did not sample from the masked logits it was "
+                "given")
+        return found[0]
 
     def _cut(self, emitted: list[int]) -> tuple[list[int], str | None]:
         """`emitted` cut at EOS, a stop string or the length limit, and why decoding ends, if it does."""

@@ -13,7 +13,9 @@ class GenerationResult:
 
     tokens: list[int]  # new tokens only
     text: str | None
-    finish_reason: str  # "length", "eos" or "stop" ("error" in a `DrafterError`'s partial result)
+    # "length", "eos" or "stop" ("error" in a `DrafterError`'s partial result; "constraint" when a constraint
+    # is complete and the target has no end-of-sequence token it allows)
+    finish_reason: str
     metrics: DecodeMetrics = field(default_factory=DecodeMetrics)
     # The sum of the target's log-probabilities (its raw logits, before temperature or top-k/top-p) of the
     # new tokens, when asked for (`generate_batch(..., logprobs=True)`, `best_of`); None otherwise.

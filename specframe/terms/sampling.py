@@ -23,6 +23,8 @@ from specframe.terms.errors import ConfigurationError
 if TYPE_CHECKING:
     import torch
 
+    from specframe.terms.constraint import ConstraintState
+
 
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed accepts
 DRAFT_SEED_OFFSET = 0x5EED  # the drafting generator's seed is the request's seed plus this
@@ -57,6 +59,9 @@ class SamplingParams:
     """temperature 0 means greedy (argmax); top_k 0 and top_p 1 switch those filters off.
 
     The filters apply in the order of Hugging Face's `generate`: temperature, then top-k, then top-p.
+    Under a constraint (structured output) the target's logits are first masked to the tokens it allows
+    (`specframe.terms.constraint`), then these filters apply: mask, temperature, top-k, top-p, in that
+    order, and greedy is the argmax of the masked logits.
     `seed` None draws a fresh seed per request (see `Sampler.initial_seed` to reproduce it).
     """
 
@@ -106,11 +111,18 @@ def argmax(logits: torch.Tensor) -> int:
 
 
 class Sampler:
-    """Turns target logits into the processed distribution p and draws from it with a seeded generator."""
+    """Turns target logits into the processed distribution p and draws from it with a seeded generator.
 
-    def __init__(self, params: SamplingParams | None = None, device: str | torch.device = "cpu"):
+    `constraint` is the request's constraint state at the current root (None: unconstrained), kept up to
+    date by the decoder after every step: drafters read it (`forced` proposes what it forces). The logits
+    a sampler receives under a constraint are already masked, so `probs` applies the mask before
+    temperature, top-k and top-p (see `SamplingParams`)."""
+
+    def __init__(self, params: SamplingParams | None = None, device: str | torch.device = "cpu",
+                 constraint: ConstraintState | None = None):
         import torch
 
+        self.constraint = constraint
         self.params = params or SamplingParams()
         self.device = torch.device(device)
         self.generator = torch.Generator(device=self.device)
@@ -127,7 +139,8 @@ class Sampler:
         return self.params.greedy
 
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
-        """(..., V) logits -> (..., V) float32 probabilities after temperature, top-k and top-p.
+        """(..., V) logits -> (..., V) float32 probabilities after temperature, top-k and top-p (logits a
+        constraint forbids arrive as -inf, masked before these filters, and keep probability 0).
 
         Greedy (temperature 0) gives the one-hot distribution of the argmax (first index on ties, as
         `sample` and the greedy verifier). top-k keeps every token tied with the k-th; top-p keeps the

@@ -1,0 +1,34 @@
+"""What the decoder checks of a constraint (structured output) before any work.
+
+Masking the target's logits before the verifier sees them (`RequestRow.masked`) makes every verifier
+verify against the constrained law, since verifiers read only logits; what can still go wrong is a
+constraint that is not one, one compiled for a larger vocabulary than the target's, and a component that
+declares it cannot take part (`honours_constraints = False` on its class, e.g. a backend that decodes on
+its own and returns no logits to mask).
+"""
+
+from __future__ import annotations
+
+from specframe.plugging.pipeline import Pipeline
+from specframe.terms.constraint import Constraint, ConstraintError
+from specframe.terms.target import Target
+
+
+def check_constraint(constraint: Constraint, pipeline: Pipeline, target: Target) -> None:
+    """Refuse (`ConstraintError`) a `constraint` that `pipeline` on `target` cannot honour."""
+    if not isinstance(constraint, Constraint):
+        raise ConstraintError(
+            f"constraint must be a specframe Constraint, got {type(constraint).__name__}: make one with "
+            "specframe.constraint_for(target, json_schema=... | regex=... | grammar=...)")
+    if constraint.vocab_size > target.vocab_size:
+        raise ConstraintError(
+            f"constraint {constraint.describe()} was compiled for a vocabulary of {constraint.vocab_size} "
+            f"tokens but model '{target.name}' has {target.vocab_size} logits: compile it with this model's "
+            "tokenizer (specframe.constraint_for(target, ...))")
+    for kind, component in (("drafter", pipeline.drafter), ("tree builder", pipeline.tree_builder),
+                            ("verifier", pipeline.verifier), ("backend", pipeline.backend)):
+        if not getattr(type(component), "honours_constraints", True):
+            raise ConstraintError(
+                f"{kind} '{component.name}' declares that it cannot honour a constraint "
+                "(honours_constraints = False): decode structured output with another "
+                f"{kind}, or without --json-schema / --regex / --grammar")

@@ -1,0 +1,135 @@
+"""Constraints from a JSON schema, a regular expression or a grammar, compiled for a target's tokenizer with
+llguidance (the `structured` extra; why this library: docs/explanation/structured-output.md).
+
+`constraint_for(target, json_schema=... | regex=... | grammar=...)` checks the text and compiles it before
+any decoding: an invalid schema, regular expression or grammar, or one that no token sequence can start,
+raises `ConstraintError` naming what was wrong. Grammars are llguidance's Lark dialect (`start: ...`,
+`%json {...}` for a schema inside a grammar); a GBNF grammar (llama.cpp's, with `root ::= ...`) is
+converted to it first.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+
+from specframe.terms.constraint import Constraint, ConstraintError, ConstraintState
+from specframe.terms.target import Target
+
+_TOKENIZERS: dict[int, tuple[Any, Any]] = {}  # id(HF tokenizer) -> (it, its llguidance tokenizer): ~1 s
+
+
+def _llguidance():
+    try:
+        import llguidance
+    except ImportError as err:
+        raise ConstraintError("structured output needs llguidance: pip install 'specframe[structured]' "
+                              "(or pip install llguidance)") from err
+    return llguidance
+
+
+class GuidanceState(ConstraintState):
+    """A state of an llguidance matcher; `advance` works on a copy (`LLMatcher.deep_copy`)."""
+
+    def __init__(self, matcher, constraint: GuidanceConstraint):
+        self.matcher, self.constraint = matcher, constraint
+        self._allowed: np.ndarray | None = None
+
+    def allowed(self) -> np.ndarray:
+        if self._allowed is None:
+            words = np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8)  # 32-bit words, LE
+            bits = np.unpackbits(words, bitorder="little")[: self.constraint.vocab_size]
+            self._allowed = bits.astype(bool)  # (V,)
+        return self._allowed
+
+    def advance(self, token: int) -> GuidanceState:
+        matcher = self.matcher.deep_copy()
+        if not matcher.consume_token(int(token)):
+            raise ConstraintError(f"constraint {self.constraint.describe()}: token {token} is not allowed "
+                                  f"here ({matcher.get_error()})")
+        return GuidanceState(matcher, self.constraint)
+
+    @property
+    def is_done(self) -> bool:
+        return bool(self.matcher.is_stopped())
+
+    def forced(self, limit: int) -> list[int]:
+        """The tokens of the text the grammar forces from here, as llguidance tokenizes it."""
+        return [int(t) for t in self.matcher.compute_ff_tokens()[:limit]]
+
+
+class GuidanceConstraint(Constraint):
+    """A grammar in llguidance's format, compiled for one tokenizer; refused here when invalid or when no
+    token may start it."""
+
+    def __init__(self, grammar: str, tokenizer, label: str):
+        llguidance = _llguidance()
+        self.grammar, self.tokenizer, self.label = grammar, tokenizer, label
+        self.vocab_size = int(tokenizer.vocab_size)
+        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, tokenizer)
+        if is_error:
+            raise ConstraintError(f"invalid {label}: {messages[0]}")
+        start = self.start()
+        some = start.allowed().any()  # first: the matcher knows it is stopped once it computed a mask
+        if not some or start.matcher.is_stopped() and not start.matcher.is_accepting():
+            raise ConstraintError(f"{label} cannot be satisfied: no token of the model's vocabulary can "
+                                  "start it (and it does not accept the empty output)")
+
+    def start(self) -> GuidanceState:
+        matcher = _llguidance().LLMatcher(self.tokenizer, self.grammar, log_level=0)
+        if matcher.is_error():
+            raise ConstraintError(f"invalid {self.label}: {matcher.get_error()}")
+        return GuidanceState(matcher, self)
+
+    def describe(self) -> str:
+        return self.label
+
+
+def guidance_tokenizer(target: Target):
+    """The llguidance tokenizer of `target`'s tokenizer, its EOS tokens the target's (made once)."""
+    tokenizer = target.tokenizer
+    if tokenizer is None:
+        raise ConstraintError(f"model '{target.name}' has no tokenizer, and a schema, regular expression or "
+                              "grammar constrains text: load the model with its tokenizer")
+    cached = _TOKENIZERS.get(id(tokenizer))
+    if cached is None or cached[0] is not tokenizer:
+        import llguidance.hf  # noqa: F401 (the module, for from_tokenizer)
+
+        eos = sorted(target.eos_token_ids) or None
+        try:
+            made = _llguidance().hf.from_tokenizer(tokenizer, n_vocab=target.vocab_size, eos_token=eos)
+        except ValueError as err:
+            raise ConstraintError(f"model '{target.name}': llguidance cannot read its tokenizer ({err}); "
+                                  "it needs a fast (Rust) Hugging Face tokenizer") from err
+        cached = _TOKENIZERS[id(tokenizer)] = (tokenizer, made)
+    return cached[1]
+
+
+def constraint_for(target: Target, *, json_schema: str | dict | None = None, regex: str | None = None,
+                   grammar: str | None = None) -> GuidanceConstraint:
+    """A constraint on `target`'s new tokens: exactly one of a JSON schema (a dict, or its JSON text), a
+    regular expression, or a grammar (llguidance's Lark dialect, or GBNF with `::=` rules)."""
+    given = {k: v for k, v in (("json_schema", json_schema), ("regex", regex), ("grammar", grammar))
+             if v is not None}
+    if len(given) != 1:
+        raise ConstraintError("give exactly one of json_schema, regex and grammar "
+                              f"(got {', '.join(given) or 'none'})")
+    llguidance = _llguidance()
+    matcher = llguidance.LLMatcher
+    if json_schema is not None:
+        if isinstance(json_schema, str):
+            try:
+                json_schema = json.loads(json_schema)
+            except json.JSONDecodeError as err:
+                raise ConstraintError(f"the JSON schema is not valid JSON: {err}") from err
+        if not isinstance(json_schema, (dict, bool)):
+            raise ConstraintError(f"a JSON schema is a JSON object, got {type(json_schema).__name__}")
+        text, label = matcher.grammar_from_json_schema(json_schema), "JSON schema"
+    elif regex is not None:
+        text, label = matcher.grammar_from_regex(regex), f"regular expression {regex!r}"
+    else:
+        lark = llguidance.gbnf_to_lark(grammar) if "::=" in grammar else grammar
+        text, label = matcher.grammar_from_lark(lark), "grammar"
+    return GuidanceConstraint(text, guidance_tokenizer(target), label)
