@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 EXTRAS ?= rest,suffix,stream,test,bench,docs,triton,ray,llamacpp,structured
 
-.PHONY: setup demo test bench results results-render clean
+.PHONY: setup demo test test-exhaustive bench results results-render clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -43,6 +43,10 @@ test: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports --no-logo
 	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(PY) -m pytest -n $(TEST_WORKERS) --nbmake --durations=25 tests notebooks
+
+# CI samples some cross products (tests marked `exhaustive`); this runs every case (about 15 minutes more).
+test-exhaustive: setup
+	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 SPECFRAME_EXHAUSTIVE=1 $(PY) -m pytest -n $(TEST_WORKERS) -m exhaustive tests
 
 bench: setup
 	$(PY) -m pytest benchmarks --benchmark-only

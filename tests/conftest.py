@@ -95,10 +95,14 @@ def plain_greedy(target: specframe.Target, prompt: list[int], max_new_tokens: in
 
 def pytest_collection_modifyitems(config, items):
     """Skip the tests marked `gpu` (tests/core/runtime/test_gpu.py) on a machine where torch sees no CUDA
-    device."""
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA device")
+    device, and those marked `exhaustive` unless SPECFRAME_EXHAUSTIVE=1 asks for the whole cross product."""
+    skips = {}
+    if not torch.cuda.is_available():
+        skips["gpu"] = pytest.mark.skip(reason="needs a CUDA device")
+    if os.environ.get("SPECFRAME_EXHAUSTIVE") != "1":
+        skips["exhaustive"] = pytest.mark.skip(
+            reason="one of the whole cross product; SPECFRAME_EXHAUSTIVE=1 runs it (make test-exhaustive)")
     for item in items:
-        if item.get_closest_marker("gpu") is not None:
-            item.add_marker(skip)
+        for marker, skip in skips.items():
+            if item.get_closest_marker(marker) is not None:
+                item.add_marker(skip)

@@ -92,13 +92,24 @@ def decoder(setup, drafter: str, tree, verifier: str, backend=None, budget=BUDGE
     return SpeculativeDecoder(target, pipeline, budget=budget, cost=cost)
 
 
-USES_Q = [(d, t, v, params, runs, b) for d, t, v, uses_q in COMBINATIONS if uses_q
+# Rejection runs with every drafter and tree that samples its drafts; block and traversal, whose laws the
+# verifier tests check exactly (tests/plugins/verify/test_block_traversal.py), run here on the tree each is
+# built for, and on the rest of the cross product when SPECFRAME_EXHAUSTIVE=1 (about 15 CPU minutes more).
+SAMPLED = {"block": {"chain"}, "traversal": {"static", "trie"}}
+
+
+def _uses_q_case(d, t, v, params, runs, b):
+    exhaustive = v in SAMPLED and (t not in SAMPLED[v] or d != "draft-model" and params is FILTERED)
+    return pytest.param(d, t, v, params, runs, b, marks=[pytest.mark.exhaustive] if exhaustive else [],
+                        id=f"{d}+{t}+{v}-T{params.temperature}-p{params.top_p}@{b}")
+
+
+USES_Q = [_uses_q_case(d, t, v, params, runs, b) for d, t, v, uses_q in COMBINATIONS if uses_q
           for params, runs in ((HOT, RUNS_HOT), (FILTERED, RUNS_FILTERED)) for b in BUDGETS]
 REPLAYS = [(d, t, v, b) for d, t, v, uses_q in COMBINATIONS if not uses_q for b in BUDGETS]
 
 
-@pytest.mark.parametrize("drafter,tree,verifier,params,runs,budget", USES_Q,
-                         ids=[f"{d}+{t}+{v}-T{p.temperature}-p{p.top_p}@{b}" for d, t, v, p, _, b in USES_Q])
+@pytest.mark.parametrize("drafter,tree,verifier,params,runs,budget", USES_Q)
 def test_combinations_that_use_q_follow_the_target_law(setup, drafter, tree, verifier, params, runs, budget):
     _, table, _ = setup
     run = decoder(setup, drafter, tree, verifier, budget=budget)
@@ -174,11 +185,13 @@ def test_real_kv_backend_follows_the_target_law(setup, drafter, tree, options):
 # while the real planner passes. With one node every draw-order builder keeps the first-drawn child, so
 # `chain` stands for `trie` and `static` (their runs are the same, seed for seed).
 CAUGHT_BY_FAR, RUNS_SELECTIVE = 1e-12, 1000
-SELECTIVE_CASES = list(dict.fromkeys((d, v, params) for d, _, v, params, _, b in USES_Q if b != BUDGET))
+SELECTIVE_CASES = [pytest.param(d, v, params, id=f"{d}+{v}-T{params.temperature}-p{params.top_p}",
+                                marks=[pytest.mark.exhaustive] if v in SAMPLED and params is FILTERED else [])
+                   for d, v, params in dict.fromkeys((d, v, params) for d, _, v, params, _, b in
+                                                     (case.values for case in USES_Q) if b != BUDGET)]
 
 
-@pytest.mark.parametrize("drafter,verifier,params", SELECTIVE_CASES,
-                         ids=[f"{d}+{v}-T{p.temperature}-p{p.top_p}" for d, v, p in SELECTIVE_CASES])
+@pytest.mark.parametrize("drafter,verifier,params", SELECTIVE_CASES)
 def test_a_planner_that_cuts_sampled_drafts_by_score_is_caught_where_the_real_one_passes(
         setup, drafter, verifier, params):
     _, table, _ = setup
