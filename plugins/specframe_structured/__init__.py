@@ -41,6 +41,10 @@ class ForcedDrafter(Drafter):
                 "which forced does not pass on; fuse it with a retrieval drafter such as suffix, pld or rest")
         self.then = cls(target, **spec.options)
 
+    @classmethod
+    def example_options(cls, target, workdir: str) -> dict:
+        return {"then": "pld"}  # drafts without a constraint too, as pld
+
     def propose(self, context: DraftContext) -> DraftProposal:
         state = getattr(context.sampler, "constraint", None)
         forced = state.forced(context.budget) if state is not None and context.budget > 0 else []

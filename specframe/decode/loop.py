@@ -287,7 +287,7 @@ class SpeculativeDecoder:
     def _constraints(self, constraint, rows: int) -> list[Constraint | None]:
         """One constraint per row (`constraint` is one for all, or a sequence of one per row), each checked
         against the pipeline and the target before any work (`check_constraint`)."""
-        many = constraint is not None and not isinstance(constraint, Constraint)
+        many = isinstance(constraint, (list, tuple))
         constraints = list(constraint) if many else [constraint] * rows
         if len(constraints) != rows:
             raise ConfigurationError(f"{len(constraints)} constraints for {rows} prompts: pass one "

@@ -166,6 +166,9 @@ class RequestRow:
             self.drafter.observe(StepOutcome(self._proposal, len(tree), emitted[:-1], result.bonus,
                                              self.hidden))
         if self._paths is not None:
+            before_bonus = self._paths.entry(tuple(emitted[:-1]))
+            if before_bonus is not None and not before_bonus[1].any():  # complete, nothing may follow
+                emitted = emitted[:-1]
             self.sampler.constraint = self.constrained_state(emitted)
         emitted, self.reason = self._cut(emitted)
         if self.reason is None and self._paths is not None and not self.sampler.constraint.allowed().any():

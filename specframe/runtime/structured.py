@@ -3,7 +3,8 @@ llguidance (the `structured` extra; why this library: docs/explanation/structure
 
 `constraint_for(target, json_schema=... | regex=... | grammar=...)` checks the text and compiles it before
 any decoding: an invalid schema, regular expression or grammar, or one that no token sequence can start,
-raises `ConstraintError` naming what was wrong. Grammars are llguidance's Lark dialect (`start: ...`,
+raises `ConstraintError` naming what was wrong. JSON is laid out as `json.dumps` writes it (`JSON_LAYOUT`).
+Grammars are llguidance's Lark dialect (`start: ...`,
 `%json {...}` for a schema inside a grammar); a GBNF grammar (llama.cpp's, with `root ::= ...`) is
 converted to it first.
 """
@@ -18,6 +19,9 @@ import numpy as np
 from specframe.terms.constraint import Constraint, ConstraintError, ConstraintState
 from specframe.terms.target import Target
 
+# JSON as `json.dumps` writes it, no other whitespace: a model cannot pad its output with spaces and
+# newlines forever, and the layout is forced, so `forced` drafts it (a schema's "x-guidance" overrides it).
+JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 _TOKENIZERS: dict[int, tuple[Any, Any]] = {}  # id(HF tokenizer) -> (it, its llguidance tokenizer): ~1 s
 
 
@@ -64,10 +68,12 @@ class GuidanceConstraint(Constraint):
     """A grammar in llguidance's format, compiled for one tokenizer; refused here when invalid or when no
     token may start it."""
 
-    def __init__(self, grammar: str, tokenizer, label: str):
+    def __init__(self, grammar: str, tokenizer, label: str, vocab_size: int | None = None):
         llguidance = _llguidance()
         self.grammar, self.tokenizer, self.label = grammar, tokenizer, label
-        self.vocab_size = int(tokenizer.vocab_size)
+        # The tokens masks cover: fewer than the tokenizer's where it holds a stand-in EOS past the target's
+        # vocabulary (`guidance_tokenizer`), which is then never allowed.
+        self.vocab_size = int(vocab_size or tokenizer.vocab_size)
         is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, tokenizer)
         if is_error:
             raise ConstraintError(f"invalid {label}: {messages[0]}")
@@ -87,22 +93,40 @@ class GuidanceConstraint(Constraint):
         return self.label
 
 
+class _DecodedTokens:
+    """What llguidance's `TokenizerWrapper` reads, for a tokenizer whose serialized form it cannot parse:
+    each token's bytes as the tokenizer decodes it alone (right for tokenizers without byte pieces)."""
+
+    def __init__(self, tokenizer, vocab: int, eos: int):
+        self.tokenizer = tokenizer
+        self.tokens = [tokenizer.decode([i]).encode() for i in range(vocab)] + [b"<eos>"] * (eos >= vocab)
+        self.eos_token_id, self.bos_token_id, self.special_token_ids = eos, None, [eos]
+
+    def __call__(self, text) -> list[int]:
+        text = text.decode() if isinstance(text, bytes) else text
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
 def guidance_tokenizer(target: Target):
-    """The llguidance tokenizer of `target`'s tokenizer, its EOS tokens the target's (made once)."""
+    """The llguidance tokenizer of `target`'s tokenizer, its EOS tokens the target's (made once). A target
+    without EOS gets a stand-in one past its vocabulary, never allowed (`GuidanceConstraint.vocab_size`)."""
     tokenizer = target.tokenizer
     if tokenizer is None:
         raise ConstraintError(f"model '{target.name}' has no tokenizer, and a schema, regular expression or "
                               "grammar constrains text: load the model with its tokenizer")
     cached = _TOKENIZERS.get(id(tokenizer))
     if cached is None or cached[0] is not tokenizer:
-        import llguidance.hf  # noqa: F401 (the module, for from_tokenizer)
+        _llguidance()  # a clear error when it is not installed
+        import llguidance.hf
 
-        eos = sorted(target.eos_token_ids) or None
+        vocab = target.vocab_size
+        eos = sorted(target.eos_token_ids) or [vocab]
+        n_vocab = vocab + (eos == [vocab])
         try:
-            made = _llguidance().hf.from_tokenizer(tokenizer, n_vocab=target.vocab_size, eos_token=eos)
-        except ValueError as err:
-            raise ConstraintError(f"model '{target.name}': llguidance cannot read its tokenizer ({err}); "
-                                  "it needs a fast (Rust) Hugging Face tokenizer") from err
+            made = llguidance.hf.from_tokenizer(tokenizer, n_vocab=n_vocab, eos_token=eos)
+        except ValueError:  # a tokenizer llguidance cannot parse (the tiny character-level one)
+            wrapped = llguidance.TokenizerWrapper(_DecodedTokens(tokenizer, vocab, eos[0]))
+            made = llguidance.LLTokenizer(wrapped)
         cached = _TOKENIZERS[id(tokenizer)] = (tokenizer, made)
     return cached[1]
 
@@ -126,10 +150,11 @@ def constraint_for(target: Target, *, json_schema: str | dict | None = None, reg
                 raise ConstraintError(f"the JSON schema is not valid JSON: {err}") from err
         if not isinstance(json_schema, (dict, bool)):
             raise ConstraintError(f"a JSON schema is a JSON object, got {type(json_schema).__name__}")
-        text, label = matcher.grammar_from_json_schema(json_schema), "JSON schema"
+        text, label = matcher.grammar_from_json_schema(json_schema, defaults=JSON_LAYOUT), "JSON schema"
     elif regex is not None:
         text, label = matcher.grammar_from_regex(regex), f"regular expression {regex!r}"
     else:
         lark = llguidance.gbnf_to_lark(grammar) if "::=" in grammar else grammar
         text, label = matcher.grammar_from_lark(lark), "grammar"
-    return GuidanceConstraint(text, guidance_tokenizer(target), label)
+    return GuidanceConstraint(text, guidance_tokenizer(target), label,
+                              vocab_size=min(guidance_tokenizer(target).vocab_size, target.vocab_size))
