@@ -28,8 +28,8 @@ class LlamaCppBackend(StateBackend):
     to it measured, else no padding)."""
 
     name = "llamacpp"
-    # One llama.cpp context holds one sequence's cache, which copies of the backend would share: the default
-    # `batch()` refuses it. (llama.cpp can hold several sequences in one context; this backend uses one.)
+    # Copies of the backend would share one llama.cpp context, so the default `RowByRow` would be wrong:
+    # `batch()` makes rows sequences of one context of their own instead (`specframe_llamacpp.rows`).
     capabilities = BackendCapabilities(supports_trees=True, provides_hidden_states=False,
                                        fresh_state_per_copy=False, runs_target_model=False)
 
@@ -81,6 +81,13 @@ class LlamaCppBackend(StateBackend):
             return str(err)
         return facts_reason(facts, target.vocab_size)
 
+    def batch(self):
+        """Rows as llama.cpp sequences of one context, every row's tree in one `llama_decode`
+        (`specframe_llamacpp.rows.LlamaRows`)."""
+        from specframe_llamacpp.rows import LlamaRows
+
+        return LlamaRows(self)
+
     def cost_options(self) -> dict:
         return {"min_rows": "auto" if self._measured_padding else self.min_rows, "ubatch": self.ubatch}
 
@@ -97,7 +104,7 @@ class LlamaCppBackend(StateBackend):
         import torch
 
         self.engine.set_threads(exact_threads(torch.get_num_threads()))
-        self._check_room(len(ids), "the prompt")
+        self.check_room(len(ids), "the prompt")
         self.engine.clear()
         prefix = np.asarray(ids[:-1], dtype=np.int32)
         self._scored = False
@@ -115,7 +122,7 @@ class LlamaCppBackend(StateBackend):
                 f"backend 'llamacpp': a tree of {layout.paths} root-to-leaf paths, and the context was made "
                 f"for {self.max_leaves}: pass --backend 'llamacpp(max_leaves={layout.paths})' or a smaller "
                 "budget")
-        self._check_room(start + layout.rows, "this step")
+        self.check_room(start + layout.rows, "this step")
         if self._scored:
             self.engine.drop_from(start)  # the rows of an earlier, uncommitted score
         self._scored = True
@@ -136,7 +143,7 @@ class LlamaCppBackend(StateBackend):
         self._scored = False
         self._committed, self._pending = end, int(bonus)
 
-    def _check_room(self, positions: int, what: str) -> None:
+    def check_room(self, positions: int, what: str) -> None:
         if positions > self.engine.context:
             raise ConfigurationError(
                 f"backend 'llamacpp': {what} needs {positions} positions and the llama.cpp context holds "

@@ -143,7 +143,9 @@ class Batch:
 
 class LlamaEngine:
     """A llama.cpp context over one GGUF model, set up as the module docstring says, holding `paths`
-    sequences for tree paths (ids 0..paths-1, 0 the committed one) and one spare id for compaction."""
+    sequences for tree paths (ids 0..paths-1, 0 the committed one) and one spare id: the single-sequence
+    backend moves accepted cells through it (`compact`), the batch (`specframe_llamacpp.rows`) marks
+    discarded cells with it (`settle`)."""
 
     def __init__(self, path: Path, *, context: int, paths: int, threads: int):
         lib = llama()
@@ -167,7 +169,8 @@ class LlamaEngine:
                 "why): lower the backend's context or max_leaves option")
         weakref.finalize(self, lib.llama_free, ctx)
         self.ctx, self.memory = ctx, lib.llama_get_memory(ctx)
-        self.context = min(context, int(lib.llama_n_ctx(ctx)))  # what the backend lets a request use
+        self.cells = int(lib.llama_n_ctx(ctx))  # cells the cache holds
+        self.context = min(context, self.cells)  # what the backend lets a request use
         self.rows = int(params.n_batch)
         self.spare = paths  # the sequence id `compact` moves the accepted cells through
         self.shared = 1  # sequences 0..shared-1 hold the committed cells
@@ -249,12 +252,54 @@ class LlamaEngine:
         for other in range(1, self.shared):
             lib.llama_memory_seq_rm(self.memory, other, -1, -1)
         lib.llama_memory_seq_rm(self.memory, 0, start, -1)  # the tree's cells now hold the spare id at most
-        size = lib.llama_state_seq_get_size(self.ctx, spare)
-        state = (ctypes.c_uint8 * size)()
-        written = lib.llama_state_seq_get_data(self.ctx, state, size, spare)
+        state = self.save(spare)
         lib.llama_memory_seq_rm(self.memory, spare, -1, -1)
-        if not written or not lib.llama_state_seq_set_data(self.ctx, state, written, spare):
-            raise RuntimeError(f"llama.cpp could not move the accepted cells at positions {start}..{end - 1}")
+        self.load(spare, state, f"the accepted cells at positions {start}..{end - 1}")
         lib.llama_memory_seq_cp(self.memory, spare, 0, -1, -1)
         lib.llama_memory_seq_rm(self.memory, spare, -1, -1)
         self.shared = 1
+
+    def save(self, seq: int) -> ctypes.Array:
+        """A copy of sequence `seq`'s cells (positions, keys, values: llama.cpp's per-sequence state)."""
+        lib = llama()
+        size = lib.llama_state_seq_get_size(self.ctx, seq)
+        state = (ctypes.c_uint8 * size)()
+        written = lib.llama_state_seq_get_data(self.ctx, state, size, seq)
+        if not written:
+            raise RuntimeError(f"llama.cpp could not read the cells of sequence {seq}")
+        return state if written == size else (ctypes.c_uint8 * written).from_buffer_copy(state)
+
+    def load(self, seq: int, state: ctypes.Array, what: str = "a saved sequence") -> None:
+        """Write `state` (from `save`, of this engine or another over the same model) into sequence `seq`,
+        in the first free cells that hold it in one run."""
+        if not llama().llama_state_seq_set_data(self.ctx, state, len(state), seq):
+            raise RuntimeError(f"llama.cpp could not write {what} into sequence {seq}: its cache has no run "
+                               f"of {len(state)} bytes' worth of free cells")
+
+    # --- the batch's sequences (`specframe_llamacpp.rows`) ----------------------------------------
+
+    def settle(self, ids: list[int], start: int, kept: int | None, end: int) -> None:
+        """End a tree scored in sequences `ids` (the row's own first, then borrowed ones) from position
+        `start` on: every tree cell also gets the spare id, which no query reads, so that no cell is
+        freed (a free cell between a row's cells would take a later token before accepted ones); the
+        row's own sequence keeps the cells of sequence `kept` before `end` (none when `kept` is None);
+        the borrowed ids are emptied."""
+        lib, own = llama(), ids[0]
+        for seq in ids:
+            lib.llama_memory_seq_cp(self.memory, seq, self.spare, start, -1)
+        lib.llama_memory_seq_rm(self.memory, own, end if kept == own else start, -1)
+        if kept is not None and kept != own:
+            lib.llama_memory_seq_cp(self.memory, kept, own, start, end)
+        for seq in ids[1:]:
+            lib.llama_memory_seq_rm(self.memory, seq, -1, -1)
+
+    def copy(self, source: int, targets: list[int]) -> None:
+        """Make each sequence of `targets` hold `source`'s cells too (metadata only)."""
+        for seq in targets:
+            llama().llama_memory_seq_cp(self.memory, source, seq, -1, -1)
+
+    def retire(self, seq: int, into: int | None = None) -> None:
+        """Hand sequence `seq`'s cells to sequence `into` (None: the spare id, discarded) and empty it."""
+        lib = llama()
+        lib.llama_memory_seq_cp(self.memory, seq, self.spare if into is None else into, -1, -1)
+        lib.llama_memory_seq_rm(self.memory, seq, -1, -1)

@@ -247,12 +247,6 @@ def test_padded_forwards_give_the_same_rows_and_state(target, prompt, tree):
     assert torch.equal(padded.score(tree).logits, unpadded.score(tree).logits)
 
 
-def test_a_batch_is_refused_before_any_work_with_what_to_do(target, prompt):
-    decoder = specframe.SpeculativeDecoder.from_names(target, "pld", "chain", "greedy", "llamacpp", budget=4)
-    with pytest.raises(specframe.ConfigurationError, match="'llamacpp' cannot decode a batch.*--backend kv"):
-        decoder.generate_batch([prompt, prompt[:5]], max_new_tokens=4)
-
-
 def test_generate_compare_times_it_against_plain_decoding_through_llama_cpp_not_transformers(target, prompt):
     """`generate --compare` on `llamacpp`: the baseline runs the same GGUF weights (plain decoding through
     the backend), is named in the report, and greedy outputs are identical; transformers' generate, on the
