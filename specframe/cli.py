@@ -9,6 +9,7 @@ import json
 import sys
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -66,8 +67,19 @@ def generate(
     clock: str = clock_option(),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     phase_timing: bool = phase_timing_option(),
+    json_schema: Optional[Path] = typer.Option(None, "--json-schema", help="Structured output: JSON that "
+                                               "matches the JSON schema in this file (laid out as "
+                                               "json.dumps writes it)."),
+    regex: Optional[str] = typer.Option(None, "--regex", help="Structured output: text that matches this "
+                                        "regular expression."),
+    grammar: Optional[Path] = typer.Option(None, "--grammar", help="Structured output: text of the "
+                                           "grammar in this file, in llguidance's Lark dialect, or GBNF "
+                                           "(llama.cpp's, rules written with ::=)."),
 ) -> None:
-    """Generate a continuation with a speculative pipeline and print it with its metrics."""
+    """Generate a continuation with a speculative pipeline and print it with its metrics. With
+    --json-schema, --regex or --grammar the output follows the target's law masked to what they allow,
+    and stays identical to constrained plain decoding (greedy); the drafter `forced` (e.g.
+    --drafter 'forced(then=pld)') drafts the tokens they force."""
     from specframe.runtime.load import load_target
     from specframe.plugging.models import model_recipes
     from specframe.terms.sampling import SamplingParams
@@ -75,10 +87,11 @@ def generate(
     sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
     pipeline = {"drafter": drafter, "tree": tree, "verifier": verifier, "backend": backend, "budget": budget}
     stop = check_generate(prompt, max_new_tokens, stop, pipeline)
+    source = constraint_source(json_schema, regex, grammar, compare)
     set_timing(threads, clock, device)
     target = load_target(model, device=device, dtype=dtype, recipes=model_recipes)
     ids = encode_prompt(target, prompt, chat)
-    make_decoder = decoder_factory(target, pipeline, sampling, phase_timing)
+    make_decoder = decoder_factory(target, pipeline, sampling, phase_timing, constrained(target, source))
     with warnings.catch_warnings(record=True) as caught:  # e.g. a cache that could not be saved:
         if compare:  # printed after the text
             result, comparison = decode_compared(target, make_decoder, ids, chat, max_new_tokens, stop,
@@ -104,15 +117,66 @@ def check_generate(prompt: str, max_new_tokens: int, stop: list[str] | None,
     return stop
 
 
-def decoder_factory(target, pipeline: dict, sampling, phase_timing: bool) -> Callable:
-    """A function making a fresh decoder of `pipeline` on `target` (one per timed run under --compare)."""
+def constraint_source(json_schema: Path | None, regex: str | None, grammar: Path | None,
+                      compare: bool = False) -> dict:
+    """`constraint_for`'s keyword from --json-schema, --regex or --grammar (files read, JSON parsed), checked
+    before the model loads; {} when none is given."""
+    from specframe.support.untrusted import parse_json
+    from specframe.terms.constraint import ConstraintError
+
+    given = {k: v for k, v in (("--json-schema", json_schema), ("--regex", regex), ("--grammar", grammar))
+             if v is not None}
+    if len(given) > 1:
+        raise ConstraintError(f"give one of --json-schema, --regex and --grammar, not {' and '.join(given)}")
+    if given and compare:
+        raise ConstraintError("--compare times transformers' unconstrained generate: leave it out with "
+                              f"{next(iter(given))}")
+    if regex is not None:
+        return checked_source({"regex": regex})
+    if json_schema is None and grammar is None:
+        return {}
+    option, path = next(iter(given.items()))
+    try:
+        data = Path(path).read_bytes()
+    except OSError as err:
+        raise ConstraintError(f"{option} {path}: cannot read it ({err.strerror or err})") from None
+    if grammar is not None:
+        try:
+            return checked_source({"grammar": data.decode()})
+        except UnicodeDecodeError:
+            raise ConstraintError(f"--grammar {path}: not UTF-8 text") from None
+    return checked_source({"json_schema": parse_json(data, f"--json-schema {path}", "pass a JSON schema file",
+                                                     ConstraintError)})
+
+
+def checked_source(source: dict) -> dict:
+    """`source` once llguidance found its schema, regular expression or grammar valid (no model needed)."""
+    from specframe.runtime.structured import check_source
+
+    check_source(**source)
+    return source
+
+
+def constrained(target, source: dict):
+    """The constraint `source` names, compiled for `target`'s tokenizer (None for none)."""
+    from specframe.runtime.structured import constraint_for
+
+    return constraint_for(target, **source) if source else None
+
+
+def decoder_factory(target, pipeline: dict, sampling, phase_timing: bool, constraint=None) -> Callable:
+    """A function making a fresh decoder of `pipeline` on `target` (one per timed run under --compare);
+    each request it decodes follows `constraint`, when given."""
     from specframe.decode.loop import SpeculativeDecoder
 
     def make_decoder() -> SpeculativeDecoder:
-        return SpeculativeDecoder.from_names(target, pipeline["drafter"], pipeline["tree"],
-                                             pipeline["verifier"], pipeline["backend"],
-                                             budget=pipeline["budget"], sampling=sampling,
-                                             phase_timing=phase_timing)
+        decoder = SpeculativeDecoder.from_names(target, pipeline["drafter"], pipeline["tree"],
+                                                pipeline["verifier"], pipeline["backend"],
+                                                budget=pipeline["budget"], sampling=sampling,
+                                                phase_timing=phase_timing)
+        if constraint is not None:
+            decoder.generate = functools.partial(decoder.generate, constraint=constraint)
+        return decoder
 
     return make_decoder
 

@@ -5,8 +5,8 @@ llguidance (the `structured` extra; why this library: docs/explanation/structure
 any decoding: an invalid schema, regular expression or grammar, or one that no token sequence can start,
 raises `ConstraintError` naming what was wrong. JSON is laid out as `json.dumps` writes it (`JSON_LAYOUT`).
 Grammars are llguidance's Lark dialect (`start: ...`,
-`%json {...}` for a schema inside a grammar); a GBNF grammar (llama.cpp's, with `root ::= ...`) is
-converted to it first.
+`%json {...}` for a schema inside a grammar); any other text is read as GBNF (llama.cpp's, with
+`root ::= ...`) and converted to it first.
 """
 
 from __future__ import annotations
@@ -135,6 +135,25 @@ def constraint_for(target: Target, *, json_schema: str | dict | None = None, reg
                    grammar: str | None = None) -> GuidanceConstraint:
     """A constraint on `target`'s new tokens: exactly one of a JSON schema (a dict, or its JSON text), a
     regular expression, or a grammar (llguidance's Lark dialect, or GBNF with `::=` rules)."""
+    text, label = grammar_text(json_schema=json_schema, regex=regex, grammar=grammar)
+    tokenizer = guidance_tokenizer(target)
+    return GuidanceConstraint(text, tokenizer, label, vocab_size=min(tokenizer.vocab_size, target.vocab_size))
+
+
+def check_source(**source) -> None:
+    """Refuse (`ConstraintError`) an invalid schema, regular expression or grammar (`constraint_for`'s
+    keywords) without a tokenizer: before a model loads. Whether any token can start it is known only
+    with the tokenizer (`constraint_for`)."""
+    text, label = grammar_text(**source)
+    message = _llguidance().LLMatcher.validate_grammar(text)
+    if message and not message.startswith("WARNING"):
+        raise ConstraintError(f"invalid {label}: {message}")
+
+
+def grammar_text(*, json_schema: str | dict | None = None, regex: str | None = None,
+                 grammar: str | None = None) -> tuple[str, str]:
+    """llguidance's grammar for exactly one of a JSON schema, a regular expression or a grammar, and how
+    to name it in messages."""
     given = {k: v for k, v in (("json_schema", json_schema), ("regex", regex), ("grammar", grammar))
              if v is not None}
     if len(given) != 1:
@@ -150,11 +169,14 @@ def constraint_for(target: Target, *, json_schema: str | dict | None = None, reg
                 raise ConstraintError(f"the JSON schema is not valid JSON: {err}") from err
         if not isinstance(json_schema, (dict, bool)):
             raise ConstraintError(f"a JSON schema is a JSON object, got {type(json_schema).__name__}")
-        text, label = matcher.grammar_from_json_schema(json_schema, defaults=JSON_LAYOUT), "JSON schema"
-    elif regex is not None:
-        text, label = matcher.grammar_from_regex(regex), f"regular expression {regex!r}"
-    else:
-        lark = llguidance.gbnf_to_lark(grammar) if "::=" in grammar else grammar
-        text, label = matcher.grammar_from_lark(lark), "grammar"
-    return GuidanceConstraint(text, guidance_tokenizer(target), label,
-                              vocab_size=min(guidance_tokenizer(target).vocab_size, target.vocab_size))
+        return matcher.grammar_from_json_schema(json_schema, defaults=JSON_LAYOUT), "JSON schema"
+    if regex is not None:
+        return matcher.grammar_from_regex(regex), f"regular expression {regex!r}"
+    from llguidance.gbnf_to_lark import GbnfToLarkError, any_to_lark
+
+    try:
+        lark = any_to_lark(grammar)  # Lark (`start:` rules) as it is, GBNF converted
+    except (GbnfToLarkError, ValueError) as err:
+        raise ConstraintError(f"invalid grammar: neither llguidance's Lark dialect (rules like `start: ...`) "
+                              f"nor GBNF that converts to it ({type(err).__name__}: {err})") from err
+    return matcher.grammar_from_lark(lark), "grammar"
