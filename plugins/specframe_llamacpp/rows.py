@@ -59,6 +59,8 @@ class LlamaRows(SlottedRows):
     # --- rows ------------------------------------------------------------------------------------
 
     def add(self, ids: list[int]) -> int:
+        """Start a row (see the module docstring for how its prompt is read); an uncommitted score is
+        discarded, so add rows between a commit and the next score, as the decode loop does."""
         self._discard()
         if len(self.rows) + 1 >= self.sequences:
             raise ConfigurationError(
