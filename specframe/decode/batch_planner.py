@@ -71,7 +71,6 @@ class RowPlan:
         self.planner = planner
         self.blind = False
         self.record = CutRecord()  # this step's nodes, for learning acceptance (cut by `BatchPlanner.cut`)
-        self.predicted: np.ndarray | None = None  # kept nodes' predicted acceptance (`DepthCalibration`)
         probes = copy.copy(planner.probes)  # its probes' budget (the drafting-time fit is shared)
         probes.earned_s = 0.0
         # whether its drafting pays, its drafted steps' speed over its plain steps' starting from the batch's
@@ -128,9 +127,8 @@ class RowPlan:
         drafted, what drafting cost (`times["draft"]`) and whether the step emitted faster than a plain
         one."""
         planner = self.planner
-        if self.predicted is not None:
-            planner.calibration.add(self.predicted, tree, result.path)
-            self.predicted = None
+        if self.record.predicted is not None:
+            planner.calibration.add(self.record.predicted, tree, result.path)
         self.record.learn(planner.acceptance, tree, result, planner.matches_draws)
         count_positions(planner.position_hits, tree, result)
         plain = max(planner.plain_row_s, 1e-12)
@@ -206,12 +204,11 @@ class BatchPlanner(CostAtContext, StepPlanner):
         sizes = dict(whole)
         owners, nodes, probs = [], [], []
         for key, tree in trees.items():
-            features = plans[key].record.features
-            if features is not None:
+            record = plans[key].record
+            if record.features is not None:
                 owners += [key] * len(tree)
                 nodes.append(np.arange(len(tree)))
-                predicted = self.acceptance.predict(features)
-                plans[key].predicted = predicted
+                predicted = record.predict(self.acceptance)
                 probs.append(path_probabilities(tree.parents, self.calibration.scaled(predicted, tree.depth)))
         owners = np.asarray(owners, np.int64)
         nodes, probs = (np.concatenate(x) if x else np.zeros(0) for x in (nodes, probs))
@@ -235,7 +232,6 @@ class BatchPlanner(CostAtContext, StepPlanner):
             mine = chosen[owners[chosen] == key]
             keep = np.sort(nodes[mine]).astype(np.int64)
             tree = plan.record.cut(tree, keep)
-            plan.predicted = plan.predicted[keep]
             whole[key] = len(tree)
             out[key] = (tree, Prediction(1.0 + float(probs[mine].sum()), float(seconds[best])))
         self._price_rows(whole, plans, batch)

@@ -20,12 +20,20 @@ from specframe.terms.tree import TokenTree
 
 @dataclass
 class CutRecord:
-    """One row's step as the acceptance model learns from it: the features of the nodes scored, and,
-    when a cut dropped nodes, the tree before the cut with its features."""
+    """One row's step as the acceptance model learns from it: the features of the nodes scored, what the
+    model predicted for them where a cut asked (`predict`), and, when a cut dropped nodes, the tree before
+    the cut with its features."""
 
     features: NodeFeatures | None = None  # of the nodes kept (None: the tree is not pruned by features)
     built: TokenTree | None = None  # the tree before the cut, when the cut dropped nodes
     built_features: NodeFeatures | None = None
+    predicted: np.ndarray | None = None  # the kept nodes' predicted conditional acceptance, once predicted
+
+    def predict(self, acceptance: AcceptanceModel) -> np.ndarray:
+        """The nodes' conditional acceptance as `acceptance` predicts it, kept with the record (and cut
+        with its nodes) until `learn`."""
+        self.predicted = acceptance.predict(self.features)
+        return self.predicted
 
     def cut(self, tree: TokenTree, keep: np.ndarray) -> TokenTree:
         """Keep the nodes `keep` (ascending, closed under parents) of `tree`, whose features `features`
@@ -34,6 +42,8 @@ class CutRecord:
             return tree
         self.built, self.built_features = tree, self.features
         self.features = self.features.take(keep)
+        if self.predicted is not None:
+            self.predicted = self.predicted[keep]
         return tree.subtree(keep)
 
     def learn(self, acceptance: AcceptanceModel, tree: TokenTree, result: VerifyResult,
@@ -48,7 +58,7 @@ class CutRecord:
                 self.built.tokens, self.built.parents, self.built.depth, emitted))
         elif self.features is not None and len(tree):
             acceptance.update(self.features, tree.parents, result.path)
-        self.features = self.built = self.built_features = None
+        self.features = self.built = self.built_features = self.predicted = None
 
 
 def count_positions(position_hits: np.ndarray, tree: TokenTree, result: VerifyResult) -> None:
