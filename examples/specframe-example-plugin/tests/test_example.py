@@ -115,3 +115,9 @@ def test_recompute_refuses_recurrent_layers(tiny_target):
     hybrid = SimpleNamespace(config=SimpleNamespace(layer_types=["full_attention", "linear_attention"]))
     assert "linear_attention" in RecomputeBackend.unsupported_reason(hybrid)
     assert RecomputeBackend.unsupported_reason(tiny_target) is None
+
+
+def test_recompute_refuses_a_model_that_cannot_say_its_layers_are_attention():
+    """A config without layer types (Mamba's, RWKV's) may keep state a mask does not roll back."""
+    untyped = SimpleNamespace(config=SimpleNamespace(model_type="rwkv"))
+    assert "lists no layer types and its model type 'rwkv'" in RecomputeBackend.unsupported_reason(untyped)

@@ -20,6 +20,8 @@ if TYPE_CHECKING:  # torch is imported in the methods that use it
 
 # Layer types a mask and position ids fully describe: attention over every earlier token, or no state.
 SERVED_TYPES = {"full_attention", "mlp", "moe"}
+# Families whose configs list no layer types and whose layers are all full attention.
+UNTYPED_ATTENTION_ONLY = ("llama", "mistral", "qwen2")
 
 
 class RecomputeBackend(StateBackend):
@@ -35,7 +37,13 @@ class RecomputeBackend(StateBackend):
 
     @classmethod
     def unsupported_reason(cls, target) -> str | None:
-        others = sorted(set(getattr(target.config, "layer_types", None) or []) - SERVED_TYPES)
+        layer_types = getattr(target.config, "layer_types", None)
+        model_type = getattr(target.config, "model_type", "")
+        if not layer_types and model_type not in UNTYPED_ATTENTION_ONLY:
+            return (f"its config lists no layer types and its model type '{model_type}' is not one known to "
+                    f"be attention only ({', '.join(UNTYPED_ATTENTION_ONLY)}): its layers may keep state "
+                    "that a 4D attention mask does not restrict to a node's ancestors")
+        others = sorted(set(layer_types or []) - SERVED_TYPES)
         if others:
             return (f"it has {others} layers, which a 4D attention mask cannot restrict to a node's "
                     "ancestors; only full-attention models are served")
