@@ -22,11 +22,11 @@ paths per tree and `context` positions per request (both options, with errors th
 no hidden states, so drafters that read the target's features (s4c) cannot run on it.
 
 Batches (`SpeculativeDecoder.generate_batch`): `LlamaCppBackend.batch()` makes rows sequences of one
-llama.cpp context of their own (`rows.LlamaRows`), every active row's tree in one `llama_decode` (micro-
-batches of `ubatch` rows), each row's logits those it gets alone, bit for bit. A row owns one sequence id,
-a step lends the ids its tree's extra paths need (a step's trees share 255, one for each row and one for
-each extra path; a step needing more is refused before any work); the cache starts at `context` cells and
-grows with the rows, and a row is refused, as alone, past `context` positions of its own.
+llama.cpp context of their own (`rows.LlamaRows`), every active row's tree in one `llama_decode` (in
+micro-batches of `ubatch` rows), each row's logits those it gets alone, bit for bit. A row owns one
+sequence id, a step lends the ids its tree's extra paths need (a step's trees share 255, one for each row
+and one for each extra path; a step needing more is refused before it runs); the cache starts at `context`
+cells and grows with the rows, and a row is refused, as alone, past `context` positions of its own.
 
 The plugin also registers llama.cpp's own decoding as bench peers (`peers`: `llamacpp-generate`,
 `llamacpp-pld`), timed beside specframe's methods against plain decoding through this backend.
