@@ -1,8 +1,8 @@
 """Framework overhead per step: everything but the target forward, on the real model's cache shapes.
 
-The target forward is replaced by a stand-in that appends the tree's K/V rows to the real `DynamicCache`
-(SmolLM2 shapes: 30 layers, 3 KV heads x 64) and returns preallocated logits (V = 49152) whose argmax
-accepts about half of each drafted chain. Drafting (prompt lookup over a ~300-token context), tree
+The target forward is replaced by a stand-in that writes the tree's K/V rows to `kv`'s real cache
+(SmolLM2 shapes: 30 layers, 3 KV heads x 64) and returns logits (V = 49152) whose argmax accepts about
+half of each drafted chain. Drafting (prompt lookup over a ~300-token context), tree
 building, verification, commit (gather + crop) and the loop's bookkeeping all run for real.
 
     pytest benchmarks/bench_overhead.py --benchmark-only
@@ -15,46 +15,57 @@ import pytest
 import torch
 
 import specframe
-from specframe import TargetScores
+from specframe.kit.backend import buffered_cache
 from specframe_kv import KVCacheBackend
+from specframe_kv.rows import KVRows
 
 CONTEXT = 300
 STEPS = 20
 
 
+class ForwardFreeRows(KVRows):
+    """`kv`'s rows with the model call replaced: the same cache bookkeeping, no matrix multiplies. Each
+    forward writes random keys and values for its rows to every layer and returns zero logits, which
+    `score` then makes agree with the first half of each tree's first path."""
+
+    def __init__(self, backend):
+        super().__init__(backend)
+        config = self.model.config
+        self.heads, self.dim = config.num_key_value_heads, config.hidden_size // config.num_attention_heads
+        self.layers, self.vocab = config.num_hidden_layers, backend.target.vocab_size
+
+    def _read(self, ids):
+        cache = buffered_cache(self.model.config)
+        for layer in range(self.layers):
+            cache.update(*(torch.randn(1, self.heads, len(ids) - 1, self.dim) for _ in "kv"), layer)
+        return cache
+
+    def _forward(self, rows, ids, positions, mask, start, end):
+        states = [self.rows[row] for row in rows]
+        self.cache.select([state.slot for state in states], [state.length + start for state in states],
+                          end - start, self.device)
+        shape = (len(rows), self.heads, end - start, self.dim)
+        for layer in range(self.layers):
+            self.cache.update(torch.randn(shape), torch.randn(shape), layer)
+        return torch.zeros(len(rows), end - start, self.vocab), None
+
+    def score(self, trees):
+        scores = super().score(trees)
+        for row, tree in trees.items():
+            logits, accept = scores[row].logits, len(tree) // 2  # agree with half of the first path
+            path = tree.paths[0] if len(tree) else []
+            for depth, node in enumerate(path[:accept]):
+                logits[0 if depth == 0 else path[depth - 1] + 1, tree.tokens[node]] = 1.0
+        return scores
+
+
 class ForwardFreeBackend(KVCacheBackend):
-    """`kv` with the model call replaced: same cache bookkeeping, no matrix multiplies."""
+    """`kv` whose rows are `ForwardFreeRows`."""
 
     name = "kv-forward-free"
 
-    def __init__(self, target, **kwargs):
-        super().__init__(target, **kwargs)
-        config = target.config
-        self.kv_shape = (1, config.num_key_value_heads, 0, config.hidden_size // config.num_attention_heads)
-        self.logits = torch.zeros(128, target.vocab_size)
-
-    def prefill(self, ids):
-        from transformers import DynamicCache
-
-        self.cache = DynamicCache(config=self.model.config)
-        self._append(len(ids) - 1)
-        self._committed, self._pending = len(ids) - 1, int(ids[-1])
-
-    def _append(self, rows: int) -> None:
-        shape = (*self.kv_shape[:2], rows, self.kv_shape[3])
-        for layer_idx in range(self.model.config.num_hidden_layers):
-            self.cache.update(torch.randn(shape), torch.randn(shape), layer_idx)
-
-    def score(self, tree):
-        self._crop(self._committed)
-        self._append(len(tree) + 1)
-        logits = self.logits[: len(tree) + 1]
-        logits.zero_()
-        accept = len(tree) // 2  # the target agrees with the first half of the first path
-        path = tree.paths[0] if len(tree) else []
-        for row, node in enumerate(path[:accept]):
-            logits[0 if row == 0 else path[row - 1] + 1, tree.tokens[node]] = 1.0
-        return self.issue(TargetScores(logits=logits, tree=tree))  # kv's commit keeps the appended rows
+    def batch(self):
+        return ForwardFreeRows(self)
 
 
 @pytest.fixture(scope="module")

@@ -1,12 +1,11 @@
 """`kv`: the transformer KV-cache state backend, for any Hugging Face causal LM with a `DynamicCache`.
 
-Tree scoring passes an explicit 4D ancestor mask and explicit position ids (no patching of model code);
-grouped-query attention is handled by the model itself. Commit compacts the accepted branch with one
-gather per layer over the scored tail and crops the rest.
-
-The cache appends in place (`kv(cache="buffer")`, the default: `specframe.kit.backend.buffered_cache`) instead
-of copying itself at every step as transformers' own `DynamicLayer` does (`kv(cache="concat")`); the logits
-are the same either way.
+The backend is written once, in its rows form (`specframe_kv.rows.KVRows`, returned by `batch()`): several
+sequences in one cache, every step's trees scored in one forward with an explicit 4D ancestor mask and
+explicit position ids (no patching of model code), each accepted branch compacted with one gather per
+layer. A single request is a batch of one row (`StateBackend.prefill`, `score`, `commit`). This module
+holds what every row shares: which models `kv` serves, the rows a forward is padded to, the rows a forward
+may take while staying exact.
 
 On some CPUs a forward over 1 or 2 tokens costs more than over 4: with torch's own linear kernel
 (`SPECFRAME_CPU_LINEAR=torch`) the BLAS switches from one streaming pass over each weight matrix to a per-row
@@ -27,9 +26,6 @@ packed linears than with torch's own: docs/explanation/metrics-and-costs.md): a 
 several forwards of at most that many rows each, in order, each reading the rows before it from the
 cache. The limit is measured again when torch's thread count changes, as kernels depend on it.
 
-`batch()` gives `specframe_kv.rows.KVRows`: several sequences in one cache, scored in one forward per step,
-each row's logits what this backend gives it alone (bit for bit in bfloat16 with exact attention).
-
 The backend serves only the model families it has been shown to serve exactly (`VERIFIED_MODEL_TYPES`):
 a layer that keeps state outside its keys/values (RWKV's time mixing, xLSTM's matrix memory) is not
 rolled back by cropping, and a model without typed layers cannot say it has one. A refusal says only why
@@ -38,18 +34,8 @@ rolled back by cropping, and a model without typed layers cannot say it has one.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal, get_args
-
-import numpy as np
-
 import specframe
-from specframe import (
-    BackendCapabilities, ConfigurationError, StateBackend, TargetScores, TokenTree,
-)
-from specframe.kit.inference import inference_mode
-
-if TYPE_CHECKING:  # torch is imported where it is used, so that registering the backend loads none
-    import torch
+from specframe import BackendCapabilities, StateBackend
 
 # Layer types whose only state is the KV cache (attention) or that have no state at all (NemotronH blocks).
 CACHELESS_TYPES = {"full_attention", "sliding_attention", "mlp", "moe"}
@@ -57,10 +43,6 @@ CACHELESS_TYPES = {"full_attention", "sliding_attention", "mlp", "moe"}
 # leave the state of the plain run: tests/plugins/kv/test_kv_admission.py proves each on a tiny random model.
 VERIFIED_MODEL_TYPES = ("cohere", "gemma", "gpt2", "granite", "llama", "mistral", "olmo2", "phi", "phi3",
                         "qwen2", "qwen3", "smollm3", "stablelm", "starcoder2")
-# The `cache` option: append in place (specframe.kit.backend.buffered_cache), or transformers' torch.cat
-# per step.
-CacheKind = Literal["buffer", "concat"]
-CACHES = get_args(CacheKind)
 
 
 def _recurrent_reason(recurrent: list[str]) -> str:
@@ -82,16 +64,12 @@ class KVCacheBackend(StateBackend):
     capabilities = BackendCapabilities(supports_trees=True, provides_hidden_states=True,
                                        fresh_state_per_copy=True)  # prefill makes a new cache
 
-    def __init__(self, target, *, want_hidden: bool = False, calibration=None, min_rows: int | None = None,
-                 cache: CacheKind = "buffer"):
+    def __init__(self, target, *, want_hidden: bool = False, calibration=None, min_rows: int | None = None):
         from specframe.kit.backend import forward_min_rows, pads_by_measurement
         from specframe.kit.models import linear_kernel
 
         super().__init__(target, want_hidden=want_hidden, calibration=calibration)
-        if cache not in CACHES:
-            raise ConfigurationError(f"backend 'kv': cache must be one of {', '.join(CACHES)}, got {cache!r}")
         self.model = target.model
-        self.cache_kind = cache
         # Rows (root + nodes) a tree forward is padded to: see the module docstring. 1 turns padding off.
         linear = linear_kernel(target.model)
         self._measured_padding = pads_by_measurement(min_rows, target.device, linear)
@@ -99,9 +77,6 @@ class KVCacheBackend(StateBackend):
                                          calibrated=self.calibration.min_rows)
         self._max_rows: dict[int, int | None] = {}  # `exact_rows(model)` by torch's thread count
         self._fixed_rows: tuple[int | None] | None = None
-        self.cache = None
-        self._committed = 0
-        self._pending: int | None = None
 
     @classmethod
     def unsupported_reason(cls, target) -> str | None:
@@ -145,106 +120,20 @@ class KVCacheBackend(StateBackend):
         self._fixed_rows = (rows,)
 
     def cost_options(self) -> dict:
-        return {"min_rows": "auto" if self._measured_padding else self.min_rows, "cache": self.cache_kind}
+        return {"min_rows": "auto" if self._measured_padding else self.min_rows}
 
     def pads_by_measurement(self) -> bool:
         """Whether `min_rows` was left to calibration: not given, on a CPU, with linears that are not
         `stream` (`specframe.kit.backend.pads_by_measurement`)."""
         return self._measured_padding
 
-    @property
-    def committed_length(self) -> int:
-        return self._committed
-
     def batch(self):
-        """Rows sharing one cache, every step's trees scored in one forward, each row's logits those of
-        `score` alone (`specframe_kv.rows`, which says how they stay so across batch shapes)."""
+        """Rows sharing one cache, every step's trees scored in one forward, each row's logits the same
+        whatever else shares its forward (`specframe_kv.rows`, which says how). A single request is this
+        with one row (`StateBackend.prefill`)."""
         from specframe_kv.rows import KVRows  # imports torch: not at registration
 
         return KVRows(self)
-
-    @inference_mode
-    def prefill(self, ids: list[int]) -> None:
-        import torch
-        from transformers import DynamicCache
-
-        from specframe.kit.backend import buffered_cache
-
-        config = self.model.config
-        self.cache = buffered_cache(config) if self.cache_kind == "buffer" else DynamicCache(config=config)
-        self._committed, self._pending = 0, int(ids[-1])
-        if len(ids) > 1:
-            prefix = torch.tensor([ids[:-1]], device=self.target.device)  # (1, P)
-            self.model(input_ids=prefix, past_key_values=self.cache, use_cache=True, logits_to_keep=1)
-            self._committed = len(ids) - 1
-
-    @inference_mode
-    def score(self, tree: TokenTree) -> TargetScores:
-        import torch
-
-        self._crop(self._committed)  # drop any earlier uncommitted scoring
-        device, rows = self.target.device, len(tree) + 1
-        run = tree.padded(self.min_rows - rows, self._pending)  # a plain step too: see the module docstring
-        ids = torch.from_numpy(np.concatenate([[self._pending], run.tokens]))[None].to(device)
-        positions = torch.from_numpy(self._committed + run.position_offsets)[None].to(device)
-        mask = self._mask(run)
-        chunk = self.max_rows or ids.shape[1]  # see `max_rows`: one forward unless the tree is larger
-        outs = [self._forward(ids, positions, mask, start, start + chunk)
-                for start in range(0, ids.shape[1], chunk)]
-        logits, hidden = outs[0] if len(outs) == 1 else [_cat([out[i] for out in outs]) for i in (0, 1)]
-        hidden = hidden[:rows] if hidden is not None else None  # (T, H)
-        # The tree's keys/values stay in the cache after the committed ones: that is what commit keeps.
-        return self.issue(TargetScores(logits=logits[:rows].float(), hidden=hidden, tree=tree))
-
-    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None, start: int,
-                 end: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """One forward over rows `start:end` of a scoring, appended to the cache: their logits and last
-        hidden states (when wanted)."""
-        mask = None if mask is None else mask[..., start:end, :self._committed + end]
-        out = self.model(input_ids=ids[:, start:end], position_ids=positions[:, start:end],
-                         attention_mask=mask, past_key_values=self.cache, use_cache=True,
-                         output_hidden_states=self.want_hidden)
-        return out.logits[0], out.hidden_states[-1][0] if self.want_hidden else None
-
-    def _mask(self, tree: TokenTree) -> torch.Tensor | None:
-        """(1, 1, T, P + T) additive mask: the whole prefix, plus each node's ancestors and itself."""
-        import torch
-
-        from specframe.kit.backend import additive_mask
-
-        if len(tree) == 0 or np.all(tree.parents == np.arange(len(tree)) - 1):
-            return None  # a chain is plain causal attention: let the model build its own (faster) mask
-        dtype = self.model.dtype
-        allowed = torch.ones(len(tree) + 1, self._committed + len(tree) + 1, dtype=torch.bool)
-        allowed[:, self._committed:] = torch.from_numpy(tree.ancestor_mask)
-        return additive_mask(allowed[None], dtype).to(self.target.device)
-
-    @inference_mode
-    def commit(self, scored: TargetScores, path: list[int], bonus: int) -> None:
-        import torch
-
-        self.redeem(scored)  # so the cache tail still holds the rows of `scored.tree`
-        start = self._committed  # the root sits here in the cache
-        keep = [start] + [start + 1 + i for i in path]
-        if keep != list(range(start, start + len(keep))):  # a branch other than the first chain
-            index = torch.tensor(keep, device=self.target.device)
-            for layer in self.cache.layers:
-                layer.keys[:, :, start:start + len(keep)] = layer.keys.index_select(-2, index)
-                layer.values[:, :, start:start + len(keep)] = layer.values.index_select(-2, index)
-        self._committed = start + len(keep)
-        self._crop(self._committed)
-        self._pending = int(bonus)
-
-    def _crop(self, length: int) -> None:
-        extra = self.cache.get_seq_length() - length if self.cache is not None else 0
-        if extra > 0:
-            self.cache.crop(-extra)  # transformers 5: a negative count removes that many tokens
-
-
-def _cat(parts: list[torch.Tensor | None]) -> torch.Tensor | None:
-    import torch
-
-    return None if parts[0] is None else torch.cat(parts)
 
 
 @specframe.hookimpl

@@ -1,21 +1,21 @@
-"""`kv`'s batch (`KVCacheBackend.batch()`): several sequences (rows) scored in one forward, each as alone.
+"""`kv`'s state (`KVCacheBackend.batch()`): several sequences (rows) scored in one forward, each as alone; a
+single request is one row.
 
 All rows share one cache (`specframe.kit.backend.RaggedCache`): per layer a buffer of (slots, kv_heads,
 columns, head_dim) where a row's slot holds its committed keys and values in columns [0, length). Active
 rows fill slots 0..N-1: removing a row moves the last slot's row into the freed one (one copy of that
 row), so a step that scores every row reads the buffers as views, without gathering the rows.
 
-- `add(ids)` reads the prompt exactly as the single-row backend does (a batch-1 forward of `ids[:-1]`,
-  `KVCacheBackend.prefill` itself on a copy of the backend), so a row's prompt keys are the bits it
-  would have alone, then copies them into a free slot. A row with the same prompt as the row added just
-  before it (the samples of best-of-n) copies that prompt's keys instead of reading it again.
+- `add(ids)` reads the prompt alone (a batch-1 forward of `ids[:-1]`), so a row's prompt keys are the
+  bits it would have alone, then copies them into a free slot. A row with the same prompt as the row
+  added just before it (the samples of best-of-n) copies that prompt's keys instead of reading it again.
 - `score(trees)` runs one forward of shape (R, T) over the R rows given (rows left out idle and are not
   computed): T is 1 + the largest of their trees, each row's input its pending root, its tree's tokens and
   throwaway padding, at positions `length + depth`. A 4D additive mask (R, 1, T, K) shows each query its
   own row's committed prefix, its tree ancestors and itself; padding queries see only themselves (no row
   is wholly masked, so no NaN) and nobody sees them; columns past a row's own are masked. The forward
   writes each row's T new keys at [length, length + T) of its slot; they stay there until `commit`
-  keeps the accepted ones, as in the single-row backend.
+  keeps the accepted ones.
 - `commit(accepted)` moves each row's root and accepted nodes to [length, length + 1 + len(path)) with
   one indexed copy per layer for all rows, and makes each bonus token pending.
 
@@ -25,27 +25,26 @@ linears, see `specframe.kit.backend.exact_rows`) every batch row's attention is 
 queries, keys and mask slice with float64 sums, and the linears give each of a product's rows the bits it
 gets alone for up to `exact_rows(model)` rows: the rows of all sequences of a forward together. So the
 rows are split into several forwards, each of whole rows, at most that many rows each (a row whose tree
-alone is larger is scored by itself in chunks of forwards, as the single-row backend scores it), and each
-row's logits are then the single-row backend's bit for bit (tests/plugins/kv/test_kv_rows.py checks it).
-In float32 (`specframe_sdpa`, torch's kernels) nothing is split: a row's logits differ from its single-row
-scores in the last bits (about 1e-6 on the tiny test models), as a tree's rows differ from plain steps.
+alone is larger is scored by itself in chunks of forwards, in order, each reading the chunks before it from
+the cache), and each row's logits are then those it gets in a batch of one, bit for bit
+(tests/plugins/kv/test_kv_rows.py checks it). In float32 (`specframe_sdpa`, torch's kernels) nothing is
+split: a row's logits in a batch differ from those alone in the last bits (about 1e-6 on the tiny test
+models), as a tree's rows differ from plain steps.
 
 Padding (`KVCacheBackend.min_rows`): a CPU multiplies 1 or 2 rows more slowly than 4, so a forward of
 fewer than `min_rows` rows in all is padded, each row's T raised until R * T reaches `min_rows` (never past
-the exact-rows limit); a batch of `min_rows` rows or more is not padded. The single-row backend's
-`cache` option does not apply: the shared cache always appends in place.
+the exact-rows limit); a batch of `min_rows` rows or more is not padded.
 """
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Iterator, Mapping
 
 import numpy as np
 import torch
 
 from specframe import TargetScores, TokenTree
-from specframe.kit.backend import RaggedCache, SlottedRow, SlottedRows, additive_mask
+from specframe.kit.backend import RaggedCache, SlottedRow, SlottedRows, additive_mask, buffered_cache
 from specframe.kit.inference import inference_mode
 
 
@@ -58,21 +57,26 @@ class KVRows(SlottedRows):
         super().__init__(backend)
         self.model, self.device = backend.model, backend.target.device
         self.cache = RaggedCache(self.model.config)
-        self._prompt: tuple[list[int], object] | None = None  # the latest prompt read, and its backend
+        self._prompt: tuple[list[int], object] | None = None  # the latest prompt read, and its keys
 
     # --- rows ------------------------------------------------------------------------------------
 
     @inference_mode
     def add(self, ids: list[int]) -> int:
-        if self._prompt is not None and self._prompt[0] == list(ids):
-            alone = self._prompt[1]  # rows of one prompt (best-of-n samples) read it once
-        else:
-            alone = copy.copy(self.backend)
-            alone.prefill(ids)  # the single-row backend's own prompt forward: the same keys, bit for bit
-            self._prompt = (list(ids), alone)
+        if self._prompt is None or self._prompt[0] != list(ids):  # best-of-n rows read it once
+            self._prompt = (list(ids), self._read(ids))
         state = SlottedRow(slot=len(self.rows), length=len(ids) - 1, pending=int(ids[-1]))
-        self.cache.store(state.slot, alone.cache)
+        self.cache.store(state.slot, self._prompt[1])
         return self.admit(state)
+
+    def _read(self, ids: list[int]):
+        """The keys and values of `ids[:-1]` from one forward of that prompt alone (batch 1), so a row's
+        prompt keys are the same bits whatever else is in the batch."""
+        cache = buffered_cache(self.model.config)
+        if len(ids) > 1:
+            prefix = torch.tensor([ids[:-1]], device=self.device)  # (1, P)
+            self.model(input_ids=prefix, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        return cache
 
     @inference_mode
     def move_slot(self, source: int, target: int, columns: int) -> None:

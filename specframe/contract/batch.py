@@ -1,14 +1,17 @@
 """The state of several sequences decoded together (`StateBackend.batch`): the `BatchBackend` interface a
-backend's batch implements, and what one row commits (`Commit`). The default batch, `RowByRow`, is in
-`specframe.contract.interfaces` beside the `StateBackend` that returns it.
+backend's rows implement, what one row commits (`Commit`), and `RowByRow`, the rows of a backend that holds
+one sequence (the default `StateBackend.batch`).
 """
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import ClassVar
 
+from specframe.terms.errors import ConfigurationError
+from specframe.terms.kinds import DEFAULT_COMPONENTS, ComponentKind
 from specframe.terms.records import TargetScores
 from specframe.terms.tree import TokenTree
 
@@ -63,3 +66,44 @@ class BatchBackend(ABC):
         """For each row in `accepted`: append the root and the nodes `path` of its scored tree, make
         `bonus` pending (as `StateBackend.commit`). Every row scored by the latest `score` is committed
         in this one call."""
+
+
+class RowByRow(BatchBackend):
+    """A batch as one copy of a one-sequence backend per row, scored one after the other: the default
+    `StateBackend.batch` (see there). Each copy starts its own state at `prefill`; what the copies share
+    (the target, measured limits) is read-only. Refuses a backend that does not declare so
+    (`BackendCapabilities.fresh_state_per_copy`): its copies could share one sequence's state."""
+
+    def __init__(self, backend):
+        if not backend.capabilities.fresh_state_per_copy:
+            name, default = backend.name, DEFAULT_COMPONENTS[ComponentKind.BACKEND]
+            raise ConfigurationError(
+                f"backend '{name}' cannot decode a batch: its rows would be copies of one backend, "
+                f"independent only when prefill starts all of a sequence's state afresh, and '{name}' does "
+                "not declare that (BackendCapabilities.fresh_state_per_copy). Call generate for each "
+                f"prompt, or decode the batch with a backend that batches, such as --backend {default}; a "
+                "backend's author declares fresh_state_per_copy=True when prefill makes all state new, or "
+                "overrides batch() (docs/how-to/batch-decoding.md)")
+        super().__init__(backend)
+        self.rows: dict = {}  # row -> its copy of the backend
+        self._next = 0
+
+    def add(self, ids: list[int]) -> int:
+        row, self._next = self._next, self._next + 1
+        state = copy.copy(self.backend)
+        state.prefill(ids)
+        self.rows[row] = state
+        return row
+
+    def remove(self, row: int) -> None:
+        del self.rows[row]
+
+    def committed_length(self, row: int) -> int:
+        return self.rows[row].committed_length
+
+    def score(self, trees: Mapping[int, TokenTree]) -> dict[int, TargetScores]:
+        return {row: self.rows[row].score(tree) for row, tree in trees.items()}
+
+    def commit(self, accepted: Mapping[int, Commit]) -> None:
+        for row, (scored, path, bonus) in accepted.items():
+            self.rows[row].commit(scored, path, bonus)

@@ -11,18 +11,17 @@ from __future__ import annotations
 
 import copy
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from specframe.contract.batch import BatchBackend, Commit
+from specframe.contract.batch import BatchBackend, Commit, RowByRow  # noqa: F401 (re-exported)
 from specframe.contract.calibration import Calibration
 from specframe.contract.capabilities import (
     BackendCapabilities, DrafterCapabilities, TreeBuilderCapabilities, VerifierCapabilities,
 )
 from specframe.terms.cost import CostModel
-from specframe.terms.errors import ConfigurationError
-from specframe.terms.kinds import DEFAULT_COMPONENTS, ComponentKind
+from specframe.terms.kinds import ComponentKind
 from specframe.terms.proposal import DraftContext, DraftProposal
 from specframe.terms.records import StepOutcome, TargetScores, VerifyResult
 from specframe.terms.sampling import Sampler
@@ -137,16 +136,23 @@ class Verifier(ABC):
 
 
 class StateBackend(ABC):
-    """Runs the target on a packed tree and commits the accepted path to the target's state.
+    """Runs the target on packed trees and commits the accepted paths to the target's state.
 
-    The backend keeps one *pending* token: the last emitted token, fed to the target as the tree root
-    in the next `score`. `prefill(ids)` processes `ids[:-1]` and makes `ids[-1]` pending;
-    `score(tree)` returns `TargetScores` that carry the tree and whatever the backend needs to commit
+    A backend implements one of two forms, whichever its engine has; the other comes with the contract:
+    - **rows** (`batch()`): several sequences keyed by row, each step scoring every row's tree, ideally in
+      one forward (`BatchBackend`; `specframe.kit.backend.SlottedRows` keeps slots). The single-sequence
+      methods below are then that batch with one row: `kv` and `ssm-tree` implement this form only.
+    - **one sequence** (`prefill`, `score`, `commit`, `committed_length`): for an engine that holds one
+      sequence; a batch is then one copy per row, scored one after the other (`RowByRow`).
+
+    One sequence keeps one *pending* token: the last emitted token, fed to the target as the tree root in
+    the next `score`. `prefill(ids)` processes `ids[:-1]` and makes `ids[-1]` pending; `score(tree)`
+    returns `TargetScores` that carry the tree and whatever the backend needs to commit
     (`TargetScores.state`); `commit(scored, path, bonus)` appends the root and the accepted nodes of
-    `scored.tree` to the state and makes `bonus` pending. Only the latest `score` can be committed: a
-    new `score` discards the previous uncommitted one, and committing stale scores raises. `issue` and
-    `redeem` implement that check for any backend: `score` returns `self.issue(scores)`, `commit` starts
-    with `self.redeem(scored)`.
+    `scored.tree` to the state and makes `bonus` pending. Only the latest `score` can be committed: a new
+    `score` discards the previous uncommitted one, and committing stale scores raises. `issue` and
+    `redeem` implement that check for a one-sequence backend: `score` returns `self.issue(scores)`,
+    `commit` starts with `self.redeem(scored)`.
     """
 
     name: ClassVar[str]
@@ -163,6 +169,16 @@ class StateBackend(ABC):
         if options:
             raise TypeError(f"backend '{self.name}' takes no options, got {sorted(options)}")
         self._issued: TargetScores | None = None  # what the latest `score` returned, until committed
+        self._sequence: tuple[BatchBackend, int] | None = None  # rows form: the one row `prefill` added
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if getattr(cls, "__abstractmethods__", None) or "name" not in vars(cls):
+            return  # an abstract base, or a subclass tweaking a registered backend
+        one = all(getattr(cls, m) is not getattr(StateBackend, m) for m in ONE_SEQUENCE)
+        if not one and cls.batch is StateBackend.batch:
+            raise TypeError(f"backend '{cls.name}' implements neither form of StateBackend: override batch() "
+                            f"(rows) or all of {', '.join(ONE_SEQUENCE)} (one sequence)")
 
     @classmethod
     def unsupported_reason(cls, target: Target) -> str | None:
@@ -191,38 +207,49 @@ class StateBackend(ABC):
         built after it (`Calibration.min_rows`). Default: False (padding is not measured)."""
         return False
 
+    def batch(self) -> BatchBackend:
+        """The state of several sequences decoded together (`SpeculativeDecoder.generate_batch`), each
+        row with its own committed tokens and pending root, started empty: a new one each call.
+
+        Default (a one-sequence backend): `RowByRow`, one copy of this backend per row, scored one after
+        the other: right for a backend whose `prefill` starts a sequence's whole state afresh, which it
+        declares (`BackendCapabilities.fresh_state_per_copy`; without it this raises
+        `ConfigurationError`), and no faster than decoding the rows alone.
+        """
+        return RowByRow(self)
+
+    # --- one sequence: implement these, or `batch` and inherit them -----------------------------------
+
     @property
-    @abstractmethod
     def committed_length(self) -> int:
         """Tokens in the committed state, the pending root excluded."""
+        return 0 if self._sequence is None else self._sequence[0].committed_length(self._sequence[1])
 
-    @abstractmethod
     def prefill(self, ids: list[int]) -> None:
-        """Start a new sequence: process `ids[:-1]`, keep `ids[-1]` pending."""
+        """Start a new sequence: process `ids[:-1]`, keep `ids[-1]` pending. Rows form: a new batch
+        with one row."""
+        rows = self.batch()
+        self._sequence = (rows, rows.add(ids))
 
-    @abstractmethod
     def score(self, tree: TokenTree) -> TargetScores:
         """Target logits at the root and every node. Never changes the committed state."""
+        rows, row = self._started()
+        return rows.score({row: tree})[row]
 
-    @abstractmethod
     def commit(self, scored: TargetScores, path: list[int], bonus: int) -> None:
         """Append the root and the nodes `path` of `scored.tree` to the state; `bonus` becomes pending.
 
         `scored` must be what the latest `score` returned, not committed yet; raise `ValueError`
-        otherwise (`redeem` does).
+        otherwise (`redeem` does; the rows form's batch checks it itself).
         """
+        rows, row = self._started()
+        rows.commit({row: (scored, path, bonus)})
 
-    def batch(self) -> BatchBackend:
-        """The state of several sequences decoded together (`SpeculativeDecoder.generate_batch`), each
-        row with its own committed tokens and pending root, started empty.
-
-        Default: `RowByRow`, one copy of this backend per row, scored one after the other: right for a
-        backend whose `prefill` starts a sequence's whole state afresh, which it declares
-        (`BackendCapabilities.fresh_state_per_copy`; without it this raises `ConfigurationError`), and no
-        faster than decoding the rows alone. A backend that can score every row's tree in one forward
-        overrides this (`kv` does).
-        """
-        return RowByRow(self)
+    def _started(self) -> tuple[BatchBackend, int]:
+        if self._sequence is None:
+            raise RuntimeError(f"backend '{self.name}': score() or commit() before prefill(): start a "
+                               "sequence with prefill(prompt_ids) first")
+        return self._sequence
 
     def issue(self, scores: TargetScores) -> TargetScores:
         """Make `scores` the only ones `redeem` accepts and return them; earlier scores become stale.
@@ -243,42 +270,4 @@ class StateBackend(ABC):
         self._issued = None
 
 
-class RowByRow(BatchBackend):
-    """A batch as one copy of a single-sequence backend per row, scored one after the other: the default
-    `StateBackend.batch` (see there). Each copy starts its own state at `prefill`; what the copies share
-    (the target, measured limits) is read-only. Refuses a backend that does not declare so
-    (`BackendCapabilities.fresh_state_per_copy`): its copies could share one sequence's state."""
-
-    def __init__(self, backend: StateBackend):
-        if not backend.capabilities.fresh_state_per_copy:
-            name, default = backend.name, DEFAULT_COMPONENTS[ComponentKind.BACKEND]
-            raise ConfigurationError(
-                f"backend '{name}' cannot decode a batch: its rows would be copies of one backend, "
-                f"independent only when prefill starts all of a sequence's state afresh, and '{name}' does "
-                "not declare that (BackendCapabilities.fresh_state_per_copy). Call generate for each "
-                f"prompt, or decode the batch with a backend that batches, such as --backend {default}; a "
-                "backend's author declares fresh_state_per_copy=True when prefill makes all state new, or "
-                "overrides batch() (docs/how-to/batch-decoding.md)")
-        super().__init__(backend)
-        self.rows: dict[int, StateBackend] = {}
-        self._next = 0
-
-    def add(self, ids: list[int]) -> int:
-        row, self._next = self._next, self._next + 1
-        state = copy.copy(self.backend)
-        state.prefill(ids)
-        self.rows[row] = state
-        return row
-
-    def remove(self, row: int) -> None:
-        del self.rows[row]
-
-    def committed_length(self, row: int) -> int:
-        return self.rows[row].committed_length
-
-    def score(self, trees: Mapping[int, TokenTree]) -> dict[int, TargetScores]:
-        return {row: self.rows[row].score(tree) for row, tree in trees.items()}
-
-    def commit(self, accepted: Mapping[int, Commit]) -> None:
-        for row, (scored, path, bonus) in accepted.items():
-            self.rows[row].commit(scored, path, bonus)
+ONE_SEQUENCE = ("prefill", "score", "commit", "committed_length")  # the one-sequence form's methods

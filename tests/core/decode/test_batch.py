@@ -18,7 +18,7 @@ from specframe import (
     BackendCapabilities, ConfigurationError, Pipeline, PolynomialCost, PromptError, SamplingParams,
     SpeculativeDecoder,
 )
-from specframe.contract.interfaces import Drafter, RowByRow, StateBackend
+from specframe.contract.interfaces import Drafter
 from specframe.decode.batch_planner import BatchPlanner
 from specframe.decode.learning import CutRecord
 from specframe.plugging.registry import get_registry
@@ -45,14 +45,9 @@ def prompts(target):
     return [repetitive_prompt(target.vocab_size, n, seed=i) for i, n in enumerate(LENGTHS)]
 
 
-def row_by_row(decoder: SpeculativeDecoder) -> SpeculativeDecoder:
-    """The decoder with its backend batched by the default `RowByRow` (one copy per row)."""
-    backend = decoder.pipeline.backend
-    backend.batch = lambda: RowByRow(backend)
-    return decoder
-
-
-BATCHING = {"own": lambda decoder: decoder, "row-by-row": row_by_row}
+# A backend's own rows (`kv`: one forward per step), and the default `RowByRow` of a one-sequence backend
+# (the example plugin's `recompute`: one copy per row)
+BATCHING = {"own": "kv", "row-by-row": "recompute"}
 
 
 @pytest.mark.parametrize("batching", BATCHING)
@@ -61,7 +56,7 @@ BATCHING = {"own": lambda decoder: decoder, "row-by-row": row_by_row}
 def test_every_row_equals_plain_greedy_decoding_of_its_prompt_alone(target, prompts, batching, drafter, tree):
     limits = [30, 12, 30, 1, 25]  # each row ends at its own length
     for size in (None, 2):  # all at once, and two at a time with rows joining as others end
-        decoder = BATCHING[batching](checks.make_decoder(target, drafter, tree, "greedy", "kv", budget=6))
+        decoder = checks.make_decoder(target, drafter, tree, "greedy", BATCHING[batching], budget=6)
         rows = decoder.generate_batch(prompts, limits, batch_size=size)
         for prompt, limit, row in zip(prompts, limits, rows):
             assert row.tokens == reference_greedy(target, prompt, limit), (drafter, tree, size)
@@ -97,8 +92,8 @@ def test_generate_given_a_list_of_prompts_decodes_them_as_a_batch(target, prompt
 @pytest.mark.parametrize("batching", BATCHING)
 def test_a_rows_sampled_tokens_depend_on_its_own_seed_only(target, prompts, batching):
     hot = SamplingParams(temperature=1.0)
-    decoder = BATCHING[batching](checks.make_decoder(target, "pld", "chain", "sample-match", "kv", budget=4,
-                                                     sampling=hot))
+    decoder = checks.make_decoder(target, "pld", "chain", "sample-match", BATCHING[batching], budget=4,
+                                  sampling=hot)
     seeds = [11, 12, 13, 14, 15]
     rows = decoder.generate_batch(prompts, 24, seeds=seeds, batch_size=3)
     shuffled = decoder.generate_batch(prompts[::-1], 24, seeds=seeds[::-1])
@@ -197,24 +192,23 @@ def test_bad_batches_are_refused_before_any_work(target, prompts, call, match):
 def test_the_row_by_row_default_refuses_a_backend_without_fresh_state_per_copy(target, prompts):
     """Copies of a backend that does not declare that prefill starts all state afresh could share one
     sequence's state: the default batch refuses it before any work, naming it and what to do."""
-    kv = get_registry().get("backend", "kv")
+    recompute = get_registry().get("backend", "recompute")  # a one-sequence backend: `RowByRow` batches it
 
-    class Undeclared(kv):
+    class Undeclared(recompute):
         name = "undeclared"
         capabilities = BackendCapabilities(supports_trees=True, provides_hidden_states=True)
-        batch = StateBackend.batch  # the default, `RowByRow`
 
     decoder = checks.make_decoder(target, "pld", "chain", "greedy", Undeclared, budget=4)
     with pytest.raises(ConfigurationError, match=r"backend 'undeclared' cannot decode a batch.*"
                        r"fresh_state_per_copy.*generate for each prompt.*--backend kv"):
         decoder.generate_batch(prompts[:2], 8)
-    assert decoder.pipeline.backend.cache is None  # nothing was prefilled
+    assert decoder.pipeline.backend.pending is None  # nothing was prefilled
 
 
 @pytest.mark.parametrize("batching", BATCHING)
 def test_auto_budget_rows_equal_plain_greedy_decoding(target, prompts, batching):
-    decoder = BATCHING[batching](SpeculativeDecoder.from_names(target, "pld", "trie", "greedy", "kv",
-                                                               budget="auto:6"))
+    decoder = SpeculativeDecoder.from_names(target, "pld", "trie", "greedy", BATCHING[batching],
+                                            budget="auto:6")
     decoder.cost = PolynomialCost((0.05, 1.0))  # a node costs 5 % of a step: trees pay
     rows = decoder.generate_batch(prompts, 24, batch_size=3)
     assert [r.tokens for r in rows] == [reference_greedy(target, p, 24) for p in prompts]

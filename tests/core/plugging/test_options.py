@@ -51,7 +51,6 @@ def test_unquoted_paths_parse_and_unparseable_options_show_the_quoted_form():
 
 
 @pytest.mark.parametrize("component,message", [
-    ({"backend": "kv(cache='paged')"}, r"'kv': option cache='paged' must be one of 'buffer', 'concat'"),
     ({"backend": "ssm-tree(commit='fast')"}, r"option commit='fast' must be one of 'replay', 'closed'"),
     ({"backend": "ssm-tree(scan=1)"}, r"option scan=1 must be one of 'auto', 'torch', 'triton'"),
     ({"drafter": "s4c(draw='nucleus')"}, r"option draw='nucleus' must be one of 'auto', 'top-k', 'sample'"),
@@ -60,7 +59,6 @@ def test_choice_options_are_refused_before_any_model_loads(component, message):
     """Options typed as a `Literal` list their choices, and `check_specs` (no target) refuses others."""
     with pytest.raises(ConfigurationError, match=message):
         check_specs(**component)
-    check_specs(backend="kv(cache='concat')")
     check_specs(backend="ssm-tree(commit='closed', scan='torch')", drafter="draft-model(draw='sample')")
 
 

@@ -1,18 +1,16 @@
 """`specframe.runtime.kv_cache`: a cache that appends in place holds exactly what transformers'
-`DynamicLayer` holds,
-through appends, crops, in-place commits and tensors swapped in from outside, and decodes identically."""
+`DynamicLayer` holds, through appends, crops, in-place commits and tensors swapped in from outside, and
+decodes identically; `kv`'s rows grow past their first room and still score as a plain forward."""
 
 from __future__ import annotations
 
 import numpy as np
-import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers.cache_utils import DynamicLayer
 
 from specframe import TokenTree
-from specframe.terms.errors import ConfigurationError
 from specframe.runtime.kv_cache import MIN_ROOM, BufferedLayer, buffered_cache
 from specframe_kv import KVCacheBackend
 
@@ -86,25 +84,37 @@ def test_only_plain_attention_layers_are_buffered():
     assert cache.layers and all(type(layer) is BufferedLayer for layer in cache.layers)
 
 
-def test_both_caches_score_and_commit_identically():
+def test_a_buffered_cache_decodes_as_transformers_own_cache():
+    """Forwards appending to each cache, past the buffered cache's first room: the same logits bit for bit
+    (what `kv` reads a prompt with)."""
+    from transformers import DynamicCache
+
+    model = tiny_llama(seed=5).model
+    buffered, dynamic = buffered_cache(model.config), DynamicCache(config=model.config)
+    ids = torch.arange(20, 60).repeat(3)[None]
+    first_room = None
+    with torch.inference_mode():
+        for start in range(0, ids.shape[1], 6):
+            a, b = (model(input_ids=ids[:, start:start + 6], past_key_values=cache, use_cache=True).logits
+                    for cache in (buffered, dynamic))
+            assert torch.equal(a, b)
+            first_room = first_room or buffered.layers[0].capacity
+    assert buffered.get_seq_length() == dynamic.get_seq_length() == ids.shape[1]
+    assert type(buffered.layers[0]) is BufferedLayer and type(dynamic.layers[0]) is DynamicLayer
+
+
+def test_kv_grows_its_rows_past_their_first_room_and_scores_as_a_plain_forward():
     target = tiny_llama(seed=5)
-    buffered, concat = KVCacheBackend(target), KVCacheBackend(target, cache="concat")
-    tree = TokenTree(np.arange(6) + 9, np.array([-1, -1, 0, 0, 1, 4]))
-    prompt = list(range(20, 60)) * 3
-    for backend in (buffered, concat):
-        backend.prefill(prompt)
-    first_room = buffered.cache.layers[0].capacity
-    for step in range(80):  # past the first buffer's room: the buffers grow on the way
-        a, b = buffered.score(tree), concat.score(tree)
-        assert torch.equal(a.logits, b.logits)
+    backend, tree = KVCacheBackend(target), TokenTree(np.arange(6) + 9, np.array([-1, -1, 0, 0, 1, 4]))
+    tokens = list(range(20, 60)) * 3
+    backend.prefill(tokens)
+    for step in range(80):  # the rows' buffers grow on the way
+        scored = backend.score(tree)
         path = [1, 4, 5] if step % 2 else [0, 2]
-        buffered.commit(a, path, bonus=step + 3)
-        concat.commit(b, path, bonus=step + 3)
-    assert buffered.committed_length == concat.committed_length > first_room
-    assert buffered.cache.layers[0].capacity > first_room
-    assert type(buffered.cache.layers[0]) is BufferedLayer and type(concat.cache.layers[0]) is DynamicLayer
-
-
-def test_an_unknown_cache_kind_is_refused():
-    with pytest.raises(ConfigurationError, match="cache must be one of buffer, concat"):
-        KVCacheBackend(tiny_llama(seed=1), cache="paged")
+        backend.commit(scored, path, bonus=step + 3)
+        tokens += [int(tree.tokens[i]) for i in path] + [step + 3]
+    assert backend.committed_length == len(tokens) - 1
+    last = backend.score(TokenTree(np.zeros(0, np.int64), np.zeros(0, np.int64))).logits[0]
+    with torch.inference_mode():
+        plain = target.model(input_ids=torch.tensor([tokens])).logits[0, -1]
+    torch.testing.assert_close(last, plain.float(), rtol=1e-4, atol=1e-4)
