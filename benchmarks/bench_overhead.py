@@ -49,6 +49,7 @@ class ForwardFreeRows(KVRows):
             self.cache.update(torch.randn(shape), torch.randn(shape), layer)
         return torch.zeros(len(rows), end - start, self.vocab), None
 
+    @torch.inference_mode()
     def score(self, trees):
         scores = super().score(trees)
         for row, tree in trees.items():
