@@ -61,3 +61,6 @@ class BackendCapabilities:
     # decoding through the backend does; False for a backend that runs other weights or kernels (llama.cpp on
     # the GGUF's quantized weights), which `generate --compare` times against plain decoding through itself.
     runs_target_model: bool = True
+    # Returns the target's logits for the decoder to mask, so a constraint (structured output) holds; False
+    # for a backend that decodes on its own, which a request with a constraint is refused before any work.
+    honours_constraints: bool = True

@@ -2,9 +2,9 @@
 
 Masking the target's logits before the verifier sees them (`RequestRow.masked`) makes every verifier
 verify against the constrained law, since verifiers read only logits; what can still go wrong is a
-constraint that is not one, one compiled for a larger vocabulary than the target's, and a component that
-declares it cannot take part (`honours_constraints = False` on its class, e.g. a backend that decodes on
-its own and returns no logits to mask).
+constraint that is not one, one compiled for a larger vocabulary than the target's, and a backend that
+declares it cannot take part (`BackendCapabilities.honours_constraints`: a backend that decodes on its own
+and returns no logits to mask).
 """
 
 from __future__ import annotations
@@ -25,10 +25,9 @@ def check_constraint(constraint: Constraint, pipeline: Pipeline, target: Target)
             f"constraint {constraint.describe()} was compiled for a vocabulary of {constraint.vocab_size} "
             f"tokens but model '{target.name}' has {target.vocab_size} logits: compile it with this model's "
             "tokenizer (specframe.constraint_for(target, ...))")
-    for kind, component in (("drafter", pipeline.drafter), ("tree builder", pipeline.tree_builder),
-                            ("verifier", pipeline.verifier), ("backend", pipeline.backend)):
-        if not getattr(type(component), "honours_constraints", True):
-            raise ConstraintError(
-                f"{kind} '{component.name}' declares that it cannot honour a constraint "
-                "(honours_constraints = False): decode structured output with another "
-                f"{kind}, or without --json-schema / --regex / --grammar")
+    backend = pipeline.backend
+    if not backend.capabilities.honours_constraints:
+        raise ConstraintError(
+            f"backend '{backend.name}' declares that it cannot honour a constraint (it returns no logits to "
+            "mask: BackendCapabilities.honours_constraints=False): decode structured output with another "
+            "backend, or without --json-schema / --regex / --grammar")

@@ -6,6 +6,7 @@ own forward, no specframe backend), for several drafters, trees and budgets, alo
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -126,12 +127,12 @@ def test_the_decoder_refuses_what_cannot_honour_a_constraint(tiny):
     big = TokenAutomaton(np.ones((1, 200), bool), np.zeros((1, 200), int))
     with pytest.raises(ConstraintError, match="vocabulary of 200"):
         decoder.generate(PROMPT, 4, constraint=big)
-    type(decoder.pipeline.verifier).honours_constraints = False
-    try:
-        with pytest.raises(ConstraintError, match="verifier 'greedy' declares"):
-            decoder.generate(PROMPT, 4, constraint=TokenAutomaton.modular(96))
-    finally:
-        del type(decoder.pipeline.verifier).honours_constraints
+    kv = specframe.get_registry().get("backend", "kv")
+    blind = type("Blind", (kv,), {"name": "blind", "capabilities": dataclasses.replace(
+        kv.capabilities, honours_constraints=False)})
+    refusing = SpeculativeDecoder.from_names(tiny, "pld", backend=blind, budget=4)
+    with pytest.raises(ConstraintError, match="backend 'blind' declares that it cannot honour"):
+        refusing.generate(PROMPT, 4, constraint=TokenAutomaton.modular(96))
     with pytest.raises(specframe.ConfigurationError, match="2 constraints for 3 prompts"):
         decoder.generate_batch([PROMPT] * 3, 4, constraint=[None, None])
 
