@@ -63,12 +63,15 @@ for i in range(-1, len(tree)):
     assert diff < 1e-3
 
 # %% [markdown]
-# The mask the model received: prefix columns are all visible, the tree block is the ancestor mask.
+# The mask `kv` gives the model for this row (`plugins/specframe_kv/rows.py`): prefix columns are all
+# visible, the tree block is the tree's ancestor mask (each node sees the root, its ancestors and itself).
 
 # %%
-mask = backend._mask(tree)[0, 0]  # (T, P + T) additive
+prefix = backend.committed_length
+visible = np.ones((len(tree) + 1, prefix + len(tree) + 1), bool)  # (T, P + T)
+visible[:, prefix:] = tree.ancestor_mask
 fig, ax = plt.subplots(figsize=(8, 2.5))
-ax.imshow(mask == 0, cmap="Blues", aspect="auto")
+ax.imshow(visible, cmap="Blues", aspect="auto")
 ax.set_xlabel("key: prefix tokens, then root and nodes")
 ax.set_ylabel("query: root, nodes")
 plt.show()

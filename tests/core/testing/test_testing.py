@@ -116,23 +116,25 @@ def test_a_drafter_that_never_proposes_is_flagged(tiny_target, tiny_prompt):
 
 
 def test_backend_check_catches_a_backend_that_ignores_the_tree_mask(tiny_target, tiny_prompt):
-    kv = specframe.get_registry().get("backend", "kv")
+    registry = specframe.get_registry()
+    kv, recompute = registry.get("backend", "kv"), registry.get("backend", "recompute")
 
-    class CausalOnly(kv):  # attends to every earlier packed entry, siblings included: wrong for trees
+    class CausalOnly(recompute):  # attends to every earlier packed entry, siblings included: wrong for trees
         name = "causal-only"
 
-        def _mask(self, tree):
+        def _mask(self, prefix, tree):
             return None
 
     checks.check_backend_scores(kv, tiny_target, tiny_prompt, np.random.default_rng(0))
+    checks.check_backend_scores(recompute, tiny_target, tiny_prompt, np.random.default_rng(0))
     with pytest.raises(AssertionError, match="differ from a plain forward pass"):
         checks.check_backend_scores(CausalOnly, tiny_target, tiny_prompt, np.random.default_rng(0))
 
 
 def test_backend_check_catches_scores_without_their_tree_and_stale_commits(tiny_target, tiny_prompt):
-    kv = specframe.get_registry().get("backend", "kv")
+    recompute = specframe.get_registry().get("backend", "recompute")  # a one-sequence backend
 
-    class Treeless(kv):  # forgets to say which tree it scored
+    class Treeless(recompute):  # forgets to say which tree it scored
         name = "treeless"
 
         def score(self, tree):
@@ -140,7 +142,7 @@ def test_backend_check_catches_scores_without_their_tree_and_stale_commits(tiny_
             scores.tree = None
             return scores
 
-    class Forgetful(kv):  # commits whatever it is given: stale scores would corrupt the cache
+    class Forgetful(recompute):  # commits whatever it is given: stale scores would corrupt the state
         name = "forgetful"
 
         def redeem(self, scored):
@@ -154,24 +156,26 @@ def test_backend_check_catches_scores_without_their_tree_and_stale_commits(tiny_
 
 def test_copy_check_catches_a_backend_whose_copies_share_their_state(tiny_target):
     """A backend that declares `fresh_state_per_copy` but keeps its sequence in an object its copies share
-    (the second copy's prefill takes over the first's row) is caught; `kv`, whose prefill makes a new
-    cache, passes."""
-    kv = specframe.get_registry().get("backend", "kv")
+    (the second copy's prefill takes over the first's row) is caught; `recompute` and `kv`, whose prefill
+    makes a new state, pass."""
+    registry = specframe.get_registry()
+    kv, recompute = registry.get("backend", "kv"), registry.get("backend", "recompute")
 
     def shared(name: str) -> property:
         return property(lambda self: getattr(self.state, name),
                         lambda self, value: setattr(self.state, name, value))
 
-    class OneState(kv):  # its cache, length and pending root live in a helper that shallow copies share
+    class OneState(recompute):  # its tokens and pending root live in a helper that shallow copies share
         name = "one-state"
-        cache, _committed, _pending = shared("cache"), shared("_committed"), shared("_pending")
+        committed, pending = shared("committed"), shared("pending")
 
         def __init__(self, target, **options):
             self.state = types.SimpleNamespace()
             super().__init__(target, **options)
 
     prompts = [repetitive_prompt(tiny_target.vocab_size, n, seed=s) for n, s in ((40, 0), (25, 1))]
-    checks.check_fresh_state_per_copy(kv, tiny_target, prompts, np.random.default_rng(0))
+    for backend in (kv, recompute):
+        checks.check_fresh_state_per_copy(backend, tiny_target, prompts, np.random.default_rng(0))
     with pytest.raises(AssertionError, match="declares fresh_state_per_copy, but copy 0 of 2"):
         checks.check_fresh_state_per_copy(OneState, tiny_target, prompts, np.random.default_rng(0))
 
