@@ -200,5 +200,4 @@ def top_nodes(proposal: DraftProposal, c: int) -> DraftProposal:
     if len(proposal) <= c:
         return proposal
     keep = np.sort(np.lexsort((np.arange(len(proposal)), -proposal.scores))[:c])  # (c,)
-    return DraftProposal(proposal.tokens[keep], proposal.kept_parents(keep), proposal.scores[keep],
-                         score_kind=proposal.score_kind)
+    return proposal.subtree(keep)

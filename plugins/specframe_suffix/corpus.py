@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from specframe import DraftProposal
 from specframe_corpus.retrieval import build_trie, top_nodes
 from specframe_corpus.stores import open_datastore, resolve_datastore
 from specframe_suffix.drafts import CORPUS, SourceDraft
@@ -66,8 +65,7 @@ class CorpusSource:
         keep = np.flatnonzero(trie.scores >= min_prob)  # closed under parents: scores never increase
         if not len(keep):
             return None
-        trie = top_nodes(DraftProposal(trie.tokens[keep], trie.kept_parents(keep), trie.scores[keep],
-                                       score_kind=trie.score_kind), cap)
+        trie = top_nodes(trie.subtree(keep), cap)
         return SourceDraft(CORPUS, trie.tokens.tolist(), trie.parents.tolist(), trie.scores.tolist(),
                            match.length)
 

@@ -27,12 +27,12 @@ from specframe.plugging.pipeline import Pipeline
 from specframe.terms.constraint import Constraint, ConstraintError, PathStates, mask_logits
 from specframe.terms.errors import DrafterError, SpecframeError
 from specframe.terms.metrics import DecodeMetrics, PhaseTimer
-from specframe.terms.proposal import DraftContext, DraftProposal, DrawMethod
+from specframe.terms.proposal import DraftContext, DraftProposal
 from specframe.terms.records import Prediction, StepEvent, StepOutcome, TargetScores, VerifyResult
 from specframe.terms.sampling import Sampler, SamplingParams
 from specframe.terms.stopping import StopStrings
 from specframe.terms.target import Target
-from specframe.terms.tree import SAMPLED_DRAWS, TokenTree
+from specframe.terms.tree import TokenTree
 
 
 class RequestRow:
@@ -115,12 +115,7 @@ class RequestRow:
         which is lossless for any tree (`TokenTree.from_proposal`)."""
         if self._paths is None or not len(proposal):
             return proposal
-        keep = np.asarray(self._paths.keep(proposal), dtype=np.int64)
-        probs = None if proposal.draft_probs is None else proposal.draft_probs[keep.tolist()]
-        draw = DrawMethod.RETRIEVED if proposal.draw in SAMPLED_DRAWS else proposal.draw
-        return replace(proposal, tokens=proposal.tokens[keep], parents=proposal.kept_parents(keep),
-                       scores=proposal.scores[keep], draft_probs=probs, draw=draw,
-                       group=None if proposal.group is None else proposal.group[keep])
+        return proposal.subtree(self._paths.keep(proposal))
 
     @contextmanager
     def _drafter_failure(self) -> Iterator[None]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -47,6 +47,12 @@ class DrawMethod(str, enum.Enum):
     SAMPLED = "sampled"  # children drawn i.i.d. (with replacement) from `draft_probs`
     SAMPLED_WITHOUT_REPLACEMENT = "sampled-without-replacement"
     RETRIEVED = "retrieved"  # copied from text (prompt lookup, REST): no draft distribution
+
+
+SAMPLED_DRAWS = (DrawMethod.SAMPLED, DrawMethod.SAMPLED_WITHOUT_REPLACEMENT)
+"""The draw methods whose drafts were sampled from the drafter's q. A tree builder keeps such a proposal's
+nodes by a draw-order prefix (`specframe.terms.tree.draw_order_prefix`), not by score, so the tree keeps its
+sampled label and `rejection` can accept drafts with probability min(1, p/q) (`DrawMethod`, rule 3)."""
 
 
 class ScoreKind(str, enum.Enum):
@@ -116,6 +122,17 @@ class DraftProposal(Forest):
     def empty(cls) -> DraftProposal:
         """No candidates: the step decodes exactly one token."""
         return cls(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0))
+
+    def subtree(self, keep: np.ndarray | list[int]) -> DraftProposal:
+        """The nodes `keep` (closed under parents), renumbered, with their scores, q and groups. Sampled
+        drafts become `RETRIEVED` (verified by sampling and matching): a cut chosen after the draws is no
+        draw-order prefix, as for `TokenTree.subtree`."""
+        keep = np.sort(np.asarray(keep, dtype=np.int64))
+        draw = DrawMethod.RETRIEVED if self.draw in SAMPLED_DRAWS else self.draw
+        probs = None if self.draft_probs is None else self.draft_probs[keep.tolist()]
+        return replace(self, tokens=self.tokens[keep], parents=self.kept_parents(keep),
+                       scores=self.scores[keep], draft_probs=probs, draw=draw,
+                       group=None if self.group is None else self.group[keep])
 
     @classmethod
     def from_sequences(cls, sequences: Sequence[Sequence[int]], weights: Sequence[float] | None = None

@@ -15,16 +15,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from specframe.terms.forest import Forest
-from specframe.terms.proposal import DraftProposal, DrawMethod
+from specframe.terms.proposal import SAMPLED_DRAWS, DraftProposal, DrawMethod
 
 if TYPE_CHECKING:
     import torch
-
-SAMPLED_DRAWS = (DrawMethod.SAMPLED, DrawMethod.SAMPLED_WITHOUT_REPLACEMENT)
-"""The draw methods whose drafts were sampled from the drafter's q. A tree builder keeps such a proposal's
-nodes by a draw-order prefix (`draw_order_prefix`), not by score, so the tree keeps its sampled label and
-`rejection` can accept drafts with probability min(1, p/q) (`DrawMethod`, rule 3)."""
-
 
 @dataclass(eq=False)
 class TokenTree(Forest):
