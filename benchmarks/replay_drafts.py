@@ -26,7 +26,7 @@ import numpy as np
 
 from specframe.bench.methods import resolve_methods, split_parts
 from specframe.bench.replay import copy_bound, open_run, replay
-from specframe.bench.runner import read_records
+from specframe.bench.store import read_records
 from specframe.terms.cost import MeasuredCost
 from specframe.plugging.pipeline import assemble
 from specframe.support.progress import bar as progress_bar

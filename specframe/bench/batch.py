@@ -15,46 +15,40 @@ the same load, where one call per method over the whole suite would time each un
 2-core CPU the ratios between methods moved by 15-20 % between two such runs). Within a chunk the rows
 are batched continuously; a method's decoder carries from chunk to chunk of a (B, repeat), so a drafter
 that remembers requests, or a planner at `auto`, learns over the suite as in one call
-(`specframe.bench.batch_runners.PipelineBatches.start_suite`). The tables add a method's chunks up (all
+(`specframe.bench.runner.PipelineRunner.start_suite`). The tables add a method's chunks up (all
 new tokens over all seconds) and take the spread of its speedups from them
 (`specframe.bench.batch_report.ratio_interval`).
 
-A batch run resumes per call: every finished (method, B, repeat, chunk) is one line of
-`batch_records.jsonl`, appended under `--out`'s lock (`specframe.bench.runner.bench_lock`), and a rerun
-runs only the calls it finds no line for. Batch runs keep their own files (`batch_*`), so a one-request
-run and a batch run can share an `--out`.
+A batch run resumes per call: every finished (method, B, repeat, chunk) is one record of the bench's
+record store (`specframe.bench.store`, layout `CALLS`: `batch_records.jsonl`), and a rerun runs only the
+calls it finds no record for.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
-from specframe.support.atomic_dirs import write_atomically
-from specframe.support.paths import check_writable_dir
+import torch
+
+from specframe.runtime.devices import synchronize
 from specframe.support.progress import bar as progress_bar
 from specframe.support.prompt_suites import BenchPrompt, encode_turn
-from specframe.support.untrusted import json_problem
 from specframe.terms.errors import ConfigurationError
+from specframe.terms.metrics import now
 from specframe.terms.sampling import SamplingParams
 from specframe.terms.target import Target
 from specframe.plugging.registry import PluginRegistry, get_registry
 
 from specframe.bench.batch_report import BatchRun, write_batch_results
-from specframe.bench.batch_runners import GeneratePeerBatches, PipelineBatches
 from specframe.bench.harness import bench_settings, check_options, target_settings
 from specframe.bench.methods import MethodSpec
 from specframe.bench.peers import PeerSpec, parse_peers
-from specframe.bench.runner import (WARMUP_PROMPT, WARMUP_TOKENS, Mismatch, append_line, bench_lock,
-                                    build_runners, check_run_args, compare, end_cut_line, read_settings,
-                                    records_kept, rotation, writing)
+from specframe.bench.runner import (WARMUP_PROMPT, WARMUP_TOKENS, Mismatch, build_runners, check_run_args,
+                                    compare, rotation)
+from specframe.bench.store import CALLS, RecordStore, call_metrics, start_out
 
-SETTINGS, RECORDS = "batch_settings.json", "batch_records.jsonl"
 BATCH_PEERS = ("hf-generate",)  # transformers' prompt lookup and assisted generation take one prompt
-# The fields every line of `batch_records.jsonl` holds, and the metrics the reports read from it.
-RECORD_FIELDS = {"method": str, "batch": int, "repeat": int, "qids": list, "tokens": list, "metrics": dict}
-RECORD_METRICS = ("wall_s", "new_tokens", "tokens_per_s", "latency_s", "steps", "accepted_draft_tokens")
 # Prompts per chunk at least (`chunk_size`): at B = 4 two fills of the batch, about a minute of decoding per
 # method on one CPU thread at 128 new tokens, so that the methods' turns stay minutes apart.
 MIN_CHUNK = 8
@@ -144,82 +138,8 @@ def check_batch_run(suite: str | list[BenchPrompt], methods: list[str], sizes: l
     return prompts, specs, batch_peers(peers)
 
 
-class BatchStore:
-    """`batch_records.jsonl`: one line per finished (method, B, repeat, chunk), beside
-    `batch_settings.json`.
-
-    A directory whose records were made with other settings is refused (or emptied with `fresh`); a line
-    cut short by an interruption is skipped, so its call is run again."""
-
-    def __init__(self, out: Path, settings: dict, fresh: bool = False):
-        check_writable_dir(out, "--out", "pass an --out directory you can write to")
-        self.path, self.settings_path, self.settings = out / RECORDS, out / SETTINGS, settings
-        with bench_lock(out):
-            if fresh:
-                self.path.unlink(missing_ok=True)
-                self.settings_path.unlink(missing_ok=True)
-            records = self.read() if self.path.exists() else []
-            old = read_settings(self.settings_path) if self.settings_path.exists() else None
-            if records and old is not None and old != settings:
-                changed = {k: (old.get(k), v) for k, v in settings.items() if old.get(k) != v}
-                raise ConfigurationError(
-                    f"{out} holds batch results made with other settings ({changed}, as (old, new)); resume "
-                    "with the same settings, or pass another --out (or --fresh to start over)")
-            with writing(self.path, records_kept(len(records), self.path)):
-                end_cut_line(self.path)
-                if not records or old is None:
-                    write_atomically(self.settings_path, json.dumps(settings, indent=2))
-        self.records = {self.key(r): r for r in records}
-
-    @staticmethod
-    def key(record: dict) -> tuple:
-        return record["method"], record["batch"], record["repeat"], tuple(record["qids"])
-
-    def get(self, method: str, size: int, repeat: int, qids: list[str]) -> dict | None:
-        """The finished call on the questions `qids` (a chunk), None when there is none."""
-        return self.records.get((method, size, repeat, tuple(qids)))
-
-    def add(self, record: dict) -> None:
-        kept = records_kept(len(self.records), self.path)
-        with writing(self.path, kept), bench_lock(self.path.parent):
-            if read_settings(self.settings_path) != self.settings:
-                raise ConfigurationError(
-                    f"{self.settings_path} was replaced while this run was writing to {self.path.parent} "
-                    "(another batch run with other settings, or --fresh, started there): run one batch "
-                    "benchmark per --out")
-            append_line(self.path, json.dumps(record) + "\n")
-        self.records[self.key(record)] = record
-
-    def read(self) -> list[dict]:
-        records = []
-        for number, line in enumerate(self.path.read_text("utf-8", errors="replace").splitlines(), 1):
-            parsed = json_problem(line)  # why a line is not JSON, or (its value,)
-            if isinstance(parsed, str):
-                continue  # a line cut short by an interrupted write: that call is simply run again
-            record = parsed[0]
-            problem = record_problem(record)
-            if problem:
-                raise ConfigurationError(
-                    f"{self.path}, line {number} is not a batch record: {problem}. Delete that line to redo "
-                    "the call it stood for, or pass --fresh to discard every earlier record")
-            records.append(record)
-        return records
-
-
-def record_problem(record) -> str | None:
-    """What is wrong with one parsed line of `batch_records.jsonl`, None when it holds what is read."""
-    if not isinstance(record, dict):
-        return f"expected a JSON object, got {json.dumps(record)[:40]}"
-    for name, kind in RECORD_FIELDS.items():
-        value = record.get(name)
-        if not isinstance(value, kind) or isinstance(value, bool):
-            return f"field '{name}' is missing or not a JSON {kind.__name__}"
-    missing = [m for m in RECORD_METRICS if m not in record["metrics"]]
-    return f"its metrics lack {', '.join(missing)}" if missing else None
-
-
 def run_batches(target: Target, prompts: list[BenchPrompt], runners: list, sizes: list[int], *,
-                repeats: int, max_new_tokens: int, store: BatchStore, warmup: bool = True,
+                repeats: int, max_new_tokens: int, store: RecordStore, warmup: bool = True,
                 progress: bool = True, chunk: int | None = None) -> BatchRun:
     """Every runner decodes the first turns of `prompts` at every batch size `repeats` times, in chunks
     (`chunk_size`, `chunk` prompts when given): at each (size, repeat) every runner decodes a chunk before
@@ -262,8 +182,9 @@ def run_batches(target: Target, prompts: list[BenchPrompt], runners: list, sizes
                           "tokens": tokens, "metrics": metrics}
                 store.add(record)
                 bar.update()
-            elif remembers:
-                runner.remember([ids[i] for i in part], record["tokens"])
+            elif remembers:  # decoded by an earlier process: its answers are what the chunks after it find
+                for i, answer in zip(part, record["tokens"]):
+                    runner.remember(ids[i], answer)
             done[runner.label] = record
             run.records.append(record)
         for mismatch in lossless_check(done, runners, [prompts[i] for i in part], tokenizer):
@@ -310,14 +231,62 @@ def run_batch_benchmark(target: Target, suite: str | list[BenchPrompt], methods:
                                                  budget=budget, keep=keep, registry=registry, chunk=chunk)
     check_run_args(target, repeats, max_new_tokens)
     greedy = SamplingParams()
-    runners: list = [PipelineBatches(r) for r in build_runners(target, specs, [], greedy, registry,
-                                                                default_budget=budget,
-                                                                phase_timing=phase_timing)]
+    runners: list = build_runners(target, specs, [], greedy, registry, default_budget=budget,
+                                  phase_timing=phase_timing)
     runners += [GeneratePeerBatches(target, peer, runners[0].label) for peer in peer_specs]
     settings = {**bench_settings(target_settings(target), suite, max_new_tokens, budget, greedy),
                 "limit": limit, "questions": len(prompts)}
-    store = BatchStore(out, settings, fresh)
+    store = start_out(out, settings, fresh, CALLS)
     run = run_batches(target, prompts, runners, batches, repeats=repeats, max_new_tokens=max_new_tokens,
                       store=store, warmup=warmup, progress=progress, chunk=chunk)
     table = write_batch_results(run, out, settings, repeats=repeats, plots=plots, keep=keep, command=command)
     return run, table
+
+
+class GeneratePeerBatches:
+    """transformers' own greedy `generate` on the same target (peer `hf-generate`): B prompts per call,
+    left padded. Every row of a call ends with the call, so each row's latency is its call's time."""
+
+    lossless = False  # padding changes the numbers: its rows are counted against the baseline, not failed
+
+    def __init__(self, target: Target, spec: PeerSpec, baseline: str):
+        self.target, self.label, self.baseline = target, spec.label, baseline
+        eos = sorted(target.eos_token_ids)
+        pad = getattr(target.tokenizer, "pad_token_id", None)
+        self.eos = set(eos)
+        self.pad = eos[0] if eos else pad if pad is not None else 0
+
+    def generate_batch(self, prompts: list[list[int]], max_new_tokens: int,
+                       size: int) -> tuple[list[list[int]], dict]:
+        """Every prompt's new tokens (cut after its first EOS), and the metrics of all the calls."""
+        tokens, latency, wall = [], [], 0.0
+        for first in range(0, len(prompts), size):
+            rows, seconds = self.call(prompts[first:first + size], max_new_tokens)
+            tokens += rows
+            latency += [seconds] * len(rows)
+            wall += seconds
+        lengths = [len(t) for t in tokens]
+        return tokens, call_metrics(wall, lengths, latency, sum(lengths), 0)  # a forward emits one token
+
+    @torch.inference_mode()
+    def call(self, prompts: list[list[int]], max_new_tokens: int) -> tuple[list[list[int]], float]:
+        """One `generate` call on `prompts`, left padded: their new tokens and its seconds."""
+        device = self.target.device
+        width = max(len(p) for p in prompts)
+        padded = [[self.pad] * (width - len(p)) + p for p in prompts]
+        input_ids = torch.tensor(padded, device=device)  # (B, L)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)  # (B, L)
+        synchronize(device)
+        start = now()
+        stops = {"eos_token_id": sorted(self.eos)} if self.eos else {}  # where specframe's rows stop
+        out = self.target.model.generate(input_ids, attention_mask=mask, max_new_tokens=max_new_tokens,
+                                         do_sample=False, pad_token_id=self.pad, **stops)  # (B, L + new)
+        synchronize(device)
+        seconds = now() - start
+        return [cut_after_eos(row, self.eos) for row in out[:, width:].tolist()], seconds
+
+
+def cut_after_eos(tokens: list[int], eos: set[int]) -> list[int]:
+    """`tokens` up to and including the first EOS: what follows in a batch is padding."""
+    end = next((i + 1 for i, token in enumerate(tokens) if token in eos), len(tokens))
+    return tokens[:end]

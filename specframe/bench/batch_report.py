@@ -17,17 +17,15 @@ from __future__ import annotations
 import json
 import math
 import random
-import shlex
 import statistics
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specframe.support.atomic_dirs import write_atomically
-
 from specframe.support.prompt_suites import BenchPrompt
 
-from specframe.bench.runner import Mismatch, bench_lock, writing
+from specframe.bench.report import command_text, mean_std, page_header, per_step_ms, stat_cell, write_pages
+from specframe.bench.runner import Mismatch
+from specframe.bench.store import CALLS, tables_kept, writing
 
 RESULTS_JSON, RESULTS_MD, PLOT = "batch_results.json", "batch_results.md", "batch_speedup.png"
 COLUMNS = ("method", "B", "tokens/s", "mean latency s", "p90 latency s", "tau", "draft ms/step",
@@ -57,12 +55,6 @@ def kept(records: dict[int, dict], keep: str) -> dict:
     if keep != "fastest" or not records:
         return records
     return {"fastest": max(records.values(), key=lambda r: r["metrics"]["tokens_per_s"])}
-
-
-def mean_std(values: list[float]) -> dict | None:
-    if not values:
-        return None
-    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0}
 
 
 def merge_chunks(records: list[dict]) -> dict:
@@ -121,15 +113,6 @@ def ratio_interval(mine: dict, other: dict, draws: int = DRAWS, seed: int = SEED
     return [ratios[round(tail * (len(ratios) - 1))], ratios[round((1 - tail) * (len(ratios) - 1))]]
 
 
-def time_split(metrics: list[dict]) -> dict[str, float] | None:
-    """Milliseconds per batched step by phase over every call (None when a call has no split: the peer,
-    or records made before calls kept one)."""
-    steps = sum(m.get("batch_steps") or 0 for m in metrics)
-    if not steps or any(m.get("time_s") is None for m in metrics):
-        return None
-    return {k: 1000 * sum(m["time_s"].get(k, 0.0) for m in metrics) / steps for k in metrics[0]["time_s"]}
-
-
 def p90(values: list[float]) -> float:
     """The 90th percentile (nearest rank): the latency nine rows in ten stay under."""
     ordered = sorted(values)
@@ -158,7 +141,7 @@ def row_stats(mine: dict, base: dict | None, peer: dict | None, is_peer: bool = 
             "speedup_hf": speedup(mine, peer) if peer else None,
             "speedup_plain_interval": ratio_interval(mine, base) if base is not None else None,
             "speedup_hf_interval": ratio_interval(mine, peer) if peer and not is_peer else None,
-            "time_per_step_ms": time_split(metrics),
+            "time_per_step_ms": per_step_ms(metrics, sum(m.get("batch_steps") or 0 for m in metrics)),
             "chunks": max(len(r["chunks"]) for r in mine.values()),
             "new_tokens": sum(m["new_tokens"] for m in metrics), "repeats": len(metrics),
             "rows_differing": differ, "rows_compared": rows}
@@ -185,20 +168,13 @@ def summarize(run: BatchRun, keep: str = "all") -> dict[int, dict[str, dict]]:
     return table
 
 
-def _stat(stat: dict | None, digits: int = 2) -> str:
-    if stat is None:
-        return "-"
-    mean = f"{stat['mean']:.{digits}f}"
-    return f"{mean} ± {stat['std']:.{digits}f}" if stat["std"] else mean
-
-
 def _num(value: float | None, digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
 def _speedup(stat: dict | None, interval: list[float] | None) -> str:
     """A speedup cell: mean (± std over repeats), then its interval over chunks in brackets."""
-    return _stat(stat) + (f" [{interval[0]:.2f}, {interval[1]:.2f}]" if interval else "")
+    return stat_cell(stat) + (f" [{interval[0]:.2f}, {interval[1]:.2f}]" if interval else "")
 
 
 def _ms(stats: dict, phase: str) -> str:
@@ -264,7 +240,7 @@ def markdown(table: dict[int, dict[str, dict]], run: BatchRun, header: str = "")
         for size, rows in table.items():
             s = rows.get(label)
             if s is not None:
-                cells = [label, str(size), _stat(s["tokens_per_s"], 1), _num(s["latency_mean_s"]),
+                cells = [label, str(size), stat_cell(s["tokens_per_s"], 1), _num(s["latency_mean_s"]),
                          _num(s["latency_p90_s"]), _num(s["tau"]), _ms(s, "draft"), _ms(s, "forward"),
                          _speedup(s["speedup_plain"], s.get("speedup_plain_interval")),
                          _speedup(s["speedup_hf"], s.get("speedup_hf_interval")),
@@ -305,12 +281,9 @@ def write_batch_results(run: BatchRun, out: Path, settings: dict, *, repeats: in
                         keep: str = "all", command: str | None = None) -> dict:
     """Write `batch_results.json` (settings, table, mismatches, records), `batch_results.md` and, with
     `plots`, `batch_speedup.png`; return the table."""
-    command = command or "specframe " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    kept_text = f"the fastest of {repeats} repeat(s)" if keep == "fastest" else f"{repeats} repeat(s)"
-    header = (f"## {settings['suite']}, batched: {settings['model']}, first turns of {len(run.prompts)} "
-              f"question(s), {settings['max_new_tokens']} new tokens, B = {', '.join(map(str, run.sizes))}, "
-              f"{kept_text}, greedy, {settings['device']}, {settings['dtype']}, "
-              f"{settings['threads']} torch thread(s), {settings['clock']} clock\n\nCommand: `{command}`\n")
+    command = command_text(command)
+    header = page_header(settings, sizes=run.sizes, decoded=f"first turns of {len(run.prompts)} question(s)",
+                         repeats=repeats, keep=keep, command=command)
     table = summarize(run, keep)
     payload = {"settings": {**settings, "batches": run.sizes, "repeats": repeats, "keep": keep,
                             "command": command, "chunk_prompts": {str(b): n for b, n in run.chunks.items()}},
@@ -319,16 +292,12 @@ def write_batch_results(run: BatchRun, out: Path, settings: dict, *, repeats: in
                "batches": {str(size): rows for size, rows in table.items()},
                "mismatches": [{"batch": size, **vars(m)} for size, m in run.mismatches],
                "records": run.records}
-    kept = (f"every record stays in {out / 'batch_records.jsonl'}: once there is room, rerun the same "
-            "command to write the tables from them (nothing is run again)")
-    with bench_lock(out):
-        for name, text in ((RESULTS_JSON, json.dumps(payload, indent=1)),
-                           (RESULTS_MD, markdown(table, run, header))):
-            with writing(out / name, kept):
-                write_atomically(out / name, text)
+    records = out / CALLS.records
+    write_pages(out, {RESULTS_JSON: json.dumps(payload, indent=1), RESULTS_MD: markdown(table, run, header)},
+                records)
     if plots:
         from specframe.bench.plots import batch_speedup_plot
 
-        with writing(out / PLOT, kept):
+        with writing(out / PLOT, tables_kept(records)):
             batch_speedup_plot(table, out / PLOT, title=f"{settings['suite']} ({settings['model']})")
     return table

@@ -30,9 +30,10 @@ from specframe.support.ray_support import import_ray, ray_session
 from specframe.plugging.registry import PluginRegistry, get_registry
 from specframe.terms.sampling import SamplingParams
 
-from specframe.bench.harness import bench_settings, check_options, start_out, target_settings, write_results
+from specframe.bench.harness import bench_settings, check_options, target_settings, write_results
 from specframe.bench.methods import resolve_methods
-from specframe.bench.runner import BenchRun, Mismatch, RecordStore, compare
+from specframe.bench.runner import BenchRun, Mismatch, compare
+from specframe.bench.store import RecordStore, start_out
 from specframe.support.prompt_suites import BenchPrompt
 
 
@@ -139,8 +140,7 @@ def run_benchmark_ray(target_factory: Callable[[], Target], suite: str | list[Be
         runners = [stand_in(r) for r in outlines[0]["runners"]]
         tokenizer = outlines[0]["tokenizer"]
         settings = bench_settings(outlines[0]["settings"], suite, max_new_tokens, budget, sampling)
-        start_out(out, settings, fresh)
-        store = RecordStore(out / "records.jsonl")
+        store = start_out(out, settings, fresh)
         cells = pending_cells(prompts, runners, store, repeats)
         by_qid = {p.qid: p for p in prompts}
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import shlex
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -11,7 +9,6 @@ import torch
 
 from specframe.terms.errors import ConfigurationError
 from specframe.terms.kinds import ComponentKind
-from specframe.support.paths import check_writable_dir
 from specframe.terms.target import Target
 from specframe.terms.metrics import clock_name
 from specframe.plugging.registry import PluginRegistry, get_registry
@@ -19,9 +16,9 @@ from specframe.terms.sampling import SamplingParams
 
 from specframe.bench.methods import MethodSpec, resolve_methods
 from specframe.bench.peers import PeerSpec, parse_peers
-from specframe.bench.report import KEEP, tables_kept, write_reports
-from specframe.bench.runner import (BenchRun, bench_lock, build_runners, check_counts, check_run_args,
-                                    check_settings, run_bench, writing)
+from specframe.bench.report import KEEP, command_text, page_header, write_reports
+from specframe.bench.runner import BenchRun, build_runners, check_counts, check_run_args, run_bench
+from specframe.bench.store import start_out, tables_kept, writing
 from specframe.support.prompt_suites import BenchPrompt, load_suite
 
 
@@ -126,25 +123,12 @@ def bench_settings(model: dict, suite: str | list[BenchPrompt], max_new_tokens: 
             "dtype": model["dtype"]}
 
 
-def start_out(out: Path, settings: dict, fresh: bool) -> None:
-    """Create `out` (emptied of earlier records with `fresh`) and record or check the settings."""
-    check_writable_dir(out, "--out", "pass an --out directory you can write to")
-    if fresh:
-        with bench_lock(out):
-            for name in ("records.jsonl", "settings.json"):
-                (out / name).unlink(missing_ok=True)
-    check_settings(out, settings)
-
-
 def write_results(run: BenchRun, out: Path, settings: dict, *, limit: int | None, repeats: int,
                   max_turns: int | None, plots: bool, command: str | None, keep: str = "all") -> dict:
     """Write `results.json`, `results.md` and the plots of a finished run; return its summary table."""
-    command = command or "specframe " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    kept = f"the fastest of {repeats} repeat(s) per turn" if keep == "fastest" else f"{repeats} repeat(s)"
-    header = (f"## {settings['suite']}: {settings['model']}, {settings['max_new_tokens']} new tokens, "
-              f"{kept}, greedy={settings['temperature'] == 0}, {settings['device']}, "
-              f"{settings['dtype']}, {settings['threads']} torch thread(s), {settings['clock']} clock\n\n"
-              f"Command: `{command}`\n")
+    command = command_text(command)
+    header = page_header(settings, sizes=[1], decoded=f"{turns_decoded(run.prompts)} one at a time",
+                         repeats=repeats, keep=keep, command=command)
     table = write_reports(run, out, {**settings, "limit": limit, "repeats": repeats, "turns": max_turns,
                                      "keep": keep, "command": command},
                           header, keep)
@@ -154,6 +138,12 @@ def write_results(run: BenchRun, out: Path, settings: dict, *, limit: int | None
         with writing(f"the plots in {out}", tables_kept(out / "records.jsonl")):
             write_plots(table, out, title=f"{settings['suite']} ({settings['model']})")
     return table
+
+
+def turns_decoded(prompts: list[BenchPrompt]) -> str:
+    """What a one-request run decoded, for its page's header: its questions and their turns."""
+    turns = sum(len(p.turns) for p in prompts)
+    return f"{turns} turn(s) of {len(prompts)} question(s)"
 
 
 def take_shard(prompts: list[BenchPrompt], shard: str) -> list[BenchPrompt]:

@@ -31,7 +31,7 @@ from specframe.bench.methods import MethodSpec
 from specframe.bench.playback import (
     ModelledTimer, OraclePlanner, Playback, RecordedBackend, RecordedVerifier, accepted_path, oracle_choice,
 )
-from specframe.bench.runner import read_records, read_settings
+from specframe.bench.store import read_records, read_settings
 from specframe.support.prompt_suites import BenchPrompt, encode_turn, load_suite
 from specframe.decode.loop import SpeculativeDecoder
 from specframe.decode.planner import SHAPE_LEARNING, AdaptivePlanner, FixedPlanner

@@ -12,20 +12,35 @@ tokens/s are computed per repeat, then reported as mean and standard deviation o
 from __future__ import annotations
 
 import json
+import shlex
 import statistics
+import sys
 from pathlib import Path
 
 from specframe.support.atomic_dirs import write_atomically
-from specframe.bench.runner import BenchRun, bench_lock, writing
+from specframe.bench.runner import BenchRun
+from specframe.bench.store import REQUESTS, bench_lock, tables_kept, writing
 
 OVERALL = "overall"
 KEEP = ("all", "fastest")  # which repeats the tables aggregate: see the module docstring
 SLOW = 0.9  # a turn slower than this share of its baseline counts as slow ("prompts below 0.9x")
 
 
-def _mean_std(values: list[float]) -> dict:
-    return {"mean": statistics.fmean(values) if values else None,
-            "std": statistics.stdev(values) if len(values) > 1 else 0.0}
+def mean_std(values: list[float]) -> dict | None:
+    """Mean and standard deviation of one figure over repeats (a one-request or a batch table's cell),
+    None without a value."""
+    if not values:
+        return None
+    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0}
+
+
+def per_step_ms(metrics: list[dict], steps: int) -> dict[str, float] | None:
+    """Milliseconds per step by phase over the records' time splits (`time_s`: seconds by phase, of one
+    request or of one batched call, whose steps are batched steps), None when a record has no split (the
+    peers, or a run with --no-phase-timing) or there were no steps."""
+    if not steps or any(m.get("time_s") is None for m in metrics):
+        return None
+    return {k: 1000 * sum(m["time_s"].get(k, 0.0) for m in metrics) / steps for k in metrics[0]["time_s"]}
 
 
 def method_stats(records: list[dict], base: dict[tuple, dict] | None) -> dict:
@@ -62,17 +77,14 @@ def method_stats(records: list[dict], base: dict[tuple, dict] | None) -> dict:
     paired = [(r, base.get((r["qid"], r["turn"], r["repeat"]))) for r in records] if base is not None else []
     slow = [r for r, b in paired if b is not None
             and r["metrics"]["tokens_per_s"] < SLOW * b["metrics"]["tokens_per_s"]]
-    split = None
-    if all(x["time_s"] is not None for x in metrics) and steps:
-        split = {k: 1000 * sum(x["time_s"][k] for x in metrics) / steps for k in metrics[0]["time_s"]}
     return {
         "turns": len({(r["qid"], r["turn"]) for r in records}), "repeats": len(repeats),
-        "speedup": _mean_std(speed), "speedup_excl_prefill": _mean_std(speed_decode),
-        "tokens_per_s": _mean_std(tps), "decode_tokens_per_s": _mean_std(tps_decode),
+        "speedup": mean_std(speed), "speedup_excl_prefill": mean_std(speed_decode),
+        "tokens_per_s": mean_std(tps), "decode_tokens_per_s": mean_std(tps_decode),
         "tau": sum(x["new_tokens"] for x in metrics) / steps if steps else None, "alpha": alpha,
         "new_tokens": sum(x["new_tokens"] for x in metrics), "steps": steps,
         "prefill_s": sum(x["prefill_s"] for x in metrics), "wall_s": sum(x["wall_s"] for x in metrics),
-        "acceptance_histogram": histogram, "time_per_step_ms": split,
+        "acceptance_histogram": histogram, "time_per_step_ms": per_step_ms(metrics, steps),
         "peak_memory_bytes": max(x["peak_memory_bytes"] for x in metrics),
         "mean_tree_size": sum(x["draft_tokens"] or 0 for x in metrics) / steps if steps else None,
         "slow_turns": len(slow) / len(records) if base is not None else None,
@@ -148,8 +160,9 @@ def summarize(run: BenchRun, keep: str = "all") -> dict:
     return table
 
 
-def _fmt(stat: dict, digits: int = 2) -> str:
-    if stat["mean"] is None:
+def stat_cell(stat: dict | None, digits: int = 2) -> str:
+    """A table cell of `mean_std`'s figure: the mean, ± the std when there is a spread."""
+    if stat is None or stat["mean"] is None:
         return "-"
     mean = f"{stat['mean']:.{digits}f}"
     return f"{mean} ± {stat['std']:.{digits}f}" if stat["std"] else mean
@@ -179,9 +192,10 @@ def markdown(table: dict, run: BenchRun, header: str = "") -> str:
                      else f"MISMATCH x{s['mismatches']}" if s["mismatches"] else "yes")
             alpha = "-" if s["alpha"] is None else f"{s['alpha']:.2f}"
             tau = "-" if s["tau"] is None else f"{s['tau']:.2f}"
-            lines.append(f"| {label} | {baseline[label] or '-'} | {_fmt(s['speedup'])} "
-                         f"| {_fmt(s['speedup_excl_prefill'])} | {tau} | {alpha} "
-                         f"| {_fmt(s['tokens_per_s'], 1)} | {_fmt(s['decode_tokens_per_s'], 1)} | {ident} |")
+            cells = [label, baseline[label] or "-", stat_cell(s["speedup"]),
+                     stat_cell(s["speedup_excl_prefill"]), tau, alpha, stat_cell(s["tokens_per_s"], 1),
+                     stat_cell(s["decode_tokens_per_s"], 1), ident]
+            lines.append("| " + " | ".join(cells) + " |")
         lines += ["", TABLE_NOTE, ""]
         lines += adaptive_table(rows)
     if run.mismatches:
@@ -223,10 +237,32 @@ def memory(stats: dict | None) -> str:
     return (f"{size / 2**20:.1f} MiB" if size >= 2**20 else f"{size / 2**10:.0f} KiB") + kept
 
 
-def tables_kept(records: Path) -> str:
-    """What a failed write of a finished run's tables or plots leaves, and how to go on."""
-    return (f"every record stays in {records}: once there is room, rerun the same command to write the "
-            "tables from them (nothing is run again)")
+def command_text(command: str | None) -> str:
+    """The command a results page says made it: `command`, else this process's own command line."""
+    return command or "specframe " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+
+
+def page_header(settings: dict, *, sizes: list[int], decoded: str, repeats: int, keep: str,
+                command: str) -> str:
+    """The first lines of a results page, one-request or batched alike: the suite and the model, the
+    batch sizes B and what was decoded at them (`decoded`), the repeats the tables keep, the sampling,
+    the machine, and the command that regenerates the page."""
+    kept = f"the fastest of {repeats} repeat(s)" if keep == "fastest" else f"{repeats} repeat(s)"
+    sampling = "greedy" if not settings.get("temperature") else f"temperature {settings['temperature']}"
+    return (f"## {settings['suite']}: {settings['model']}, B = {', '.join(map(str, sizes))}, {decoded}, "
+            f"{settings['max_new_tokens']} new tokens, {kept}, {sampling}, {settings['device']}, "
+            f"{settings['dtype']}, {settings['threads']} torch thread(s), {settings['clock']} clock\n\n"
+            f"Command: `{command}`\n")
+
+
+def write_pages(out: Path, pages: dict[str, str], records: Path) -> None:
+    """Write each page of a finished run (file name -> text) whole, under `out`'s lock: shards of one run
+    may finish at once, and each file is then one writer's. A failed write names what stays in
+    `records` and how to go on."""
+    with bench_lock(out):
+        for name, text in pages.items():
+            with writing(out / name, tables_kept(records)):
+                write_atomically(out / name, text)
 
 
 def write_reports(run: BenchRun, out: Path, settings: dict, header: str = "", keep: str = "all") -> dict:
@@ -236,9 +272,6 @@ def write_reports(run: BenchRun, out: Path, settings: dict, header: str = "", ke
                 "kind": type(r).__name__} for r in run.runners]
     payload = {"settings": settings, "methods": methods, "categories": table,
                "mismatches": [vars(m) for m in run.mismatches], "records": run.records}
-    with bench_lock(out):  # shards of one run may finish at once: each file is one writer's, whole
-        for name, text in (("results.json", json.dumps(payload, indent=1)),
-                           ("results.md", markdown(table, run, header))):
-            with writing(out / name, tables_kept(out / "records.jsonl")):
-                write_atomically(out / name, text)
+    write_pages(out, {"results.json": json.dumps(payload, indent=1),
+                      "results.md": markdown(table, run, header)}, out / REQUESTS.records)
     return table

@@ -6,9 +6,9 @@ cost of running first or after a given method hit all methods alike. One warm-up
 on a prompt of no suite, runs before any timing and is not recorded. Sampled runs with `--seed S` draw
 repeat r with seed S + r in every method: the repeats are n different samples of each prompt.
 
-Every finished (method, question, turn, repeat) is appended at once to `records.jsonl`, under the lock of
-`--out` (`bench_lock`), so that shards running into one directory never interleave their lines; a rerun
-with the same `--out` skips what is there, so an interrupted run resumes where it stopped; a drafter that
+Every finished (method, question, turn, repeat) is appended at once to the bench's record store
+(`specframe.bench.store`, layout `REQUESTS`: `records.jsonl`); a rerun with the same `--out` skips what
+is there, so an interrupted run resumes where it stopped; a drafter that
 remembers earlier requests (`suffix`) is handed the skipped requests' recorded outputs
 (`Drafter.remember`), so that the requests still to run find the memory an uninterrupted run would have
 left them. The output of every lossless method is compared token for token with its baseline's output on
@@ -17,20 +17,13 @@ the same turn (greedy only); a difference is printed at once and collected in th
 
 from __future__ import annotations
 
-import json
-import re
 import sys
 import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from specframe.support.atomic_dirs import (FILE_LOCK_WAIT, exclusive, remove_stale, temp_name_pattern,
-                                          write_atomically)
 from specframe.decode.loop import SpeculativeDecoder
-from specframe.terms.errors import (ConfigurationError, OutputError, SpecframeError, SpecframeWarning,
-                                    io_failure)
+from specframe.terms.errors import ConfigurationError, SpecframeError, SpecframeWarning
 from specframe.terms.budget import parse_budget
 from specframe.terms.kinds import DEFAULT_COMPONENTS, ComponentKind
 from specframe.terms.target import Target
@@ -39,30 +32,52 @@ from specframe.plugging.pipeline import calibrate_backend
 from specframe.plugging.registry import PluginRegistry
 from specframe.plugging.specs import ComponentSpec
 from specframe.terms.sampling import SamplingParams
+from specframe.terms.metrics import now
+from specframe.runtime.devices import synchronize
 
 from specframe.bench.methods import MethodSpec, baseline_spec
 from specframe.bench.peers import PeerSpec, peer_class, peer_runner
 from specframe.support.prompt_suites import BenchPrompt, encode_turn
-from specframe.support.untrusted import json_problem
 from specframe.bench.synthetic import SyntheticDrafter
+# RecordStore, check_settings, read_records, read_settings and RECORD_METRICS are read from here by tests
+# and scripts written before the store had a module of its own (specframe/bench/store.py).
+from specframe.bench.store import (RECORD_METRICS, RecordStore, call_metrics, check_settings,  # noqa: F401
+                                   read_records, read_settings)
 
 WARMUP_TOKENS = 16
 WARMUP_PROMPT = "Count from one to ten in words."
 
 
 class PipelineRunner:
-    """A specframe pipeline; `generate` returns (new tokens, `DecodeMetrics.to_dict()`)."""
+    """A specframe pipeline: `generate` decodes one request, `generate_batch` a list of them B rows at a
+    time; both return the new tokens and what a record keeps of the call."""
 
     def __init__(self, target: Target, spec: MethodSpec, sampling: SamplingParams, registry: PluginRegistry,
                  baseline: str | None, phase_timing: bool = True):
         self.label, self.spec, self.baseline = spec.label, spec, baseline
-        self.decoder = SpeculativeDecoder.from_names(target, *spec.components, budget=spec.budget,
-                                                     sampling=sampling, registry=registry,
-                                                     phase_timing=phase_timing)
+        self.target, self.sampling, self.registry = target, sampling, registry
+        self.phase_timing = phase_timing
+        self.decoder = self.fresh()
         self.lossless = registry.get(ComponentKind.VERIFIER, spec.verifier.name).capabilities.lossless
         drafter = registry.get(ComponentKind.DRAFTER, spec.drafter.name)
         self.remembers = drafter.capabilities.remembers_requests
         self.seed = sampling.seed
+
+    def fresh(self) -> SpeculativeDecoder:
+        """A new decoder of this method: no memory of earlier requests, a planner that learned nothing."""
+        spec = self.spec
+        return SpeculativeDecoder.from_names(self.target, *spec.components, budget=spec.budget,
+                                             sampling=self.sampling, registry=self.registry,
+                                             phase_timing=self.phase_timing)
+
+    def start_suite(self) -> None:
+        """Before the first chunk of a batch run's (B, repeat): a drafter that remembers requests (suffix)
+        gets a decoder with no memory, so that every B and repeat decodes the suite alike rather than
+        copying the answers of the ones before it. The chunks after it keep that decoder, so that each
+        finds the answers of the chunks before it (and its planner what they taught it), as one call over
+        the whole suite would."""
+        if self.remembers:
+            self.decoder = self.fresh()
 
     def remember(self, prompt_ids: list[int], tokens: list[int]) -> None:
         """Give a drafter that remembers requests a recorded request it did not decode in this process."""
@@ -70,12 +85,28 @@ class PipelineRunner:
 
     def generate(self, prompt_ids: list[int], max_new_tokens: int,
                  seed: int | None = None) -> tuple[list[int], dict]:
+        """One request's new tokens and its metrics (`DecodeMetrics.to_dict()`)."""
         result = self.decoder.generate(prompt_ids, max_new_tokens=max_new_tokens, seed=seed)
         metrics = result.metrics.to_dict()
         stats = getattr(self.decoder.pipeline.drafter, "stats", None)
         if callable(stats):
             metrics["drafter_stats"] = stats()  # e.g. the suffix drafter's cache size and memory
         return result.tokens, metrics
+
+    def generate_batch(self, prompts: list[list[int]], max_new_tokens: int,
+                       size: int) -> tuple[list[list[int]], dict]:
+        """Every prompt's new tokens, `size` rows at a time, and the metrics of the whole call
+        (`specframe.bench.store.call_metrics`)."""
+        device = self.target.device
+        synchronize(device)
+        start = now()
+        results = self.decoder.generate_batch(prompts, max_new_tokens, batch_size=size)
+        synchronize(device)
+        wall = now() - start
+        rows = [r.metrics for r in results]
+        return [r.tokens for r in results], call_metrics(
+            wall, [m.new_tokens for m in rows], [m.wall_s for m in rows], sum(m.steps for m in rows),
+            sum(m.accepted_draft_tokens for m in rows), self.decoder.batch_metrics.to_dict())
 
 
 class SyntheticRunner(PipelineRunner):
@@ -188,167 +219,6 @@ class Mismatch:
                 f"baseline ...{self.baseline_text!r} vs method ...{self.method_text!r}")
 
 
-@contextmanager
-def bench_lock(out: Path) -> Iterator[None]:
-    """Hold the lock of the benchmark directory `out` for one update of its files (a record appended, the
-    settings checked and written, the reports written). Shards of a suite may run into one `--out` at
-    once: each update is short, so a writer waits for the others."""
-    lock = out / ".bench.lock"
-
-    def busy() -> ConfigurationError:
-        return ConfigurationError(f"{out} stayed locked by another bench run for {FILE_LOCK_WAIT:g} s "
-                                  f"({lock}); if no specframe process is running, delete that lock file")
-
-    with exclusive(lock, busy, wait=FILE_LOCK_WAIT, waiting=f"specframe: waiting for another bench run "
-                   f"writing to {out} ({lock})"):
-        yield
-
-
-@contextmanager
-def writing(path: Path | str, kept: str) -> Iterator[None]:
-    """A write under `--out` whose failure (a full disk, mostly) becomes an `OutputError` naming `path`,
-    the system's reason and `kept`: what stays in `--out` and how to go on. The CLI prints it as one
-    `error:` line instead of a traceback."""
-    try:
-        yield
-    except OSError as err:
-        if err.filename is not None and str(err.filename) == str(path):
-            err = OSError(err.errno, err.strerror)  # the message names the file once
-        raise OutputError(f"bench could not write {path} ({io_failure(err, 'pass another --out')}); "
-                          f"{kept}") from None
-
-
-def records_kept(count: int, path: Path) -> str:
-    """What a failed write leaves of a run's records, and how to go on from them."""
-    if not count:
-        return f"no record was in {path} yet"
-    return (f"the {count} record(s) written before stay in {path}: once there is room, rerun the same "
-            "command to resume from them")
-
-
-def append_line(path: Path, line: str) -> None:
-    """Append one record's line to `path` (the one place records are written)."""
-    with path.open("a", encoding="utf-8") as f:
-        f.write(line)
-
-
-def end_cut_line(path: Path) -> None:
-    """End a last line cut short (an interrupted or failed write), so the next record starts on a line of
-    its own; the cut line fails to parse and its run is simply redone."""
-    if path.exists() and path.stat().st_size:
-        with path.open("rb") as f:
-            f.seek(-1, 2)
-            cut = f.read(1) != b"\n"
-        if cut:
-            append_line(path, "\n")
-
-
-# Temporary files of the reports and settings `write_atomically` writes into --out.
-OUT_TEMPORARIES = re.compile("|".join(temp_name_pattern(f"{name}.", ".tmp")
-                                      for name in ("settings.json", "results.json", "results.md")))
-
-
-class RecordStore:
-    """Append-only JSONL of finished runs, keyed by (method, question, turn, repeat).
-
-    Records are appended under the directory's lock, after checking that `settings.json` still holds the
-    settings it held when the store was opened: a run started meanwhile into the same directory with
-    other settings would otherwise mix its records with this one's."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self.records: dict[tuple, dict] = {}
-        with bench_lock(path.parent):
-            self.settings = _settings_in(path.parent)
-            if path.exists():
-                text = path.read_text("utf-8", errors="replace")  # records are ASCII: damage fails to parse
-                for record in parse_records(text, path):
-                    self.records[self.key(record)] = record
-                with writing(path, records_kept(len(self.records), path)):
-                    end_cut_line(path)
-
-    @staticmethod
-    def key(record: dict) -> tuple:
-        return record["method"], record["qid"], record["turn"], record["repeat"]
-
-    def __len__(self) -> int:
-        return len(self.records)
-
-    def get(self, method: str, qid: str, turn: int, repeat: int) -> dict | None:
-        return self.records.get((method, qid, turn, repeat))
-
-    def add(self, record: dict) -> None:
-        line = json.dumps(record) + "\n"
-        with writing(self.path, records_kept(len(self.records), self.path)), bench_lock(self.path.parent):
-            if _settings_in(self.path.parent) != self.settings:
-                raise ConfigurationError(
-                    f"{self.path.parent / 'settings.json'} was replaced while this run was writing to "
-                    f"{self.path.parent} (another bench run with other settings, or --fresh, started "
-                    "there): run one benchmark per --out, or shards of one run with the same settings")
-            append_line(self.path, line)
-        self.records[self.key(record)] = record
-
-
-def _settings_in(out: Path) -> dict | None:
-    """The settings recorded in `out/settings.json`, None when there are none."""
-    path = out / "settings.json"
-    return read_settings(path) if path.exists() else None
-
-
-def read_records(path: Path) -> list[dict]:
-    """The finished runs of a `records.jsonl`, in order, without changing the file (for reports and
-    scripts that read a run; `RecordStore` reads the same way)."""
-    return parse_records(path.read_text("utf-8", errors="replace"), path)
-
-
-def parse_records(text: str, path: Path) -> list[dict]:
-    records = []
-    for number, line in enumerate(text.splitlines(), 1):
-        parsed = json_problem(line)  # why a line is not JSON, or (its value,)
-        if isinstance(parsed, str):
-            continue  # a line cut short by an interrupted write: that run is simply redone
-        record = parsed[0]
-        check_record(record, path, number)
-        records.append(record)
-    return records
-
-
-RECORD_FIELDS = {"method": str, "qid": str, "category": str, "turn": int, "repeat": int, "tokens": list,
-                 "metrics": dict}
-# The metrics the reports read from every record (specframe/bench/report.py).
-RECORD_METRICS = ("new_tokens", "steps", "draft_tokens", "accepted_draft_tokens", "acceptance_histogram",
-                  "time_s", "prefill_s", "wall_s", "tokens_per_s", "decode_tokens_per_s", "peak_memory_bytes")
-
-
-def check_record(record, path: Path, number: int) -> None:
-    """Refuse a line of `records.jsonl` that parses as JSON but is not a finished run (`{}`, `null`, a
-    record without metrics): resuming would otherwise fail later with a KeyError deep in the reports."""
-    problem = record_problem(record)
-    if problem:
-        raise ConfigurationError(
-            f"{path}, line {number} is not a benchmark record: {problem}. Delete that line to redo the run "
-            "it stood for, or pass --fresh to discard every earlier record")
-
-
-def record_problem(record) -> str | None:
-    """What is wrong with one parsed record, or None when it holds every field the bench reads."""
-    if not isinstance(record, dict):
-        return f"expected a JSON object, got {json.dumps(record)[:40]}"
-    for name, kind in RECORD_FIELDS.items():
-        if name not in record:
-            return f"field '{name}' is missing"
-        value = record[name]
-        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-            return f"field '{name}' should be a JSON {_JSON_KIND[kind]}, got {json.dumps(value)[:40]}"
-    missing = [m for m in RECORD_METRICS if m not in record["metrics"]]
-    if missing:
-        return f"its metrics lack {', '.join(missing)}"
-    return None
-
-
-_JSON_KIND = {str: "string", int: "integer", list: "list", dict: "object"}
-
-
 @dataclass
 class BenchRun:
     """What a finished run hands to the reports."""
@@ -358,41 +228,6 @@ class BenchRun:
     prompts: list[BenchPrompt]
     mismatches: list[Mismatch] = field(default_factory=list)
     identity_checked: bool = True  # greedy runs; sampled outputs are not compared
-
-
-def check_settings(out: Path, settings: dict) -> None:
-    """Refuse to resume into a directory holding records made with other settings; record the settings
-    otherwise. A `settings.json` with no records beside it binds nothing (a run that failed before its
-    first record, e.g. on a bad option, leaves one), so it is simply replaced."""
-    path, records = out / "settings.json", out / "records.jsonl"
-    with bench_lock(out):
-        remove_stale(out, OUT_TEMPORARIES, f"temporary files in {out}")
-        recorded = records.exists() and parse_records(records.read_text("utf-8", "replace"), records)
-        if path.exists() and recorded:
-            old = read_settings(path)
-            changed = {k: (old.get(k), v) for k, v in settings.items() if old.get(k) != v}
-            if changed:
-                raise ConfigurationError(
-                    f"{out} holds results made with other settings ({changed}, as (old, new)); "
-                    "resume with the same settings, or pass another --out (or --fresh to start over)")
-        else:
-            with writing(path, "nothing was run yet"):
-                write_atomically(path, json.dumps(settings, indent=2))
-
-
-def read_settings(path: Path) -> dict:
-    """The settings recorded by an earlier run, refused with a way out when the file is damaged."""
-    old = json_problem(path.read_bytes())  # why it is not JSON, or (its value,)
-    if isinstance(old, str):
-        old, problem = None, f"it is not valid JSON ({old})"
-    else:
-        old = old[0]
-        problem = None if isinstance(old, dict) else f"expected a JSON object, got {json.dumps(old)[:40]}"
-    if problem:
-        raise ConfigurationError(
-            f"{path} is damaged: {problem}. Delete it to resume (if the records beside it were made with "
-            "the settings you pass now), or pass --fresh to start over")
-    return old
 
 
 def check_run_args(target: Target, repeats: int, max_new_tokens: int) -> None:

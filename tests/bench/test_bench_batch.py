@@ -17,8 +17,11 @@ import pytest
 import specframe
 from specframe.bench import BenchPrompt
 from specframe.bench import batch as bench_batch
+from specframe.bench import store as bench_store
 from specframe.bench.batch import parse_batches, run_batch_benchmark
 from specframe.bench.batch_report import COLUMNS
+from specframe.bench.runner import PipelineRunner
+from specframe.bench.store import CALLS, start_out
 from specframe.terms.errors import ConfigurationError, SpecframeError
 from specframe.terms.metrics import clock_name, now, set_clock
 from specframe.testing import tiny_target
@@ -95,7 +98,7 @@ def test_a_sweep_writes_its_table_and_plot_and_resumes_without_rerunning(target,
 
     (tmp_path / "batch_records.jsonl").write_text("\n".join(lines[:-1]) + "\n" + lines[-1][:20])
     calls = []
-    for runner in (bench_batch.PipelineBatches, bench_batch.GeneratePeerBatches):
+    for runner in (PipelineRunner, bench_batch.GeneratePeerBatches):
         real = runner.generate_batch
 
         def counted(self, *args, real=real):
@@ -256,8 +259,8 @@ def test_a_full_disk_ends_a_batch_run_with_one_error_line_and_keeps_its_records(
         writes.append(line)
         real(path, line)
 
-    real = bench_batch.append_line
-    monkeypatch.setattr(bench_batch, "append_line", full_disk)
+    real = bench_store.append_line
+    monkeypatch.setattr(bench_store, "append_line", full_disk)
     code, err = bench_main(monkeypatch, capsys, chatting, "--suite", str(questions), "--methods", "pld@4",
                            "--peers", "none", "--repeats", "1", "--max-new-tokens", "4", "--batch", "2",
                            "--batch-chunk", "2", "--no-plots", "--out", str(out))
@@ -265,5 +268,5 @@ def test_a_full_disk_ends_a_batch_run_with_one_error_line_and_keeps_its_records(
     records = out / "batch_records.jsonl"
     assert err.startswith(f"error: bench could not write {records} (No space left on device")
     assert "the 2 record(s) written before stay in" in err
-    store = bench_batch.BatchStore(out, json.loads((out / "batch_settings.json").read_text()))
+    store = start_out(out, json.loads((out / "batch_settings.json").read_text()), False, CALLS)
     assert len(store.records) == 2

@@ -13,9 +13,9 @@ from types import SimpleNamespace
 import pytest
 
 from specframe.bench import BenchPrompt
-from specframe.bench.batch import BatchStore, chunk_size, run_batches
-from specframe.bench.batch_runners import call_metrics
+from specframe.bench.batch import chunk_size, run_batches
 from specframe.bench.batch_report import BatchRun, markdown, ratio_interval, summarize
+from specframe.bench.store import CALLS, call_metrics, start_out
 from specframe.testing.targets import tiny_tokenizer
 
 PROMPTS = [BenchPrompt(f"q{i}", "code", (f"prompt number {i}",), chat=False) for i in range(10)]
@@ -50,7 +50,7 @@ def target():
 
 
 def run(target, out, stubs, **kwargs) -> BatchRun:
-    store = BatchStore(out, {"suite": "stub"})
+    store = start_out(out, {"suite": "stub"}, False, CALLS)
     return run_batches(target, PROMPTS, stubs, [2], repeats=kwargs.pop("repeats", 1), max_new_tokens=4,
                        store=store, warmup=False, progress=False, **kwargs)
 
@@ -160,7 +160,7 @@ def test_the_noise_line_states_the_chunks_the_run_really_cut(target, tmp_path):
     """Four prompts at B = 4 make one chunk of four, not the default chunk's eight; with two repeats the
     noise given is the interval over the chunk's two timings."""
     calls: list = []
-    store = BatchStore(tmp_path, {"suite": "stub"})
+    store = start_out(tmp_path, {"suite": "stub"}, False, CALLS)
 
     def seconds(label, n):  # plain: 4 s then 5 s; fast: 2 s each time
         return 2.0 if label == "fast" else 4.0 + sum(c[0] == "baseline" for c in calls) - 1
@@ -193,7 +193,7 @@ def test_batch_progress_names_method_batch_prompts_and_repeat_on_a_terminal_only
             return True
 
     def bench(out):
-        store = BatchStore(out, {"suite": "stub"})
+        store = start_out(out, {"suite": "stub"}, False, CALLS)
         run_batches(target, PROMPTS, runners([]), [2], repeats=1, max_new_tokens=4, store=store, chunk=4,
                     warmup=False)
 

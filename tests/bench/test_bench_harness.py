@@ -14,6 +14,7 @@ import pytest
 import specframe
 from specframe.bench import BenchPrompt, run_benchmark
 from specframe.bench import runner as bench_runner
+from specframe.bench import store as bench_store
 from specframe.terms.errors import ConfigurationError, SpecframeError, SpecframeWarning
 from specframe.terms.metrics import DecodeMetrics
 from specframe.testing import tiny_target
@@ -291,7 +292,7 @@ def test_a_full_disk_ends_bench_with_one_error_line_and_keeps_the_records(target
                                                                           capsys):
     out = tmp_path / "out"
     args = [*two_questions(tmp_path), "--out", str(out)]
-    monkeypatch.setattr(bench_runner, "append_line", full_disk_after(2, bench_runner.append_line, cut=True))
+    monkeypatch.setattr(bench_store, "append_line", full_disk_after(2, bench_store.append_line, cut=True))
     code, err = bench_main(monkeypatch, capsys, target, *args)
     assert code == 2 and err.count("\n") == 1 and err.startswith("error: bench could not write")
     assert "No space left on device" in err and "free some space on that disk" in err
@@ -302,7 +303,7 @@ def test_a_full_disk_ends_bench_with_one_error_line_and_keeps_the_records(target
     monkeypatch.undo()  # room again: the same command resumes, the cut line redone
     code, _ = bench_main(monkeypatch, capsys, target, *args)
     assert code == 0
-    assert len(bench_runner.read_records(out / "records.jsonl")) == 4
+    assert len(bench_store.read_records(out / "records.jsonl")) == 4
 
 
 def test_a_full_disk_at_the_tables_keeps_every_record_and_says_how_to_write_them(target, tmp_path,
@@ -314,7 +315,7 @@ def test_a_full_disk_at_the_tables_keeps_every_record_and_says_how_to_write_them
     code, err = bench_main(monkeypatch, capsys, target, *two_questions(tmp_path), "--out", str(out))
     assert code == 2 and err.count("\n") == 1 and "results.json" in err and "No space left" in err
     assert "every record stays in" in err and "nothing is run again" in err
-    assert len(bench_runner.read_records(out / "records.jsonl")) == 4
+    assert len(bench_store.read_records(out / "records.jsonl")) == 4
 
 
 @pytest.mark.parametrize("where", ["a file", "under a file", "read-only"])

@@ -10,7 +10,7 @@ import pytest
 from specframe import SamplingParams, SpeculativeDecoder
 from specframe.bench.methods import parse_method
 from specframe.bench.replay import Turn, accepted_path, oracle_choice, recorded_turns, replay
-from specframe.bench.runner import RECORD_METRICS
+from specframe.bench.store import RECORD_METRICS
 from specframe.support.prompt_suites import BenchPrompt
 from specframe.terms.cost import MeasuredCost, PolynomialCost
 from specframe.terms.errors import ConfigurationError
