@@ -11,8 +11,8 @@ may differ (padding changes the numbers in float32), so its differing rows are c
 The methods take turns chunk by chunk: the suite is cut into consecutive chunks of prompts (`chunk_size`),
 and at every (B, repeat) every method decodes the first chunk before any decodes the second, their order
 rotated by one place per chunk. On a shared machine whose load drifts over minutes every method then meets
-the same load, where one call per method over the whole suite would time each under another (on a shared
-2-core CPU the ratios between methods moved by 15-20 % between two such runs). Within a chunk the rows
+the same load, where one call per method over the whole suite would time each under another
+(`docs/how-to/benchmark.md` gives a measured case). Within a chunk the rows
 are batched continuously; a method's decoder carries from chunk to chunk of a (B, repeat), so a drafter
 that remembers requests, or a planner at `auto`, learns over the suite as in one call
 (`specframe.bench.runner.PipelineRunner.start_suite`). The tables add a method's chunks up (all
@@ -27,7 +27,6 @@ calls it finds no record for.
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import torch
 
@@ -38,15 +37,11 @@ from specframe.terms.errors import ConfigurationError
 from specframe.terms.metrics import now
 from specframe.terms.sampling import SamplingParams
 from specframe.terms.target import Target
-from specframe.plugging.registry import PluginRegistry, get_registry
 
-from specframe.bench.batch_report import BatchRun, write_batch_results
-from specframe.bench.harness import bench_settings, check_options, target_settings
-from specframe.bench.methods import MethodSpec
+from specframe.bench.batch_report import BatchRun
 from specframe.bench.peers import PeerSpec, parse_peers
-from specframe.bench.runner import (WARMUP_PROMPT, WARMUP_TOKENS, Mismatch, build_runners, check_run_args,
-                                    compare, rotation)
-from specframe.bench.store import CALLS, RecordStore, call_metrics, start_out
+from specframe.bench.runner import WARMUP_PROMPT, WARMUP_TOKENS, Mismatch, compare, rotation
+from specframe.bench.store import RecordStore, call_metrics
 
 BATCH_PEERS = ("hf-generate",)  # transformers' prompt lookup and assisted generation take one prompt
 # Prompts per chunk at least (`chunk_size`): at B = 4 two fills of the batch, about a minute of decoding per
@@ -102,16 +97,9 @@ def batch_peers(text: str) -> list[PeerSpec]:
     return peers
 
 
-def check_batch_run(suite: str | list[BenchPrompt], methods: list[str], sizes: list[int], *,
-                    peers: str = "all", limit: int | None = None, repeats: int = 3,
-                    max_new_tokens: int = 128, budget: int | str = "auto", keep: str = "all",
-                    sampling: SamplingParams | None = None, ray: str | None = None, shard: str | None = None,
-                    synthetic_acceptance: float | None = None, registry: PluginRegistry | None = None,
-                    chunk: int | None = None, max_turns: int | None = None
-                    ) -> tuple[list[BenchPrompt], list[MethodSpec], list[PeerSpec]]:
-    """Refuse every option a batch run cannot honour before a model is loaded; return its prompts (first
-    turns only), methods and peers."""
-    sampling = sampling or SamplingParams()
+def check_batch_options(sizes: list[int], *, sampling: SamplingParams, ray: str | None, shard: str | None,
+                        synthetic_acceptance: float | None, max_turns: int | None, chunk: int | None) -> None:
+    """Refuse, before a model is loaded, every option a batch run (`sizes` other than [1]) cannot honour."""
     refused = {"--temperature": not sampling.greedy, "--ray": ray is not None, "--shard": shard is not None,
                "--synthetic-acceptance": synthetic_acceptance is not None}
     why = {"--temperature": "batched runs decode greedily, so that every row is checked against plain "
@@ -132,10 +120,6 @@ def check_batch_run(suite: str | list[BenchPrompt], methods: list[str], sizes: l
     if chunk is not None and chunk < 1:
         raise ConfigurationError(f"--batch-chunk takes the prompts each method decodes before the next "
                                  f"method takes its turn, at least 1, got {chunk}; leave it out for 2 B")
-    prompts, specs, _ = check_options(suite, methods, peers="none", limit=limit, repeats=repeats,
-                                      max_new_tokens=max_new_tokens, budget=budget, keep=keep,
-                                      sampling=sampling, registry=registry)
-    return prompts, specs, batch_peers(peers)
 
 
 def run_batches(target: Target, prompts: list[BenchPrompt], runners: list, sizes: list[int], *,
@@ -210,37 +194,6 @@ def lossless_check(done: dict[str, dict], runners: list, prompts: list[BenchProm
                 mismatches.append(mismatch)
                 break
     return mismatches
-
-
-def run_batch_benchmark(target: Target, suite: str | list[BenchPrompt], methods: list[str], out: str | Path,
-                        *, batches: list[int], peers: str = "all", limit: int | None = None, repeats: int = 3,
-                        max_new_tokens: int = 128, budget: int | str = "auto",
-                        registry: PluginRegistry | None = None, plots: bool = True, progress: bool = True,
-                        fresh: bool = False, warmup: bool = True, phase_timing: bool = True,
-                        keep: str = "all", command: str | None = None,
-                        chunk: int | None = None) -> tuple[BatchRun, dict]:
-    """Benchmark `methods` at every batch size of `batches` against plain batched decoding and
-    transformers' batched `generate`, the methods taking turns chunk by chunk (`chunk` prompts, default
-    `chunk_size`); write `batch_records.jsonl`, `batch_results.json`, `batch_results.md` and
-    `batch_speedup.png` under `out`. Returns the run and its table ({B: {method: stats}},
-    `specframe.bench.batch_report.summarize`)."""
-    registry = registry or get_registry()
-    out = Path(out)
-    prompts, specs, peer_specs = check_batch_run(suite, methods, batches, peers=peers, limit=limit,
-                                                 repeats=repeats, max_new_tokens=max_new_tokens,
-                                                 budget=budget, keep=keep, registry=registry, chunk=chunk)
-    check_run_args(target, repeats, max_new_tokens)
-    greedy = SamplingParams()
-    runners: list = build_runners(target, specs, [], greedy, registry, default_budget=budget,
-                                  phase_timing=phase_timing)
-    runners += [GeneratePeerBatches(target, peer, runners[0].label) for peer in peer_specs]
-    settings = {**bench_settings(target_settings(target), suite, max_new_tokens, budget, greedy),
-                "limit": limit, "questions": len(prompts)}
-    store = start_out(out, settings, fresh, CALLS)
-    run = run_batches(target, prompts, runners, batches, repeats=repeats, max_new_tokens=max_new_tokens,
-                      store=store, warmup=warmup, progress=progress, chunk=chunk)
-    table = write_batch_results(run, out, settings, repeats=repeats, plots=plots, keep=keep, command=command)
-    return run, table
 
 
 class GeneratePeerBatches:

@@ -72,7 +72,7 @@ def bench_command(
     list_methods: bool = typer.Option(False, "--list-methods", help="Print the presets and exit."),
 ) -> None:
     """Benchmark speculative methods against plain decoding and transformers, Spec-Bench style."""
-    from specframe.bench.batch import batched, parse_batches
+    from specframe.bench.batch import parse_batches
     from specframe.terms.sampling import SamplingParams
 
     if list_methods:
@@ -80,78 +80,55 @@ def bench_command(
 
         typer.echo(preset_listing(get_registry()))
         return
-    sizes = parse_batches(batch)
-    machine = dict(model=model, device=device, dtype=dtype, threads=threads, clock=clock, ray=ray)
-    options = dict(peers=peers, limit=limit, repeats=repeats, max_new_tokens=max_new_tokens, budget=budget,
-                   keep=keep, plots=plots, fresh=fresh, phase_timing=phase_timing)
-    grid = dict(shard=shard, synthetic_acceptance=synthetic_acceptance, max_turns=turns)
-    if batched(sizes):
-        bench_batches(sizes, suite, _split(methods), out, **machine, **grid, chunk=batch_chunk, **options,
-                      sampling=SamplingParams(temperature=temperature, seed=seed))
-    else:
-        bench_suite(suite, _split(methods), out, **machine, workers=ray_workers, temperature=temperature,
-                    seed=seed, **grid, **options)
+    sampling = SamplingParams(temperature=temperature, seed=seed)
+    bench_run(parse_batches(batch), suite, _split(methods), out, model=model, device=device, dtype=dtype,
+              threads=threads, clock=clock, ray=ray, workers=ray_workers, sampling=sampling,
+              chunk=batch_chunk, peers=peers, limit=limit, repeats=repeats, max_new_tokens=max_new_tokens,
+              budget=budget, keep=keep, plots=plots, fresh=fresh, phase_timing=phase_timing, shard=shard,
+              synthetic_acceptance=synthetic_acceptance, max_turns=turns)
 
 
-def bench_suite(suite: str, methods: list[str], out: Path, *, model: str, device: str, dtype: str,
-                threads: int | None, clock: str, ray: str | None, workers: int, temperature: float,
-                seed: int | None, **options) -> None:
-    """`specframe bench` at --batch 1: every option checked before the model loads, then
-    `specframe.bench.harness.run_benchmark`, or `specframe.bench.distributed.run_benchmark_ray` under
-    --ray (on `workers` actors, one torch thread each unless --threads says); exits 3 on a lossless
-    mismatch."""
+# The options `check_options` judges before the model loads.
+CHECKED = ("chunk", "peers", "limit", "shard", "max_turns", "repeats", "max_new_tokens", "budget", "keep",
+           "sampling", "synthetic_acceptance")
+
+
+def bench_run(sizes: list[int], suite: str, methods: list[str], out: Path, *, model: str, device: str,
+              dtype: str, threads: int | None, clock: str, ray: str | None, workers: int, **options) -> None:
+    """`specframe bench` at every batch size of `sizes`: every option checked before the model loads
+    (`specframe.bench.harness.check_options`), then `specframe.bench.harness.run_benchmark`, or under
+    --ray `specframe.bench.distributed.run_benchmark_ray` (on `workers` actors, one torch thread each
+    unless --threads says); prints the results page and exits 3 on a lossless mismatch."""
+    from specframe.bench.batch import batched
     from specframe.bench.harness import check_options, run_benchmark
     from specframe.plugging.models import model_recipes
     from specframe.runtime.load import load_target
     from specframe.support.paths import check_writable_dir
-    from specframe.terms.sampling import SamplingParams
 
-    if ray is not None:
+    batch = batched(sizes)
+    if ray is not None and not batch:
         from specframe.bench.distributed import require_ray
 
         require_ray()  # a clear error before anything else when Ray is missing
         threads = 1 if threads is None else threads
     set_timing(threads, clock, device)
-    options["sampling"] = SamplingParams(temperature=temperature, seed=seed)
     check_writable_dir(out, "--out", "pass a writable directory with --out")  # before loading the model
-    check_options(suite, methods, **{k: options[k] for k in ("peers", "limit", "shard", "max_turns",
-                                                          "repeats", "max_new_tokens", "budget", "keep",
-                                                          "sampling")})
+    check_options(suite, methods, batches=sizes, ray=ray, **{k: options[k] for k in CHECKED})
     if ray is not None:
         from functools import partial
 
         from specframe.bench.distributed import run_benchmark_ray
 
         load_model = partial(load_target, model, device=device, dtype=dtype, recipes=model_recipes)
+        options.pop("chunk")
         run, _ = run_benchmark_ray(load_model, suite, methods, out, address=ray, workers=workers,
                                    threads=threads, **options)
     else:
         target = load_target(model, device=device, dtype=dtype, recipes=model_recipes)
-        run, _ = run_benchmark(target, suite, methods, out, **options)
-    report_written(run, out, "results.md", "records.jsonl, results.json, results.md"
-                   + (", *.png" if options["plots"] else ""))
-
-
-def bench_batches(sizes: list[int], suite: str, methods: list[str], out: Path, *, model: str, device: str,
-                  dtype: str, threads: int | None, clock: str, ray: str | None, shard: str | None, sampling,
-                  synthetic_acceptance: float | None, max_turns: int | None = None, **options) -> None:
-    """`specframe bench --batch B` (or a sweep): every option checked before the model loads, then
-    `specframe.bench.batch.run_batch_benchmark`; exits 3 on a lossless mismatch."""
-    from specframe.bench.batch import check_batch_run, run_batch_benchmark
-    from specframe.plugging.models import model_recipes
-    from specframe.runtime.load import load_target
-    from specframe.support.paths import check_writable_dir
-
-    set_timing(threads, clock, device)
-    check_writable_dir(out, "--out", "pass a writable directory with --out")
-    checked = {k: options[k] for k in ("peers", "limit", "repeats", "max_new_tokens", "budget", "keep",
-                                       "chunk")}
-    check_batch_run(suite, methods, sizes, sampling=sampling, ray=ray, shard=shard,
-                    synthetic_acceptance=synthetic_acceptance, max_turns=max_turns, **checked)
-    target = load_target(model, device=device, dtype=dtype, recipes=model_recipes)
-    run, _ = run_batch_benchmark(target, suite, methods, out, batches=sizes, **options)
-    report_written(run, out, "batch_results.md", "batch_records.jsonl, batch_results.json, batch_results.md"
-                   + (", batch_speedup.png" if options["plots"] else ""))
+        run, _ = run_benchmark(target, suite, methods, out, batches=sizes, **options)
+    prefix, plots = ("batch_", "batch_speedup.png") if batch else ("", "*.png")
+    report_written(run, out, f"{prefix}results.md", f"{prefix}records.jsonl, {prefix}results.json, "
+                   f"{prefix}results.md" + (f", {plots}" if options["plots"] else ""))
 
 
 def report_written(run, out: Path, results: str, written: str) -> None:

@@ -1,4 +1,5 @@
-"""`run_benchmark`: the whole harness in one call (what `specframe bench` runs)."""
+"""`run_benchmark`: the whole harness in one call (what `specframe bench` runs), at one request at a time
+or B rows at a time alike."""
 
 from __future__ import annotations
 
@@ -14,63 +15,87 @@ from specframe.terms.metrics import clock_name
 from specframe.plugging.registry import PluginRegistry, get_registry
 from specframe.terms.sampling import SamplingParams
 
+from specframe.bench.batch import (GeneratePeerBatches, batch_peers, batched, check_batch_options,
+                                   run_batches)
+from specframe.bench.batch_report import BatchRun, write_batch_results
 from specframe.bench.methods import MethodSpec, resolve_methods
 from specframe.bench.peers import PeerSpec, parse_peers
 from specframe.bench.report import KEEP, command_text, page_header, write_reports
 from specframe.bench.runner import BenchRun, build_runners, check_counts, check_run_args, run_bench
-from specframe.bench.store import start_out, tables_kept, writing
+from specframe.bench.store import CALLS, start_out, tables_kept, writing
 from specframe.support.prompt_suites import BenchPrompt, load_suite
 
 
 def run_benchmark(target: Target, suite: str | list[BenchPrompt], methods: list[str], out: str | Path, *,
-                  peers: str = "all", limit: int | None = None, repeats: int = 3, max_new_tokens: int = 128,
+                  batches: list[int] | None = None, chunk: int | None = None, peers: str = "all",
+                  limit: int | None = None, repeats: int = 3, max_new_tokens: int = 128,
                   budget: int | str = "auto", synthetic_acceptance: float | None = None,
                   sampling: SamplingParams | None = None, registry: PluginRegistry | None = None,
                   max_turns: int | None = None, shard: str | None = None, plots: bool = True,
                   progress: bool = True, fresh: bool = False, warmup: bool = True,
                   phase_timing: bool = True, keep: str = "all",
-                  command: str | None = None) -> tuple[BenchRun, dict]:
+                  command: str | None = None) -> tuple[BenchRun | BatchRun, dict]:
     """Benchmark `methods` (specs or presets) against plain decoding and the transformers `peers` on
     `suite` (a suite name, a JSONL path, or prompts); write records, results and plots under `out`.
 
-    Returns the run and its summary table ({category: {method: stats}}); `keep` chooses which repeats
-    the tables aggregate (`specframe.bench.report.KEEP`).
+    `batches` are the batch sizes B: [1] (the default) decodes one request at a time, every turn
+    (`specframe.bench.runner.run_bench`: `records.jsonl`, `results.*`); any other list decodes the first
+    turns B rows at a time, the methods taking turns chunk by chunk (`chunk` prompts;
+    `specframe.bench.batch.run_batches`: `batch_records.jsonl`, `batch_results.*`). Both go through one
+    option check, one record store (`specframe.bench.store`) and one page writer. Returns the run and its
+    summary table ({category: {method: stats}} at B = 1, {B: {method: stats}} otherwise); `keep` chooses
+    which repeats the tables aggregate (`specframe.bench.report.KEEP`).
     """
-    registry = registry or get_registry()
+    registry, sizes, out = registry or get_registry(), list(batches or [1]), Path(out)
     sampling = sampling or SamplingParams()
-    out = Path(out)
-    prompts, specs, peer_specs = check_options(suite, methods, peers=peers, limit=limit, shard=shard,
-                                               max_turns=max_turns, repeats=repeats,
-                                               max_new_tokens=max_new_tokens, budget=budget, keep=keep,
-                                               sampling=sampling, registry=registry)
-    check_run_args(target, repeats, max_new_tokens)  # before settings.json is written
+    prompts, specs, peer_specs = check_options(
+        suite, methods, batches=sizes, chunk=chunk, peers=peers, limit=limit, shard=shard,
+        max_turns=max_turns, repeats=repeats, max_new_tokens=max_new_tokens, budget=budget, keep=keep,
+        sampling=sampling, synthetic_acceptance=synthetic_acceptance, registry=registry)
+    check_run_args(target, repeats, max_new_tokens)  # before the settings are written
+    settings = bench_settings(target_settings(target), suite, max_new_tokens, budget, sampling)
+    if batched(sizes):
+        runners = build_runners(target, specs, [], sampling, registry, default_budget=budget,
+                                phase_timing=phase_timing)
+        runners += [GeneratePeerBatches(target, peer, runners[0].label) for peer in peer_specs]
+        settings |= {"limit": limit, "questions": len(prompts)}
+        store = start_out(out, settings, fresh, CALLS)
+        run = run_batches(target, prompts, runners, sizes, repeats=repeats, max_new_tokens=max_new_tokens,
+                          store=store, warmup=warmup, progress=progress, chunk=chunk)
+        return run, write_batch_results(run, out, settings, repeats=repeats, plots=plots, keep=keep,
+                                        command=command)
     runners = build_runners(target, specs, peer_specs, sampling, registry, synthetic_acceptance, budget,
                             phase_timing)
-    settings = bench_settings(target_settings(target), suite, max_new_tokens, budget, sampling)
     start_out(out, settings, fresh)
     run = run_bench(target, prompts, runners, repeats=repeats, max_new_tokens=max_new_tokens, out=out,
                     check_identity=sampling.greedy, warmup=warmup, progress=progress)
-    table = write_results(run, out, settings, limit=limit, repeats=repeats, max_turns=max_turns,
-                          plots=plots, keep=keep, command=command)
-    return run, table
+    return run, write_results(run, out, settings, limit=limit, repeats=repeats, max_turns=max_turns,
+                              plots=plots, keep=keep, command=command)
 
 
-def check_options(suite: str | list[BenchPrompt], methods: list[str], *, peers: str = "all",
-                  limit: int | None = None, shard: str | None = None, max_turns: int | None = None,
-                  repeats: int = 3, max_new_tokens: int = 128, budget: int | str = "auto",
-                  keep: str = "all", sampling: SamplingParams | None = None,
-                  registry: PluginRegistry | None = None
+def check_options(suite: str | list[BenchPrompt], methods: list[str], *, batches: list[int] | None = None,
+                  chunk: int | None = None, peers: str = "all", limit: int | None = None,
+                  shard: str | None = None, max_turns: int | None = None, repeats: int = 3,
+                  max_new_tokens: int = 128, budget: int | str = "auto", keep: str = "all",
+                  sampling: SamplingParams | None = None, synthetic_acceptance: float | None = None,
+                  ray: str | None = None, registry: PluginRegistry | None = None
                   ) -> tuple[list[BenchPrompt], list[MethodSpec], list[PeerSpec]]:
     """Refuse every option of a run that can be judged without the model, so that `specframe bench`
-    answers bad input before it spends seconds (or minutes, for a large model) loading one.
+    answers bad input before it spends seconds (or minutes, for a large model) loading one: at batch
+    sizes other than [1] also the options a batch run cannot honour (`check_batch_options`), and the
+    peers that cannot decode batches (`batch_peers`).
 
     Returns the prompts, the methods and the peers the options name."""
-    registry = registry or get_registry()
+    registry, sampling, sizes = registry or get_registry(), sampling or SamplingParams(), batches or [1]
+    batch = batched(sizes)
+    if batch:
+        check_batch_options(sizes, sampling=sampling, ray=ray, shard=shard,
+                            synthetic_acceptance=synthetic_acceptance, max_turns=max_turns, chunk=chunk)
     prompts = select_prompts(suite, limit, shard, max_turns)
     check_counts(repeats, max_new_tokens)
     specs = resolve_methods(methods, registry, budget)
-    check_keep(keep, sampling or SamplingParams(), specs, registry)
-    return prompts, specs, parse_peers(peers)
+    check_keep(keep, sampling, specs, registry)
+    return prompts, specs, batch_peers(peers) if batch else parse_peers(peers)
 
 
 def check_keep(keep: str, sampling: SamplingParams, specs: list[MethodSpec],

@@ -18,7 +18,8 @@ import specframe
 from specframe.bench import BenchPrompt
 from specframe.bench import batch as bench_batch
 from specframe.bench import store as bench_store
-from specframe.bench.batch import parse_batches, run_batch_benchmark
+from specframe.bench.batch import parse_batches
+from specframe.bench.harness import check_options, run_benchmark
 from specframe.bench.batch_report import COLUMNS
 from specframe.bench.runner import PipelineRunner
 from specframe.bench.store import CALLS, start_out
@@ -46,7 +47,7 @@ def target():
 
 def test_the_table_has_its_columns_and_every_row_equals_plain_decoding(target, tmp_path):
     methods = ["pld(min_ngram=1)@4", "pld(min_ngram=1)+trie@4"]
-    run, table = run_batch_benchmark(target, PROMPTS, methods, tmp_path, batches=[2], peers="hf-generate",
+    run, table = run_benchmark(target, PROMPTS, methods, tmp_path, batches=[2], peers="hf-generate",
                                      plots=False, **QUIET)
     assert run.mismatches == []
     rows = table[2]
@@ -78,7 +79,7 @@ def test_the_table_has_its_columns_and_every_row_equals_plain_decoding(target, t
 
 def test_a_row_that_departs_from_plain_decoding_is_a_mismatch(target, tmp_path):
     method = BROKEN_METHOD
-    run, table = run_batch_benchmark(target, PROMPTS, [method], tmp_path, batches=[2], peers="none",
+    run, table = run_benchmark(target, PROMPTS, [method], tmp_path, batches=[2], peers="none",
                                      registry=broken_registry(), plots=False, **QUIET)
     assert run.mismatches and {(size, m.method) for size, m in run.mismatches} == {(2, method)}
     assert table[2][method]["rows_differing"] > 0
@@ -87,7 +88,7 @@ def test_a_row_that_departs_from_plain_decoding_is_a_mismatch(target, tmp_path):
 
 def test_a_sweep_writes_its_table_and_plot_and_resumes_without_rerunning(target, tmp_path, monkeypatch):
     kwargs = dict(batches=[1, 2], peers="hf-generate", **QUIET)
-    run, table = run_batch_benchmark(target, PROMPTS, ["pld@4"], tmp_path, **kwargs)
+    run, table = run_benchmark(target, PROMPTS, ["pld@4"], tmp_path, **kwargs)
     assert list(table) == [1, 2] and run.mismatches == []
     assert (tmp_path / "batch_speedup.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     markdown = (tmp_path / "batch_results.md").read_text()
@@ -106,13 +107,13 @@ def test_a_sweep_writes_its_table_and_plot_and_resumes_without_rerunning(target,
             return real(self, *args)
 
         monkeypatch.setattr(runner, "generate_batch", counted)
-    again, _ = run_batch_benchmark(target, PROMPTS, ["pld@4"], tmp_path, warmup=False, plots=False, **kwargs)
+    again, _ = run_benchmark(target, PROMPTS, ["pld@4"], tmp_path, warmup=False, plots=False, **kwargs)
     last = json.loads(lines[-1])
     assert calls == [last["method"]]  # only the call whose line was cut short ran again
     assert len(again.records) == 6
 
     with pytest.raises(ConfigurationError, match="other settings"):
-        run_batch_benchmark(target, PROMPTS, ["pld@4"], tmp_path, **{**kwargs, "max_new_tokens": 5})
+        run_benchmark(target, PROMPTS, ["pld@4"], tmp_path, **{**kwargs, "max_new_tokens": 5})
 
 
 @pytest.mark.parametrize("text, sizes", [("1", [1]), ("4", [4]), (" 1, 2,4 ", [1, 2, 4])])
@@ -171,9 +172,9 @@ def test_the_bench_command_runs_a_sweep(target, tmp_path):
 def test_a_drafter_that_remembers_requests_starts_every_batch_size_afresh(target, tmp_path):
     """suffix learns every finished row; each timed call starts with no memory, so the second batch size
     does not copy the first one's answers (its drafts then match those of the same size run alone)."""
-    sweep, _ = run_batch_benchmark(target, PROMPTS, ["suffix@4"], tmp_path / "sweep", batches=[2, 3],
+    sweep, _ = run_benchmark(target, PROMPTS, ["suffix@4"], tmp_path / "sweep", batches=[2, 3],
                                    peers="none", plots=False, **QUIET)
-    alone, _ = run_batch_benchmark(target, PROMPTS, ["suffix@4"], tmp_path / "alone", batches=[3],
+    alone, _ = run_benchmark(target, PROMPTS, ["suffix@4"], tmp_path / "alone", batches=[3],
                                    peers="none", plots=False, **QUIET)
     steps = {(r["batch"], r["method"]): r["metrics"]["steps"] for r in sweep.records}
     assert steps[(3, "suffix@4")] == next(r["metrics"]["steps"] for r in alone.records
@@ -215,25 +216,26 @@ def test_a_drafter_that_remembers_requests_keeps_its_memory_from_chunk_to_chunk_
     it the finished chunks' recorded answers. One prompt three times makes the memory count (its copies
     are drafted from the first answer)."""
     same = [BenchPrompt(qid, "code", PROMPTS[2].turns, chat=False) for qid in ("x", "y", "z")]
-    kwargs = dict(batches=[1], peers="none", plots=False, **QUIET)
+    kwargs = dict(batches=[1, 2], peers="none", plots=False, **QUIET)  # a sweep: B = 1 is a batch of one
 
     def steps(run) -> int:
-        return sum(r["metrics"]["steps"] for r in run.records if r["method"] == "suffix@4")
+        return sum(r["metrics"]["steps"] for r in run.records
+                   if r["method"] == "suffix@4" and r["batch"] == 1)
 
-    alone, _ = run_batch_benchmark(target, same[:1], ["suffix@4"], tmp_path / "alone", **kwargs)
-    whole, _ = run_batch_benchmark(target, same, ["suffix@4"], tmp_path / "whole", chunk=3, **kwargs)
-    chunked, _ = run_batch_benchmark(target, same, ["suffix@4"], tmp_path / "chunked", chunk=1, **kwargs)
+    alone, _ = run_benchmark(target, same[:1], ["suffix@4"], tmp_path / "alone", **kwargs)
+    whole, _ = run_benchmark(target, same, ["suffix@4"], tmp_path / "whole", chunk=3, **kwargs)
+    chunked, _ = run_benchmark(target, same, ["suffix@4"], tmp_path / "chunked", chunk=1, **kwargs)
     assert steps(chunked) == steps(whole) < 3 * steps(alone)
 
     records = tmp_path / "chunked" / "batch_records.jsonl"
     first = [line for line in records.read_text().splitlines() if json.loads(line)["chunk"] == 0]
     records.write_text("\n".join(first) + "\n")  # stopped after the first chunk
-    resumed, _ = run_batch_benchmark(target, same, ["suffix@4"], tmp_path / "chunked", chunk=1, **kwargs)
+    resumed, _ = run_benchmark(target, same, ["suffix@4"], tmp_path / "chunked", chunk=1, **kwargs)
     assert steps(resumed) == steps(chunked)
 
 
 def test_turns_1_goes_with_a_batch_run_it_is_what_the_run_decodes():
-    prompts, _, _ = bench_batch.check_batch_run(PROMPTS, ["pld@4"], [2], peers="none", max_turns=1)
+    prompts, _, _ = check_options(PROMPTS, ["pld@4"], batches=[2], peers="none", max_turns=1)
     assert [p.qid for p in prompts] == ["a", "b", "c"]
 
 

@@ -4,6 +4,7 @@ resumes a half-finished run without redoing it, and says how to install Ray when
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 
 import pytest
@@ -58,35 +59,45 @@ def keyed(records: list[dict]) -> dict[tuple, list[int]]:
     return {(r["method"], r["qid"], r["turn"], r["repeat"]): r["tokens"] for r in records}
 
 
-def test_ray_gives_the_local_runs_records_and_outputs(tmp_path):
-    local, local_table = run_benchmark(tiny_smollm2_target(), PROMPTS, METHODS, tmp_path / "local", **OPTIONS)
-    remote, remote_table = run_benchmark_ray(tiny_smollm2_target, PROMPTS, METHODS, tmp_path / "ray",
-                                             workers=2, threads=1, **OPTIONS)
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The grid run once in this process and once on two Ray workers (each worker builds its model once),
+    shared by the tests below: starting Ray workers is most of what these tests cost."""
+    root = tmp_path_factory.mktemp("grid")
+    local = run_benchmark(tiny_smollm2_target(), PROMPTS, METHODS, root / "local", **OPTIONS)
+    remote = run_benchmark_ray(tiny_smollm2_target, PROMPTS, METHODS, root / "ray", workers=2, threads=1,
+                               **OPTIONS)
+    return root, local, remote
+
+
+def test_ray_gives_the_local_runs_records_and_outputs(runs):
+    root, (local, local_table), (remote, remote_table) = runs
     assert [r.label for r in remote.runners] == [r.label for r in local.runners] == ["baseline", *METHODS]
     assert keyed(remote.records) == keyed(local.records)  # same keys, identical greedy outputs
     assert len(remote.records) == 3 * sum(len(p.turns) for p in PROMPTS)
     assert remote.mismatches == local.mismatches == []
-    written = [json.loads(line) for line in (tmp_path / "ray" / "records.jsonl").read_text().splitlines()]
+    written = [json.loads(line) for line in (root / "ray" / "records.jsonl").read_text().splitlines()]
     assert keyed(written) == keyed(local.records)
     assert remote_table.keys() == local_table.keys() == {"overall", "writing", "coding"}
     for name in ("results.json", "results.md"):
-        assert (tmp_path / "ray" / name).exists()
-    results = json.loads((tmp_path / "ray" / "results.json").read_text())
+        assert (root / "ray" / name).exists()
+    results = json.loads((root / "ray" / "results.json").read_text())
     assert [m["kind"] for m in results["methods"]] == ["PipelineRunner"] * 3
     assert results["settings"]["threads"] == 1
-    assert "| pld-trie |" in (tmp_path / "ray" / "results.md").read_text()
+    assert "| pld-trie |" in (root / "ray" / "results.md").read_text()
 
 
-def test_ray_resumes_a_partial_run_without_redoing_finished_cells(tmp_path):
-    full, _ = run_benchmark_ray(tiny_smollm2_target, PROMPTS, METHODS, tmp_path, workers=1, **OPTIONS)
-    path = tmp_path / "records.jsonl"
-    lines = path.read_text().splitlines()
+def test_ray_resumes_a_partial_run_without_redoing_finished_cells(runs, tmp_path):
+    root, (local, _), _ = runs
+    shutil.copy(root / "ray" / "settings.json", tmp_path / "settings.json")
+    lines = (root / "ray" / "records.jsonl").read_text().splitlines()
     # Keep q1 whole, half of code-1 (its baseline), none of code-2, and a line cut short by an interruption.
     kept = [line for line in lines if json.loads(line)["qid"] == "q1"
             or (json.loads(line)["qid"] == "code-1" and json.loads(line)["method"] == "baseline")]
+    path = tmp_path / "records.jsonl"
     path.write_text("\n".join(kept) + '\n{"method": "pld", "qid": "code-2", "tur')
-    run, _ = run_benchmark_ray(tiny_smollm2_target, PROMPTS, METHODS, tmp_path, **OPTIONS)
-    assert keyed(run.records) == keyed(full.records)
+    run, _ = run_benchmark_ray(tiny_smollm2_target, PROMPTS, METHODS, tmp_path, workers=1, **OPTIONS)
+    assert keyed(run.records) == keyed(local.records)
     written = path.read_text().splitlines()
     assert written[:len(kept)] == kept  # the finished runs were kept, not redone
     new = [json.loads(line) for line in written[len(kept) + 1:]]
