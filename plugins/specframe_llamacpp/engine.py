@@ -1,5 +1,5 @@
-"""llama.cpp through llama-cpp-python's low-level API: one model per GGUF file, one context per backend,
-and the batch, sequence and state calls the backend makes.
+"""llama.cpp through llama-cpp-python's low-level API: one model per GGUF file, the contexts of a backend's
+batches (`ContextPool`), and the batch, sequence and state calls its rows make (`specframe_llamacpp.rows`).
 
 How the context is set up, and why (each choice is what keeps a tree row's logits identical, bit for bit,
 to a plain step's; `tests/plugins/llamacpp/test_llamacpp_backend.py` and `test_llamacpp_smollm2.py` check
@@ -19,19 +19,26 @@ them):
   plain and speculative decoding through the backend read it alike, so it needs no row-exactness.
 - One unified KV cache for all sequences (`kv_unified`): copying the prefix to a sequence is then a
   change of cell metadata, not of data.
+- One thread (`one_thread`).
+
+Making a context allocates its whole cache and plans its compute graphs, which would cost a single request
+more than many of its steps: a backend's contexts are kept in a `ContextPool`, from which each batch takes
+one and to which it gives it back when it is dropped, so requests decoded one after another (each a batch
+of one row) reuse them.
 """
 
 from __future__ import annotations
 
 import ctypes
 import logging
+import warnings
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from specframe import ConfigurationError, ModelLoadError
+from specframe import ConfigurationError, ModelLoadError, SpecframeWarning
 
 LOGGER = "llama-cpp-python"  # the logger llama-cpp-python prints llama.cpp's own log through
 CELL_BLOCK = 256  # llama.cpp sizes the KV cache in multiples of this many cells
@@ -143,9 +150,8 @@ class Batch:
 
 class LlamaEngine:
     """A llama.cpp context over one GGUF model, set up as the module docstring says, holding `paths`
-    sequences for tree paths (ids 0..paths-1, 0 the committed one) and one spare id: the single-sequence
-    backend moves accepted cells through it (`compact`), the batch (`specframe_llamacpp.rows`) marks
-    discarded cells with it (`settle`)."""
+    sequences (ids 0..paths-1: the rows' own and the ids a step lends for tree paths) and one spare id,
+    with which the rows (`specframe_llamacpp.rows`) mark discarded cells (`settle`)."""
 
     def __init__(self, path: Path, *, context: int, paths: int, threads: int):
         lib = llama()
@@ -166,21 +172,14 @@ class LlamaEngine:
             raise ConfigurationError(
                 f"llama.cpp could not make a context of {context} tokens and {paths + 1} sequences with "
                 f"flash attention for {path} (set logging.getLogger('{LOGGER}').setLevel('INFO') to see "
-                "why): lower the backend's context or max_leaves option")
+                "why): lower the backend's context option")
         weakref.finalize(self, lib.llama_free, ctx)
         self.ctx, self.memory = ctx, lib.llama_get_memory(ctx)
         self.cells = int(lib.llama_n_ctx(ctx))  # cells the cache holds
         self.context = min(context, self.cells)  # what the backend lets a request use
         self.rows = int(params.n_batch)
-        self.spare = paths  # the sequence id `compact` moves the accepted cells through
-        self.shared = 1  # sequences 0..shared-1 hold the committed cells
-        self.threads = threads
+        self.spare = paths  # the sequence id that marks discarded cells (`settle`, `retire`)
         self.batch = Batch(self.rows, paths + 1)
-
-    def set_threads(self, threads: int) -> None:
-        if threads != self.threads:
-            llama().llama_set_n_threads(self.ctx, threads, threads)
-            self.threads = threads
 
     def decode(self, tokens: np.ndarray, positions: np.ndarray, seq_ids: list[list[int]] | None = None,
                outputs: int = 0, rows: int | None = None) -> np.ndarray:
@@ -212,52 +211,6 @@ class LlamaEngine:
     def clear(self) -> None:
         """Empty the cache (metadata only)."""
         llama().llama_memory_clear(self.memory, False)
-        self.shared = 1
-
-    def drop_from(self, position: int) -> None:
-        """Remove every cell at `position` or later, of any sequence: an uncommitted tree."""
-        llama().llama_memory_seq_rm(self.memory, -1, position, -1)
-
-    def share(self, paths: int) -> None:
-        """Make sequences 0..paths-1 all hold the committed cells (metadata only: one unified cache)."""
-        lib = llama()
-        for seq in range(self.shared, paths):
-            lib.llama_memory_seq_cp(self.memory, 0, seq, -1, -1)
-        self.shared = max(self.shared, paths)
-
-    def keep(self, seq: int, end: int) -> None:
-        """Keep the cells of sequence `seq` before position `end`, in sequence 0 only, and free the rest.
-
-        The other sequences are removed one id at a time rather than with `llama_memory_seq_keep`, which
-        frees the same cells but updates every cell of the cache on the way (a small share of a SmolLM2 step
-        at a few thousand cells, where removing one id costs far less). Only ids below `shared` are ever in
-        use, so a plain step (one sequence) removes nothing but its tail."""
-        lib = llama()
-        lib.llama_memory_seq_rm(self.memory, seq, end, -1)
-        for other in range(self.shared):
-            if other != seq:
-                lib.llama_memory_seq_rm(self.memory, other, -1, -1)
-        if seq != 0:
-            lib.llama_memory_seq_cp(self.memory, seq, 0, -1, -1)
-            lib.llama_memory_seq_rm(self.memory, seq, -1, -1)
-        self.shared = 1
-
-    def compact(self, seq: int, start: int, end: int) -> None:
-        """As `keep`, storing the kept cells from `start` on next to each other at `start`'s cell: they
-        are read out through the spare sequence (llama.cpp's per-sequence state, a copy of their keys and
-        values only), every tree cell is freed, and they are written back into the first free cells."""
-        lib, spare = llama(), self.spare
-        lib.llama_memory_seq_rm(self.memory, seq, end, -1)
-        lib.llama_memory_seq_cp(self.memory, seq, spare, start, end)
-        for other in range(1, self.shared):
-            lib.llama_memory_seq_rm(self.memory, other, -1, -1)
-        lib.llama_memory_seq_rm(self.memory, 0, start, -1)  # the tree's cells now hold the spare id at most
-        state = self.save(spare)
-        lib.llama_memory_seq_rm(self.memory, spare, -1, -1)
-        self.load(spare, state, f"the accepted cells at positions {start}..{end - 1}")
-        lib.llama_memory_seq_cp(self.memory, spare, 0, -1, -1)
-        lib.llama_memory_seq_rm(self.memory, spare, -1, -1)
-        self.shared = 1
 
     def save(self, seq: int) -> ctypes.Array:
         """A copy of sequence `seq`'s cells (positions, keys, values: llama.cpp's per-sequence state)."""
@@ -275,8 +228,6 @@ class LlamaEngine:
         if not llama().llama_state_seq_set_data(self.ctx, state, len(state), seq):
             raise RuntimeError(f"llama.cpp could not write {what} into sequence {seq}: its cache has no run "
                                f"of {len(state)} bytes' worth of free cells")
-
-    # --- the batch's sequences (`specframe_llamacpp.rows`) ----------------------------------------
 
     def settle(self, ids: list[int], start: int, kept: int | None, end: int) -> None:
         """End a tree scored in sequences `ids` (the row's own first, then borrowed ones) from position
@@ -303,3 +254,59 @@ class LlamaEngine:
         lib = llama()
         lib.llama_memory_seq_cp(self.memory, seq, self.spare if into is None else into, -1, -1)
         lib.llama_memory_seq_rm(self.memory, seq, -1, -1)
+
+
+class ContextPool:
+    """The llama.cpp contexts of one backend's batches, each made for `context` positions with every
+    sequence id llama.cpp has (`sequences`, the last one the spare): `take` hands a batch an idle context,
+    emptied, or a new one; `give` takes it back when the batch is dropped, keeping up to `KEEP` idle. A
+    request is a batch of one row made while the previous request's batch still exists, so requests one
+    after another alternate between two contexts and make none after the first two."""
+
+    KEEP = 2
+
+    def __init__(self, path: Path, context: int):
+        self.path, self.context = path, context
+        self.sequences = int(llama().llama_max_parallel_sequences())
+        self._idle: list[LlamaEngine] = []
+
+    def make(self, context: int) -> LlamaEngine:
+        """A new context for `context` positions (a batch grows into a larger one), on one thread
+        (`one_thread`)."""
+        return LlamaEngine(self.path, context=context, paths=self.sequences - 1, threads=1)
+
+    def take(self) -> LlamaEngine:
+        if not self._idle:
+            return self.make(self.context)
+        engine = self._idle.pop()
+        engine.clear()
+        return engine
+
+    def give(self, engine: LlamaEngine) -> None:
+        """Keep `engine` for the next `take`, unless it grew past the pool's size (its micro-batches could
+        then differ from a new context's) or `KEEP` are idle already."""
+        if engine.context == self.context and len(self._idle) < self.KEEP:
+            self._idle.append(engine)
+
+    def read(self, ids: np.ndarray) -> ctypes.Array:
+        """The cells of `ids` read into an empty context of the pool's size, as the first row of a new batch
+        reads its prompt (`LlamaEngine.save`'s copy of them): a row added to a batch that holds other
+        cells gets the bits it would read alone."""
+        engine = self.take()
+        try:
+            engine.decode(ids, np.arange(len(ids), dtype=np.int32))
+            return engine.save(0)
+        finally:
+            self.give(engine)
+
+
+def one_thread(asked: int) -> None:
+    """Warn when `asked` (torch's thread count) is more than one: llama.cpp runs on one. On more, its CPU
+    flash attention splits a one-row step over the threads once the cache holds a few hundred cells (seen
+    from about 256 at two threads), and that row's logits then differ from the same token's row in a tree,
+    so greedy output would part from plain decoding within a few tokens."""
+    if asked > 1:
+        warnings.warn(SpecframeWarning(
+            f"backend 'llamacpp' runs llama.cpp on 1 thread, not {asked}: on more threads its one-row steps "
+            "and tree rows are not computed alike, which would make speculative output differ from plain "
+            "decoding; run several requests in separate processes to use more cores"), stacklevel=3)

@@ -1,5 +1,5 @@
-"""Where a token tree goes in one llama.cpp batch: each row's position and sequence ids, and how a commit
-keeps the accepted branch.
+"""Where a token tree goes in one llama.cpp batch: each row's position and sequence ids, and which sequence
+holds the accepted branch at a commit.
 
 llama.cpp's attention mask lets a batch token see a cache cell when the cell holds the token's *first*
 sequence id and a position no later than the token's. So every root-to-leaf path of the packed tree
@@ -57,12 +57,3 @@ def kept_sequence(layout: TreeLayout, path: list[int]) -> int:
     """The id of a root-to-leaf path through the last accepted row (the root when `path` is empty): the
     cells holding it up to that row's position are the root and the accepted nodes."""
     return layout.seq_ids[path[-1] + 1 if path else 0][0]
-
-
-def kept_in_place(path: list[int]) -> bool:
-    """Whether the root and the accepted nodes `path` are the first rows of the batch, so their cells come
-    first among the tree's cells. Otherwise a rejected cell lies between them, and a later token would be
-    stored in that hole, before accepted ones: attention sums the cells in storage order, so that token's
-    logits would differ in their last bits from plain decoding's, where every cell comes in position
-    order. Such a commit moves the accepted cells together first (`engine.LlamaEngine.compact`)."""
-    return path == list(range(len(path)))

@@ -1,6 +1,7 @@
-"""`llamacpp`'s batch (`LlamaCppBackend.batch()`): several requests (rows) in one llama.cpp context, each a
-llama.cpp sequence, every active row's tree scored in one `llama_decode` (in micro-batches of at most
-`ubatch` rows, in order), each row's logits those the single-sequence backend gives it alone, bit for bit.
+"""`llamacpp`'s state, written once as rows (`LlamaCppBackend.batch()`): requests (rows) in one llama.cpp
+context, each a llama.cpp sequence, every active row's tree scored in one `llama_decode` (in micro-batches
+of at most `ubatch` rows, in order), each row's logits those it gets alone, bit for bit. A single request
+is a batch of one row (`StateBackend.prefill`, `score`, `commit`).
 
 Sequence ids. llama.cpp numbers a context's sequences 0..S-1 (S = `llama_max_parallel_sequences()`, 256 in
 llama-cpp-python 0.3.36). A row owns one id, its slot (`SlottedRows`: active rows hold 0..N-1, and a
@@ -11,28 +12,34 @@ marks discarded cells. So a step's trees may have S-1 paths in all, one per acti
 extra ones: chains never run out (up to S-1 rows); 4 rows of 63-leaf trees fit; a step needing more is
 refused before any work (`ConfigurationError`), as a tree of more than `max_leaves` paths is.
 
-Cell order. llama.cpp's attention sums a query's visible cells in the order the cache stores them, and a
-row alone stores its cells in position order (`layout.kept_in_place`). In a shared cache a freed cell
-would take a later token of any row, possibly before that row's accepted cells, so the batch never frees
-a cell: a commit keeps each row's accepted cells in the row's sequence and marks the rest with the
-discarded-cells id, which no query reads (flash attention skips masked cells, so they change no sum). The
-occupied cells are then always the first ones, a step's cells come after every row's earlier ones, and no
-accepted cell ever moves. When a step's rows would not fit after the occupied cells, the cache is packed:
-each row's committed cells are read out (`LlamaEngine.save`), the cache emptied and the rows written back
-one after the other; when even the committed cells and the step would not fit, a context twice as large
-(or as large as needed) is made first, and the rows moved into it. The context starts at the backend's
-`context` option, the positions one request may use, so memory grows with what the rows hold, and a row
-is refused, as alone, when its own positions pass `context`.
+Cell order. llama.cpp's attention sums a query's visible cells in the order the cache stores them, and
+plain decoding stores a row's cells in position order. A freed cell would take a later token, possibly
+before accepted cells, so a batch never frees a cell: a commit keeps each row's accepted cells in the row's
+sequence and marks the rest with the discarded-cells id, which no query reads (flash attention skips
+masked cells, so they change no sum). The occupied cells are then always the first ones, a step's cells
+come after every row's earlier ones, and no accepted cell ever moves. When a step's rows would not fit
+after the occupied cells, the cache is packed: each row's committed cells are read out
+(`LlamaEngine.save`), the cache emptied and the rows written back one after the other; when even the
+committed cells and the step would not fit, a context twice as large (or as large as needed) is made
+first, and the rows moved into it. The context starts at the backend's `context` option, the positions one
+request may use, so memory grows with what the rows hold, and a row is refused, as alone, when its own
+positions pass `context`.
 
-A row's prompt is read by the backend's own single-sequence context (`LlamaCppBackend.prefill`, whose
-state that replaces) and its cells copied into the batch's, so they are the bits a row alone reads.
+Prompts. The first row of a batch reads its prompt straight into the batch's empty context, as llama.cpp
+reads one; a row added later has it read in an empty context of the backend's (`ContextPool.read`) and its
+cells copied in, so a row's prompt cells are the bits it would read alone whatever the batch holds.
+
+Padding (the backend's `min_rows`): a step of fewer rows in all is padded with throwaway nodes after the
+last row's tree (`TokenTree.padded`), which no real node attends to, so the rows' logits are unchanged.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping
 
 import numpy as np
+import torch
 
 from specframe import ConfigurationError, TargetScores, TokenTree
 from specframe.kit.backend import SlottedRow, SlottedRows
@@ -47,14 +54,18 @@ class LlamaRows(SlottedRows):
 
     def __init__(self, backend):
         super().__init__(backend)
-        self.sequences = int(engine.llama().llama_max_parallel_sequences())
-        self.engine = self._engine(backend.context)
+        self.pool = backend.contexts
+        self.sequences = self.pool.sequences
+        self._held = [self.pool.take()]  # the context: handed back to the pool when the batch is dropped
+        weakref.finalize(self, lambda pool=self.pool, held=self._held: pool.give(held[0]))
+        self._fresh = True  # nothing was read into the context yet
         self._used = 0  # cells occupied: the first ones of the cache (none is ever freed but by packing)
         self._trees: dict[int, tuple[TreeLayout, list[int]]] = {}  # latest score: layout, sequence ids
 
-    def _engine(self, cells: int) -> engine.LlamaEngine:
-        """A context of `cells` cells for all S sequences, the last of them marking discarded cells."""
-        return engine.LlamaEngine(self.backend.path, context=cells, paths=self.sequences - 1, threads=1)
+    @property
+    def engine(self) -> engine.LlamaEngine:
+        """The llama.cpp context the rows live in (a larger one once they outgrow it)."""
+        return self._held[0]
 
     # --- rows ------------------------------------------------------------------------------------
 
@@ -66,14 +77,18 @@ class LlamaRows(SlottedRows):
             raise ConfigurationError(
                 f"backend 'llamacpp': a batch holds at most {self.sequences - 2} rows (llama.cpp's "
                 f"{self.sequences} sequences, one for discarded cells): decode with a smaller batch_size")
-        self.backend.prefill(ids)  # the prompt read as alone (and checked against `context`)
-        state = self.backend.engine.save(0)
-        length = len(ids) - 1
-        self._room(length)
-        slot = len(self.rows)
-        self.engine.load(slot, state, "a prompt's cells")
-        self._used += length
-        return self.admit(SlottedRow(slot=slot, length=length, pending=int(ids[-1])))
+        engine.one_thread(torch.get_num_threads())
+        self.backend.check_room(len(ids), "the prompt")
+        prefix, slot = np.asarray(ids[:-1], dtype=np.int32), len(self.rows)
+        if self._fresh:  # slot 0 of an empty context: read as alone
+            self.engine.decode(prefix, np.arange(len(prefix), dtype=np.int32))
+        elif len(prefix):
+            state = self.pool.read(prefix)
+            self._room(len(prefix))
+            self.engine.load(slot, state, "a prompt's cells")
+        self._fresh = False
+        self._used += len(prefix)
+        return self.admit(SlottedRow(slot=slot, length=len(prefix), pending=int(ids[-1])))
 
     def remove(self, row: int) -> None:
         gone = self.row_state(row)
@@ -92,20 +107,20 @@ class LlamaRows(SlottedRows):
     # --- scoring ---------------------------------------------------------------------------------
 
     def score(self, trees: Mapping[int, TokenTree]) -> dict[int, TargetScores]:
-        import torch
-
         self._discard()  # a new score discards the previous uncommitted one
         order = sorted(trees, key=lambda row: self.row_state(row).slot)
         layouts = {row: tree_layout(trees[row]) for row in order}
         self._check(layouts)
+        runs = self._padded(order, trees, layouts)
         total = sum(layout.rows for layout in layouts.values())
         self._room(total)
-        tokens, positions, seq_ids = self._inputs(order, trees, layouts)
-        logits = self.engine.decode(tokens, positions, seq_ids, outputs=total, rows=self.backend.ubatch)
+        tokens, positions, seq_ids = self._inputs(order, runs, layouts)
+        outputs = sum(len(trees[row]) + 1 for row in order)  # the padding's logits are not read
+        logits = self.engine.decode(tokens, positions, seq_ids, outputs=outputs, rows=self.backend.ubatch)
         self._used += total
         scores, first = {}, 0
         for row in order:
-            rows = layouts[row].rows
+            rows = len(trees[row]) + 1
             scores[row] = TargetScores(logits=torch.from_numpy(logits[first:first + rows]), tree=trees[row],
                                        state=layouts[row])  # (rows, V)
             first += rows
@@ -113,9 +128,25 @@ class LlamaRows(SlottedRows):
         return scores
 
     def forward_rows(self, sizes: Mapping[int, int]) -> list[int]:
-        """One forward of every row's root and nodes (llama.cpp's micro-batches of `ubatch` rows are part
-        of what a tree of that many rows costs alone); no padding."""
-        return [sum(n + 1 for n in sizes.values())] if sizes else []
+        """One forward of every row's root and nodes, padded to `min_rows` (llama.cpp's micro-batches of
+        `ubatch` rows are part of what a tree of that many rows costs alone)."""
+        return [max(sum(n + 1 for n in sizes.values()), self.backend.min_rows)] if sizes else []
+
+    def _padded(self, order: list[int], trees: Mapping[int, TokenTree],
+                layouts: dict[int, TreeLayout]) -> Mapping[int, TokenTree]:
+        """The trees as scored: the last row's padded with throwaway nodes until the step has `min_rows`
+        rows, as far as that row's positions allow (see the module docstring); its layout updated."""
+        if not order:
+            return trees
+        last = order[-1]
+        room = self.backend.context - self.rows[last].length - layouts[last].rows
+        pad = min(self.backend.min_rows - sum(layout.rows for layout in layouts.values()), room)
+        if pad <= 0:
+            return trees
+        runs = dict(trees)
+        runs[last] = trees[last].padded(pad, self.rows[last].pending)
+        layouts[last] = tree_layout(runs[last])
+        return runs
 
     def _check(self, layouts: Mapping[int, TreeLayout]) -> None:
         """Refuse, before any work, a tree of more paths than `max_leaves`, a step of more paths than the
@@ -182,7 +213,8 @@ class LlamaRows(SlottedRows):
         saved = [(state.slot, self.engine.save(state.slot))
                  for state in sorted(self.rows.values(), key=lambda state: state.slot)]
         if live + cells > self.engine.cells:
-            self.engine = self._engine(max(2 * self.engine.cells, live + cells))
+            self.pool.give(self.engine)
+            self._held[0] = self.pool.make(max(2 * self.engine.cells, live + cells))
         else:
             self.engine.clear()
         for slot, state in saved:

@@ -1,7 +1,9 @@
-"""The `llamacpp` backend on a tiny random Llama written as a GGUF (`tiny_gguf`): every tree row's logits
-equal a plain step's bit for bit, commits leave the state plain decoding leaves (also when the accepted
-branch is not the tree's first), greedy speculative decoding emits plain greedy decoding's tokens, and
-every refusal says what to do. Skipped where llama-cpp-python is not installed."""
+"""The `llamacpp` backend on a tiny random Llama written as a GGUF (`tiny_gguf`), one request at a time (a
+batch of one row, through `StateBackend.prefill`, `score`, `commit`): every tree row's logits equal a plain
+step's bit for bit, commits leave the state plain decoding leaves (also when the accepted branch is not the
+tree's first), greedy speculative decoding emits plain greedy decoding's tokens, requests reuse the
+backend's llama.cpp contexts, and every refusal says what to do. Skipped where llama-cpp-python is not
+installed."""
 
 from __future__ import annotations
 
@@ -92,12 +94,24 @@ def test_tree_rows_and_commits_equal_plain_steps_bit_for_bit(target, prompt):
     assert torch.equal(backend.score(TokenTree.empty()).logits[0], after)
 
 
-def test_without_moving_the_accepted_cells_together_the_next_steps_would_differ(target, prompt, monkeypatch):
-    """The planted fault: commits that leave a rejected cell's hole between accepted ones. The next token
-    is stored in the hole, before accepted ones, and its logits then differ from plain decoding's."""
-    import specframe_llamacpp.backend as backend_module
+def test_with_the_rejected_cells_freed_the_next_steps_would_differ(target, prompt, monkeypatch):
+    """The planted fault: commits that free the rejected cells instead of marking them discarded. When the
+    accepted branch is not the tree's first, the next token is stored in the hole they leave, before
+    accepted ones, and its logits then differ from plain decoding's (which the fault leaves as it is: a
+    plain step has no rejected cell)."""
+    import llama_cpp
 
-    monkeypatch.setattr(backend_module, "kept_in_place", lambda path: True)
+    from specframe_llamacpp import engine
+
+    def freeing(self, ids, start, kept, end):
+        own = ids[0]
+        llama_cpp.llama_memory_seq_rm(self.memory, own, end if kept == own else start, -1)
+        if kept is not None and kept != own:
+            llama_cpp.llama_memory_seq_cp(self.memory, kept, own, start, end)
+        for seq in ids[1:]:
+            llama_cpp.llama_memory_seq_rm(self.memory, seq, -1, -1)
+
+    monkeypatch.setattr(engine.LlamaEngine, "settle", freeing)
     backend, reference = LlamaCppBackend(target), LlamaCppBackend(target)
     tree = TokenTree(np.array([5, 6, 7, 8]), np.array([-1, 0, -1, 2]))  # two chains under the root
     history = list(prompt)
@@ -157,17 +171,39 @@ def test_llama_cpp_runs_on_one_thread_and_says_so_when_asked_for_more(target, pr
     cache holds a few hundred cells, so the backend serves every request on one thread."""
     from llama_cpp import llama_n_threads
 
-    backend = LlamaCppBackend(target)
+    batch = LlamaCppBackend(target).batch()
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
         with pytest.warns(specframe.SpecframeWarning, match="1 thread, not 2"):
-            backend.prefill(prompt)
-        assert llama_n_threads(backend.engine.ctx) == 1
+            batch.add(prompt)
+        assert llama_n_threads(batch.engine.ctx) == 1
     finally:
         torch.set_num_threads(threads)
-    backend.prefill(prompt)
-    assert llama_n_threads(backend.engine.ctx) == 1
+
+
+def test_requests_one_after_another_reuse_two_llama_cpp_contexts(target, prompt, monkeypatch):
+    """A request is a batch of one row, made while the previous request's batch still exists: the
+    backend keeps the contexts of dropped batches, so a run of requests makes two, not one per request."""
+    from specframe_llamacpp import engine
+
+    made = []
+    real = engine.LlamaEngine.__init__
+
+    def counted(self, *args, **kwargs):
+        made.append(1)
+        real(self, *args, **kwargs)
+
+    monkeypatch.setattr(engine.LlamaEngine, "__init__", counted)
+    backend = LlamaCppBackend(target)
+    first = None
+    for _ in range(5):
+        backend.prefill(prompt)
+        scores = backend.score(TokenTree(np.array([1, 2]), np.array([-1, 0])))
+        first = scores.logits if first is None else first
+        assert torch.equal(scores.logits, first)
+        backend.commit(scores, [0], 3)
+    assert len(made) == 2
 
 
 # --- refusals ------------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specframe import TokenTree
-from specframe_llamacpp.layout import kept_in_place, kept_sequence, tree_layout
+from specframe_llamacpp.layout import kept_sequence, tree_layout
 
 
 @st.composite
@@ -51,8 +51,3 @@ def test_the_kept_sequence_holds_the_root_and_the_accepted_path_up_to_its_depth(
     seq = kept_sequence(layout, path)
     kept = [r for r in range(layout.rows) if seq in layout.seq_ids[r] and layout.offsets[r] <= len(path)]
     assert kept == [0] + [i + 1 for i in path]
-
-
-def test_a_commit_is_in_place_only_when_the_path_is_the_first_rows():
-    assert kept_in_place([]) and kept_in_place([0]) and kept_in_place([0, 1, 2])
-    assert not kept_in_place([1]) and not kept_in_place([0, 2])

@@ -1,8 +1,8 @@
-"""`llamacpp`'s batch (`specframe_llamacpp.rows.LlamaRows`): rows as sequences of one llama.cpp context give
-every row the logits it gets alone, bit for bit (rows of different lengths, trees, idle rows, rows leaving
-and joining, the cache packed and grown), in one `llama_decode` per step; greedy `generate_batch` rows are
-plain greedy decoding's; stale and partial commits, and steps past the sequences or the context, are
-refused. On the tiny GGUF Llama, and on the real SmolLM2 GGUF (slow). Skipped where llama-cpp-python is
+"""`llamacpp`'s rows (`specframe_llamacpp.rows.LlamaRows`, its only form): rows as sequences of one llama.cpp
+context give every row the logits it gets alone, bit for bit (rows of different lengths, trees, idle rows,
+rows leaving and joining, the cache packed and grown, steps padded to `min_rows`), in one `llama_decode`
+per step; greedy `generate_batch` rows are plain greedy decoding's; stale and partial commits, and steps
+past the sequences or the context, are refused. On the tiny GGUF Llama, and on the real SmolLM2 GGUF (slow). Skipped where llama-cpp-python is
 not installed."""
 
 from __future__ import annotations
@@ -97,6 +97,25 @@ def test_trees_past_one_micro_batch_run_in_order_in_micro_batches_of_ubatch_rows
     decodes.clear()
     twins.step_binary_trees([9, 6], rng)
     assert of(twins.batch, decodes) == [8, 8, 1]
+
+
+def test_a_step_of_fewer_rows_is_padded_to_min_rows_and_scores_alike(target, decodes):
+    """Throwaway rows after the last row's tree bring a step to `min_rows` rows (as `forward_rows` tells
+    the planner); no row's logits change, then or after the commit."""
+    ids = prompts(target.vocab_size, (20, 25))
+    trees = [TokenTree(np.array([1, 2]), np.array([-1, 0])), TokenTree.empty()]
+    logits = []
+    for min_rows in (12, 1):
+        batch = LlamaCppBackend(target, min_rows=min_rows).batch()
+        rows = [batch.add(prompt) for prompt in ids]
+        sizes = {row: len(tree) for row, tree in zip(rows, trees)}
+        decodes.clear()
+        scores = batch.score(dict(zip(rows, trees)))
+        assert of(batch, decodes) == batch.forward_rows(sizes) == [max(4, min_rows)]
+        batch.commit({rows[0]: (scores[rows[0]], [0, 1], 5), rows[1]: (scores[rows[1]], [], 6)})
+        after = batch.score(dict(zip(rows, trees)))
+        logits.append([scores[row].logits for row in rows] + [after[row].logits for row in rows])
+    assert all(torch.equal(padded, unpadded) for padded, unpadded in zip(*logits))
 
 
 def test_generate_batch_rows_are_plain_greedy_decoding(target):
