@@ -10,7 +10,7 @@ thousands of requests fit in CI; two combinations run on the real `kv` backend a
 Two kinds of combination:
 - where the verifier uses the drafter's q (`rejection` with a drafter that samples its drafts), the
   first two tokens of 3,000 seeded requests (T = 1) and 2,000 (T = 0.7, top-p 0.9) are tested against the
-  exact law;
+  exact law (CI runs a pairwise sample of these, PAIRWISE; SPECFRAME_EXHAUSTIVE=1 runs them all);
 - everywhere else each emitted token is one draw from the target with the request's generator, so every
   request must emit exactly the tokens plain sampling (drafter `none`) emits with the same seed: checked
   token for token on 300 seeds, a stronger check than any test of the law, whose own law is tested on
@@ -92,14 +92,21 @@ def decoder(setup, drafter: str, tree, verifier: str, backend=None, budget=BUDGE
     return SpeculativeDecoder(target, pipeline, budget=budget, cost=cost)
 
 
-# Rejection runs with every drafter and tree that samples its drafts; block and traversal, whose laws the
-# verifier tests check exactly (tests/plugins/verify/test_block_traversal.py), run here on the tree each is
-# built for, and on the rest of the cross product when SPECFRAME_EXHAUSTIVE=1 (about 15 CPU minutes more).
+# CI runs a sample of the drafter x tree x sampling x budget cross product, the rest when
+# SPECFRAME_EXHAUSTIVE=1 (about 25 CPU minutes more). PAIRWISE: six (drafter, tree, sampling, budget) rows
+# in which every pair of values of two factors occurs at least once (each drafter with each tree, each
+# tree with each sampling and each budget, ...), so every code path of one factor runs next to every
+# value of another. Rejection runs these six rows; block and traversal, whose laws the verifier tests
+# check exactly (tests/plugins/verify/test_block_traversal.py), run the rows on the trees each is built
+# for (SAMPLED).
+PAIRWISE = {("draft-model", "chain", HOT, BUDGET), ("draft-model", "trie", FILTERED, f"auto:{BUDGET}"),
+            ("draft-model", "static", HOT, f"auto:{BUDGET}"), ("s4c", "chain", FILTERED, f"auto:{BUDGET}"),
+            ("s4c", "trie", HOT, BUDGET), ("s4c", "static", FILTERED, BUDGET)}
 SAMPLED = {"block": {"chain"}, "traversal": {"static", "trie"}}
 
 
 def _uses_q_case(d, t, v, params, runs, b):
-    exhaustive = v in SAMPLED and (t not in SAMPLED[v] or d != "draft-model" and params is FILTERED)
+    exhaustive = (d, t, params, b) not in PAIRWISE or v in SAMPLED and t not in SAMPLED[v]
     return pytest.param(d, t, v, params, runs, b, marks=[pytest.mark.exhaustive] if exhaustive else [],
                         id=f"{d}+{t}+{v}-T{params.temperature}-p{params.top_p}@{b}")
 
