@@ -260,8 +260,8 @@ class ContextPool:
     """The llama.cpp contexts of one backend's batches, each made for `context` positions with every
     sequence id llama.cpp has (`sequences`, the last one the spare): `take` hands a batch an idle context,
     emptied, or a new one; `give` takes it back when the batch is dropped, keeping up to `KEEP` idle. A
-    request is a batch of one row made while the previous request's batch still exists, so requests one
-    after another alternate between two contexts and make none after the first two."""
+    request is a batch of one row, whose batch the next request's drops before making its own
+    (`StateBackend.prefill`), so requests one after another reuse one context."""
 
     KEEP = 2
 

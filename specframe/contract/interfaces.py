@@ -228,6 +228,7 @@ class StateBackend(ABC):
     def prefill(self, ids: list[int]) -> None:
         """Start a new sequence: process `ids[:-1]`, keep `ids[-1]` pending. Rows form: a new batch
         with one row."""
+        self._sequence = None  # the previous sequence's batch goes first: its resources can serve the next
         rows = self.batch()
         self._sequence = (rows, rows.add(ids))
 

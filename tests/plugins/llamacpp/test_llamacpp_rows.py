@@ -2,8 +2,8 @@
 context give every row the logits it gets alone, bit for bit (rows of different lengths, trees, idle rows,
 rows leaving and joining, the cache packed and grown, steps padded to `min_rows`), in one `llama_decode`
 per step; greedy `generate_batch` rows are plain greedy decoding's; stale and partial commits, and steps
-past the sequences or the context, are refused. On the tiny GGUF Llama, and on the real SmolLM2 GGUF (slow). Skipped where llama-cpp-python is
-not installed."""
+past the sequences or the context, are refused. On the tiny GGUF Llama, and on the real SmolLM2 GGUF
+(slow). Skipped where llama-cpp-python is not installed."""
 
 from __future__ import annotations
 
