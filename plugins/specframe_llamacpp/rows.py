@@ -25,9 +25,10 @@ first, and the rows moved into it. The context starts at the backend's `context`
 request may use, so memory grows with what the rows hold, and a row is refused, as alone, when its own
 positions pass `context`.
 
-Prompts. The first row of a batch reads its prompt straight into the batch's empty context, as llama.cpp
-reads one; a row added later has it read in an empty context of the backend's (`ContextPool.read`) and its
-cells copied in, so a row's prompt cells are the bits it would read alone whatever the batch holds.
+Prompts. A row added to a batch that holds no row (its first, or the next of requests decoded one at a
+time) empties the context and reads its prompt straight into it, as llama.cpp reads one; a row added
+beside others has it read in an empty context of the backend's (`ContextPool.read`) and its cells copied
+in, so a row's prompt cells are the bits it would read alone whatever the batch holds.
 
 Padding (the backend's `min_rows`): a step of fewer rows in all is padded with throwaway nodes after the
 last row's tree (`TokenTree.padded`), which no real node attends to, so the rows' logits are unchanged.
@@ -58,7 +59,6 @@ class LlamaRows(SlottedRows):
         self.sequences = self.pool.sequences
         self._held = [self.pool.take()]  # the context: handed back to the pool when the batch is dropped
         weakref.finalize(self, lambda pool=self.pool, held=self._held: pool.give(held[0]))
-        self._fresh = True  # nothing was read into the context yet
         self._used = 0  # cells occupied: the first ones of the cache (none is ever freed but by packing)
         self._trees: dict[int, tuple[TreeLayout, list[int]]] = {}  # latest score: layout, sequence ids
 
@@ -80,13 +80,14 @@ class LlamaRows(SlottedRows):
         engine.one_thread(torch.get_num_threads())
         self.backend.check_room(len(ids), "the prompt")
         prefix, slot = np.asarray(ids[:-1], dtype=np.int32), len(self.rows)
-        if self._fresh:  # slot 0 of an empty context: read as alone
+        if not self.rows and self.engine.context == self.pool.context:  # alone: read into slot 0, emptied
+            self.engine.clear()
+            self._used = 0
             self.engine.decode(prefix, np.arange(len(prefix), dtype=np.int32))
         elif len(prefix):
             state = self.pool.read(prefix)
             self._room(len(prefix))
             self.engine.load(slot, state, "a prompt's cells")
-        self._fresh = False
         self._used += len(prefix)
         return self.admit(SlottedRow(slot=slot, length=len(prefix), pending=int(ids[-1])))
 

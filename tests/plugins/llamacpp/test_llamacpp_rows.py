@@ -89,6 +89,19 @@ def test_rows_equal_rows_alone_bit_for_bit_as_rows_idle_leave_and_join(target, d
     assert twins.worst == 0.0 and twins.batch.engine.cells > first_cells
 
 
+def test_a_row_added_to_an_emptied_batch_reads_its_prompt_as_alone(target):
+    """Requests decoded one at a time in one batch: each row, added once the last has left, empties the
+    context and reads its prompt straight into it, and then scores as alone."""
+    twins = RowTwins(target, LlamaCppBackend, logits=same)
+    rng = np.random.default_rng(4)
+    for ids in prompts(target.vocab_size, (30, 45, 12)):
+        row = twins.add(ids)
+        for _ in range(3):
+            twins.step_binary_trees([int(rng.integers(0, 9))], rng)
+        twins.remove(row)
+    assert twins.worst == 0.0
+
+
 def test_trees_past_one_micro_batch_run_in_order_in_micro_batches_of_ubatch_rows(target, decodes):
     twins = RowTwins(target, LlamaCppBackend, logits=same, ubatch=8)
     rng = np.random.default_rng(1)
