@@ -23,7 +23,8 @@ from pathlib import Path
 
 from specframe.support.prompt_suites import BenchPrompt
 
-from specframe.bench.report import command_text, mean_std, page_header, per_step_ms, stat_cell, write_pages
+from specframe.bench.report import (command_text, control_line, control_of, mean_std, page_header,
+                                    per_step_ms, stat_cell, write_pages)
 from specframe.bench.runner import Mismatch
 from specframe.bench.store import CALLS, tables_kept, writing
 
@@ -253,6 +254,9 @@ def markdown(table: dict[int, dict[str, dict]], run: BatchRun, header: str = "")
               "forward that scores them (hf-generate: not split); *x plain batched*: throughput over plain "
               "decoding through the same backend at the same B; *x hf-generate*: over transformers' own "
               "batched generate, B left-padded prompts per call.", "", noise_line(table, run), ""]
+    control = control_of(run.runners)
+    lines += [control_line(control, {b: (rows[control]["speedup_plain"] or {}).get("mean")
+                                     for b, rows in table.items() if control in rows}, "batch sizes"), ""]
     if len(table) > 1:
         lines += sweep_table(table)
     if run.mismatches:

@@ -92,7 +92,8 @@ class BenchWorker:
         self.runners = build_runners(self.target, specs, parse_peers(grid.peers), grid.sampling, registry,
                                      grid.synthetic_acceptance, grid.budget, grid.phase_timing)
         outline = [{"kind": type(r).__name__, "label": r.label, "baseline": r.baseline,
-                    "lossless": r.baseline is None or r.lossless} for r in self.runners]
+                    "lossless": r.baseline is None or r.lossless, "control": getattr(r, "control", False)}
+                   for r in self.runners]
         return {"settings": target_settings(self.target), "runners": outline,
                 "tokenizer": self.target.tokenizer}
 
@@ -190,9 +191,9 @@ def run_cells(pool, cells: list[tuple], store: RecordStore, check: Callable[[str
 def stand_in(outline: dict):
     """What the reports read of a runner that lives in the workers, under the runner's class name
     (`results.json` records it as the method's kind)."""
-    cls = make_dataclass(outline["kind"], [("label", str), ("baseline", "str | None"), ("lossless", bool)],
-                         frozen=True)
-    return cls(outline["label"], outline["baseline"], outline["lossless"])
+    cls = make_dataclass(outline["kind"], [("label", str), ("baseline", "str | None"), ("lossless", bool),
+                                           ("control", bool)], frozen=True)
+    return cls(outline["label"], outline["baseline"], outline["lossless"], outline["control"])
 
 
 def cell_keys(prompt: BenchPrompt, runners: list, repeats: int) -> list[tuple]:

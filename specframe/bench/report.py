@@ -178,7 +178,8 @@ TABLE_NOTE = (
 
 
 def markdown(table: dict, run: BenchRun, header: str = "") -> str:
-    """One markdown table per category (overall first), then the mismatch list."""
+    """One markdown table per category (overall first), then the noise floor (`control_line`) and the
+    mismatch list."""
     lossless = {r.label: (r.baseline is None or r.lossless) for r in run.runners}
     baseline = {r.label: r.baseline for r in run.runners}
     lines = [header] if header else []
@@ -198,9 +199,31 @@ def markdown(table: dict, run: BenchRun, header: str = "") -> str:
             lines.append("| " + " | ".join(cells) + " |")
         lines += ["", TABLE_NOTE, ""]
         lines += adaptive_table(rows)
+    control = control_of(run.runners)
+    lines += [control_line(control, {c: rows[control]["speedup"]["mean"] for c, rows in table.items()
+                                     if control in rows}, "categories"), ""]
     if run.mismatches:
         lines += ["### Lossless mismatches", ""] + [f"- {m.describe()}" for m in run.mismatches] + [""]
     return "\n".join(lines)
+
+
+def control_of(runners: list) -> str | None:
+    """The label of the run's control, plain decoding run as a method (`PipelineRunner.control`: drafter
+    `none`, timed apart from the baseline it decodes exactly like), None without one."""
+    return next((r.label for r in runners if getattr(r, "control", False)), None)
+
+
+def control_line(control: str | None, speedups: dict, where: str) -> str:
+    """The noise floor, one-request or batched alike: the control's distance from 1.00x, its speedup in
+    each of `speedups` (by category, or by B); without a control, how to measure it."""
+    values = [v for v in speedups.values() if v is not None]
+    if control is None or not values:
+        return ("*Noise floor*: not measured: no control ran. Add plain decoding as a method (`none@1`) to "
+                "--methods: its distance from 1.00x is the noise of the machine, not of any method.")
+    low, high = min(values), max(values)
+    spread = f"{low:.2f}-{high:.2f}x across {where}" if len(values) > 1 else f"{low:.2f}x"
+    return (f"*Noise floor*: `{control}` decodes exactly like its baseline and measured {spread}: read "
+            f"differences within ±{100 * max(abs(low - 1), abs(high - 1)):.1f} % of 1.00x as noise.")
 
 
 def adaptive_table(rows: dict) -> list[str]:

@@ -44,6 +44,7 @@ from specframe.bench.synthetic import SyntheticDrafter
 from specframe.bench.store import (RECORD_METRICS, RecordStore, call_metrics, check_settings,  # noqa: F401
                                    read_records, read_settings)
 
+CONTROL_DRAFTER = "none"  # the drafter that proposes nothing: a method with it decodes plainly
 WARMUP_TOKENS = 16
 WARMUP_PROMPT = "Count from one to ten in words."
 
@@ -62,6 +63,8 @@ class PipelineRunner:
         drafter = registry.get(ComponentKind.DRAFTER, spec.drafter.name)
         self.remembers = drafter.capabilities.remembers_requests
         self.seed = sampling.seed
+        # plain decoding as a method: a control, whose distance from its baseline is the bench's noise
+        self.control = baseline is not None and spec.drafter.name == CONTROL_DRAFTER
 
     def fresh(self) -> SpeculativeDecoder:
         """A new decoder of this method: no memory of earlier requests, a planner that learned nothing."""
@@ -119,6 +122,7 @@ class SyntheticRunner(PipelineRunner):
         super().__init__(target, spec, sampling, registry, base.label, phase_timing)
         self.drafter = SyntheticDrafter(target, acceptance=acceptance)
         self.decoder.pipeline.drafter = self.drafter
+        self.control = False  # it drafts: its base's drafter is replaced
 
 
 def build_runners(target: Target, methods: list[MethodSpec], peers: list[PeerSpec], sampling: SamplingParams,

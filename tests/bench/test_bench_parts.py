@@ -160,3 +160,29 @@ def test_shards_split_a_suite_into_disjoint_interleaved_parts():
     for bad in ("3/3", "-1/2", "1", "a/b", "1/0"):
         with pytest.raises(ConfigurationError, match="--shard must be I/N"):
             take_shard(prompts, bad)
+
+
+def test_the_noise_floor_is_the_controls_distance_from_one_at_every_b_or_says_how_to_measure_it():
+    from specframe.bench.report import control_line, control_of
+
+    runners = [SimpleNamespace(label="baseline", control=False), SimpleNamespace(label="pld", control=False),
+               SimpleNamespace(label="none@1", control=True), SimpleNamespace(label="hf-generate")]
+    assert control_of(runners) == "none@1" and control_of(runners[:2]) is None
+    line = control_line("none@1", {"coding": 0.97, "writing": 1.02}, "categories")
+    assert "`none@1` decodes exactly like its baseline and measured 0.97-1.02x across categories" in line
+    assert "within ±3.0 % of 1.00x as noise" in line
+    one = control_line("none@1", {2: 1.04}, "batch sizes")
+    assert "measured 1.04x: read differences within ±4.0 %" in one
+    assert "not measured: no control ran" in control_line(None, {}, "categories")
+
+
+def test_plain_decoding_as_a_method_is_the_control_and_the_baseline_and_synthetic_runs_are_not():
+    from specframe.bench.runner import build_runners
+    from specframe.terms.sampling import SamplingParams
+
+    registry = specframe.get_registry()
+    specs = resolve_methods(["none@1", "pld@2"], registry, "auto")
+    runners = build_runners(tiny_target(seed=0), specs, [], SamplingParams(), registry,
+                            synthetic_acceptance=0.5)
+    assert {r.label: r.control for r in runners} == {"baseline": False, "none@1": True, "pld@2": False,
+                                                     "synthetic(p=0.5)": False}
