@@ -1,8 +1,9 @@
 """Lossless sampling, with demonstrated power: the shipped verifiers and tree builders follow the exactly
 enumerated law of a tiny target in every scenario of `specframe.testing.law` (p >= 1e-4, 20,000 seeded
 two-token decodes each), and every mutant in `lossless_mutants.py` is rejected at p < 1e-6 in the
-scenario aimed at it. Seeds are fixed, so every outcome is deterministic; the p-values and total
-variations are tabulated in docs/results/exact-law.md (`benchmarks/lossless_report.py`).
+scenario aimed at it (with fewer decodes where it is caught by far: MUTANT_RUNS). Seeds are fixed, so
+every outcome is deterministic; the p-values and total variations at 20,000 decodes are tabulated in
+docs/results/exact-law.md (`benchmarks/lossless_report.py`).
 """
 
 from __future__ import annotations
@@ -88,11 +89,16 @@ def mutant_cases():
 
 
 MUTANTS = mutant_cases()
+# Mutants caught by far run fewer decodes: at these counts each still scores a chi-square at least five
+# times the one that gives p = P_CATCH on its degrees of freedom (docs/results/exact-law.md has every
+# mutant at RUNS); the rest run RUNS.
+MUTANT_RUNS = {"uniform q": 2000, "top-k drafts labelled sampled": 2000,
+               "typical acceptance (declared lossy)": 2000, "bonus drawn from p, not the residual": 10_000}
 
 
 @pytest.mark.parametrize("label,verifier,case", MUTANTS, ids=[m[0] for m in MUTANTS])
 def test_mutant_is_caught(label, verifier, case):
-    result = case.run(verifier, RUNS)
+    result = case.run(verifier, MUTANT_RUNS.get(label, RUNS))
     assert result.pvalue < P_CATCH, f"mutant '{label}' was not caught in '{case.name}': {result}"
 
 
