@@ -66,7 +66,7 @@ print(hybrid.config.layers_block_type, f"vocab {hybrid.vocab_size}")
 
 # %%
 prompts = ["import json\n\n\ndef load(path):", "class Stack:\n    def __init__(self):", "for i in range(10):"]
-plain = specframe.SpeculativeDecoder.from_names(hybrid, drafter="none", backend="ssm-tree")
+plain = specframe.SpeculativeDecoder.from_names(hybrid, drafter="none", backend="ssm-tree", budget=1)
 documents = []
 for text in prompts:
     ids = tok(text)["input_ids"]

@@ -114,10 +114,10 @@ print(f"greedy agreement with SmolLM2 on {positions} positions: {agree / positio
 print("kv:", specframe.get_registry().get("backend", "kv").unsupported_reason(hybrid))
 prompt = texts[0]  # the first HumanEval prompt, as token ids
 plain = specframe.SpeculativeDecoder.from_names(hybrid, "none", "chain", "greedy", "ssm-tree", budget=1)
-baseline = plain.generate(prompt, max_new_tokens=48)
+baseline = plain.generate(prompt, max_new_tokens=32)
 for drafter, tree in (("pld", "chain"), ("pld(matches=4)", "trie"), ("rest(live=1)", "trie")):
     decoder = specframe.SpeculativeDecoder.from_names(hybrid, drafter, tree, "greedy", "ssm-tree", budget=8)
-    result = decoder.generate(prompt, max_new_tokens=48)
+    result = decoder.generate(prompt, max_new_tokens=32)
     assert result.tokens == baseline.tokens
     print(f"{drafter:16s} {tree:6s} identical to plain greedy; tau {result.metrics.tau:.2f}, "
           f"{result.metrics.steps} steps for {len(result.tokens)} tokens")
