@@ -40,7 +40,7 @@ from specframe.terms.target import Target
 
 from specframe.bench.batch_report import BatchRun
 from specframe.bench.peers import PeerSpec, parse_peers
-from specframe.bench.runner import WARMUP_PROMPT, WARMUP_TOKENS, Mismatch, compare, rotation
+from specframe.bench.runner import Mismatch, compare, rotation, warm_up
 from specframe.bench.store import RecordStore, call_metrics
 
 BATCH_PEERS = ("hf-generate",)  # transformers' prompt lookup and assisted generation take one prompt
@@ -140,13 +140,7 @@ def run_batches(target: Target, prompts: list[BenchPrompt], runners: list, sizes
     bar = progress_bar(total=len(wanted), initial=len(wanted) - len(missing), desc="bench --batch",
                        unit="call", show=progress)
     if warmup and todo:
-        # Two rows of a prompt of no suite, untimed: the first batched step of each runner pays no setup.
-        warm_prompt = BenchPrompt("warmup", "warmup", (WARMUP_PROMPT,), prompts[0].chat)
-        warm = encode_turn(tokenizer, warm_prompt, 0, [])
-        for runner in runners:
-            if runner.label in todo:
-                bar.set_postfix_str(f"warming up {runner.label}")
-                runner.generate_batch([warm, warm], min(WARMUP_TOKENS, max_new_tokens), 2)
+        warm_up([r for r in runners if r.label in todo], tokenizer, prompts[0].chat, max_new_tokens, bar, 2)
     peer = next((r.label for r in runners if isinstance(r, GeneratePeerBatches)), None)
     # the prompts a chunk really holds: no more than the suite has
     run = BatchRun([], runners, prompts, sizes, peer,

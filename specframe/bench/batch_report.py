@@ -23,8 +23,8 @@ from pathlib import Path
 
 from specframe.support.prompt_suites import BenchPrompt
 
-from specframe.bench.report import (command_text, control_line, control_of, mean_std, page_header,
-                                    per_step_ms, stat_cell, write_pages)
+from specframe.bench.report import (command_text, control_line, control_of, mean_std, outline,
+                                    page_header, per_step_ms, stat_cell, write_pages)
 from specframe.bench.runner import Mismatch
 from specframe.bench.store import CALLS, tables_kept, writing
 
@@ -291,8 +291,7 @@ def write_batch_results(run: BatchRun, out: Path, settings: dict, *, repeats: in
     table = summarize(run, keep)
     payload = {"settings": {**settings, "batches": run.sizes, "repeats": repeats, "keep": keep,
                             "command": command, "chunk_prompts": {str(b): n for b, n in run.chunks.items()}},
-               "methods": [{"label": r.label, "baseline": r.baseline, "lossless": r.lossless,
-                            "kind": type(r).__name__} for r in run.runners],
+               "methods": [outline(r) for r in run.runners],
                "batches": {str(size): rows for size, rows in table.items()},
                "mismatches": [{"batch": size, **vars(m)} for size, m in run.mismatches],
                "records": run.records}

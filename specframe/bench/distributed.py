@@ -32,7 +32,8 @@ from specframe.terms.sampling import SamplingParams
 
 from specframe.bench.harness import bench_settings, check_options, target_settings, write_results
 from specframe.bench.methods import resolve_methods
-from specframe.bench.runner import BenchRun, Mismatch, compare
+from specframe.bench.report import outline
+from specframe.bench.runner import BenchRun, Mismatch, turn_mismatches
 from specframe.bench.store import RecordStore, start_out
 from specframe.support.prompt_suites import BenchPrompt
 
@@ -91,10 +92,7 @@ class BenchWorker:
         specs = resolve_methods(grid.methods, registry, grid.budget)
         self.runners = build_runners(self.target, specs, parse_peers(grid.peers), grid.sampling, registry,
                                      grid.synthetic_acceptance, grid.budget, grid.phase_timing)
-        outline = [{"kind": type(r).__name__, "label": r.label, "baseline": r.baseline,
-                    "lossless": r.baseline is None or r.lossless, "control": getattr(r, "control", False)}
-                   for r in self.runners]
-        return {"settings": target_settings(self.target), "runners": outline,
+        return {"settings": target_settings(self.target), "runners": [outline(r) for r in self.runners],
                 "tokenizer": self.target.tokenizer}
 
     def run_cell(self, index: int, prompt: BenchPrompt, done: list[dict]) -> list[dict]:
@@ -207,13 +205,5 @@ def check_cell(prompt: BenchPrompt, runners: list, store: RecordStore, repeats: 
     """Each lossless method's output on every turn of `prompt` against its baseline's (greedy runs)."""
     if not greedy:
         return []
-    found = []
-    for rep in range(repeats):
-        for turn in range(len(prompt.turns)):
-            for runner in runners:
-                if runner.baseline is not None and runner.lossless:
-                    mismatch = compare(store.get(runner.label, prompt.qid, turn, rep),
-                                       store.get(runner.baseline, prompt.qid, turn, rep), runner.baseline,
-                                       tokenizer)
-                    found += [mismatch] if mismatch else []
-    return found
+    return [m for rep in range(repeats) for turn in range(len(prompt.turns))
+            for m in turn_mismatches(runners, store, prompt.qid, turn, rep, tokenizer)]

@@ -288,12 +288,18 @@ def write_pages(out: Path, pages: dict[str, str], records: Path) -> None:
                 write_atomically(out / name, text)
 
 
+def outline(runner) -> dict:
+    """What a results file (and a Ray worker, to its driver) says of a runner: its label, its baseline,
+    whether its output must equal the baseline's, whether it is the control, and its class's name."""
+    return {"label": runner.label, "baseline": runner.baseline,
+            "lossless": runner.baseline is None or runner.lossless,
+            "control": getattr(runner, "control", False), "kind": type(runner).__name__}
+
+
 def write_reports(run: BenchRun, out: Path, settings: dict, header: str = "", keep: str = "all") -> dict:
     """Write `results.json` (settings, aggregates, mismatches, every record) and `results.md`."""
     table = summarize(run, keep)
-    methods = [{"label": r.label, "baseline": r.baseline, "lossless": r.baseline is None or r.lossless,
-                "kind": type(r).__name__} for r in run.runners]
-    payload = {"settings": settings, "methods": methods, "categories": table,
+    payload = {"settings": settings, "methods": [outline(r) for r in run.runners], "categories": table,
                "mismatches": [vars(m) for m in run.mismatches], "records": run.records}
     write_pages(out, {"results.json": json.dumps(payload, indent=1),
                       "results.md": markdown(table, run, header)}, out / REQUESTS.records)

@@ -284,16 +284,20 @@ def run_bench(target: Target, prompts: list[BenchPrompt], runners: list, *, repe
     return run
 
 
-def warm_up(runners: list, tokenizer, chat: bool, max_new_tokens: int, bar) -> None:
-    """One short request of each runner before any timed one (a first request may calibrate), on a prompt
-    of no suite: methods that remember earlier responses (`suffix`) learn nothing from it."""
+def warm_up(runners: list, tokenizer, chat: bool, max_new_tokens: int, bar, rows: int = 1) -> None:
+    """One short untimed call of each runner before any timed one (a first request may calibrate, a first
+    batched step pay setup), on a prompt of no suite: methods that remember earlier responses (`suffix`)
+    learn nothing from it. At `rows` > 1 the call is a batch of that many rows of the prompt."""
     warm = BenchPrompt("warmup", "warmup", (WARMUP_PROMPT,), chat)
-    ids = encode_turn(tokenizer, warm, 0, [])
+    ids, tokens = encode_turn(tokenizer, warm, 0, []), min(WARMUP_TOKENS, max_new_tokens)
     for runner in runners:
         if isinstance(runner, SyntheticRunner):
             runner.drafter.reference = []
         bar.set_postfix_str(f"warming up {runner.label}")
-        runner.generate(ids, min(WARMUP_TOKENS, max_new_tokens))
+        if rows > 1:
+            runner.generate_batch([ids] * rows, tokens, rows)
+        else:
+            runner.generate(ids, tokens)
 
 
 def run_turn(runner, store: RecordStore, prompt: BenchPrompt, turn: int, rep: int, repeats: int,
@@ -324,13 +328,20 @@ def check_turn(runners: list, store: RecordStore, qid: str, turn: int, rep: int,
                bar) -> None:
     """Compare each lossless runner's output on one turn with its baseline's; a difference is recorded in
     `run.mismatches` and shown at once."""
+    for mismatch in turn_mismatches(runners, store, qid, turn, rep, tokenizer):
+        run.mismatches.append(mismatch)
+        bar.write(f"\033[1;31m{mismatch.describe()}\033[0m", file=sys.stderr)
+
+
+def turn_mismatches(runners: list, store: RecordStore, qid: str, turn: int, rep: int,
+                    tokenizer) -> list[Mismatch]:
+    """Where each lossless runner's recorded output on one turn departs from its baseline's."""
+    found = []
     for runner in runners:
         if runner.baseline is not None and runner.lossless:
             mine, base = (store.get(label, qid, turn, rep) for label in (runner.label, runner.baseline))
-            mismatch = compare(mine, base, runner.baseline, tokenizer)
-            if mismatch:
-                run.mismatches.append(mismatch)
-                bar.write(f"\033[1;31m{mismatch.describe()}\033[0m", file=sys.stderr)
+            found += [m for m in [compare(mine, base, runner.baseline, tokenizer)] if m]
+    return found
 
 
 def request_seed(runner, repeat: int) -> int | None:
