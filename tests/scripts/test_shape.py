@@ -16,7 +16,7 @@ MAX_LINES = 60
 BEING_SPLIT = "being split"
 ALLOWED = {
     "specframe/bench/cli.py::bench_command": "its parameters declare bench's two dozen options; the body "
-                                             "hands them to bench_suite or bench_batches",
+                                             "hands them to bench_run",
     "specframe/cli.py::generate": "its parameters declare generate's options (the pipeline, sampling, "
                                   "timing, structured output); the body hands them to named steps",
 }
