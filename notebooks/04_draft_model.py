@@ -1,12 +1,15 @@
 # ---
 # jupyter:
+#   execution:
+#     timeout: 900
 #   jupytext:
 #     formats: ipynb,py:percent
+#     notebook_metadata_filter: execution
 #     text_representation:
 #       extension: .py
 #       format_name: percent
-#   execution:
-#     timeout: 900
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -57,7 +60,8 @@ for i in range(len(proposal)):
 
 # %%
 prompt = "def fibonacci(n):\n    if n < 2:\n        return n\n    return"
-plain = specframe.SpeculativeDecoder.from_names(target, drafter="none").generate(prompt, max_new_tokens=16)
+plain = specframe.SpeculativeDecoder.from_names(target, drafter="none", budget=1)  # no cost calibration
+plain = plain.generate(prompt, max_new_tokens=16)
 for layers, tree in ((8, "chain"), (16, "dynamic(topk=2, depth=4)")):
     spec = f"draft-model(layers={layers}, num_tokens=4, topk=2)"
     decoder = specframe.SpeculativeDecoder.from_names(target, drafter=spec, tree=tree, budget=6)
