@@ -1,12 +1,15 @@
 # ---
 # jupyter:
+#   execution:
+#     timeout: 900
 #   jupytext:
 #     formats: ipynb,py:percent
+#     notebook_metadata_filter: execution
 #     text_representation:
 #       extension: .py
 #       format_name: percent
-#   execution:
-#     timeout: 900
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -68,7 +71,7 @@ for name in ("greedy", "sample-match", "rejection", "typical"):
 # %% [markdown]
 # ## Sampling: the first emitted token must follow p
 #
-# We run each sampling verifier on 4000 freshly drafted trees at temperature 1 and count the first token
+# We run each sampling verifier on 2000 freshly drafted trees at temperature 1 and count the first token
 # it emits. A lossless verifier's frequencies match the target's p after the root; `typical` (declared
 # lossy) does not. A deliberately wrong verifier, which always accepts the first child, shows what
 # failure looks like.
@@ -83,7 +86,7 @@ class AlwaysFirstChild(specframe.Verifier):
         return specframe.VerifyResult(path, sampling.sample(scores.logits[path[-1] + 1 if path else 0]))
 
 
-def first_tokens(verifier, trials=4000, seed=0):
+def first_tokens(verifier, trials=2000, seed=0):
     rng = np.random.default_rng(seed)
     sampler = Sampler(SamplingParams(temperature=1.0, seed=seed))
     counts, accepted = Counter(), 0
@@ -120,14 +123,14 @@ for name, (freq, mean_accepted) in results.items():
 # distribution. The formal check in `specframe.testing` (`check_verifier_law`) runs the verifier on several
 # draft shapes against a tabulated target whose law of the first two tokens is enumerated exactly, and
 # applies a chi-square test (pass at p >= 1e-4) and the total variation against its noise level. CI runs it
-# with 20,000 decodes per scenario; 3,000 keep this notebook quick:
+# with 20,000 decodes per scenario; 1,000 keep this notebook quick:
 
 # %%
 for name in ("sample-match", "rejection"):
-    results = check_verifier_law(registry.get("verifier", name)(), runs=3000)
+    results = check_verifier_law(registry.get("verifier", name)(), runs=1000)
     for scenario, result in results.items():
         print(f"{name:13} {scenario:45} {result}")
 try:
-    check_verifier_law(AlwaysFirstChild(), runs=3000)
+    check_verifier_law(AlwaysFirstChild(), runs=1000)
 except AssertionError as err:
     print("always-first fails as it should:", str(err)[:200], "...")
