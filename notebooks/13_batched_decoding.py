@@ -24,7 +24,7 @@
 # committed on its own. Every row returns what its prompt returns decoded alone
 # (`docs/explanation/batched-decoding.md` says why, and what speculation buys at batch B).
 #
-# This notebook decodes four short prompts with SmolLM2-135M, 24 new tokens each: plain decoding and
+# This notebook decodes four short prompts with SmolLM2-135M, 16 new tokens each: plain decoding and
 # prompt lookup (`pld`), one prompt at a time and four at once. It checks every row against plain
 # decoding of its prompt alone and prints a small throughput table. The numbers are one short run on
 # whatever machine executes this notebook; `docs/results/speed-batch.md` has measured sweeps.
@@ -47,7 +47,7 @@ prompts = [
     "red = (255, 0, 0)\ngreen = (0, 255, 0)\nblue = (0, 0, 255)\nyellow =",
     "import os\nimport sys\n\nif __name__ == \"__main__\":\n    print(os.getcwd())\n    print(sys.argv)\n",
 ]
-NEW_TOKENS = 24
+NEW_TOKENS = 16
 
 # %% [markdown]
 # ## Two decoders
@@ -124,7 +124,7 @@ for row in table:
 # row's admission to its end.
 
 # %%
-limits = [8, 24, 8, 24]
+limits = [8, 16, 8, 16]
 rows = decoders["pld"].generate_batch(prompts, max_new_tokens=limits, batch_size=2)
 for i, (row, limit) in enumerate(zip(rows, limits)):
     assert row.tokens == reference[i][:limit]  # greedy: the first `limit` tokens of the full reference
