@@ -44,7 +44,7 @@ test: setup
 	$(VENV)/bin/lint-imports --no-logo
 	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(PY) -m pytest -n $(TEST_WORKERS) --nbmake --durations=25 tests notebooks
 
-# CI samples some cross products (tests marked `exhaustive`); this runs every case (about 15 minutes more).
+# CI samples some cross products (tests marked `exhaustive`); this runs every case (about 30 CPU minutes more).
 test-exhaustive: setup
 	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 SPECFRAME_EXHAUSTIVE=1 $(PY) -m pytest -n $(TEST_WORKERS) -m exhaustive tests
 
