@@ -47,7 +47,8 @@ class LlamaCppBackend(StateBackend):
         self._measured_padding = pads_by_measurement(min_rows, cpu, "llama.cpp")
         self.min_rows = forward_min_rows(min_rows, cpu, self.name, "llama.cpp",
                                          calibrated=self.calibration.min_rows)
-        self.contexts = engine.ContextPool(self.path, self.context)  # made as the batches need them
+        # made as the batches need them; a batch's first holds one row's tree and the spare id
+        self.contexts = engine.ContextPool(self.path, self.context, first=self.max_leaves + 1)
 
     @classmethod
     def unsupported_reason(cls, target) -> str | None:

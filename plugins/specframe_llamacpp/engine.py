@@ -179,6 +179,7 @@ class LlamaEngine:
         self.context = min(context, self.cells)  # what the backend lets a request use
         self.rows = int(params.n_batch)
         self.spare = paths  # the sequence id that marks discarded cells (`settle`, `retire`)
+        self.sequences = paths + 1
         self.batch = Batch(self.rows, paths + 1)
 
     def decode(self, tokens: np.ndarray, positions: np.ndarray, seq_ids: list[list[int]] | None = None,
@@ -257,42 +258,47 @@ class LlamaEngine:
 
 
 class ContextPool:
-    """The llama.cpp contexts of one backend's batches, each made for `context` positions with every
-    sequence id llama.cpp has (`sequences`, the last one the spare): `take` hands a batch an idle context,
-    emptied, or a new one; `give` takes it back when the batch is dropped, keeping up to `KEEP` idle. A
-    request is a batch of one row, whose batch the next request's drops before making its own
-    (`StateBackend.prefill`), so requests one after another reuse one context."""
+    """The llama.cpp contexts of one backend's batches, each made for `context` positions and a number of
+    sequence ids (the last one the spare): `first` ids for a batch's first context, enough for one row's
+    tree of `max_leaves` paths, and up to every id llama.cpp has (`sequences`) for a batch that needs more
+    (a context's compute grows with its ids, so one request does not pay for a batch's). `take` hands a
+    batch an idle context, emptied, or a new one; `give` takes it back when the batch is dropped, keeping
+    up to `KEEP` idle of each kind. A request is a batch of one row, whose batch the next request's drops
+    before making its own (`StateBackend.prefill`), so requests one after another reuse one context."""
 
     KEEP = 2
 
-    def __init__(self, path: Path, context: int):
+    def __init__(self, path: Path, context: int, first: int):
         self.path, self.context = path, context
         self.sequences = int(llama().llama_max_parallel_sequences())
-        self._idle: list[LlamaEngine] = []
+        self.first = min(first, self.sequences)
+        self._idle: dict[int, list[LlamaEngine]] = {}  # by sequence ids
 
-    def make(self, context: int) -> LlamaEngine:
-        """A new context for `context` positions (a batch grows into a larger one), on one thread
-        (`one_thread`)."""
-        return LlamaEngine(self.path, context=context, paths=self.sequences - 1, threads=1)
+    def make(self, context: int, sequences: int) -> LlamaEngine:
+        """A new context for `context` positions and `sequences` ids (a batch grows into a larger one), on
+        one thread (`one_thread`)."""
+        return LlamaEngine(self.path, context=context, paths=sequences - 1, threads=1)
 
-    def take(self) -> LlamaEngine:
-        if not self._idle:
-            return self.make(self.context)
-        engine = self._idle.pop()
+    def take(self, sequences: int) -> LlamaEngine:
+        idle = self._idle.get(sequences)
+        if not idle:
+            return self.make(self.context, sequences)
+        engine = idle.pop()
         engine.clear()
         return engine
 
     def give(self, engine: LlamaEngine) -> None:
         """Keep `engine` for the next `take`, unless it grew past the pool's size (its micro-batches could
         then differ from a new context's) or `KEEP` are idle already."""
-        if engine.context == self.context and len(self._idle) < self.KEEP:
-            self._idle.append(engine)
+        idle = self._idle.setdefault(engine.sequences, [])
+        if engine.context == self.context and len(idle) < self.KEEP:
+            idle.append(engine)
 
     def read(self, ids: np.ndarray) -> ctypes.Array:
         """The cells of `ids` read into an empty context of the pool's size, as the first row of a new batch
         reads its prompt (`LlamaEngine.save`'s copy of them): a row added to a batch that holds other
         cells gets the bits it would read alone."""
-        engine = self.take()
+        engine = self.take(self.first)
         try:
             engine.decode(ids, np.arange(len(ids), dtype=np.int32))
             return engine.save(0)

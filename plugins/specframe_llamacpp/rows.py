@@ -7,10 +7,14 @@ Sequence ids. llama.cpp numbers a context's sequences 0..S-1 (S = `llama_max_par
 llama-cpp-python 0.3.36). A row owns one id, its slot (`SlottedRows`: active rows hold 0..N-1, and a
 removed row's slot is taken by the last one, renamed with a metadata copy), which holds its committed
 cells. A step lends each row the ids its tree's extra root-to-leaf paths need (`layout`: one id per path,
-the row's own id the first path's), numbered from N up, and takes them back at the commit; the last id, S-1,
-marks discarded cells. So a step's trees may have S-1 paths in all, one per active row plus each tree's
-extra ones: chains never run out (up to S-1 rows); 4 rows of 63-leaf trees fit; a step needing more is
-refused before any work (`ConfigurationError`), as a tree of more than `max_leaves` paths is.
+the row's own id the first path's), numbered from N up, and takes them back at the commit; the context's
+last id (S-1 at most) marks discarded cells. So a step's trees may have S-1 paths in all, one per active
+row plus each tree's extra ones: chains never run out (up to S-1 rows); 4 rows of 63-leaf trees fit; a
+step needing more is refused before any work (`ConfigurationError`), as a tree of more than `max_leaves`
+paths is.
+A batch starts in a context of `max_leaves` + 1 ids, all one row needs (a context's compute grows with
+its ids, so that a single request does not pay for a batch's), and moves its rows into one of all S ids
+the first time a row or a step needs more (`ContextPool`), as it moves them into a larger one.
 
 Cell order. llama.cpp's attention sums a query's visible cells in the order the cache stores them, and
 plain decoding stores a row's cells in position order. A freed cell would take a later token, possibly
@@ -57,7 +61,7 @@ class LlamaRows(SlottedRows):
         super().__init__(backend)
         self.pool = backend.contexts
         self.sequences = self.pool.sequences
-        self._held = [self.pool.take()]  # the context: handed back to the pool when the batch is dropped
+        self._held = [self.pool.take(self.pool.first)]  # handed back to the pool when the batch is dropped
         weakref.finalize(self, lambda pool=self.pool, held=self._held: pool.give(held[0]))
         self._used = 0  # cells occupied: the first ones of the cache (none is ever freed but by packing)
         self._trees: dict[int, tuple[TreeLayout, list[int]]] = {}  # latest score: layout, sequence ids
@@ -79,6 +83,7 @@ class LlamaRows(SlottedRows):
                 f"{self.sequences} sequences, one for discarded cells): decode with a smaller batch_size")
         engine.one_thread(torch.get_num_threads())
         self.backend.check_room(len(ids), "the prompt")
+        self._ids(len(self.rows) + 1)
         prefix, slot = np.asarray(ids[:-1], dtype=np.int32), len(self.rows)
         if not self.rows and self.engine.context == self.pool.context:  # alone: read into slot 0, emptied
             self.engine.clear()
@@ -111,7 +116,7 @@ class LlamaRows(SlottedRows):
         self._discard()  # a new score discards the previous uncommitted one
         order = sorted(trees, key=lambda row: self.row_state(row).slot)
         layouts = {row: tree_layout(trees[row]) for row in order}
-        self._check(layouts)
+        self._ids(self._check(layouts))
         runs = self._padded(order, trees, layouts)
         total = sum(layout.rows for layout in layouts.values())
         self._room(total)
@@ -149,9 +154,10 @@ class LlamaRows(SlottedRows):
         layouts[last] = tree_layout(runs[last])
         return runs
 
-    def _check(self, layouts: Mapping[int, TreeLayout]) -> None:
-        """Refuse, before any work, a tree of more paths than `max_leaves`, a step of more paths than the
-        context's sequences, or a row whose positions would pass `context`."""
+    def _check(self, layouts: Mapping[int, TreeLayout]) -> int:
+        """Refuse, before any work, a tree of more paths than `max_leaves`, a step of more paths than a
+        context's sequences, or a row whose positions would pass `context`; the sequence ids the step
+        needs besides the spare."""
         backend = self.backend
         for row, layout in layouts.items():
             if layout.paths > backend.max_leaves:
@@ -167,6 +173,7 @@ class LlamaRows(SlottedRows):
                 f"(one per row and one per extra root-to-leaf path) and a context holds "
                 f"{self.sequences - 1}: decode with a smaller batch_size, or smaller trees (a smaller "
                 "budget, or --backend 'llamacpp(max_leaves=N)' with a smaller N)")
+        return needed
 
     def _inputs(self, order: list[int], trees: Mapping[int, TokenTree],
                 layouts: Mapping[int, TreeLayout]) -> tuple[np.ndarray, np.ndarray, list[list[int]]]:
@@ -211,13 +218,27 @@ class LlamaRows(SlottedRows):
         if self._used + cells <= self.engine.cells:
             return
         live = sum(state.length for state in self.rows.values())
+        if live + cells > self.engine.cells:
+            self._pack(max(2 * self.engine.cells, live + cells), self.engine.sequences)
+        else:
+            self._pack(None, self.engine.sequences)
+
+    def _ids(self, needed: int) -> None:
+        """Make `needed` sequence ids available besides the spare: move the rows into a context with every
+        id llama.cpp has when this one has fewer (see `ContextPool`)."""
+        if needed > self.engine.sequences - 1:
+            self._pack(self.engine.cells, self.pool.sequences)
+
+    def _pack(self, cells: int | None, sequences: int) -> None:
+        """Write the rows' committed cells to the front of this context, emptied (`cells` None), or of a new
+        one of `cells` cells and `sequences` ids."""
         saved = [(state.slot, self.engine.save(state.slot))
                  for state in sorted(self.rows.values(), key=lambda state: state.slot)]
-        if live + cells > self.engine.cells:
-            self.pool.give(self.engine)
-            self._held[0] = self.pool.make(max(2 * self.engine.cells, live + cells))
-        else:
+        if cells is None:
             self.engine.clear()
+        else:
+            self.pool.give(self.engine)
+            self._held[0] = self.pool.make(cells, sequences)
         for slot, state in saved:
             self.engine.load(slot, state, "a row's committed cells")
-        self._used = live
+        self._used = sum(state.length for state in self.rows.values())

@@ -168,7 +168,9 @@ def test_a_step_past_the_sequences_is_refused_before_any_work(target, decodes):
     with pytest.raises(ConfigurationError, match="need 256 llama.cpp sequences.*holds 255.*batch_size"):
         batch.score(dict.fromkeys(rows, fan))
     assert decodes == []
+    assert batch.engine.sequences == 65  # max_leaves + 1: one row's tree and the spare
     batch.score(dict.fromkeys(rows[:3], fan))  # 3 + 3 * 63 sequences fit
+    assert batch.engine.sequences == 256  # the rows moved into a context of every id
 
 
 def test_a_row_past_its_context_is_refused_before_any_work(target, decodes):
