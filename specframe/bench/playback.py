@@ -134,8 +134,8 @@ class ModelledTimer(PhaseTimer):
 
 
 class OraclePlanner:
-    """`planner`, except that of each tree it keeps only the path the recording accepts (what a planner
-    that knew the target's next tokens would keep); the step is priced by `oracle_seconds`."""
+    """`planner`, except that of each tree a row keeps only the path the recording accepts (what a
+    planner that knew the target's next tokens would keep); the step is priced by `oracle_seconds`."""
 
     def __init__(self, planner, playback: Playback):
         self.planner, self.playback = planner, playback
@@ -143,8 +143,21 @@ class OraclePlanner:
     def __getattr__(self, name: str):
         return getattr(self.planner, name)
 
-    def row(self) -> OraclePlanner:
-        return self
+    def row(self) -> OracleRow:
+        return OracleRow(self.planner.row(), self.playback)
+
+    def cut(self, trees, plans, rows) -> dict:
+        return {}  # each row kept its accepted path already
+
+
+class OracleRow:
+    """A row's plan of `OraclePlanner`: its planner's, but choosing the accepted path."""
+
+    def __init__(self, plan, playback: Playback):
+        self.plan, self.playback = plan, playback
+
+    def __getattr__(self, name: str):
+        return getattr(self.plan, name)
 
     def choose(self, proposal, tree: TokenTree) -> tuple[TokenTree, None]:
         return accepted_subtree(tree, self.playback.future), None

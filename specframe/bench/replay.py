@@ -34,7 +34,8 @@ from specframe.bench.playback import (
 from specframe.bench.store import read_records, read_settings
 from specframe.support.prompt_suites import BenchPrompt, encode_turn, load_suite
 from specframe.decode.loop import SpeculativeDecoder
-from specframe.decode.planner import SHAPE_LEARNING, AdaptivePlanner, FixedPlanner
+from specframe.decode.adaptive import AdaptivePlanner
+from specframe.decode.planner import FixedPlanner
 from specframe.terms.budget import parse_budget
 from specframe.plugging.pipeline import Pipeline, assemble
 from specframe.plugging.registry import PluginRegistry
@@ -147,13 +148,11 @@ def recorded_turns(records: Path, prompts: list[BenchPrompt], tokenizer,
 
 
 def replay(target: Target, method: MethodSpec, turns: list[Turn], cost: CostModel | None = None,
-           planner_cost: CostModel | None = None, oracle: bool = False,
-           learn_shape: bool = SHAPE_LEARNING) -> ReplayStats:
+           planner_cost: CostModel | None = None, oracle: bool = False) -> ReplayStats:
     """Replay `turns` through `method`'s drafter, tree builder and planner (see the module docstring),
     with the step cost `cost` (default: the stored calibration of the method's backend). The planner
     weighs `planner_cost` (default: `cost`), so a replay can measure what a wrong cost model loses.
-    `oracle` replaces the planner's choice by `oracle_choice`: what the drafts could give at best.
-    `learn_shape` False prices every tree size with one learned speed factor (`AdaptivePlanner`)."""
+    `oracle` replaces the planner's choice by `oracle_choice`: what the drafts could give at best."""
     pipeline = assemble(target, method.drafter, method.tree, method.verifier, method.backend)
     cost = cost or pipeline.backend.calibration.cost  # the stored calibration, handed down at assembly
     if cost is None:
@@ -162,7 +161,7 @@ def replay(target: Target, method: MethodSpec, turns: list[Turn], cost: CostMode
     cap, _ = parse_budget(method.budget)
     playback = Playback(cost, cap if oracle else None)
     decoder = replay_decoder(target, pipeline, method.budget, playback)
-    planner = replay_planner(pipeline, method.budget, planner_cost or cost, learn_shape)
+    planner = replay_planner(pipeline, method.budget, planner_cost or cost)
     decoder.planner = OraclePlanner(planner, playback) if oracle else planner
     needs_hidden = type(pipeline.drafter).capabilities.needs_hidden_states
     stats = ReplayStats()
@@ -192,15 +191,14 @@ def replay_decoder(target: Target, pipeline: Pipeline, budget: int | str,
                               step_timer=lambda sync: ModelledTimer(playback))
 
 
-def replay_planner(pipeline: Pipeline, budget: int | str, cost: CostModel,
-                   learn_shape: bool) -> AdaptivePlanner | FixedPlanner:
+def replay_planner(pipeline: Pipeline, budget: int | str, cost: CostModel) -> AdaptivePlanner | FixedPlanner:
     """The planner of `pipeline` at `budget`, weighing `cost`."""
     cap, adaptive = parse_budget(budget)
     if not adaptive:
         return FixedPlanner(cap, cost)
     drafter, verifier = type(pipeline.drafter).capabilities, type(pipeline.verifier).capabilities
     return AdaptivePlanner(cost, cap, drafting_grows_with_budget=drafter.drafting_grows_with_budget,
-                           matches_draws=verifier.matches_draws, learn_shape=learn_shape)
+                           matches_draws=verifier.matches_draws)
 
 
 @torch.inference_mode()

@@ -214,8 +214,8 @@ def control_of(runners: list) -> str | None:
 
 
 def control_line(control: str | None, speedups: dict, where: str) -> str:
-    """The noise floor, one-request or batched alike: the control's distance from 1.00x, its speedup in
-    each of `speedups` (by category, or by B); without a control, how to measure it."""
+    """The noise floor, one-request or batched alike: the control's distance from a speedup of one, its
+    speedup in each of `speedups` (by category, or by B); without a control, how to measure it."""
     values = [v for v in speedups.values() if v is not None]
     if control is None or not values:
         return ("*Noise floor*: not measured: no control ran. Add plain decoding as a method (`none@1`) to "

@@ -1,6 +1,7 @@
 """The state of several sequences decoded together (`StateBackend.batch`): the `BatchBackend` interface a
-backend's rows implement, what one row commits (`Commit`), and `RowByRow`, the rows of a backend that holds
-one sequence (the default `StateBackend.batch`).
+backend's rows implement, what one row commits (`Commit`), and the rows of a backend written for one
+sequence: `RowByRow` (the default `StateBackend.batch`: a copy per row) and `OneRow` (the backend itself,
+for requests decoded one at a time).
 """
 
 from __future__ import annotations
@@ -107,3 +108,29 @@ class RowByRow(BatchBackend):
     def commit(self, accepted: Mapping[int, Commit]) -> None:
         for row, (scored, path, bonus) in accepted.items():
             self.rows[row].commit(scored, path, bonus)
+
+
+class OneRow(BatchBackend):
+    """A backend written for one sequence as the rows of requests decoded one at a time
+    (`StateBackend.rows(1)`): the backend itself, whose one row is its state (`prefill` starts it afresh,
+    so a row that ended needs no removal). Unlike `RowByRow` it copies nothing, so it serves backends
+    whose copies would share state."""
+
+    ROW = 0
+
+    def add(self, ids: list[int]) -> int:
+        self.backend.prefill(ids)
+        return self.ROW
+
+    def remove(self, row: int) -> None:
+        pass
+
+    def committed_length(self, row: int) -> int:
+        return self.backend.committed_length
+
+    def score(self, trees: Mapping[int, TokenTree]) -> dict[int, TargetScores]:
+        return {row: self.backend.score(tree) for row, tree in trees.items()}
+
+    def commit(self, accepted: Mapping[int, Commit]) -> None:
+        for scored, path, bonus in accepted.values():
+            self.backend.commit(scored, path, bonus)

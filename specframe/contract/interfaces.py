@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from specframe.contract.batch import BatchBackend, Commit, RowByRow  # noqa: F401 (re-exported)
+from specframe.contract.batch import BatchBackend, Commit, OneRow, RowByRow  # noqa: F401 (re-exported)
 from specframe.contract.calibration import Calibration
 from specframe.contract.capabilities import (
     BackendCapabilities, DrafterCapabilities, TreeBuilderCapabilities, VerifierCapabilities,
@@ -217,6 +217,13 @@ class StateBackend(ABC):
         `ConfigurationError`), and no faster than decoding the rows alone.
         """
         return RowByRow(self)
+
+    def rows(self, size: int) -> BatchBackend:
+        """The rows the decode loop decodes requests with, `size` at a time: `batch()`, except one at a time
+        on a backend that writes the one-sequence form, which is then its own one row (`OneRow`: no copy)."""
+        if size == 1 and type(self).prefill is not StateBackend.prefill:
+            return OneRow(self)
+        return self.batch()
 
     # --- one sequence: implement these, or `batch` and inherit them -----------------------------------
 

@@ -1,5 +1,5 @@
-"""What the decode loop (`SpeculativeDecoder`) shares between rows: phases timed once for every row, the
-one-sequence form of its rows (`Alone`), and telling a batch of prompts from one prompt.
+"""What the decode loop (`SpeculativeDecoder`) shares between rows: phases timed once for every row, and
+telling a batch of prompts from one prompt.
 
 In a batch each request is a `RequestRow` with its own drafter (`Drafter.spawn`), planner, sampler and
 stop checks, so it drafts, verifies and emits exactly as it would alone; only the backend's scoring and
@@ -16,14 +16,11 @@ than the call took; `BatchMetrics` keeps the call's own split, each step's phase
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from specframe.contract.interfaces import BatchBackend, Commit
 from specframe.terms.metrics import PHASES
-from specframe.terms.records import TargetScores
-from specframe.terms.tree import TokenTree
 
 
 @dataclass
@@ -44,31 +41,6 @@ def shared_phase(timers: list, phase: str) -> Iterator[Phase]:
     timed.seconds = first.times.get(phase, 0.0) - before
     for timer in timers[1:]:
         timer.times[phase] = timer.times.get(phase, 0.0) + timed.seconds
-
-
-class Alone(BatchBackend):
-    """The decode loop's rows when it runs one request at a time: the pipeline's own backend, one
-    sequence, whose row is its state (`prefill` starts it afresh, so a row that ended needs no removal).
-    What `generate` decodes with; a batch of several rows uses `StateBackend.batch`."""
-
-    ROW = 0
-
-    def add(self, ids: list[int]) -> int:
-        self.backend.prefill(ids)
-        return self.ROW
-
-    def remove(self, row: int) -> None:
-        pass
-
-    def committed_length(self, row: int) -> int:
-        return self.backend.committed_length
-
-    def score(self, trees: Mapping[int, TokenTree]) -> dict[int, TargetScores]:
-        return {row: self.backend.score(tree) for row, tree in trees.items()}
-
-    def commit(self, accepted: Mapping[int, Commit]) -> None:
-        for scored, path, bonus in accepted.values():
-            self.backend.commit(scored, path, bonus)
 
 
 @dataclass

@@ -1,5 +1,5 @@
-"""Whether drafting pays, step by step, where it is dear: the bandit that `AdaptivePlanner` runs for a
-request and the batch planner for each row of a batch.
+"""Whether drafting pays, step by step, where it is dear: the bandit that `AdaptivePlanner` runs for each
+row, alone or in a batch.
 
 A plain step's speed is known; a drafted step's is learned from drafted steps (`DraftingGain`). Drafting
 goes on while drafted steps emit faster than plain ones; otherwise a step drafts only as a probe, while
@@ -192,8 +192,8 @@ class ProbeBudget:
 
 class DraftingDecision:
     """Whether one request's next step drafts, and what its steps showed: the rule of the module docstring
-    in the seconds of a plain step of its own, which the caller passes in (a step alone for
-    `AdaptivePlanner`, a row's share of a plain batch step for the batch planner's rows). It also tracks
+    in the seconds of a plain step of its own, which the caller passes in (a step alone, or a
+    row's share of a plain batch step). It also tracks
     what the drafter has read: a probe's drafting time is forecast from the tokens it has not."""
 
     def __init__(self, gain: DraftingGain | None = None, probes: ProbeBudget | None = None):

@@ -1,9 +1,10 @@
 """What a planner learns from each step of a row, the same alone and in a batch: which nodes the target
 accepted (`CutRecord`), how far into a scored tree it accepts (`PositionHits`), what drafting costs
-(`DraftingTime`), and from those the draft size of most tokens per second (`best_size`).
+(`DraftingTime`), and from those the draft size of most tokens per second (`best_size`); and from each
+step, what a forward of so many rows costs today against the calibration (`ForwardSpeed`).
 
-`AdaptivePlanner` (one row at a time) and the batch planner's rows (`RowPlan`) keep these records and
-differ only in what a step costs them: a step alone, or a row's share of a batch step.
+`AdaptivePlanner`'s rows (`RowPlan`) keep these records, alone or in a batch; what differs is only what
+a step costs a row: a step alone, or its share of a batch step.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from specframe.decode.acceptance import AcceptanceModel, NodeFeatures, matched_outcomes
-from specframe.decode.drafting import CHEAP_DRAFT, EMA
+from specframe.decode.drafting import CHEAP_DRAFT, EMA, DecayedLine
 from specframe.terms.records import VerifyResult
 from specframe.terms.tree import TokenTree
 
@@ -135,3 +136,53 @@ class DepthCalibration:
 
 def _buckets(depth: np.ndarray) -> np.ndarray:
     return np.clip(np.asarray(depth, np.int64), 1, DEPTH_BUCKETS) - 1
+
+
+# Each size of forward the calibration timed also learns its own realised over calibrated time, beyond the
+# machine's speed as a whole: a busy spell slows sizes unevenly (a plain step far more than a 12-node
+# tree, on a shared 2-core CPU), so a calibration is off in its shape, not only its level
+# ("Each size's own speed" in docs/explanation/adaptive-speculation.md). It learns more slowly than the
+# speed: a size is seen on a share of the steps only, and a step's time is noisy.
+SHAPE_EMA = 0.05
+
+
+class ForwardSpeed:
+    """A forward's realised seconds over its calibrated ones, by the query rows it computed: the machine's
+    speed today (`level`, a running mean over forwards of sizes the calibration timed), times, for those
+    (up to `calibrated_rows`: one sequence's tree of the cap), that size's own ratio to the level
+    (a running mean over forwards of that size; 1 for sizes not run, which keep the calibrated shape), and
+    past them, a line in the rows beyond (least squares, each forward weighing `memory` as much one
+    forward later; at least 0.25, and the last timed size's ratio before any such forward).
+
+    The calibration times one sequence's trees, where a CPU forward is bound by reading the weights; a
+    batch's forwards take more rows, where the arithmetic grows with every row, so a factor learned at
+    the calibrated sizes would misprice them (at batch 8 in float32 on a CPU a planner with one factor
+    kept large trees that cost more than they gained: docs/results/conclusions.md). Within the calibrated
+    sizes a line would instead extrapolate the noise of the sizes run to those not run: alone, it priced
+    larger trees above what they cost and kept smaller ones (docs/results/conclusions.md)."""
+
+    def __init__(self, calibrated_rows: int, memory: float = 0.97):
+        self.calibrated_rows = calibrated_rows
+        self.level = 1.0
+        self.shape = np.ones(calibrated_rows + 1)  # by rows, up to `calibrated_rows`
+        self.beyond = DecayedLine(memory, floor=0.25)  # by rows past `calibrated_rows`, over the level
+        self.seen_beyond = False
+
+    def add(self, rows: int, ratio: float) -> None:
+        """A forward of `rows` query rows took `ratio` times its calibrated seconds."""
+        if rows <= self.calibrated_rows:
+            self.level += EMA * (ratio - self.level)
+            self.shape[rows] += SHAPE_EMA * (ratio / max(self.level, 1e-12) - self.shape[rows])
+        else:
+            self.beyond.add(rows - self.calibrated_rows, ratio / max(self.level, 1e-12))
+            self.seen_beyond = True
+
+    def factor(self, rows):
+        """The factor for forwards of `rows` query rows (an int or an array of them)."""
+        rows = np.asarray(rows).astype(np.int64)
+        within = self.shape[np.minimum(rows, self.calibrated_rows)]
+        if self.seen_beyond:
+            past = self.beyond.at(np.maximum(rows - self.calibrated_rows, 0))
+            within = np.where(rows <= self.calibrated_rows, within, past)
+        factor = self.level * within
+        return float(factor) if factor.ndim == 0 else factor

@@ -24,11 +24,9 @@ from specframe.runtime.devices import synchronizer
 from specframe.plugging.pipeline import Pipeline, assemble, check_request
 from specframe.plugging.registry import PluginRegistry, get_registry
 from specframe.contract.interfaces import BatchBackend
-from specframe.decode.batch import Alone, BatchMetrics, is_batch, shared_phase
-from specframe.decode.batch_planner import BatchPlanner, batch_planner_of
-from specframe.decode.planner import (
-    AdaptivePlanner, FixedPlanner, StepPlanner, make_adaptive_planner, make_fixed_planner, plans_blind,
-)
+from specframe.decode.batch import BatchMetrics, is_batch, shared_phase
+from specframe.decode.adaptive import AdaptivePlanner, make_adaptive_planner
+from specframe.decode.planner import FixedPlanner, StepPlanner, make_fixed_planner, plans_blind
 from specframe.decode.constrained import check_constraint
 from specframe.decode.row import RequestRow
 
@@ -62,10 +60,9 @@ class SpeculativeDecoder:
         # not timing phases apart), closed at its end. `PhaseTimer` measures them; a replay of recorded
         # outputs (`specframe.bench.replay`) models the forward it does not run.
         self.step_timer = step_timer
-        self.planner: FixedPlanner | AdaptivePlanner | None = None  # made at the first request
-        # budget="auto" batches' planner, made at the first batch and kept, as `planner` is: what it learns
-        # of the machine at batch shapes and of whether dear drafting pays serves every later batch
-        self.batch_planner: BatchPlanner | None = None
+        # Made at the first request and kept: what it learns of the machine, of acceptance and of whether
+        # dear drafting pays serves every later request, alone or in a batch
+        self.planner: FixedPlanner | AdaptivePlanner | None = None
         # The time split of the latest `generate_batch` call as a whole: each row's own split holds the
         # shared forward and commit in full, so the rows' splits add up to more than the call took.
         self.batch_metrics: BatchMetrics | None = None
@@ -176,13 +173,13 @@ class SpeculativeDecoder:
         a time, each step drafting, scoring, verifying and committing every active row (`_step`); a row
         that ends leaves and the next waiting request takes its place. Their results in order.
 
-        At `size` 1 the rows run one after the other on the pipeline's own backend and drafter (`Alone`),
-        as `generate` does; above, on the backend's batch (`StateBackend.batch`), each row with a spawn of
-        the drafter. Either way the planner for that size plans every row (`StepPlanner`)."""
+        The rows are the backend's for that size (`StateBackend.rows`). At `size` 1 each request drafts
+        with the pipeline's own drafter, as `generate` does; above, each row with a spawn of it. Either way
+        the decoder's planner plans every row (`StepPlanner`)."""
         # First: the first request at budget="auto" may calibrate, which replaces the pipeline's backend by
         # one built with the measured calibration (not part of the request's time)
-        planner = self._planner(size)
-        rows = Alone(self.pipeline.backend) if size == 1 else self.pipeline.backend.batch()
+        planner = self._planner()
+        rows = self.pipeline.backend.rows(size)
         waiting = deque(range(len(requests)))
         active: dict[int, tuple[int, RequestRow, float]] = {}  # backend row -> (request, its row, its start)
         results: list[GenerationResult | None] = [None] * len(requests)
@@ -192,8 +189,9 @@ class SpeculativeDecoder:
         while waiting or active:
             while waiting and len(active) < size:  # a free place: the next request takes it
                 index = waiting.popleft()
-                key, row, start = self._admit(rows, requests[index], samplings[index], planner, logprobs,
-                                              constraints[index])
+                drafter = self.pipeline.drafter if size == 1 else self.pipeline.drafter.spawn()
+                key, row, start = self._admit(rows, requests[index], samplings[index], drafter, planner,
+                                              logprobs, constraints[index])
                 active[key] = (index, row, start)
                 account.prefill_s += row.metrics.prefill_s
             try:
@@ -212,7 +210,7 @@ class SpeculativeDecoder:
 
     def _save_acceptance(self) -> None:
         """Persist the acceptance counts after a call, when the decoder was given an `acceptance_file`."""
-        if self.acceptance_file is None or not isinstance(self.planner, AdaptivePlanner):
+        if self.acceptance_file is None or not self.adaptive or self.planner is None:
             return
         try:
             self.planner.acceptance.save(self.acceptance_file)
@@ -222,12 +220,11 @@ class SpeculativeDecoder:
                 "and saved after the next request"), stacklevel=3)
 
     def _admit(self, rows: BatchBackend, request: tuple[list[int], tuple[str, ...], int],
-               sampling: SamplingParams, planner: StepPlanner, logprobs: bool,
+               sampling: SamplingParams, drafter, planner: StepPlanner, logprobs: bool,
                constraint: Constraint | None = None) -> tuple[int, RequestRow, float]:
-        """Start a request (its prefill is part of its own time): its backend row key, its row and its
-        start time. Alone, the row drafts with the pipeline's drafter; in a batch, with a spawn of it."""
+        """Start a request drafted by `drafter` (its prefill is part of its own time): its backend row key,
+        its row and its start time."""
         prompt_ids, stop, limit = request
-        drafter = self.pipeline.drafter if isinstance(rows, Alone) else self.pipeline.drafter.spawn()
         row = self.make_row(drafter, planner.row(), prompt_ids, limit, stop, sampling, logprobs, constraint)
         self.registry.hook.on_decode_start(prompt_ids=prompt_ids)
         row.start()
@@ -327,12 +324,11 @@ class SpeculativeDecoder:
         row.metrics.new_tokens = len(row.new)
         return GenerationResult(list(row.new), text, "error", row.metrics, row.logprob)
 
-    def _planner(self, size: int = 1) -> StepPlanner:
-        """The planner of `size` rows at a time, made once and kept (what it learns serves every later
-        call): at a fixed budget `FixedPlanner` at any size; at `budget="auto"` `AdaptivePlanner` for one
-        row, and for more the batch planner, which starts from what `AdaptivePlanner` learned and shares
-        its acceptance counts. Making `AdaptivePlanner` loads the backend's measured cost, or measures it
-        on backends built for measuring and replaces the pipeline's backend by one built with it
+    def _planner(self) -> StepPlanner:
+        """The decoder's planner, made at its first request and kept (what it learns serves every later
+        call, alone or in a batch): `FixedPlanner` at a fixed budget, `AdaptivePlanner` at
+        `budget="auto"`. Making `AdaptivePlanner` loads the backend's measured cost, or measures it on
+        backends built for measuring and replaces the pipeline's backend by one built with it
         (`specframe.plugging.pipeline.calibrate_pipeline`): so it runs before a request's prefill, and
         before anything reads `self.pipeline.backend` for that request."""
         if self.planner is None and self.adaptive:
@@ -340,11 +336,7 @@ class SpeculativeDecoder:
                                                  self.progress, self.phase_timing)
         elif self.planner is None:
             self.planner = make_fixed_planner(self.pipeline, self.budget)
-        if size == 1 or not self.adaptive:
-            return self.planner
-        if self.batch_planner is None:
-            self.batch_planner = batch_planner_of(self.planner)
-        return self.batch_planner
+        return self.planner
 
     def _encode(self, prompt: str | Sequence[int]) -> list[int]:
         if isinstance(prompt, str):

@@ -39,7 +39,7 @@ class RequestRow:
     """The decoding state of one request between steps (see the module docstring).
 
     `drafter` is the pipeline's own for a request decoded alone, a `Drafter.spawn` of it for a row of a
-    batch; `planner` is the row's (`FixedPlanner` or `AdaptivePlanner`), already made."""
+    batch; `planner` is the row's plan (`FixedPlanner`, or `AdaptivePlanner`'s `RowPlan`), already made."""
 
     def __init__(self, target: Target, pipeline: Pipeline, drafter, planner, prompt_ids: list[int],
                  max_new_tokens: int, stop: Sequence[str], sampling: SamplingParams, *, blind: bool,

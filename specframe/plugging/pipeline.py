@@ -235,7 +235,7 @@ def backend_builder(target: Target, cls: type[StateBackend], options: dict, *,
 
 def calibrate_pipeline(pipeline: Pipeline, progress: bool = True) -> MeasuredCost:
     """The step cost measured for the pipeline's backend on this machine, which `budget="auto"` plans with
-    (the decoder asks at its first request: `specframe.decode.planner.make_adaptive_planner`).
+    (the decoder asks at its first request: `specframe.decode.adaptive.make_adaptive_planner`).
 
     Where a calibration was stored when the pipeline was assembled, the backend was handed it then, and
     that is the answer. Else the stored one is read again (another process may have measured it since),

@@ -16,7 +16,7 @@ from specframe import (
     BuildContext, DraftProposal, DrawMethod, Sampler, TargetScores, TokenTree, TreeBuilder,
     TreeBuilderCapabilities, Verifier, VerifierCapabilities, VerifyResult,
 )
-from specframe.decode.planner import AdaptivePlanner
+from specframe.decode.adaptive import AdaptivePlanner, RowPlan
 from specframe.plugging.registry import get_registry
 
 FAULTS = ("q-not-renormalised", "bonus-from-p", "uniform-q", "duplicates-not-skipped")
@@ -112,14 +112,21 @@ def as_ranked(proposal: DraftProposal) -> DraftProposal:
     return dataclasses.replace(proposal, draw=DrawMethod.TOPK)
 
 
+class GreedyRowPlan(RowPlan):
+    """A row's plan that takes every request for a greedy one (`ByScorePlanner`'s rows)."""
+
+    def start_request(self, blind: bool = False) -> None:
+        super().start_request(blind=False)
+
+
 class ByScorePlanner(AdaptivePlanner):
     """Mutant adaptive planner: plans every request as a greedy one, so it keeps or cuts sampled draft
     nodes by their drawn tokens' scores even when the verifier then uses q (a planner whose mode was fixed
     by a decoder's first, greedy request). A tree it keeps whole stays sampled, and whether it was kept
     whole depends on what was drawn."""
 
-    def start_request(self, blind: bool = False) -> None:
-        super().start_request(blind=False)
+    def row(self) -> RowPlan:
+        return GreedyRowPlan(self)
 
     @classmethod
     def for_decoder(cls, decoder) -> ByScorePlanner:

@@ -1,6 +1,7 @@
 """The two forms of `StateBackend`: a backend written as rows (`batch()` alone) decodes one sequence as a
-batch of one row; a backend written as one sequence is batched by `RowByRow`; a backend that writes
-neither is refused when its class is made, before anything registers it."""
+batch of one row; a backend written as one sequence is batched by `RowByRow`, and decodes requests one
+at a time as its own row (`OneRow`); a backend that writes neither is refused when its class is made,
+before anything registers it."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 import torch
 
 from specframe import BackendCapabilities, BatchBackend, RowByRow, StateBackend, TargetScores, TokenTree
+from specframe.contract.batch import OneRow
 from specframe.testing.targets import tiny_target
 
 
@@ -87,7 +89,15 @@ def test_a_backend_written_as_one_sequence_is_batched_row_by_row():
         def commit(self, scored, path, bonus):
             pass
 
-    assert isinstance(OneSequence(tiny_target(seed=0, vocab_size=8)).batch(), RowByRow)
+    backend = OneSequence(tiny_target(seed=0, vocab_size=8))
+    assert isinstance(backend.batch(), RowByRow) and isinstance(backend.rows(4), RowByRow)
+    one = backend.rows(1)  # requests one at a time: the backend itself is the row, nothing copied
+    assert isinstance(one, OneRow) and one.backend is backend
+
+
+def test_requests_one_at_a_time_on_a_backend_written_as_rows_are_a_batch_of_one_row():
+    backend = RowsOnly(tiny_target(seed=0, vocab_size=8))
+    assert isinstance(backend.rows(1), CountingRows) and isinstance(backend.rows(3), CountingRows)
 
 
 @pytest.mark.parametrize("written", [(), ("prefill", "score", "commit")])

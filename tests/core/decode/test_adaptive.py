@@ -12,10 +12,37 @@ from hypothesis import strategies as st
 from specframe.decode.acceptance import (
     AcceptanceModel, NodeFeatures, conditional_scores, matched_outcomes, sibling_ranks)
 from specframe.decode.selection import choose_subtree, path_probabilities
-from specframe.decode.planner import AdaptivePlanner
+from specframe.decode.adaptive import AdaptivePlanner
 from specframe.terms.cost import MeasuredCost, PolynomialCost, ScaledCost
 from specframe.terms.proposal import DraftProposal, ScoreKind
+from specframe.terms.records import VerifyResult
 from specframe.terms.tree import TokenTree
+
+
+class OneSequence:
+    """Prices a step as a backend of one sequence runs it: one forward of each row's root and tree."""
+
+    def forward_rows(self, sizes):
+        return [n + 1 for n in sizes.values()]
+
+
+def step_alone(planner: AdaptivePlanner, plan, tree: TokenTree, result, times: dict[str, float],
+               proposal: DraftProposal | None = None) -> TokenTree:
+    """One step of a request alone, as the decode loop runs it: the row's plan sees the draft, the
+    planner cuts it, the row learns from `result` (a `VerifyResult`, or a function of the kept tree
+    giving one) and the planner from the step's `times` (seconds by phase). The kept tree."""
+    plan.choose(proposal if proposal is not None else DraftProposal.empty(), tree)
+    kept, _ = planner.cut({0: tree}, {0: plan}, OneSequence())[0]
+    plan.observe(kept, result(kept) if callable(result) else result, times)
+    planner.observe_step(times.get("forward", 0.0), sum(times.values()), times.get("draft", 0.0))
+    return kept
+
+
+def alone(planner: AdaptivePlanner):
+    """The plan of a request the planner is to plan alone, started."""
+    plan = planner.row()
+    plan.start_request()
+    return plan
 
 
 @st.composite
@@ -120,18 +147,21 @@ def test_matched_outcomes_label_every_node_the_draws_decide():
 def under_confident_steps(matches_draws: bool, steps: int = 300) -> list[int]:
     """Tree sizes the planner keeps for a one-node proposal scored q = 0.05 that the target accepts 90 %
     of the time, where one node costs 0.3 of a plain step (so it pays above 30 %)."""
-    from specframe.terms.records import VerifyResult
 
     cost = MeasuredCost((0, 2), (1.0, 1.6), (1.0, 1.6))
     planner = AdaptivePlanner(cost, cap=1, learn_speed=False, matches_draws=matches_draws)
+    plan = alone(planner)
     proposal = DraftProposal(np.array([5]), np.array([-1]), np.log([0.05]), score_kind=ScoreKind.LOG_PROB)
     rng, kept = np.random.default_rng(0), []
     for _ in range(steps):
-        tree, _ = planner.choose(proposal, TokenTree(proposal.tokens, proposal.parents, origin=np.arange(1)))
         draw = 5 if rng.random() < 0.9 else 4
-        path = [0] if len(tree) and draw == 5 else []
-        result = VerifyResult(path, 4 if path else draw)
-        planner.observe(tree, result, {"forward": cost.step_seconds(len(tree))})
+
+        def result(tree, draw=draw):
+            path = [0] if len(tree) and draw == 5 else []
+            return VerifyResult(path, 4 if path else draw)
+
+        tree = step_alone(planner, plan, TokenTree(proposal.tokens, proposal.parents, origin=np.arange(1)),
+                          result, {"forward": 1.0}, proposal)
         kept.append(len(tree))
     return kept
 
@@ -206,8 +236,10 @@ def test_a_long_context_makes_the_planner_keep_a_smaller_tree():
     kept = {}
     for context in (256, 4096):  # 8 nodes cost 1.6 plain steps at 256 tokens, 5.4 at 4096
         planner = AdaptivePlanner(cost, cap=8, learn_speed=False)
-        planner.start_step(context)
-        kept[context] = len(planner.choose(proposal, tree)[0])
+        plan = alone(planner)
+        plan.start_step(context)
+        plan.choose(proposal, tree)
+        kept[context] = len(planner.cut({0: tree}, {0: plan}, OneSequence())[0][0])
         p = planner.acceptance.predict(NodeFeatures.of(proposal, np.arange(8), np.arange(1, 9)))
         best = choose_subtree(proposal.parents, np.arange(1, 9), p, cost.at_context(context))
         assert kept[context] == len(best.keep)
@@ -339,19 +371,16 @@ def test_expensive_drafting_that_does_not_pay_is_skipped_but_probed():
     """It starts optimistic, then drafts only as probes: spread out, still coming long after, and within
     `PROBE_SHARE` of the time."""
     from specframe.decode.drafting import PROBE_SHARE
-    from specframe.decode.planner import AdaptivePlanner
-    from specframe.terms.records import VerifyResult
-    from specframe.terms.tree import TokenTree
 
     planner = AdaptivePlanner(PolynomialCost((0.0, 1.0)), cap=8)  # every step takes 1 s
+    plan = alone(planner)
     drafted = []
     for _ in range(1000):
-        drafted.append(planner.should_draft())
-        planner.choose(DraftProposal.empty(), TokenTree.empty())  # drafting never proposes anything
-        planner.observe(TokenTree.empty(), VerifyResult([], 0), {"draft": 0.1 if drafted[-1] else 0.0,
-                                                                   "forward": 1.0})
+        drafted.append(plan.should_draft())  # drafting never proposes anything
+        step_alone(planner, plan, TokenTree.empty(), VerifyResult([], 0),
+                   {"draft": 0.1 if drafted[-1] else 0.0, "forward": 1.0})
     drafted = np.array(drafted)
-    assert drafted[0] and planner.gain.mean < 1.0
+    assert drafted[0] and plan.drafting.gain.mean < 1.0
     assert 0.1 * drafted[100:].sum() / 900 <= 1.2 * PROBE_SHARE  # probes lose about 1 % of the time
     assert drafted[-300:].sum() >= 5 and np.diff(np.flatnonzero(drafted[100:])).min() > 1
 
@@ -360,21 +389,19 @@ def drafting_steps(acceptance: float, steps: int = 3000, seed: int = 0,
                    cold: tuple[float, ...] = ()) -> tuple[np.ndarray, float]:
     """A planner fed a drafter costing 0.2 of a 1 s step (its first drafts `cold` instead) whose one node
     is accepted with probability `acceptance`: (whether each step drafted, realised gain of drafting)."""
-    from specframe.decode.planner import AdaptivePlanner
-    from specframe.terms.records import VerifyResult
-    from specframe.terms.tree import TokenTree
 
     planner = AdaptivePlanner(PolynomialCost((0.0, 1.0)), cap=8, drafting_grows_with_budget=False)
+    plan = alone(planner)
     rng = np.random.default_rng(seed)
     drafted = []
     for _ in range(steps):
-        drafted.append(planner.should_draft())
+        drafted.append(plan.should_draft())
         tree = TokenTree(np.arange(1), np.array([-1])) if drafted[-1] else TokenTree.empty()
-        planner.choose(DraftProposal.empty(), tree)
         accepted = int(drafted[-1] and rng.random() < acceptance)
         n = sum(drafted)
         drafting = (cold[n - 1] if n <= len(cold) else 0.2) if drafted[-1] else 0.0
-        planner.observe(tree, VerifyResult(list(range(accepted)), 0), {"draft": drafting, "forward": 1.0})
+        times = {"draft": drafting, "forward": 1.0}
+        step_alone(planner, plan, tree, VerifyResult(list(range(accepted)), 0), times)
     return np.array(drafted), (1 + acceptance) / 1.2
 
 
@@ -407,23 +434,19 @@ def requests_drafted(acceptances: list[float], steps: int = 128, seed: int = 0) 
     """A planner fed one request of `steps` tokens per entry of `acceptances` (each drafted step's one node
     accepted with that probability; drafting costs 0.2 of a 1 s step): per request, (steps drafted,
     tokens per second over plain decoding's)."""
-    from specframe.decode.planner import AdaptivePlanner
-    from specframe.terms.records import VerifyResult
-    from specframe.terms.tree import TokenTree
 
     planner = AdaptivePlanner(PolynomialCost((0.0, 1.0)), cap=8, drafting_grows_with_budget=False)
     rng = np.random.default_rng(seed)
     out = []
     for acceptance in acceptances:
-        planner.start_request()
+        plan = alone(planner)
         drafted, tokens, seconds = 0, 0, 0.0
         while tokens < steps:
-            draft = planner.should_draft()
+            draft = plan.should_draft()
             tree = TokenTree(np.arange(1), np.array([-1])) if draft else TokenTree.empty()
-            planner.choose(DraftProposal.empty(), tree)
             accepted = int(draft and rng.random() < acceptance)
-            planner.observe(tree, VerifyResult(list(range(accepted)), 0),
-                            {"draft": 0.2 if draft else 0.0, "forward": 1.0})
+            step_alone(planner, plan, tree, VerifyResult(list(range(accepted)), 0),
+                       {"draft": 0.2 if draft else 0.0, "forward": 1.0})
             drafted, tokens, seconds = drafted + draft, tokens + 1 + accepted, seconds + 1.0 + 0.2 * draft
         out.append((drafted, tokens / seconds))
     return out
@@ -451,16 +474,13 @@ def test_requests_that_pay_a_little_keep_drafting_across_request_starts(seed):
 def probe_share(probe_cost, steps: int) -> float:
     """Run a planner whose drafting never pays, every step 1 s, a probe costing `probe_cost(step)`
     seconds of drafting; the share of the time its probes took, over the steps after the first 500."""
-    from specframe.decode.planner import AdaptivePlanner
-    from specframe.terms.records import VerifyResult
-    from specframe.terms.tree import TokenTree
 
     planner = AdaptivePlanner(PolynomialCost((0.0, 1.0)), cap=8)
+    plan = alone(planner)
     wasted = 0.0
     for step in range(steps):
-        cost = probe_cost(step) if planner.should_draft() else 0.0
-        planner.choose(DraftProposal.empty(), TokenTree.empty())
-        planner.observe(TokenTree.empty(), VerifyResult([], 0), {"draft": cost, "forward": 1.0})
+        cost = probe_cost(step) if plan.should_draft() else 0.0
+        step_alone(planner, plan, TokenTree.empty(), VerifyResult([], 0), {"draft": cost, "forward": 1.0})
         wasted += cost if step >= 500 else 0.0
     return wasted / (steps - 500 + wasted)
 
@@ -498,23 +518,20 @@ def test_a_probe_that_must_first_read_a_long_prompt_waits_rather_than_tax_every_
     tokens to read, the probe waits until the budget holds it, which the cap of 2 plain steps never
     allows."""
     from specframe.decode.drafting import PROBE_SHARE
-    from specframe.decode.planner import AdaptivePlanner
-    from specframe.terms.records import VerifyResult
-    from specframe.terms.tree import TokenTree
 
     planner = AdaptivePlanner(PolynomialCost((0.0, 1.0)), cap=8)
     losses = []
     for _ in range(60):
-        planner.start_request()
+        plan = alone(planner)
         read, lost = 0, 0.0
         for step in range(128):
             context = 900 + step
-            planner.start_step(context)
+            plan.start_step(context)
             drafting = 0.0
-            if planner.should_draft():
+            if plan.should_draft():
                 drafting, read = 0.05 + 0.005 * (context - read), context
-            planner.choose(DraftProposal.empty(), TokenTree.empty())
-            planner.observe(TokenTree.empty(), VerifyResult([], 0), {"draft": drafting, "forward": 1.0})
+            times = {"draft": drafting, "forward": 1.0}
+            step_alone(planner, plan, TokenTree.empty(), VerifyResult([], 0), times)
             lost += drafting
         losses.append(lost / (128 + lost))
     assert max(losses[5:]) < 2 * PROBE_SHARE and np.mean(losses[5:]) < PROBE_SHARE
@@ -525,19 +542,16 @@ def test_short_requests_are_not_probed_with_what_long_ones_earned():
     steps a probe (a draft model's four forwards). Earnings pooled over requests let such a probe into
     one request in seven, 6.5 % of its time; earned per request, 20 steps never pay for one."""
     from specframe.decode.drafting import PROBE_SHARE
-    from specframe.decode.planner import AdaptivePlanner
-    from specframe.terms.records import VerifyResult
-    from specframe.terms.tree import TokenTree
 
     planner = AdaptivePlanner(PolynomialCost((0.0, 1.0)), cap=8)
     losses = []
     for _ in range(100):
-        planner.start_request()
+        plan = alone(planner)
         lost = 0.0
         for _ in range(20):
-            drafting = 1.4 if planner.should_draft() else 0.0
-            planner.choose(DraftProposal.empty(), TokenTree.empty())
-            planner.observe(TokenTree.empty(), VerifyResult([], 0), {"draft": drafting, "forward": 1.0})
+            drafting = 1.4 if plan.should_draft() else 0.0
+            times = {"draft": drafting, "forward": 1.0}
+            step_alone(planner, plan, TokenTree.empty(), VerifyResult([], 0), times)
             lost += drafting
         losses.append(lost / (20 + lost))
     assert max(losses[10:]) < 2 * PROBE_SHARE
@@ -547,23 +561,20 @@ def test_a_machine_faster_than_its_calibration_does_not_flatter_expensive_drafti
     """The calibration says a forward takes 1 s; today it takes 0.5 s. A drafter costing 0.2 s whose
     steps emit 1.2 tokens makes 1.2 tokens per 0.7 s against a plain step's 1 per 0.5 s: a loss. Judged
     against the calibrated plain step instead, it looked like a 1.7x gain and drafting went on."""
-    from specframe.decode.planner import AdaptivePlanner
-    from specframe.terms.records import VerifyResult
-    from specframe.terms.tree import TokenTree
 
     planner = AdaptivePlanner(PolynomialCost((0.0, 1.0)), cap=8, drafting_grows_with_budget=False)
+    plan = alone(planner)
     rng = np.random.default_rng(0)
     drafted = []
     for _ in range(300):
-        drafted.append(planner.should_draft())
+        drafted.append(plan.should_draft())
         tree = TokenTree(np.arange(2), np.array([-1, 0])) if drafted[-1] else TokenTree.empty()
-        planner.choose(DraftProposal.empty(), tree)
         accepted = int(drafted[-1] and rng.random() < 0.2)  # 1.2 tokens per drafted step
-        planner.observe(tree, VerifyResult(list(range(accepted)), 0),
-                        {"draft": 0.2 if drafted[-1] else 0.0, "forward": 0.5})
-    assert planner.speed == pytest.approx(0.5)
-    assert planner.gain.mean < 1.0 and np.mean(drafted[-150:]) < 0.25  # probes only, within their budget
-    assert planner._seconds(0, 0) == pytest.approx(0.5)  # predictions in today's seconds
+        step_alone(planner, plan, tree, VerifyResult(list(range(accepted)), 0),
+                   {"draft": 0.2 if drafted[-1] else 0.0, "forward": 0.5})
+    assert planner.speed.factor(1) == pytest.approx(0.5)
+    assert plan.drafting.gain.mean < 1.0 and np.mean(drafted[-150:]) < 0.25  # probes only, within budget
+    assert planner.plain_row_s == pytest.approx(0.5)  # predictions in today's seconds
 
 
 def test_a_cost_model_passed_in_is_taken_as_given(tiny):
@@ -574,7 +585,7 @@ def test_a_cost_model_passed_in_is_taken_as_given(tiny):
     run = SpeculativeDecoder.from_names(tiny, "pld", budget="auto:4")
     run.cost = PolynomialCost((0.0, 1.0))  # a forward "takes" 1 s; the tiny target's take milliseconds
     run.generate([1, 2, 3, 1, 2, 3, 1, 2], max_new_tokens=8)
-    assert not run.planner.learn_speed and run.planner.speed == 1.0
+    assert not run.planner.learn_speed and run.planner.speed.factor(1) == 1.0
 
 
 @pytest.mark.parametrize("phase_timing", [True, False])
@@ -593,38 +604,35 @@ def test_the_stored_calibration_is_scaled_only_when_phases_are_timed_apart(tiny,
 def test_cheap_drafting_goes_on_even_where_it_does_not_pay():
     """A drafter costing 4 % of a plain step (a suffix tree with corpora: 1-2 ms against 50-60) is never
     switched off: that would save little and miss the next long match."""
-    from specframe.decode.planner import AdaptivePlanner
-    from specframe.terms.records import VerifyResult
-    from specframe.terms.tree import TokenTree
 
     planner = AdaptivePlanner(PolynomialCost((0.0, 1.0)), cap=8)  # every step takes 1 s
+    plan = alone(planner)
     for _ in range(200):
-        assert planner.should_draft()
-        planner.choose(DraftProposal.empty(), TokenTree.empty())  # nothing worth verifying, every time
-        planner.observe(TokenTree.empty(), VerifyResult([], 0), {"draft": 0.04, "forward": 1.0})
-    assert planner.gain.mean < 1.0  # drafted steps were slower than plain ones, and drafting still went on
+        assert plan.should_draft()  # nothing worth verifying, every time
+        step_alone(planner, plan, TokenTree.empty(), VerifyResult([], 0), {"draft": 0.04, "forward": 1.0})
+    assert plan.drafting.gain.mean < 1.0  # drafted steps were slower than plain ones: drafting still went on
 
 
 def run_expensive_drafter(accepted_per_step: int, steps: int = 200, per_token: bool = True):
     """A planner fed steps of a drafter that costs 0.3 s a node and whose first `accepted_per_step`
-    nodes are always accepted; every forward costs 1 s. Returns (planner, drafted flags, budgets).
+    nodes are always accepted; every forward costs 1 s. Returns (the row's plan, drafted flags, budgets).
     `per_token=False`: drafting costs 0.5 s whatever it proposes, and the planner is told so."""
-    from specframe.decode.planner import AdaptivePlanner
-    from specframe.terms.records import VerifyResult
-    from specframe.terms.tree import TokenTree
 
     planner = AdaptivePlanner(PolynomialCost((0.0, 1.0)), cap=8, drafting_grows_with_budget=per_token)
+    plan = alone(planner)
     drafted, budgets = [], []
     for _ in range(steps):
-        drafted.append(planner.should_draft())  # as the decode loop: whether to draft, then how much
-        budgets.append(planner.build_budget(room=100) if drafted[-1] else 0)
+        drafted.append(plan.should_draft())  # as the decode loop: whether to draft, then how much
+        budgets.append(plan.build_budget(room=100) if drafted[-1] else 0)
         n = budgets[-1]
         tree = TokenTree(np.arange(n), np.arange(n) - 1) if n else TokenTree.empty()
-        planner.choose(DraftProposal.empty(), tree)
-        planner._proposed = n  # as if the drafter had proposed the chain
-        result = VerifyResult(list(range(min(n, accepted_per_step))), 0)
-        planner.observe(tree, result, {"draft": 0.3 * n if per_token else 0.5 * (n > 0), "forward": 1.0})
-    return planner, np.array(drafted), np.array(budgets)
+        plan.choose(DraftProposal.empty(), tree)
+        plan.proposed = n  # as if the drafter had proposed the chain
+        kept, _ = planner.cut({0: tree}, {0: plan}, OneSequence())[0]
+        times = {"draft": 0.3 * n if per_token else 0.5 * (n > 0), "forward": 1.0}
+        plan.observe(kept, VerifyResult(list(range(min(n, accepted_per_step))), 0), times)
+        planner.observe_step(1.0, sum(times.values()), times["draft"])
+    return plan, np.array(drafted), np.array(budgets)
 
 
 def test_an_expensive_drafter_is_sized_by_realised_acceptance_and_kept_while_it_pays():
@@ -636,8 +644,8 @@ def test_an_expensive_drafter_is_sized_by_realised_acceptance_and_kept_while_it_
 
 
 def test_an_expensive_drafter_that_never_lands_is_skipped():
-    planner, drafted, _ = run_expensive_drafter(accepted_per_step=0)
-    assert drafted[-100:].sum() <= 3 and planner.gain.mean < 1.0
+    plan, drafted, _ = run_expensive_drafter(accepted_per_step=0)
+    assert drafted[-100:].sum() <= 3 and plan.drafting.gain.mean < 1.0
 
 
 def test_a_drafter_whose_cost_does_not_grow_with_the_budget_drafts_to_the_cap():
@@ -645,8 +653,8 @@ def test_a_drafter_whose_cost_does_not_grow_with_the_budget_drafts_to_the_cap():
     and its tree is pruned after drafting, but is still skipped when drafting does not pay."""
     _, drafted, budgets = run_expensive_drafter(accepted_per_step=2, per_token=False)
     assert drafted[-50:].all() and (budgets == 8).all()
-    planner, drafted, _ = run_expensive_drafter(accepted_per_step=0, per_token=False)
-    assert drafted[-100:].sum() <= 3 and planner.gain.mean < 1.0
+    plan, drafted, _ = run_expensive_drafter(accepted_per_step=0, per_token=False)
+    assert drafted[-100:].sum() <= 3 and plan.drafting.gain.mean < 1.0
 
 
 def test_only_draft_models_say_their_drafting_grows_with_the_budget():
@@ -683,12 +691,15 @@ def test_each_request_is_planned_blind_or_not_by_its_own_sampling(tiny):
     decoder = SpeculativeDecoder.from_names(tiny, "draft-model(layers=1, num_tokens=2)", "chain", "rejection",
                                             budget="auto:4")
     decoder.cost = PolynomialCost((0.3, 1.0))
-    modes = []
+    plans = []
     for temperature in (0.0, 1.0, 0.0):
         decoder.sampling = SamplingParams(temperature, seed=0)
+        planner = decoder._planner()
+        row = planner.row
+        planner.row = lambda row=row: plans.append(row()) or plans[-1]  # the request's plan, kept to look at
         decoder.generate(repetitive_prompt(64, 16, seed=2), max_new_tokens=3)
-        modes.append(decoder.planner.draw_order_only)
-    assert modes == [False, True, False]
+        planner.row = row
+    assert [plan.blind for plan in plans] == [False, True, False]
 
 
 def test_a_decayed_line_recovers_a_line_forgets_old_points_and_clips():
@@ -739,34 +750,50 @@ def test_drafting_time_is_fitted_in_the_tokens_the_drafter_has_not_read():
 def test_the_adaptive_planner_moves_its_cost_with_the_context_as_steps_go_on():
     """Tracking the step's context for the probe budget must not pin the cost model to a request's
     first step (it moves every `CONTEXT_STEP` tokens)."""
-    from specframe.decode.planner import CONTEXT_STEP, AdaptivePlanner
+    from specframe.decode.planner import CONTEXT_STEP
     from specframe.terms.cost import MeasuredCost
 
     sloped = MeasuredCost((0, 8), (1.0, 2.0), (1.0, 2.0), 100, (0.01, 0.01), (0.01, 0.01))
     planner = AdaptivePlanner(sloped, cap=8)
+    plan = alone(planner)
     for context in range(100, 200):
-        planner.start_step(context)
-    assert planner.cost.context > 199 - CONTEXT_STEP and planner.drafting.unread() == 199
+        plan.start_step(context)
+        step_alone(planner, plan, TokenTree.empty(), VerifyResult([], 0), {"forward": 1.0})
+    assert planner.cost.context > 199 - CONTEXT_STEP and plan.drafting.unread() == 199
 
 
 def test_the_planner_learns_each_tree_size_s_own_speed():
     """A calibration taken in a busy spell priced an 8-node chain at 3 plain steps; today it costs 1.2.
     One speed factor for every size cannot fix both: learned per size, the planner's cost comes back to
-    the realised times of each size it runs."""
-    from specframe.terms.records import VerifyResult
-
+    the realised times of each size it runs, and sizes it never ran keep the calibrated shape (a line
+    through the sizes run would price them by the noise of the others)."""
     sizes = (0, 4, 8, 16)
     calibrated = MeasuredCost(sizes, (1.0, 1.5, 3.0, 4.0), (1.0, 1.5, 3.0, 4.0))
     today = {0: 1.0, 8: 1.2}
     planner = AdaptivePlanner(calibrated, cap=16)
+    plan = alone(planner)
     chain = TokenTree(np.arange(8), np.arange(8) - 1)
     for step in range(200):
-        tree = chain if step % 2 else TokenTree.empty()
-        planner.observe(tree, VerifyResult([], 0), {"draft": 0.0, "forward": today[len(tree)]})
-    learned = planner._cost()
-    assert learned.step_seconds(0, 0) == pytest.approx(1.0, rel=0.05)
-    assert learned.step_seconds(8, 8) == pytest.approx(1.2, rel=0.05)
-    assert learned.step_seconds(16, 16) == pytest.approx(planner.speed * 4.0)  # never run: as calibrated
+        tree = chain if step % 2 else TokenTree.empty()  # kept whole: the proposal gives no scores
+        step_alone(planner, plan, tree, VerifyResult([], 0), {"draft": 0.0, "forward": today[len(tree)]})
+    plain, eight, sixteen = planner._forward_s([[1], [9], [17]])
+    assert plain == pytest.approx(1.0, rel=0.05) and eight == pytest.approx(1.2, rel=0.05)
+    assert sixteen == pytest.approx(planner.speed.level * 4.0)  # never run: as calibrated, at today's speed
+
+
+def test_forwards_past_the_calibrated_sizes_learn_a_line_in_their_rows():
+    """A batch's forwards of more rows than one sequence's tree cost more per row than the calibration
+    says; past the calibrated sizes the factor is a line in the rows, fitted to the forwards run there."""
+    from specframe.decode.learning import ForwardSpeed
+
+    speed = ForwardSpeed(calibrated_rows=9)
+    for _ in range(100):
+        for rows in (1, 5, 9):
+            speed.add(rows, 1.0)
+        for rows in (19, 29):  # 10 and 20 rows past: 1.5 and 2.0 times the calibrated cost
+            speed.add(rows, 1.0 + 0.05 * (rows - 9))
+    ratios = speed.factor(np.array([5, 19, 29, 39])) / speed.factor(1)
+    np.testing.assert_allclose(ratios, [1.0, 1.5, 2.0, 2.5], rtol=0.05)
 
 
 def test_scaled_cost_by_size_agrees_with_itself_and_extends_its_last_entry():

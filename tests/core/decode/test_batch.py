@@ -19,7 +19,7 @@ from specframe import (
     SpeculativeDecoder,
 )
 from specframe.contract.interfaces import Drafter
-from specframe.decode.batch_planner import BatchPlanner
+from specframe.decode.adaptive import AdaptivePlanner
 from specframe.decode.learning import CutRecord
 from specframe.plugging.registry import get_registry
 from specframe.terms.proposal import DraftProposal
@@ -270,7 +270,7 @@ class ForwardPerRow:
 def test_the_batch_planner_prices_the_forwards_the_batch_runs(batch, kept):
     """Row 0 holds a likely chain, row 1 an unlikely one. Where every row is padded to the widest tree,
     row 1's nodes fill its padding and cost nothing, so they are kept; scored row by row they cost."""
-    planner = BatchPlanner(PolynomialCost((0.1, 1.0)), cap=3)  # a forward of n rows: 1 + 0.1 n
+    planner = AdaptivePlanner(PolynomialCost((0.1, 1.0)), cap=3)  # a forward of n rows: 1 + 0.1 n
     planner.acceptance.predict = lambda conditional: conditional  # features stand for their p here
     trees, plans = {}, {}
     for key, p in ((0, 0.95), (1, 0.1)):
@@ -285,7 +285,7 @@ def test_the_batch_planner_learns_that_large_forwards_cost_more_than_calibrated(
     """Calibrated on one sequence, a forward's cost grows slowly with its rows; a batch's forwards of
     many rows may grow much faster. Learned from realised forwards of several sizes, the steeper line
     makes the planner keep fewer nodes."""
-    planner = BatchPlanner(PolynomialCost((0.01, 1.0)), cap=4)  # calibrated: a row costs 1 % of a step
+    planner = AdaptivePlanner(PolynomialCost((0.01, 1.0)), cap=4)  # calibrated: a row costs 1 % of a step
     planner.acceptance.predict = lambda conditional: conditional
 
     def kept() -> int:

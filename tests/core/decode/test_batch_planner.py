@@ -14,7 +14,7 @@ import pytest
 
 from specframe import PolynomialCost
 from specframe.contract.interfaces import Drafter
-from specframe.decode.batch_planner import BatchPlanner
+from specframe.decode.adaptive import AdaptivePlanner
 from specframe.terms.proposal import DraftProposal
 from specframe.terms.records import VerifyResult
 from specframe.terms.tree import TokenTree
@@ -38,7 +38,7 @@ def run_rows(accepted: int, draft_s, steps: int = 120, rows: int = 4, per_token:
     cost model is `model`, by default the same), a row's drafting `draft_s(n)` seconds for n nodes, and
     the first `accepted` nodes of every draft are accepted. Returns the planner, by step and row the nodes
     each row drafted (-1: it did not draft), and by step the tokens emitted and the seconds taken."""
-    planner = BatchPlanner(PolynomialCost(model or forward), cap=8, drafting_grows_with_budget=per_token,
+    planner = AdaptivePlanner(PolynomialCost(model or forward), cap=8, drafting_grows_with_budget=per_token,
                            learn_speed=False)
     plans = {key: planner.row() for key in range(rows)}
     for plan in plans.values():

@@ -1,35 +1,39 @@
-"""`budget="auto"` at batch B: every row's tree sized at once for the batch's most tokens per second, and
-each row drafting only while its drafting pays.
+"""`budget="auto"`: every row's tree sized for the most tokens per second, alone or in a batch of B, and
+each row drafting only while its drafting pays. One planner for every batch size: a request alone is a
+batch of one row.
 
-Alone, a step over a subtree S emits E(S) = 1 + sum of P_i over its nodes and takes t(|S|) seconds
-(`specframe.decode.selection`). In a batch of R rows, one forward scores every row's root and kept nodes,
-so the step emits R + sum of P_i over all kept nodes of all rows and takes T(R + k) seconds for k kept
-nodes in all. The k nodes of largest P, over all rows (parents before children within a row: P never
-grows from a parent to a child), maximise the tokens for that k; the planner keeps the k of most
-tokens per second. So a row whose drafts are unlikely keeps nothing (a plain step for it) while a row
-in a long copied span keeps a deep chain, and as B grows each node must be likelier to pay: the rows
-already fill the forward's matrix products, and a node adds nearly a full row's cost.
+A step over a subtree S of one row emits E(S) = 1 + sum of P_i over its nodes, where P_i is the predicted
+probability that the target accepts node i and its ancestors (`specframe.decode.selection`). In a step
+of R rows, one forward scores every row's root and kept nodes, so the step emits R + sum of P_i over all
+kept nodes of all rows and takes T(R + k) seconds for k kept nodes in all. The k nodes of largest P, over
+all rows (parents before children within a row: P never grows from a parent to a child), maximise the
+tokens for that k; the planner keeps the k of most tokens per second, k = 0 (a plain step) included. So
+a row whose drafts are unlikely keeps nothing while a row in a long copied span keeps a deep chain, and
+as B grows each node must be likelier to pay: the rows already fill the forward's matrix products, and a
+node adds nearly a full row's cost. At B = 1 this is the classic choice of one subtree
+(`choose_subtree` states it for one tree).
 
-T prices the forwards the batch runs for those trees (`BatchBackend.forward_rows`: `kv` pads every row of a
+T prices the forwards the rows run for those trees (`BatchBackend.forward_rows`: `kv` pads every row of a
 forward to its widest tree, so nodes that fill a row up to the widest are free, and RowByRow runs one
 forward per row) with the backend's calibrated single-sequence cost: a forward of n query rows costs what
-a tree of n - 1 nodes costs alone, times a factor learned from the realised forwards as a line in their
-rows (`SpeedByRows`: attention over R contexts, and products of more rows than the calibration timed),
-plus the step's overhead besides the forward. Acceptance is one
-`AcceptanceModel` for every row, as alone. Sampled trees verified with their q (`plans_blind`) are kept
-whole, their size being what the row drafted.
+a tree of n - 1 nodes costs alone (for one row, at the depth of its kept tree: a chain can cost less than
+a flat tree), times a factor learned from the realised forwards by their query rows (`ForwardSpeed`: the
+machine's speed today against the calibration's, each size's own deviation from it where the calibration
+timed that size, and beyond, a line in the rows for attention over R contexts and products of more rows
+than the calibration timed), plus the step's overhead besides the forward. Acceptance is one
+`AcceptanceModel` for every row. Sampled trees verified with their q (`plans_blind`) are kept whole: their
+size is chosen before drafting, from earlier steps alone.
 
-Drafting runs row by row, so a batch step takes the drafting of every row that drafted, one forward for
-all rows and the overhead. A row that drafts adds its drafting seconds and its share of what the kept
-nodes add to the forward (priced as above, shared in proportion to the rows' kept nodes) and gains its
-accepted tokens; a plain step of a row costs the plain batch step over its rows. Drafters that cost
-under `CHEAP_DRAFT` of a plain step alone (prompt lookup, suffix trees) draft to the cap every step, as
-alone. For dearer ones (a draft model, S4C's heads) every row runs `AdaptivePlanner`'s bandit in these
-terms: it drafts while its drafted steps emit faster than its plain steps would (`DraftingGain`), and
-otherwise probes within what its own skipped steps earned (`ProbeBudget`). Requests differ, so each row
-keeps its own record, starting from what the batch's rows have shown, weighed as `REQUEST_PRIOR`
-drafted steps; the drafting-time forecast, the first probes' allowance and the acceptance by position
-are learned from every row. When drafting grows with the budget
+Drafting runs row by row, so a step takes the drafting of every row that drafted, one forward for all
+rows and the overhead. Drafters that cost under `CHEAP_DRAFT` of a plain step alone (prompt lookup,
+suffix trees) draft to the cap every step. For dearer ones (a draft model, S4C's heads) each row runs a
+bandit: it drafts while its drafted steps emit faster than its plain steps would (`DraftingGain`), and
+otherwise probes within what its own skipped steps earned (`ProbeBudget`). A row alone knows its step's
+time; in a batch it is charged its drafting and its share of what the kept nodes added to the forward
+(shared in proportion to the rows' kept nodes), against the plain batch step over its rows. Requests
+differ, so each row keeps its own record, starting from what earlier rows have shown, weighed as
+`REQUEST_PRIOR` drafted steps; the drafting-time forecast, the first probes' allowance and the
+acceptance by position are learned from every row. When drafting grows with the budget
 (`DrafterCapabilities.drafting_grows_with_budget`) a row's draft is sized before it drafts: the size of
 most tokens per second by the acceptance realised at each index position, the drafting time per node
 and the forward its nodes add next to the other rows' trees of the last step.
@@ -40,20 +44,25 @@ tokens, a cut that trusts them keeps nodes that do not pay their row's cost. So 
 node's predicted acceptance by how the kept nodes at its depth have fared (`DepthCalibration`): realised
 over predicted acceptance of kept nodes whose parent was accepted, learned from every row's steps.
 
-Every decision reads earlier steps only, so rows stay lossless.
+Every decision reads the proposal and earlier steps only, so rows stay lossless; where the tree is
+sampled and verified with its q, the kept nodes do not depend on the drawn tokens at all
+(`specframe.terms.tree.draw_order_prefix`).
 """
 
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import numpy as np
 
 from specframe.decode.acceptance import AcceptanceModel, NodeFeatures
 from specframe.decode.drafting import (
-    EMA, PROBE_ALLOWANCE, DecayedLine, DraftingDecision, DraftingGain, ProbeBudget, tokens_by_size,
+    EMA, PROBE_ALLOWANCE, DraftingDecision, DraftingGain, ProbeBudget, tokens_by_size,
 )
-from specframe.decode.learning import CutRecord, DepthCalibration, DraftingTime, best_size, count_positions
+from specframe.decode.learning import (
+    CutRecord, DepthCalibration, DraftingTime, ForwardSpeed, best_size, count_positions,
+)
 from specframe.decode.planner import CostAtContext, StepPlanner
 from specframe.decode.selection import path_probabilities
 from specframe.contract.interfaces import BatchBackend
@@ -62,12 +71,13 @@ from specframe.terms.proposal import DraftProposal
 from specframe.terms.records import Prediction, VerifyResult
 from specframe.terms.tree import TokenTree
 
-class RowPlan:
-    """A row's side of the batch planner, with the interface `RequestRow` calls (as a planner's): whether
-    the row drafts and how much (see the module docstring), the cut deferred to `BatchPlanner.cut`, then
-    what the row showed: which nodes were accepted, and whether its drafting paid."""
 
-    def __init__(self, planner: BatchPlanner):
+class RowPlan:
+    """A row's side of the planner, with the interface `RequestRow` calls: whether the row drafts and how
+    much (see the module docstring), the cut deferred to `AdaptivePlanner.cut`, then what the row showed:
+    which nodes were accepted, and whether its drafting paid."""
+
+    def __init__(self, planner: AdaptivePlanner):
         self.planner = planner
         self.blind = False
         self.record = CutRecord()  # this step's nodes, for learning acceptance (cut by `BatchPlanner.cut`)
@@ -101,17 +111,24 @@ class RowPlan:
         self.drafting.start_step(context)
 
     def should_draft(self) -> bool:
-        """Draft unless drafting is dear (`BatchPlanner.expensive`) and this row's drafted steps have
-        emitted more slowly than its plain steps; then probe as `AdaptivePlanner.should_draft` does,
-        within the row's own budget (a plain step of the row being its share of a plain batch step)."""
+        """Draft unless drafting is dear (`AdaptivePlanner.expensive`) and this row's drafted steps have
+        emitted more slowly than its plain steps; then probe (`DraftingDecision.decide`) within the row's
+        own budget (a plain step of the row being its share of a plain step of the rows)."""
         planner = self.planner
         planner.gain.forget()
-        return self.drafting.decide(planner.expensive(), PROBE_ALLOWANCE * planner.plain_row_s)
+        drafts = self.drafting.decide(planner.expensive(), PROBE_ALLOWANCE * planner.plain_row_s)
+        # the decoder's first probes' allowance: given to the rows that held it when the first asked (two
+        # plain row steps each: two plain steps of the rows in all); rows admitted later earn their probes
+        planner.probes.allowance_granted |= self.drafting.probes.allowance_granted
+        return drafts
 
     def build_budget(self, room: int) -> int:
-        """The cap, unless drafting is dear and grows with the budget: then `BatchPlanner.size`."""
+        """Nodes the drafter and tree builder may use: the cap, unless the size must be chosen before
+        drafting (`AdaptivePlanner.size`): for a blind request (its tree is kept whole), or where drafting
+        is dear and grows with the budget (a draft model). Whether to draft at all is `should_draft`'s
+        call, so the size is at least 1 and probes keep learning."""
         planner = self.planner
-        if planner.per_token_drafting and planner.expensive():
+        if self.blind or (planner.per_token_drafting and planner.expensive()):
             return min(planner.size(self.added_by_size), room)
         return min(planner.cap, room)
 
@@ -119,13 +136,13 @@ class RowPlan:
         self.proposed = len(proposal)
         prunable = not self.blind and tree.origin is not None and len(tree) > 0
         self.record = CutRecord(NodeFeatures.of(proposal, tree.origin, tree.depth) if prunable else None)
-        return tree, None  # cut with every row's tree in view: `BatchPlanner.cut`
+        return tree, None  # cut with every row's tree in view: `AdaptivePlanner.cut`
 
     def observe(self, tree: TokenTree, result: VerifyResult, times: dict[str, float]) -> None:
         """Learn which nodes the target accepted (also those the cut left out, where the step matched the
-        target's draws: `AdaptivePlanner` learns the same way), by index position too, and, where the row
-        drafted, what drafting cost (`times["draft"]`) and whether the step emitted faster than a plain
-        one."""
+        target's draws), by index position too, and, where the row drafted, what drafting cost
+        (`times["draft"]`) and whether the step emitted faster than a plain one: alone, as the step's
+        phases (`times`) timed it; in a batch, charged as the module docstring says."""
         planner = self.planner
         if self.record.predicted is not None:
             planner.calibration.add(self.record.predicted, tree, result.path)
@@ -137,33 +154,21 @@ class RowPlan:
         if decision.drafted:
             planner.drafting_time.add(drafting, self.proposed)
         probing = decision.probing
-        # a drafted step of the row took a plain row step, its drafting and its share of the added forward
-        seconds = plain + drafting + self.added_s if decision.drafted else plain
+        if planner.alone:  # the step as timed
+            seconds = sum(s for phase, s in times.items() if phase != "draft") + drafting
+        elif decision.drafted:  # a plain row step, its drafting and its share of what its nodes added
+            seconds = plain + drafting + self.added_s
+        else:
+            seconds = plain
         decision.record(result.accepted + 1, seconds, plain, drafting, gains=(planner.gain,))
         if probing:
             planner.probes.rest_s = decision.probes.rest_s
         self.proposed, self.added_s = 0, 0.0
 
 
-class SpeedByRows(DecayedLine):
-    """The realised forward over the calibrated one as a + b * rows (the query rows the forward computed),
-    least squares over batch steps, each weighing `memory` as much one step later; at least 0.25, and 1
-    before any step.
-
-    The calibration times one sequence's trees, up to a few dozen rows, where a CPU forward is bound by
-    reading the weights; a batch's forwards take more rows, where the arithmetic grows with every row,
-    so a single factor learned at one size would misprice the others (at batch 8 in float32 on a CPU a
-    planner with one factor kept large trees that cost more than they gained: docs/results/conclusions.md)."""
-
-    def __init__(self, memory: float = 0.97):
-        super().__init__(memory, floor=0.25, empty=1.0)
-
-    def factor(self, rows) -> np.ndarray | float:
-        return self.at(rows)
-
-
-class BatchPlanner(CostAtContext, StepPlanner):
-    """Sizes the trees of a batch's rows together (see the module docstring); `cap` bounds each row's."""
+class AdaptivePlanner(CostAtContext, StepPlanner):
+    """Sizes the trees of a step's rows together, one row or many (see the module docstring); `cap` bounds
+    each row's tree. Made once per decoder and kept: what it learns serves every later request."""
 
     def __init__(self, cost: CostModel, cap: int, acceptance: AcceptanceModel | None = None,
                  matches_draws: bool = False, learn_speed: bool = True,
@@ -181,11 +186,12 @@ class BatchPlanner(CostAtContext, StepPlanner):
         self.drafting_time = drafting_time or DraftingTime()
         self.gain = DraftingGain()  # every row's drafted steps, each row step aging it: a new row's prior
         self.probes = ProbeBudget()  # what every row's budget shares: the drafting-time fit, the allowance
-        self.speed = SpeedByRows()  # realised batch forward over the calibrated cost, by rows
+        self.speed = ForwardSpeed(cap + 1)  # realised forward over the calibrated one, by query rows
         self.overhead_s = 0.0  # a batch step's seconds besides the forward, running mean
         self.rest_s = 0.0  # the same besides the rows' drafting too
         self.plain_row_s = cost.step_seconds(0, 0)  # a plain batch step over its rows, as of the last cut
         self.contexts: list[int] = []  # this step's rows' contexts
+        self.alone = True  # whether the last cut's step had one row
         self._calibrated_s = 0.0  # the calibrated forward of the step's chosen rows
         self._rows = 0  # the query rows of the step's chosen forwards
         self.calibration = DepthCalibration()  # realised over predicted acceptance of kept nodes, by depth
@@ -195,55 +201,60 @@ class BatchPlanner(CostAtContext, StepPlanner):
 
     def cut(self, trees: dict[int, TokenTree], plans: dict[int, RowPlan],
             batch: BatchBackend) -> dict[int, tuple[TokenTree, Prediction]]:
-        """Every row's kept subtree and its prediction (its expected tokens; the batch step's seconds),
-        the forward priced as `batch` runs it (`BatchBackend.forward_rows`)."""
+        """Every row's kept subtree and its prediction (its expected tokens; the step's seconds), the
+        forward priced as `batch` runs it (`BatchBackend.forward_rows`)."""
         if self.contexts:
             self.start_step(int(np.mean(self.contexts)))
             self.contexts.clear()
+        self.alone = len(trees) == 1
         whole = {key: len(tree) if plans[key].record.features is None else 0 for key, tree in trees.items()}
-        sizes = dict(whole)
-        owners, nodes, probs = [], [], []
-        for key, tree in trees.items():
-            record = plans[key].record
-            if record.features is not None:
-                owners += [key] * len(tree)
-                nodes.append(np.arange(len(tree)))
-                predicted = record.predict(self.acceptance)
-                probs.append(path_probabilities(tree.parents, self.calibration.scaled(predicted, tree.depth)))
-        owners = np.asarray(owners, np.int64)
-        nodes, probs = (np.concatenate(x) if x else np.zeros(0) for x in (nodes, probs))
+        owners, nodes, probs, depths = self._candidates(trees, plans)
         order = np.lexsort((nodes, -probs))  # best first; parents first (lower index, P at least the child's)
         tokens = len(trees) + np.concatenate([[0.0], np.cumsum(probs[order])])
+        # alone, the kept tree's depth prices it (a chain can cost less than a flat tree of its size)
+        deepest = np.concatenate([[0], np.maximum.accumulate(depths[order])]) if self.alone else None
+        sizes = dict(whole)
         calibrated, rows = np.empty(len(order) + 1), np.empty(len(order) + 1, np.int64)
         for k in range(len(order) + 1):  # the k likeliest nodes kept, in the forwards `batch` would run
             if k:
                 sizes[int(owners[order[k - 1]])] += 1
-            calibrated[k], rows[k] = self._calibrated(batch.forward_rows(sizes))
+            depth = int(deepest[k]) if deepest is not None else None
+            calibrated[k], rows[k] = self._calibrated(batch.forward_rows(sizes), depth)
         seconds = self.speed.factor(rows) * calibrated + self.overhead_s
         best = int(np.argmax(tokens / np.maximum(seconds, 1e-12)))
         self._calibrated_s, self._rows = float(calibrated[best]), int(rows[best])
         chosen = order[:best]
         out = {}
         for key, tree in trees.items():
-            plan = plans[key]
-            if plan.record.features is None:
+            if plans[key].record.features is None:
                 out[key] = (tree, Prediction(1.0, float(seconds[best])))
                 continue
             mine = chosen[owners[chosen] == key]
-            keep = np.sort(nodes[mine]).astype(np.int64)
-            tree = plan.record.cut(tree, keep)
+            tree = plans[key].record.cut(tree, np.sort(nodes[mine]).astype(np.int64))
             whole[key] = len(tree)
             out[key] = (tree, Prediction(1.0 + float(probs[mine].sum()), float(seconds[best])))
         self._price_rows(whole, plans, batch)
-        # The rows of the first step hold the first probes' allowance (two plain row steps each: two plain
-        # batch steps in all, as alone); rows admitted later earn their probes
-        self.probes.allowance_granted = True
         return out
 
+    def _candidates(self, trees: dict[int, TokenTree], plans: dict[int, RowPlan]) -> tuple[np.ndarray, ...]:
+        """The nodes the cut may keep or drop, over every row whose tree may be pruned: each one's row,
+        index in its tree, predicted path probability P (`DepthCalibration`-scaled) and depth."""
+        owners, nodes, probs, depths = [], [], [], []
+        for key, tree in trees.items():
+            record = plans[key].record
+            if record.features is not None:
+                owners.append(np.full(len(tree), key, np.int64))
+                nodes.append(np.arange(len(tree)))
+                depths.append(tree.depth)
+                predicted = self.calibration.scaled(record.predict(self.acceptance), tree.depth)
+                probs.append(path_probabilities(tree.parents, predicted))
+        if not owners:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0), np.zeros(0, np.int64)
+        return tuple(np.concatenate(x) for x in (owners, nodes, probs, depths))
+
     def expensive(self) -> bool:
-        """Whether a row's drafting costs over `CHEAP_DRAFT` of a plain step of one sequence, as
-        `AdaptivePlanner` judges it: a drafter cheap alone (prompt lookup, suffix trees) drafts to the cap
-        on every step of a batch too."""
+        """Whether a row's drafting costs over `CHEAP_DRAFT` of a plain step of one sequence: a drafter
+        cheap alone (prompt lookup, suffix trees) drafts to the cap on every step of a batch too."""
         return self.drafting_time.dear(self.cost.step_seconds(0, 0))
 
     def size(self, added_by_size: np.ndarray | None) -> int:
@@ -276,9 +287,11 @@ class BatchPlanner(CostAtContext, StepPlanner):
                 by_size = by_size - by_size[0]
             plan.priced(max(full - plain, 0.0) * kept[key] / nodes if nodes else 0.0, by_size)
 
-    def _calibrated(self, forwards: list[int]) -> tuple[float, int]:
+    def _calibrated(self, forwards: list[int], depth: int | None = None) -> tuple[float, int]:
         """The calibrated seconds of forwards of these query rows (each costing what a tree of one node
-        fewer costs alone), and their rows in all."""
+        fewer costs alone, flat, or `depth` deep where given), and their rows in all."""
+        if depth is not None and len(forwards) == 1:
+            return self.cost.step_seconds(forwards[0] - 1, depth), forwards[0]
         return sum(self.cost.step_seconds(n - 1, 1) for n in forwards), sum(forwards)
 
     def _forward_s(self, steps: list[list[int]]) -> np.ndarray:
@@ -295,12 +308,25 @@ class BatchPlanner(CostAtContext, StepPlanner):
         self.rest_s += EMA * (max(step_s - forward_s - drafting_s, 0.0) - self.rest_s)
 
 
-def batch_planner_of(planner) -> BatchPlanner:
-    """A batch planner with what `planner` (the decoder's `AdaptivePlanner`) has: its calibrated cost, its
-    cap, its acceptance counts, overall and by position (shared, so single requests and batches learn
-    together), its drafting time so far and settings."""
-    return BatchPlanner(planner.calibrated, planner.cap, planner.acceptance,
-                        matches_draws=planner.matches_draws, learn_speed=planner.learn_speed,
-                        drafting_grows_with_budget=planner.per_token_drafting,
-                        position_hits=planner.position_hits,
-                        drafting_time=copy.copy(planner.drafting_time))
+def make_adaptive_planner(pipeline, cap: int, cost: CostModel | None = None,
+                          acceptance_file: Path | None = None, progress: bool = True,
+                          phase_timing: bool = True) -> AdaptivePlanner:
+    """An `AdaptivePlanner` for `pipeline` with `cost`, by default the backend's measured cost
+    (calibrated on first use and stored, the pipeline's backend then rebuilt with it:
+    `specframe.plugging.pipeline.calibrate_pipeline`), and the acceptance counts stored in
+    `acceptance_file` when given (a missing file, or one in another version's format, starts afresh; a
+    file specframe did not write is refused rather than overwritten). The stored calibration is scaled
+    to the speed that real steps show when the decoder times its phases apart (`phase_timing`: without
+    it, an accelerator's forward phase holds only launch time); a `cost` passed in is taken as given
+    (tests and simulations state costs in their own units).
+
+    The planner serves requests of any sampling: whether one is planned blind is `plans_blind`'s call,
+    made for each request."""
+    from specframe.plugging.pipeline import calibrate_pipeline
+
+    d, v = (c.capabilities for c in (pipeline.drafter, pipeline.verifier))
+    measured = cost is None and phase_timing
+    cost = cost or calibrate_pipeline(pipeline, progress=progress)
+    acceptance = AcceptanceModel.load(acceptance_file) if acceptance_file is not None else None
+    return AdaptivePlanner(cost, cap, acceptance, drafting_grows_with_budget=d.drafting_grows_with_budget,
+                           learn_speed=measured, matches_draws=v.matches_draws)
