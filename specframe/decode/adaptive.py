@@ -102,8 +102,11 @@ class RowPlan:
 
     def start_request(self, blind: bool = False) -> None:
         """A new request: its drafter has read none of it, its probes have earned nothing, and what the
-        batch's rows have shown of drafting's gain is its prior."""
+        earlier rows have shown of drafting's gain is its prior. The shared record is brought to a prior's
+        weight too (`REQUEST_PRIOR` drafted steps), so that what this request shows soon outweighs the
+        requests before it for the rows admitted after it."""
         self.blind = blind
+        self.planner.gain.start_request()
         self.drafting.start_request()
 
     def start_step(self, context: int) -> None:

@@ -178,13 +178,20 @@ def test_a_draft_model_that_stops_paying_runs_few_forwards_and_reads_each_token_
     pipeline = specframe.assemble(target, "none", "chain", "greedy", "kv")
     pipeline.drafter = drafter
     backend = pipeline.backend
-    score = backend.score
+    rows = backend.rows
 
-    def scored(tree):
-        backend.scored = len(tree)
-        return score(tree)
+    def counted_rows(size):  # the rows the loop scores with, telling the timer each step's tree size
+        batch = rows(size)
+        score = batch.score
 
-    backend.score = scored
+        def scored(trees):
+            backend.scored = sum(len(tree) for tree in trees.values())
+            return score(trees)
+
+        batch.score = scored
+        return batch
+
+    backend.rows = counted_rows
     decoder = specframe.SpeculativeDecoder(target, pipeline, budget="auto", cost=COST,
                                            step_timer=lambda sync: ModelledSteps(drafter, backend))
     losing = []
