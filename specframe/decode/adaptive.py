@@ -80,10 +80,10 @@ class RowPlan:
     def __init__(self, planner: AdaptivePlanner):
         self.planner = planner
         self.blind = False
-        self.record = CutRecord()  # this step's nodes, for learning acceptance (cut by `BatchPlanner.cut`)
+        self.record = CutRecord()  # this step's nodes, for learning acceptance (cut by `AdaptivePlanner.cut`)
         probes = copy.copy(planner.probes)  # its probes' budget (the drafting-time fit is shared)
         probes.earned_s = 0.0
-        # whether its drafting pays, its drafted steps' speed over its plain steps' starting from the batch's
+        # whether its drafting pays: its drafted steps' speed over its plain steps', from earlier rows' prior
         self.drafting = DraftingDecision(copy.deepcopy(planner.gain), probes)
         self.added_s = 0.0  # its share of what the step's kept nodes added to the forward (the cut's)
         self.added_by_size: np.ndarray | None = None  # what n nodes would add, by the last cut (n = 0..cap)
@@ -175,8 +175,7 @@ class AdaptivePlanner(CostAtContext, StepPlanner):
 
     def __init__(self, cost: CostModel, cap: int, acceptance: AcceptanceModel | None = None,
                  matches_draws: bool = False, learn_speed: bool = True,
-                 drafting_grows_with_budget: bool = False, position_hits: np.ndarray | None = None,
-                 drafting_time: DraftingTime | None = None):
+                 drafting_grows_with_budget: bool = False):
         super().__init__(cost)
         self.cap = cap
         self.acceptance = acceptance or AcceptanceModel()
@@ -184,9 +183,9 @@ class AdaptivePlanner(CostAtContext, StepPlanner):
         self.learn_speed = learn_speed
         self.per_token_drafting = drafting_grows_with_budget  # dear drafting: size each row's draft first
         # [accepted, tried] by index position in the scored tree, over every row
-        self.position_hits = np.zeros((2, cap)) if position_hits is None else position_hits
+        self.position_hits = np.zeros((2, cap))
         # a row's drafting seconds per drafted row step and per proposed node, over every row
-        self.drafting_time = drafting_time or DraftingTime()
+        self.drafting_time = DraftingTime()
         self.gain = DraftingGain()  # every row's drafted steps, each row step aging it: a new row's prior
         self.probes = ProbeBudget()  # what every row's budget shares: the drafting-time fit, the allowance
         self.speed = ForwardSpeed(cap + 1)  # realised forward over the calibrated one, by query rows
