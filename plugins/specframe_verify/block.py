@@ -34,27 +34,21 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from specframe import Sampler, TargetScores, TokenTree, Verifier, VerifierCapabilities, VerifyResult
-from specframe_verify.joint import draft_ratio, keep, residual, sample_and_match
-from specframe_verify.rejection import fallback_reason
-from specframe_verify.traversal import traverse
+from specframe import Sampler, TargetScores, TokenTree, VerifyResult
+from specframe_verify.joint import draft_ratio, keep, residual
+from specframe_verify.traversal import TraversalVerifier, traverse
 
 if TYPE_CHECKING:  # torch is imported where it is used, so that registering the verifier loads none
     pass
 
-class BlockVerifier(Verifier):
+class BlockVerifier(TraversalVerifier):
     """Block verification of a chain with the real draft q: each prefix is judged as a whole, longest
     first. Lossless; see the module docstring. Branching trees are verified by traversal verification,
-    which is the same rule on a chain."""
+    which is the same rule on a chain; trees that are no draws from q, as `traversal` verifies them."""
 
     name = "block"
-    capabilities = VerifierCapabilities(lossless=True, needs_draft_probs=True, uses_draft_probs=True,
-                                        supports_sampling=True)
 
-    def verify(self, tree: TokenTree, scores: TargetScores, sampling: Sampler) -> VerifyResult:
-        fallback = fallback_reason(tree)
-        if fallback:
-            return sample_and_match(tree, scores, sampling, fallback)
+    def judge(self, tree: TokenTree, scores: TargetScores, sampling: Sampler) -> VerifyResult:
         if any(len(kids) > 1 for kids in tree.children):
             return traverse(self.name, tree, scores, sampling)
         return block_verify(self.name, tree, scores, sampling)

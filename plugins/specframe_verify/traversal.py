@@ -57,6 +57,10 @@ class TraversalVerifier(Verifier):
         fallback = fallback_reason(tree)
         if fallback:
             return sample_and_match(tree, scores, sampling, fallback)
+        return self.judge(tree, scores, sampling)
+
+    def judge(self, tree: TokenTree, scores: TargetScores, sampling: Sampler) -> VerifyResult:
+        """Verify a tree of draws from its q (what `fallback_reason` lets through)."""
         return traverse(self.name, tree, scores, sampling)
 
 

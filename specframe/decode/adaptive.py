@@ -20,17 +20,20 @@ a tree of n - 1 nodes costs alone (for one row, at the depth of its kept tree: a
 a flat tree), times a factor learned from the realised forwards by their query rows (`ForwardSpeed`: the
 machine's speed today against the calibration's, each size's own deviation from it where the calibration
 timed that size, and beyond, a line in the rows for attention over R contexts and products of more rows
-than the calibration timed), plus the step's overhead besides the forward. Acceptance is one
+than the calibration timed), plus the step's overhead besides the forward. A forward over twice the
+query rows of any timed is not chosen while that speed is learned (`ForwardSpeed.trusted`: the line is a
+guess far past its points); a cost given as exact is priced as given. Acceptance is one
 `AcceptanceModel` for every row. Sampled trees verified with their q (`plans_blind`) are kept whole: their
 size is chosen before drafting, from earlier steps alone.
 
 Drafting runs row by row, so a step takes the drafting of every row that drafted, one forward for all
-rows and the overhead. Drafters that cost under `CHEAP_DRAFT` of a plain step alone (prompt lookup,
-suffix trees) draft to the cap every step. For dearer ones (a draft model, S4C's heads) each row runs a
-bandit: it drafts while its drafted steps emit faster than its plain steps would (`DraftingGain`), and
-otherwise probes within what its own skipped steps earned (`ProbeBudget`). A row alone knows its step's
-time; in a batch it is charged its drafting and its share of what the kept nodes added to the forward
-(shared in proportion to the rows' kept nodes), against the plain batch step over its rows. Requests
+rows and the overhead. A row runs a bandit: it drafts while its drafted steps emit faster than its plain
+steps would (`DraftingGain`), and otherwise probes within what its own skipped steps earned
+(`ProbeBudget`). A row alone knows its step's time; in a batch it is charged its drafting, its tree's
+building and its share of what the kept nodes added to the forward (shared in proportion to the rows'
+kept nodes), against the plain batch step over its rows. Alone, drafters that cost under `CHEAP_DRAFT`
+of a plain step (prompt lookup, suffix trees) skip the bandit and draft to the cap every step
+(`RowPlan.should_draft` says why); in a batch, where most drafts are cut, every row runs it. Requests
 differ, so each row keeps its own record, starting from what earlier rows have shown, weighed as
 `REQUEST_PRIOR` drafted steps; the drafting-time forecast, the first probes' allowance and the
 acceptance by position are learned from every row. When drafting grows with the budget
@@ -114,12 +117,18 @@ class RowPlan:
         self.drafting.start_step(context)
 
     def should_draft(self) -> bool:
-        """Draft unless drafting is dear (`AdaptivePlanner.expensive`) and this row's drafted steps have
-        emitted more slowly than its plain steps; then probe (`DraftingDecision.decide`) within the row's
-        own budget (a plain step of the row being its share of a plain step of the rows)."""
+        """Draft unless this row's drafted steps have emitted more slowly than its plain steps, where
+        drafting is dear (`AdaptivePlanner.expensive`) or the row shares its step with others; then probe
+        (`DraftingDecision.decide`) within the row's own budget (a plain step of the row being its share
+        of a plain step of the rows). Alone, cheap drafting always goes on: it costs a few per cent of a
+        step that its matches can multiply, and a step's timed seconds are too noisy to tell a small
+        gain from a small loss. In a batch a row's step is charged as priced, not timed, and the forward
+        its nodes would add grows with the rows, so most drafts are cut: drafting that the cut does not
+        keep is a loss the bandit sees and stops (docs/explanation/batched-decoding.md)."""
         planner = self.planner
         planner.gain.forget()
-        drafts = self.drafting.decide(planner.expensive(), PROBE_ALLOWANCE * planner.plain_row_s)
+        dear = planner.expensive() or not planner.alone
+        drafts = self.drafting.decide(dear, PROBE_ALLOWANCE * planner.plain_row_s)
         # the decoder's first probes' allowance: given to the rows that held it when the first asked (two
         # plain row steps each: two plain steps of the rows in all); rows admitted later earn their probes
         planner.probes.allowance_granted |= self.drafting.probes.allowance_granted
@@ -154,16 +163,17 @@ class RowPlan:
         plain = max(planner.plain_row_s, 1e-12)
         decision = self.drafting
         drafting = times.get("draft", 0.0) if decision.drafted else 0.0
+        spent = drafting + (times.get("tree", 0.0) if decision.drafted else 0.0)  # drafting and its tree
         if decision.drafted:
             planner.drafting_time.add(drafting, self.proposed)
         probing = decision.probing
         if planner.alone:  # the step as timed
             seconds = sum(s for phase, s in times.items() if phase != "draft") + drafting
-        elif decision.drafted:  # a plain row step, its drafting and its share of what its nodes added
-            seconds = plain + drafting + self.added_s
+        elif decision.drafted:  # a plain row step, its drafting and tree, its share of what its nodes added
+            seconds = plain + spent + self.added_s
         else:
             seconds = plain
-        decision.record(result.accepted + 1, seconds, plain, drafting, gains=(planner.gain,))
+        decision.record(result.accepted + 1, seconds, plain, spent, gains=(planner.gain,))
         if probing:
             planner.probes.rest_s = decision.probes.rest_s
         self.proposed, self.added_s = 0, 0.0
@@ -222,6 +232,9 @@ class AdaptivePlanner(CostAtContext, StepPlanner):
                 sizes[int(owners[order[k - 1]])] += 1
             depth = int(deepest[k]) if deepest is not None else None
             calibrated[k], rows[k] = self._calibrated(batch.forward_rows(sizes), depth)
+            if k and self.learn_speed and not self.speed.trusted(int(rows[k])):  # priced once nearer ones ran
+                calibrated, rows, tokens = calibrated[:k], rows[:k], tokens[:k]
+                break
         seconds = self.speed.factor(rows) * calibrated + self.overhead_s
         best = int(np.argmax(tokens / np.maximum(seconds, 1e-12)))
         self._calibrated_s, self._rows = float(calibrated[best]), int(rows[best])

@@ -145,6 +145,10 @@ def _buckets(depth: np.ndarray) -> np.ndarray:
 # speed: a size is seen on a share of the steps only, and a step's time is noisy.
 SHAPE_EMA = 0.05
 
+# How much larger than any forward timed (by query rows) the planner may choose one: see
+# `ForwardSpeed.trusted`.
+TRUST_GROWTH = 2
+
 
 class ForwardSpeed:
     """A forward's realised seconds over its calibrated ones, by the query rows it computed: the machine's
@@ -167,9 +171,19 @@ class ForwardSpeed:
         self.shape = np.ones(calibrated_rows + 1)  # by rows, up to `calibrated_rows`
         self.beyond = DecayedLine(memory, floor=0.25)  # by rows past `calibrated_rows`, over the level
         self.seen_beyond = False
+        self.largest = calibrated_rows  # the most query rows of a forward timed, calibrated or realised
+
+    def trusted(self, rows: int) -> bool:
+        """Whether a forward of `rows` query rows is priced from times near its size: at most
+        `TRUST_GROWTH` times the largest forward timed. Past it the line in the rows is a guess (at
+        batch 16 on a CPU, one fitted on forwards of a few dozen rows priced one of a few hundred far
+        below its time: docs/results/conclusions.md), so the planner grows into larger forwards step by
+        step, each timed before a larger one is priced."""
+        return rows <= TRUST_GROWTH * self.largest
 
     def add(self, rows: int, ratio: float) -> None:
         """A forward of `rows` query rows took `ratio` times its calibrated seconds."""
+        self.largest = max(self.largest, rows)
         if rows <= self.calibrated_rows:
             self.level += EMA * (ratio - self.level)
             self.shape[rows] += SHAPE_EMA * (ratio / max(self.level, 1e-12) - self.shape[rows])

@@ -281,22 +281,40 @@ def test_the_batch_planner_prices_the_forwards_the_batch_runs(batch, kept):
     assert {key: len(tree) for key, (tree, _) in cut.items()} == kept
 
 
+def _padded_kept(planner: AdaptivePlanner, rows: int = 4, nodes: int = 4, p: float = 0.6) -> int:
+    """Nodes `planner` keeps of `rows` chains of `nodes` nodes, each predicted `p` given its parent,
+    scored padded to the widest."""
+    trees = {key: TokenTree(np.arange(nodes, dtype=np.int64), np.arange(nodes, dtype=np.int64) - 1)
+             for key in range(rows)}
+    plans = {key: planner.row() for key in trees}
+    for plan in plans.values():
+        plan.record = CutRecord(np.full(nodes, p))
+    return sum(len(tree) for tree, _ in planner.cut(trees, plans, PaddedForward()).values())
+
+
+def _planner_with_slopes(row_cost: float) -> AdaptivePlanner:
+    """Calibrated on one sequence, where a row costs 1 % of a step; realised forwards of 4 to 20 rows
+    then cost `row_cost` of a step per row."""
+    planner = AdaptivePlanner(PolynomialCost((0.01, 1.0)), cap=4)
+    planner.acceptance.predict = lambda conditional: conditional
+    for rows in (4, 8, 12, 16, 20) * 4:
+        planner.speed.add(rows, (1 + row_cost * rows) / (1 + 0.01 * rows))
+    return planner
+
+
 def test_the_batch_planner_learns_that_large_forwards_cost_more_than_calibrated():
     """Calibrated on one sequence, a forward's cost grows slowly with its rows; a batch's forwards of
     many rows may grow much faster. Learned from realised forwards of several sizes, the steeper line
     makes the planner keep fewer nodes."""
-    planner = AdaptivePlanner(PolynomialCost((0.01, 1.0)), cap=4)  # calibrated: a row costs 1 % of a step
+    assert _padded_kept(_planner_with_slopes(0.01)) == 16
+    assert _padded_kept(_planner_with_slopes(0.5)) < 16
+
+
+def test_the_planner_prices_no_forward_far_larger_than_any_timed():
+    """Calibrated up to a tree of the cap (5 query rows) and nothing larger timed yet, the planner keeps
+    no forward of over twice that, however cheap its line says it is; once forwards of 20 rows ran as
+    calibrated, it keeps every node."""
+    planner = AdaptivePlanner(PolynomialCost((0.01, 1.0)), cap=4)
     planner.acceptance.predict = lambda conditional: conditional
-
-    def kept() -> int:
-        trees = {key: TokenTree(np.arange(4, dtype=np.int64), np.arange(4, dtype=np.int64) - 1)
-                 for key in range(4)}
-        plans = {key: planner.row() for key in trees}
-        for plan in plans.values():
-            plan.record = CutRecord(np.full(4, 0.6))
-        return sum(len(tree) for tree, _ in planner.cut(trees, plans, PaddedForward()).values())
-
-    before = kept()
-    for rows in (4, 8, 12, 16, 20) * 4:  # realised: each row costs half a step
-        planner.speed.add(rows, (1 + 0.5 * rows) / (1 + 0.01 * rows))
-    assert before == 16 and kept() < before
+    assert _padded_kept(planner) == 4  # a node on each row: 8 query rows; a second on any: 12 > 10
+    assert _padded_kept(_planner_with_slopes(0.01)) == 16

@@ -1,8 +1,8 @@
 """The batch planner's drafting decisions (`specframe.decode.batch_planner`): where drafting is dear, each
 row drafts only while its drafted steps emit faster than its plain ones, in batch terms (its drafting
 seconds, its share of the forward its nodes add, against its share of a plain batch step), and a draft
-whose cost grows with its size is sized before drafting; cheap drafting goes on every step. Costs are
-modelled or counted here, never timed.
+whose cost grows with its size is sized before drafting; cheap drafting is judged as well, and goes on
+every step where it pays. Costs are modelled or counted here, never timed.
 """
 
 from __future__ import annotations
@@ -109,10 +109,19 @@ def test_a_per_token_drafter_that_loses_a_little_is_skipped_after_its_first_step
     assert (drafted[20:] >= 0).sum() <= 4
 
 
-def test_cheap_drafting_goes_on_every_step_and_to_the_cap_even_where_it_does_not_pay():
-    """Drafting at 1 % of a plain step alone (prompt lookup, suffix trees) is never judged, in a batch as
-    alone: every row drafts to the cap on every step (the cut decides what is scored)."""
+def test_in_a_batch_cheap_drafting_that_is_never_kept_stops_but_for_probes():
+    """Drafting at 1 % of a plain step alone (prompt lookup, suffix trees) goes on every step alone; in a
+    batch, a row's drafting that never pays is a loss the row's bandit sees: after the optimistic start,
+    rows draft only as probes (their skipped steps earning each a share of a probe), always to the cap
+    (cheap drafting is not sized)."""
     _, drafted, _, _ = run_rows(accepted=0, draft_s=lambda n: 0.01, per_token=True)
+    later = drafted[30:]
+    assert (later >= 0).mean() < 0.4, (later >= 0).mean()
+    assert (later >= 0).any() and (later[later >= 0] == 8).all()
+
+
+def test_in_a_batch_cheap_drafting_that_pays_goes_on_every_step_to_the_cap():
+    _, drafted, _, _ = run_rows(accepted=2, draft_s=lambda n: 0.01, per_token=True)
     assert (drafted == 8).all()
 
 

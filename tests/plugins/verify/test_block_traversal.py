@@ -347,35 +347,7 @@ def test_accepts_at_least_as_many_drafts_as_rejection_and_more_with_a_good_draft
                 f"{shape}: traversal {ours:.4f} is no better than rejection {theirs:.4f}")
 
 
-# --- temperature 0, fallbacks, capabilities, bad input -----------------------------------------------------
-
-@st.composite
-def scored_trees(draw, vocab=16):
-    """A trie of random sequences with random target logits and draft rows, under any draw method."""
-    sequences = draw(st.lists(st.lists(st.integers(0, vocab - 1), min_size=1, max_size=4), max_size=5))
-    proposal = DraftProposal.from_sequences(sequences)
-    gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31)))
-    proposal.draft_probs = torch.softmax(3 * torch.randn(len(proposal), vocab, generator=gen), -1)  # (N, V)
-    proposal.draw = draw(st.sampled_from(list(DrawMethod)))
-    tree = TokenTree.from_proposal(proposal, np.arange(len(proposal)), draw_order_prefix=draw(st.booleans()))
-    logits = torch.randn(len(tree) + 1, vocab, generator=gen)  # (N + 1, V)
-    for i, parent in enumerate(tree.parents.tolist()):
-        if draw(st.booleans()):
-            logits[parent + 1, tree.tokens[i]] += 6
-    return tree, TargetScores(logits=logits)
-
-
-@settings(max_examples=60, deadline=None)
-@given(case=scored_trees(), name=st.sampled_from(NAMES), seed=st.integers(0, 100))
-def test_temperature_zero_equals_the_greedy_verifier(case, name, seed):
-    tree, scores = case
-    greedy = verifier("greedy").verify(tree, scores, Sampler(SamplingParams()))
-    try:
-        got = verifier(name).verify(tree, scores, Sampler(SamplingParams(temperature=0, seed=seed)))
-    except SpecframeError:  # a sampled tree whose token has q = 0: refused, as `rejection` refuses it
-        return
-    assert (got.path, got.bonus) == (greedy.path, greedy.bonus)
-
+# --- fallbacks, capabilities, bad input (temperature 0: test_verifiers.py) ------------------------------
 
 @pytest.mark.parametrize("name", NAMES)
 def test_trees_without_usable_q_are_sampled_and_matched_and_say_so(name):
