@@ -34,7 +34,7 @@ from specframe.bench.playback import (
 from specframe.bench.store import read_records, read_settings
 from specframe.support.prompt_suites import BenchPrompt, encode_turn, load_suite
 from specframe.decode.loop import SpeculativeDecoder
-from specframe.decode.adaptive import AdaptivePlanner
+from specframe.decode.adaptive import AdaptivePlanner, make_adaptive_planner
 from specframe.decode.planner import FixedPlanner
 from specframe.terms.budget import parse_budget
 from specframe.plugging.pipeline import Pipeline, assemble
@@ -196,9 +196,7 @@ def replay_planner(pipeline: Pipeline, budget: int | str, cost: CostModel) -> Ad
     cap, adaptive = parse_budget(budget)
     if not adaptive:
         return FixedPlanner(cap, cost)
-    drafter, verifier = type(pipeline.drafter).capabilities, type(pipeline.verifier).capabilities
-    return AdaptivePlanner(cost, cap, drafting_grows_with_budget=drafter.drafting_grows_with_budget,
-                           matches_draws=verifier.matches_draws)
+    return make_adaptive_planner(pipeline, cap, cost, progress=False)
 
 
 @torch.inference_mode()

@@ -24,7 +24,8 @@ than the calibration timed), plus the step's overhead besides the forward. A for
 query rows of any timed is not chosen while that speed is learned (`ForwardSpeed.trusted`: the line is a
 guess far past its points); a cost given as exact is priced as given. Acceptance is one
 `AcceptanceModel` for every row. Sampled trees verified with their q (`plans_blind`) are kept whole: their
-size is chosen before drafting, from earlier steps alone.
+size is chosen before drafting, from earlier steps alone, and they count the tokens that the acceptance
+realised by index position expects of that size (`tokens_by_size`).
 
 Drafting runs row by row, so a step takes the drafting of every row that drafted, one forward for all
 rows and the overhead. A row runs a bandit: it drafts while its drafted steps emit faster than its plain
@@ -222,7 +223,10 @@ class AdaptivePlanner(CostAtContext, StepPlanner):
         whole = {key: len(tree) if plans[key].record.features is None else 0 for key, tree in trees.items()}
         owners, nodes, probs, depths = self._candidates(trees, plans)
         order = np.lexsort((nodes, -probs))  # best first; parents first (lower index, P at least the child's)
-        tokens = len(trees) + np.concatenate([[0.0], np.cumsum(probs[order])])
+        whole_tokens = tokens_by_size(self.position_hits)  # a tree kept whole: by the realised positions
+        expected = {key: float(whole_tokens[min(len(trees[key]), self.cap)]) for key, n in whole.items() if n}
+        tokens = len(trees) + sum(expected.values()) - len(expected)
+        tokens = tokens + np.concatenate([[0.0], np.cumsum(probs[order])])
         # alone, the kept tree's depth prices it (a chain can cost less than a flat tree of its size)
         deepest = np.concatenate([[0], np.maximum.accumulate(depths[order])]) if self.alone else None
         sizes = dict(whole)
@@ -242,7 +246,7 @@ class AdaptivePlanner(CostAtContext, StepPlanner):
         out = {}
         for key, tree in trees.items():
             if plans[key].record.features is None:
-                out[key] = (tree, Prediction(1.0, float(seconds[best])))
+                out[key] = (tree, Prediction(expected.get(key, 1.0), float(seconds[best])))
                 continue
             mine = chosen[owners[chosen] == key]
             tree = plans[key].record.cut(tree, np.sort(nodes[mine]).astype(np.int64))
