@@ -7,7 +7,10 @@ probability that the target accepts node i and its ancestors (`specframe.decode.
 of R rows, one forward scores every row's root and kept nodes, so the step emits R + sum of P_i over all
 kept nodes of all rows and takes T(R + k) seconds for k kept nodes in all. The k nodes of largest P, over
 all rows (parents before children within a row: P never grows from a parent to a child), maximise the
-tokens for that k; the planner keeps the k of most tokens per second, k = 0 (a plain step) included. So
+tokens for that k; the planner keeps the k of most tokens per second, k = 0 (a plain step) included.
+Where a backend pads every row of a forward to its widest tree (`kv`), a deep chain on one row makes
+nodes on every other row free, which no such k may hold; so in a batch the planner also prices, for each
+n, every row's n likeliest nodes, and keeps the best of all these sets. So
 a row whose drafts are unlikely keeps nothing while a row in a long copied span keeps a deep chain, and
 as B grows each node must be likelier to pay: the rows already fill the forward's matrix products, and a
 node adds nearly a full row's cost. At B = 1 this is the classic choice of one subtree
@@ -227,22 +230,18 @@ class AdaptivePlanner(CostAtContext, StepPlanner):
         expected = {key: float(whole_tokens[min(len(trees[key]), self.cap)]) for key, n in whole.items() if n}
         tokens = len(trees) + sum(expected.values()) - len(expected)
         tokens = tokens + np.concatenate([[0.0], np.cumsum(probs[order])])
-        # alone, the kept tree's depth prices it (a chain can cost less than a flat tree of its size)
-        deepest = np.concatenate([[0], np.maximum.accumulate(depths[order])]) if self.alone else None
-        sizes = dict(whole)
-        calibrated, rows = np.empty(len(order) + 1), np.empty(len(order) + 1, np.int64)
-        for k in range(len(order) + 1):  # the k likeliest nodes kept, in the forwards `batch` would run
-            if k:
-                sizes[int(owners[order[k - 1]])] += 1
-            depth = int(deepest[k]) if deepest is not None else None
-            calibrated[k], rows[k] = self._calibrated(batch.forward_rows(sizes), depth)
-            if k and self.learn_speed and not self.speed.trusted(int(rows[k])):  # priced once nearer ones ran
-                calibrated, rows, tokens = calibrated[:k], rows[:k], tokens[:k]
-                break
+        calibrated, rows, tokens = self._price_prefixes(order, owners, depths, whole, tokens, batch)
+        chosen = [order[:k] for k in range(len(tokens))]
+        if not self.alone:  # every row's n likeliest nodes: beside a deep chain on one row, others' are free
+            even = self._even_sets(order, owners, whole, batch)
+            chosen += [kept for kept, _, _ in even]
+            tokens = np.concatenate([tokens, [tokens[0] + probs[kept].sum() for kept, _, _ in even]])
+            calibrated = np.concatenate([calibrated, [c for _, c, _ in even]])
+            rows = np.concatenate([rows, [r for _, _, r in even]]).astype(np.int64)
         seconds = self.speed.factor(rows) * calibrated + self.overhead_s
         best = int(np.argmax(tokens / np.maximum(seconds, 1e-12)))
         self._calibrated_s, self._rows = float(calibrated[best]), int(rows[best])
-        chosen = order[:best]
+        chosen = chosen[best]
         out = {}
         for key, tree in trees.items():
             if plans[key].record.features is None:
@@ -254,6 +253,48 @@ class AdaptivePlanner(CostAtContext, StepPlanner):
             out[key] = (tree, Prediction(1.0 + float(probs[mine].sum()), float(seconds[best])))
         self._price_rows(whole, plans, batch)
         return out
+
+    def _price_prefixes(self, order: np.ndarray, owners: np.ndarray, depths: np.ndarray,
+                        whole: dict[int, int], tokens: np.ndarray,
+                        batch: BatchBackend) -> tuple[np.ndarray, ...]:
+        """The calibrated seconds and query rows of the forwards `batch` runs with the k likeliest nodes
+        kept (k = 0, 1, ...: `order`), and `tokens` for those k, up to the largest k whose forward is
+        trusted (`ForwardSpeed.trusted`; a cost given as exact: every k). Alone, the kept tree's depth
+        prices it (a chain can cost less than a flat tree of its size)."""
+        deepest = np.concatenate([[0], np.maximum.accumulate(depths[order])]) if self.alone else None
+        sizes = dict(whole)
+        calibrated, rows = np.empty(len(order) + 1), np.empty(len(order) + 1, np.int64)
+        for k in range(len(order) + 1):
+            if k:
+                sizes[int(owners[order[k - 1]])] += 1
+            depth = int(deepest[k]) if deepest is not None else None
+            calibrated[k], rows[k] = self._calibrated(batch.forward_rows(sizes), depth)
+            if k and self.learn_speed and not self.speed.trusted(int(rows[k])):
+                return calibrated[:k], rows[:k], tokens[:k]
+        return calibrated, rows, tokens
+
+    def _even_sets(self, order: np.ndarray, owners: np.ndarray, whole: dict[int, int],
+                   batch: BatchBackend) -> list[tuple[np.ndarray, float, int]]:
+        """For n = 1 .. cap, every row's n likeliest nodes (all of a row's where it has fewer): which
+        candidates they are, and the calibrated seconds and query rows of the forwards `batch` runs for
+        them (trusted ones only). The likeliest nodes over all rows (the prefixes) miss these where a
+        backend pads every row to the widest tree (`kv`): there a deep chain on one row makes nodes on
+        the others free, and a prefix that holds the chain holds few of them."""
+        rank = np.empty(len(order), np.int64)  # a node's place among its own row's, best first
+        for key in np.unique(owners):
+            mine = order[owners[order] == key]
+            rank[mine] = np.arange(len(mine))
+        sets = []
+        for n in range(1, min(self.cap, int(rank.max(initial=-1)) + 1) + 1):
+            kept = np.flatnonzero(rank < n)
+            sizes = dict(whole)
+            for key, count in zip(*np.unique(owners[kept], return_counts=True)):
+                sizes[int(key)] += int(count)
+            calibrated, rows = self._calibrated(batch.forward_rows(sizes))
+            if self.learn_speed and not self.speed.trusted(rows):
+                break
+            sets.append((kept, calibrated, rows))
+        return sets
 
     def _candidates(self, trees: dict[int, TokenTree], plans: dict[int, RowPlan]) -> tuple[np.ndarray, ...]:
         """The nodes the cut may keep or drop, over every row whose tree may be pruned: each one's row,

@@ -318,3 +318,20 @@ def test_the_planner_prices_no_forward_far_larger_than_any_timed():
     planner.acceptance.predict = lambda conditional: conditional
     assert _padded_kept(planner) == 4  # a node on each row: 8 query rows; a second on any: 12 > 10
     assert _padded_kept(_planner_with_slopes(0.01)) == 16
+
+
+def test_padded_rows_keep_even_shallow_trees_where_one_row_s_deep_chain_would_widen_every_row():
+    """Eight rows padded to the widest tree, a forward of n query rows taking 1 + 0.1 n: row 0 holds a
+    confident chain of six nodes, the others two nodes each at 0.8 given the parent. Every prefix of the
+    likeliest nodes that holds the other rows' nodes holds row 0's deep chain too, and costs more than
+    it gains (a plain step does best among them); two nodes on every row (24 query rows) beats them all."""
+    planner = AdaptivePlanner(PolynomialCost((0.1, 1.0)), cap=6, learn_speed=False)
+    planner.acceptance.predict = lambda conditional: conditional  # features stand for their p here
+    trees, plans = {}, {}
+    for key in range(8):
+        n, p = (6, 0.97) if key == 0 else (2, 0.8)
+        trees[key] = TokenTree(np.arange(n, dtype=np.int64), np.arange(n, dtype=np.int64) - 1)
+        plans[key] = planner.row()
+        plans[key].record = CutRecord(np.full(n, p))
+    cut = planner.cut(trees, plans, PaddedForward())
+    assert {key: len(tree) for key, (tree, _) in cut.items()} == dict.fromkeys(range(8), 2)
