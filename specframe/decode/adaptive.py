@@ -226,16 +226,15 @@ class AdaptivePlanner(CostAtContext, StepPlanner):
         whole = {key: len(tree) if plans[key].record.features is None else 0 for key, tree in trees.items()}
         owners, nodes, probs, depths = self._candidates(trees, plans)
         order = np.lexsort((nodes, -probs))  # best first; parents first (lower index, P at least the child's)
-        whole_tokens = tokens_by_size(self.position_hits)  # a tree kept whole: by the realised positions
-        expected = {key: float(whole_tokens[min(len(trees[key]), self.cap)]) for key, n in whole.items() if n}
-        tokens = len(trees) + sum(expected.values()) - len(expected)
-        tokens = tokens + np.concatenate([[0.0], np.cumsum(probs[order])])
+        expected = self._whole_tokens(whole)
+        base = len(trees) + sum(expected.values()) - len(expected)
+        tokens = base + np.concatenate([[0.0], np.cumsum(probs[order])])
         calibrated, rows, tokens = self._price_prefixes(order, owners, depths, whole, tokens, batch)
         chosen = [order[:k] for k in range(len(tokens))]
         if not self.alone:  # every row's n likeliest nodes: beside a deep chain on one row, others' are free
             even = self._even_sets(order, owners, whole, batch)
             chosen += [kept for kept, _, _ in even]
-            tokens = np.concatenate([tokens, [tokens[0] + probs[kept].sum() for kept, _, _ in even]])
+            tokens = np.concatenate([tokens, [base + probs[kept].sum() for kept, _, _ in even]])
             calibrated = np.concatenate([calibrated, [c for _, c, _ in even]])
             rows = np.concatenate([rows, [r for _, _, r in even]]).astype(np.int64)
         seconds = self.speed.factor(rows) * calibrated + self.overhead_s
@@ -269,9 +268,22 @@ class AdaptivePlanner(CostAtContext, StepPlanner):
                 sizes[int(owners[order[k - 1]])] += 1
             depth = int(deepest[k]) if deepest is not None else None
             calibrated[k], rows[k] = self._calibrated(batch.forward_rows(sizes), depth)
-            if k and self.learn_speed and not self.speed.trusted(int(rows[k])):
+            if k and not self._trusted(int(rows[k])):
                 return calibrated[:k], rows[:k], tokens[:k]
         return calibrated, rows, tokens
+
+    def _trusted(self, rows: int) -> bool:
+        """Whether a forward of `rows` query rows may be chosen: near enough to the forwards timed
+        (`ForwardSpeed.trusted`), or any, where the cost was given as exact (the speed is not learned)."""
+        return not self.learn_speed or self.speed.trusted(rows)
+
+    def _whole_tokens(self, whole: dict[int, int]) -> dict[int, float]:
+        """The expected tokens of each row whose tree of `whole[row]` nodes is kept whole (a sampled tree
+        verified with its q), by the acceptance realised at each index position (`tokens_by_size`)."""
+        if not any(whole.values()):
+            return {}
+        by_size = tokens_by_size(self.position_hits)
+        return {key: float(by_size[min(n, self.cap)]) for key, n in whole.items() if n}
 
     def _even_sets(self, order: np.ndarray, owners: np.ndarray, whole: dict[int, int],
                    batch: BatchBackend) -> list[tuple[np.ndarray, float, int]]:
@@ -291,7 +303,7 @@ class AdaptivePlanner(CostAtContext, StepPlanner):
             for key, count in zip(*np.unique(owners[kept], return_counts=True)):
                 sizes[int(key)] += int(count)
             calibrated, rows = self._calibrated(batch.forward_rows(sizes))
-            if self.learn_speed and not self.speed.trusted(rows):
+            if not self._trusted(rows):
                 break
             sets.append((kept, calibrated, rows))
         return sets
