@@ -1,29 +1,26 @@
-"""`ssm-tree`: STree's tree-scan state backend for Mamba2 and gated DeltaNet models, and their hybrids.
+"""`ssm-tree`: STree's tree-scan state backend for Mamba2 and gated DeltaNet models, and their hybrids, and
+what it shares with `ssm-unrolled` (`SSMBackendBase`).
 
-`score` runs the unmodified model with every recurrent layer swapped for its tree forward (tree conv
-along parent chains, then the tree scan, or the tree delta rule, from the committed state); attention
-layers get the 4D ancestor mask and
-positions `prefix + depth` and append the tree's keys/values after the committed ones. Nothing committed
-is written. `commit` writes the accepted path into the conv and SSM states (activation replay or the
-closed form, option `commit`) and compacts the attention KV.
+`ssm-tree` is written once, in its rows form (`specframe_ssm.rows.SSMRows`, returned by `batch()`):
+several sequences whose trees are scored in one forward of the unmodified model with every recurrent
+layer swapped for its tree forward (tree conv along parent chains, then the tree scan, or the tree delta
+rule, from each row's committed state); attention layers get the 4D ancestor mask and positions
+`prefix + depth` and read each row's committed keys from a shared ragged cache. Nothing committed is
+written by scoring; a commit writes the accepted path into each row's conv and recurrent states
+(activation replay or the closed form, option `commit`) and moves its accepted keys. A single request is
+a batch of one row (`StateBackend.prefill`, `score`, `commit`). This module holds what every row shares:
+the options, which models the backend serves, its cost model, the rows a forward is padded to and the
+model call.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal, get_args
 
-import numpy as np
+from specframe import BackendCapabilities, ConfigurationError, CostModel, StateBackend, UnsupportedModelError
 
-from specframe import (
-    BackendCapabilities, ConfigurationError, CostModel, StateBackend, TargetScores, TokenTree,
-    UnsupportedModelError,
-)
-from specframe.kit.inference import inference_mode
-
-if TYPE_CHECKING:  # imported where they are used, so that registering the backends loads no torch
+if TYPE_CHECKING:  # imported where it is used, so that registering the backends loads no torch
     import torch
-
-    from specframe_ssm.mixer import TreeRun
 
 # The keys of COMMIT_RULES (tests/plugins/ssm/test_ssm_cost.py checks).
 CommitRule = Literal["replay", "closed"]
@@ -32,10 +29,12 @@ SCANS = get_args(ScanImpl)
 
 
 class SSMBackendBase(StateBackend):
-    """What both SSM backends share: model checks, prefill, and the model call with explicit positions."""
+    """What both SSM backends share: model checks, the cost model, a fresh cache, the model call with
+    explicit positions, and a plain sequence fed after a cache's state (a prompt, or `ssm-unrolled`'s
+    commit)."""
 
     capabilities = BackendCapabilities(supports_trees=True, provides_hidden_states=True,
-                                       fresh_state_per_copy=True)  # prefill makes a new cache
+                                       fresh_state_per_copy=True)  # a sequence starts in a new cache
     min_rows = 1  # rows every forward is padded to (root included); 1: no padding
 
     def __init__(self, target, *, want_hidden: bool = False, calibration=None):
@@ -47,10 +46,6 @@ class SSMBackendBase(StateBackend):
             raise UnsupportedModelError(f"backend '{self.name}' cannot serve model '{target.name}': {reason}")
         self.model = target.model
         self.layout = inspect_layout(self.model)
-        self.cache = None
-        self._committed = 0
-        self._pending: int | None = None
-        self._prompt_root = False  # whether the pending token is the prompt's last
 
     @classmethod
     def unsupported_reason(cls, target) -> str | None:
@@ -74,10 +69,6 @@ class SSMBackendBase(StateBackend):
         (`specframe.kit.backend.buffered_cache`) are measured again."""
         return {"attention_cache": "buffer"}
 
-    @property
-    def committed_length(self) -> int:
-        return self._committed
-
     def _new_cache(self):
         """transformers' cache for the model, its attention layers appending in place
         (`specframe.kit.backend.buffered_cache`; recurrent layers as transformers builds them)."""
@@ -95,19 +86,12 @@ class SSMBackendBase(StateBackend):
             kwargs["attention_mask"] = mask
         return self.model(input_ids=ids, **kwargs)
 
-    @inference_mode
-    def prefill(self, ids: list[int]) -> None:
-        self.cache = self._new_cache()
-        self._committed, self._pending = 0, int(ids[-1])
-        self._prompt_root = True  # the pending token is the prompt's last (see `TreeRun.clamped_rows`)
-        if len(ids) > 1:
-            self._append_chain(ids[:-1], logits_to_keep=1)
-
-    def _append_chain(self, tokens: list[int], **extra):
-        """Feed `tokens` as a plain sequence after the committed state with the unmodified model."""
+    def _feed(self, cache, prefix: int, tokens: list[int], **extra):
+        """Feed `tokens` as one plain sequence after the `prefix` tokens `cache` holds (batch 1), with the
+        unmodified model, extending `cache`."""
         import torch
 
-        device, prefix = self.target.device, self._committed
+        device = self.target.device
         ids = torch.tensor([tokens], device=device)  # (1, m)
         positions = prefix + torch.arange(len(tokens), device=device)[None]  # (1, m)
         mask = None
@@ -115,9 +99,7 @@ class SSMBackendBase(StateBackend):
             from specframe.kit.backend import additive_mask
 
             mask = additive_mask(chain_allowed(prefix, len(tokens), 1, device), self.model.dtype)
-        out = self._forward(ids, positions, self.cache, mask, **extra)
-        self._committed = prefix + len(tokens)
-        return out
+        return self._forward(ids, positions, cache, mask, **extra)
 
 
 def chain_allowed(prefix: int, length: int, batch: int, device) -> torch.Tensor:
@@ -178,65 +160,9 @@ class SSMTreeBackend(SSMBackendBase):
         `stream` (`specframe.kit.backend.pads_by_measurement`)."""
         return self._measured_padding
 
-    @inference_mode
-    def score(self, tree: TokenTree) -> TargetScores:
-        rows = len(tree) + 1
-        out = self._run(tree.padded(self.min_rows - rows, self._pending))
-        hidden = None if out.hidden is None else out.hidden[:rows]
-        return self.issue(TargetScores(logits=out.logits[:rows], hidden=hidden, tree=tree, state=out.state))
-
-    def _run(self, tree: TokenTree) -> TargetScores:
-        """The forward over the packed `tree` after the committed state: every row's logits, and in
-        `state` each mixer's per-node activations, all `commit` needs to absorb any path."""
-        import torch
-        from specframe_ssm import cache as cache_ops
-        from specframe_ssm.mixer import TreeRun, tree_forward_mode
-        from specframe.kit.backend import additive_mask
-        from specframe_ssm.tree_ops import one_row, tree_rows
-
-        cache_ops.crop_kv(self.cache, self.layout.attention, self._committed)  # drop an earlier scoring
-        device, prefix = self.target.device, self._committed
-        ids = torch.from_numpy(np.concatenate([[self._pending], tree.tokens]))[None].to(device)  # (1, T)
-        positions = torch.from_numpy(prefix + tree.position_offsets)[None].to(device)  # (1, T)
-        ancestors, conv_index, parents = tree_rows([tree], self.conv_width, device)
-        states = {i: one_row(cache_ops.ssm_state(self.cache, m)) for i, m in self.layout.mixers.items()}
-        run = TreeRun(mask=ancestors, conv_index=conv_index, states=states, scan_impl=self.scan,
-                      parents=parents, clamped_rows=(int(self._prompt_root),))
-        mask = None
-        if self.layout.hybrid:
-            allowed = torch.ones(1, len(tree) + 1, prefix + len(tree) + 1, dtype=torch.bool, device=device)
-            allowed[:, :, prefix:] = ancestors
-            mask = additive_mask(allowed, self.model.dtype)  # (1, 1, T, P + T)
-        with tree_forward_mode(self.layout.mixers, run, self.layout.kinds):
-            out = self._forward(ids, positions, self.cache, mask, output_hidden_states=self.want_hidden)
-        hidden = out.hidden_states[-1][0] if self.want_hidden else None  # (T, D)
-        return TargetScores(logits=out.logits[0].float(), hidden=hidden, tree=tree, state=run)
-
     def batch(self):
-        """Every row's tree in one forward (`specframe_ssm.rows.SSMRows`), or the rows one after the other
-        (`RowByRow`) where the batch cannot hold the model's attention state (`rows_refusal`)."""
-        from specframe_ssm.rows import SSMRows, rows_refusal
+        """Every row's tree in one forward (`specframe_ssm.rows.SSMRows`). A single request is this with
+        one row (`StateBackend.prefill`)."""
+        from specframe_ssm.rows import SSMRows  # imports torch: not at registration
 
-        return super().batch() if rows_refusal(self.model) else SSMRows(self)
-
-    @inference_mode
-    def commit(self, scored: TargetScores, path: list[int], bonus: int) -> None:
-        import torch
-        from specframe_ssm import cache as cache_ops
-        from specframe_ssm.mixer import FAMILIES
-        from specframe_ssm.tree_ops import row_of
-
-        self.redeem(scored)
-        run: TreeRun = scored.state
-        packed = [0] + [int(i) + 1 for i in path]  # root first, then the accepted nodes
-        index = torch.tensor(packed, device=self.target.device)
-        for idx, layer in self.layout.mixers.items():
-            commit = FAMILIES[self.layout.kinds[idx]].commit
-            new_conv, new_state = commit(layer, row_of(run.states[idx], 0), row_of(run.saved[idx], 0), index,
-                                         self.commit_rule)
-            cache_ops.write_ssm_state(self.cache, layer, new_conv, new_state)
-        start = self._committed
-        cache_ops.compact_kv(self.cache, self.layout.attention, start, [start + i for i in packed])
-        self._committed = start + len(packed)
-        self._pending, self._prompt_root = int(bonus), False
-
+        return SSMRows(self)

@@ -1,7 +1,8 @@
-"""Reading and writing the committed state of a transformers `DynamicCache` for Mamba2 and hybrid models.
+"""Reading the state of a transformers `DynamicCache` for Mamba2 and hybrid models: a prompt's recurrent
+states (`ssm-tree`'s rows keep them per row), and cropping attention keys (`ssm-unrolled`).
 
 SSM layers are `LinearAttentionLayer`s (conv state (1, Cd, K), SSM state (1, H, P, N)); attention layers
-are `DynamicLayer`s (keys/values (1, H_kv, S, d)). The committed state is only ever written by `commit`.
+are `DynamicLayer`s (keys/values (1, H_kv, S, d)).
 """
 
 from __future__ import annotations
@@ -25,20 +26,6 @@ def ssm_state(cache, mixer) -> tuple[torch.Tensor, torch.Tensor | None]:
     return torch.zeros(weight.shape[0], weight.shape[-1], dtype=weight.dtype, device=weight.device), None
 
 
-def write_ssm_state(cache, mixer, conv: torch.Tensor, h: torch.Tensor | None) -> None:
-    """Store conv (Cd, K) and the recurrent state h (None: the layer has none) as the layer's committed
-    state, in place when it exists."""
-    layer = cache.layers[mixer.layer_idx]
-    if layer.has_previous_state[0]:
-        layer.conv_states[0].copy_(conv[None])
-        if h is not None:
-            layer.recurrent_states[0].copy_(h[None])
-    else:  # first tokens ever: let the cache allocate its buffers
-        cache.update_conv_state(conv[None].contiguous(), mixer.layer_idx, conv_kernel_size=conv.shape[1])
-        if h is not None:
-            cache.update_recurrent_state(h[None].contiguous(), mixer.layer_idx)
-
-
 def kv_length(cache, layer_idx: int) -> int:
     return cache.layers[layer_idx].get_seq_length()
 
@@ -53,15 +40,3 @@ def crop_kv(cache, layers: list[int], length: int) -> None:
         extra = kv_length(cache, idx) - length
         if extra > 0:
             DynamicLayer.crop(cache.layers[idx], -extra)
-
-
-def compact_kv(cache, layers: list[int], start: int, keep: list[int]) -> None:
-    """Move rows `keep` (absolute, increasing) to `start, start + 1, ...` and drop the rest."""
-    if keep != list(range(start, start + len(keep))):
-        index = torch.tensor(keep)
-        for idx in layers:
-            layer = cache.layers[idx]
-            index = index.to(layer.keys.device)
-            layer.keys[:, :, start:start + len(keep)] = layer.keys.index_select(-2, index)
-            layer.values[:, :, start:start + len(keep)] = layer.values.index_select(-2, index)
-    crop_kv(cache, layers, start + len(keep))

@@ -1,36 +1,36 @@
-"""`ssm-tree`'s batch (`SSMTreeBackend.batch()`): several sequences (rows) scored in one forward, each as
-the single-row backend scores it alone.
+"""`ssm-tree`'s state (`SSMTreeBackend.batch()`): several sequences (rows) scored in one forward, each as
+alone; a single request is one row (the contract's `StateBackend.prefill`, `score`, `commit`).
 
-- `add(ids)` reads the prompt with the single-row backend itself (`SSMTreeBackend.prefill` on a copy),
-  then keeps that row's recurrent state per layer (conv window and SSM / delta-rule state) and copies its
-  attention keys and values, if the model has attention layers, into a slot of one shared
-  `RaggedCache` (as `kv`'s batch does: a row's slot holds its committed keys in columns [0, length)).
+- `add(ids)` reads the prompt alone (a batch-1 forward of `ids[:-1]` with the unmodified model, so a row's
+  prompt state is the bits it would have alone), then keeps that row's recurrent state per layer (conv
+  window and SSM / delta-rule state) and copies its attention keys and values, if the model has attention
+  layers, into a slot of one shared `RaggedCache` (as `kv`'s rows do: a row's slot holds its committed
+  keys in columns [0, length); keys and values each with their own head size, so the latent attention of
+  Kimi Linear fits as well).
 - `score(trees)` pads every scored row's tree to the widest with a chain of throwaway nodes after its
-  last node (`TokenTree.padded`, as the single-row backend pads to `min_rows`: no real node has them
-  among its ancestors) and runs one forward of shape (R, T). The recurrent layers run their tree
-  forwards (`specframe_ssm.mixer.FAMILIES`) over all rows at once: projections on (R, T, D), then the
-  tree conv, the tree scan or the tree delta rule of each row from its own committed state and with its
-  own parents (`specframe_ssm.tree_ops.over_rows`: one vmapped computation; the Mamba-1 scan and the
-  Triton kernel take the rows in turn). Attention layers get positions `length + depth` and a 4D mask
-  (R, 1, T, longest + T) showing each query its own row's committed columns, its tree ancestors and
-  itself; the forward writes each row's T new keys at [length, length + T) of its slot. Rows whose
-  committed length differs only see different numbers of masked columns.
-- `commit(accepted)` absorbs each row's own accepted path into that row's recurrent state with the
-  single-row commit (`TreeFamily.commit`, replay or closed form) and moves the root and accepted keys to
+  last node (`TokenTree.padded`; with one row, up to `min_rows`: no real node has them among its
+  ancestors) and runs one forward of shape (R, T). The recurrent layers run their tree forwards
+  (`specframe_ssm.mixer.FAMILIES`) over all rows at once: projections on (R, T, D), then the tree conv,
+  the tree scan or the tree delta rule of each row from its own committed state and with its own parents
+  (`specframe_ssm.tree_ops.over_rows`: one vmapped computation, or the single-tree code itself for one
+  row; the Mamba-1 scan and the Triton kernel take the rows in turn). Attention layers get positions
+  `length + depth` and a 4D mask (R, 1, T, longest + T) showing each query its own row's committed
+  columns, its tree ancestors and itself; the forward writes each row's T new keys at
+  [length, length + T) of its slot. Rows whose committed length differs only see different numbers of
+  masked columns. Nothing committed is written.
+- `commit(accepted)` absorbs each row's own accepted path into that row's recurrent state
+  (`TreeFamily.commit`, replay or closed form, option `commit`) and moves the root and accepted keys to
   [length, length + 1 + len(path)) of its slot.
 
-Exactness: a row's logits are those of the single-row backend up to float rounding (the batched linears,
+Exactness: a row's logits in a batch are those it gets alone up to float rounding (the batched linears,
 the vmapped scan and attention over a longer masked key range sum in another order; under 1e-5 on the
 tiny float32 test models, tests/plugins/ssm/test_ssm_rows.py), the same kind of difference as between a
-tree's rows and plain steps that the single-row backend already has. Greedy output equal to plain greedy
-decoding is checked end to end, per row, on tiny Mamba2, gated DeltaNet and hybrid targets.
-
-Kimi Linear's attention (multi-head latent attention: keys and values of different head sizes) does not
-fit the shared ragged cache, whose buffers give keys and values one layout: its rows are scored one
-after the other (`RowByRow`, `rows_refusal`).
+tree's rows and plain steps. A row alone is checked against the unmodified model on every path of its
+tree and after every commit (tests/plugins/ssm/test_ssm_backends.py), and greedy output equal to plain
+greedy decoding end to end, per row, alone and in batches.
 
 Padding (`min_rows`): a forward of fewer than `min_rows` rows in all has each row's T raised until R * T
-reaches it, as `kv`'s batch pads; `forward_rows` reports that one forward of R * T rows to the planner.
+reaches it, as `kv`'s rows pad; `forward_rows` reports that one forward of R * T rows to the planner.
 """
 
 from __future__ import annotations
@@ -43,19 +43,11 @@ import numpy as np
 import torch
 
 from specframe import TargetScores, TokenTree
-from specframe.kit.backend import RaggedCache, SlottedRow, SlottedRows, additive_mask, buffered_cache
+from specframe.kit.backend import RaggedCache, SlottedRow, SlottedRows, additive_mask
 from specframe.kit.inference import inference_mode
 from specframe_ssm import cache as cache_ops
 from specframe_ssm.mixer import FAMILIES, TreeRun, tree_forward_mode
-from specframe_ssm.tree_ops import row_of, tree_rows
-
-
-def rows_refusal(model) -> str | None:
-    """Why `SSMRows` cannot batch `model` (it falls back to `RowByRow`), or None when it can."""
-    config = model.config.get_text_config(decoder=True)
-    if getattr(config, "kv_lora_rank", None) is not None:
-        return "its attention keeps keys and values of different head sizes (multi-head latent attention)"
-    return None
+from specframe_ssm.tree_ops import one_row, row_of, tree_rows
 
 
 @dataclass
@@ -79,7 +71,7 @@ class SSMRows(SlottedRows):
         self.model, self.device, self.layout = backend.model, backend.target.device, backend.layout
         # The forward's cache: recurrent layers read their state from the `TreeRun`, never from it; each
         # attention layer is a ragged layer holding every row's keys in its slot.
-        self.cache = buffered_cache(self.model.config)
+        self.cache = backend._new_cache()
         attention = self.layout.attention
         self.kv = None
         if attention:
@@ -92,16 +84,21 @@ class SSMRows(SlottedRows):
 
     @inference_mode
     def add(self, ids: list[int]) -> int:
-        import copy
-
-        alone = copy.copy(self.backend)
-        alone.prefill(ids)  # the single-row backend's own prompt forward
+        prompt = self._read(ids)
         state = _Row(slot=len(self.rows), length=len(ids) - 1, pending=int(ids[-1]), prompt_root=True,
-                     states={i: cache_ops.ssm_state(alone.cache, m) for i, m in self.layout.mixers.items()})
+                     states={i: cache_ops.ssm_state(prompt, m) for i, m in self.layout.mixers.items()})
         if self.kv is not None:
-            self.kv.store(state.slot, SimpleNamespace(layers=[alone.cache.layers[i]
-                                                              for i in self.layout.attention]))
+            attention = SimpleNamespace(layers=[prompt.layers[i] for i in self.layout.attention])
+            self.kv.store(state.slot, attention)
         return self.admit(state)
+
+    def _read(self, ids: list[int]):
+        """The cache after one forward of the prompt `ids[:-1]` alone (batch 1) with the unmodified model,
+        so a row's prompt state is the same bits whatever else is in the batch."""
+        cache = self.backend._new_cache()
+        if len(ids) > 1:
+            self.backend._feed(cache, 0, ids[:-1], logits_to_keep=1)
+        return cache
 
     @inference_mode
     def move_slot(self, source: int, target: int, columns: int) -> None:
@@ -155,6 +152,8 @@ class SSMRows(SlottedRows):
         """Each recurrent layer's (conv (R, Cd, K), state (R, ...) or None) for the rows `states`. A row
         with no state yet (a one-token prompt) gets zeros beside rows that have one: the tree forwards and
         commits treat None as the zero state, and adding a zero changes no bit."""
+        if len(states) == 1:  # one row: its own tensors, viewed with a leading row
+            return {idx: one_row(states[0].states[idx]) for idx in self.layout.mixers}
         out = {}
         for idx in self.layout.mixers:
             convs = [state.states[idx][0] for state in states]
@@ -206,8 +205,8 @@ class SSMRows(SlottedRows):
 
 def _as_committed(old: tuple[torch.Tensor, torch.Tensor | None], conv: torch.Tensor,
                   h: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The new (conv, state) in the dtypes the single-row backend's cache would hold them: that of the
-    state it replaces (`cache.write_ssm_state` copies into it), or as computed for a row's first state."""
+    """The new (conv, state) in the dtypes transformers' cache would hold them: that of the state it
+    replaces, or as computed for a row's first state."""
     conv = conv.to(old[0].dtype)
     if h is not None and old[1] is not None:
         h = h.to(old[1].dtype)

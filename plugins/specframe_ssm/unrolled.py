@@ -4,7 +4,9 @@ as one batch of plain sequences on a batched copy of the committed state with th
 Shared prefixes are recomputed once per path and the committed state (SSM states, attention KV) is
 copied per path; that redundancy is what the packed tree scan removes. Because no intermediate SSM
 state survives a batched scan, `commit` re-feeds the root and the accepted path as one chain.
-It only uses the model's own forward, so it also serves as a test oracle for `ssm-tree`.
+It only uses the model's own forward, so it also serves as a test oracle for `ssm-tree`. It is written for
+one sequence (`prefill`, `score`, `commit`): a batch is one copy per row, scored one after the other
+(`RowByRow`, the contract's default).
 
 Mamba2-type mixers clamp their time steps to `time_step_limit` in transformers' multi-token forward but
 not in its one-token step. Plain greedy decoding feeds the prompt in one forward and every new token
@@ -96,6 +98,13 @@ class SSMUnrolledBackend(SSMBackendBase):
 
     name = "ssm-unrolled"
 
+    def __init__(self, target, *, want_hidden: bool = False, calibration=None):
+        super().__init__(target, want_hidden=want_hidden, calibration=calibration)
+        self.cache = None  # transformers' cache of the one sequence, built by `prefill`
+        self._committed = 0
+        self._pending: int | None = None
+        self._prompt_root = False  # whether the pending token is the prompt's last
+
     @classmethod
     def unsupported_reason(cls, target) -> str | None:
         from specframe_ssm.layout import MAMBA1, inspect_layout
@@ -106,6 +115,24 @@ class SSMUnrolledBackend(SSMBackendBase):
                     "selective scan takes no initial state), so a path cannot be scored as a sequence after "
                     "the prefix")
         return reason
+
+    @property
+    def committed_length(self) -> int:
+        return self._committed
+
+    @inference_mode
+    def prefill(self, ids: list[int]) -> None:
+        self.cache = self._new_cache()
+        self._committed, self._pending = 0, int(ids[-1])
+        self._prompt_root = True  # the pending token is the prompt's last (see `decoding_time_steps`)
+        if len(ids) > 1:
+            self._append_chain(ids[:-1], logits_to_keep=1)
+
+    def _append_chain(self, tokens: list[int], **extra):
+        """Feed `tokens` as a plain sequence after the committed state with the unmodified model."""
+        out = self._feed(self.cache, self._committed, tokens, **extra)
+        self._committed += len(tokens)
+        return out
 
     @inference_mode
     def score(self, tree: TokenTree) -> TargetScores:

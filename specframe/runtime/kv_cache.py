@@ -115,6 +115,7 @@ class Selection:
 class RaggedLayer(DynamicLayer):
     """One attention layer's keys and values for several sequences of different lengths: buffers of
     (slots, kv_heads, columns, head_dim) where slot b holds its sequence's rows in columns [0, len_b).
+    Keys and values each have their own head_dim (multi-head latent attention's differ).
 
     `update` writes a forward's T new rows of each selected slot at that slot's own start column (one
     indexed write per buffer, whatever the number of slots) and returns the selected slots' columns
@@ -133,26 +134,26 @@ class RaggedLayer(DynamicLayer):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args,
                **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
         selected = self.selection
-        self.reserve(selected.slots, selected.end, key_states)
+        self.reserve(selected.slots, selected.end, key_states, value_states)
         slots, columns = selected.write  # (R, T) each
         self.key_buffer[slots, :, columns] = key_states.transpose(1, 2)  # (R, T, kv_heads, head_dim)
         self.value_buffer[slots, :, columns] = value_states.transpose(1, 2)
         self.keys, self.values = (_read(buffer, selected) for buffer in (self.key_buffer, self.value_buffer))
         return self.keys, self.values
 
-    def reserve(self, slots: int, columns: int, like: torch.Tensor) -> None:
+    def reserve(self, slots: int, columns: int, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Make the buffers hold at least `slots` slots of `columns` columns, keeping what they hold;
-        `like` (any tensor of shape (., kv_heads, ., head_dim)) gives their layout when they are new."""
+        `keys` and `values` (any tensors of shape (., kv_heads, ., head_dim)) give their layouts when
+        they are new."""
         if not self.is_initialized:
-            self.lazy_initialization(like, like)
+            self.lazy_initialization(keys, values)
         have = (0, 0) if self.key_buffer is None else (self.key_buffer.shape[0], self.key_buffer.shape[2])
         if slots <= have[0] and columns <= have[1]:
             return
         size = (max(slots, int(have[0] * GROWTH)) if slots > have[0] else have[0],
                 max(int(columns * GROWTH), columns + MIN_ROOM) if columns > have[1] else have[1])
-        shape = (size[0], like.shape[1], size[1], like.shape[-1])
-        for name in ("key_buffer", "value_buffer"):
-            old, new = getattr(self, name), like.new_zeros(shape)
+        for name, like in (("key_buffer", keys), ("value_buffer", values)):
+            old, new = getattr(self, name), like.new_zeros((size[0], like.shape[1], size[1], like.shape[-1]))
             if old is not None:
                 new[:have[0], :, :have[1]].copy_(old)
             setattr(self, name, new)
@@ -202,7 +203,7 @@ class RaggedCache(Cache):
         for layer, alone in zip(self.layers, source.layers):
             length = alone.get_seq_length()
             if length:
-                layer.reserve(slot + 1, length, alone.keys)
+                layer.reserve(slot + 1, length, alone.keys, alone.values)
                 layer.key_buffer[slot, :, :length].copy_(alone.keys[0])
                 layer.value_buffer[slot, :, :length].copy_(alone.values[0])
 

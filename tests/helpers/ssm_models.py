@@ -202,6 +202,42 @@ def state_tensors(cache) -> dict[str, torch.Tensor]:
 
 
 @torch.inference_mode()
+def prefix_cache(model, tokens: list[int]):
+    """The cache after a plain run of `tokens` from an empty state (the committed state a reference continues
+    from; empty for no tokens)."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    if tokens:
+        run_sequence(model, cache, 0, tokens)
+    return cache
+
+
+def committed_state(backend) -> dict[str, torch.Tensor]:
+    """`state_tensors` of the committed state of an SSM backend decoding one sequence: `ssm-unrolled`'s cache
+    without a scored tree's keys, or the one row `ssm-tree`'s rows form holds for it (`SSMRows`), named as
+    transformers' cache of that sequence would name them."""
+    from specframe_ssm.cache import crop_kv
+
+    if backend.name == "ssm-unrolled":
+        cache = copy.deepcopy(backend.cache)
+        crop_kv(cache, backend.layout.attention, backend.committed_length)
+        return state_tensors(cache)
+    rows, row = backend._sequence  # the contract's one-row batch (`StateBackend.prefill`)
+    state, out = rows.rows[row], {}
+    if not state.length:
+        return out  # nothing fed yet: transformers' cache holds no state either
+    for i, (conv, h) in state.states.items():
+        out[f"conv{i}"] = conv[None].clone()
+        if h is not None:
+            out[f"ssm{i}"] = h[None].clone()
+    for i, layer in zip(backend.layout.attention, rows.kv.layers if rows.kv else []):
+        out[f"keys{i}"] = layer.key_buffer[state.slot, :, :state.length][None].clone()
+        out[f"values{i}"] = layer.value_buffer[state.slot, :, :state.length][None].clone()
+    return out
+
+
+@torch.inference_mode()
 def reference_greedy(target: Target, prompt: list[int], max_new_tokens: int) -> list[int]:
     """Plain greedy decoding with the unmodified model, one token per forward."""
     from transformers import DynamicCache

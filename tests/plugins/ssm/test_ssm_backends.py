@@ -7,7 +7,6 @@ conv state, SSM state, KV cache and next-token logits equal those of the plain s
 
 from __future__ import annotations
 
-import copy
 import re
 
 import numpy as np
@@ -15,14 +14,14 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 from ssm_models import (
-    VOCAB, make_repetitive, path_reference, run_sequence, state_tensors, tiny_ssm_target,
+    VOCAB, committed_state, make_repetitive, path_reference, prefix_cache, run_sequence, state_tensors,
+    tiny_ssm_target,
 )
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from specframe import SpeculativeDecoder, Target, TokenTree, UnsupportedModelError, get_registry
 from first_party import first_party_registry, own_words
 from specframe.plugging.pipeline import backend_refusal
-from specframe_ssm.cache import crop_kv
 
 PROMPT = [5, 9, 3, 7, 11, 2, 8, 9, 3]
 TREES = {
@@ -64,45 +63,39 @@ def tolerance(target: Target) -> float:
 
 
 def check_scores(target: Target, backend: str, tree: TokenTree, prompt=PROMPT, **options):
-    """Score `tree`; compare every root-to-leaf path with the reference; check nothing committed moved."""
+    """Score `tree`; compare every root-to-leaf path with the reference (the unmodified model continuing a
+    plain run of the prompt); check nothing committed moved."""
     b = backend_cls(backend)(target, **options)
     b.prefill(prompt)
-    before = state_tensors(b.cache)
+    before = committed_state(b)
     scores = b.score(tree)
     assert scores.logits.shape == (len(tree) + 1, target.vocab_size)
-    after = state_tensors(b.cache)
-    for name, tensor in before.items():  # the committed part is unchanged (KV may grow by the tree)
-        now = after[name][..., : tensor.shape[-2], :] if name.startswith(("keys", "values")) else after[name]
-        torch.testing.assert_close(now, tensor, atol=0, rtol=0)
-    start = len(prompt) - 1
+    after = committed_state(b)
+    assert sorted(after) == sorted(before)
+    for name, tensor in before.items():
+        torch.testing.assert_close(after[name], tensor, atol=0, rtol=0)
+    start, committed = len(prompt) - 1, prefix_cache(target.model, prompt[:-1])
     for path in tree.paths or [[]]:
         tokens = [prompt[-1], *tree.tokens[path].tolist()]
-        want, _ = path_reference(target.model, _committed_copy(b), start, tokens)
+        want, _ = path_reference(target.model, committed, start, tokens)
         atol = tolerance(target)
         torch.testing.assert_close(scores.logits[packed_path(path)], want, atol=atol, rtol=atol)
     return b, scores
-
-
-def _committed_copy(b):
-    """The backend's cache with any scored tree rows dropped: the committed state only."""
-    cache = copy.deepcopy(b.cache)
-    crop_kv(cache, b.layout.attention, b.committed_length)
-    return cache
 
 
 def check_commit(target: Target, backend: str, tree: TokenTree, node: int, prompt=PROMPT, **options):
     """Commit the path to `node` (-1: the root alone); compare states and next logits with a plain run."""
     b = backend_cls(backend)(target, **options)
     b.prefill(prompt)
-    committed = _committed_copy(b)
     scores = b.score(tree)
     path = tree.path_to(node) if node >= 0 else []
     tokens = [prompt[-1], *tree.tokens[path].tolist()]
+    committed = prefix_cache(target.model, prompt[:-1])
     _, want_cache = path_reference(target.model, committed, len(prompt) - 1, tokens)
     bonus = 13
     b.commit(scores, path, bonus)
     assert b.committed_length == len(prompt) - 1 + len(tokens)
-    got, want = state_tensors(b.cache), state_tensors(want_cache)
+    got, want = committed_state(b), state_tensors(want_cache)
     assert sorted(got) == sorted(want)
     atol = tolerance(target)
     for name in want:
@@ -242,8 +235,8 @@ def test_scoring_twice_then_committing(target):
     fresh_scores = fresh.score(tree)
     torch.testing.assert_close(fresh_scores.logits, scores.logits)
     fresh.commit(fresh_scores, tree.path_to(3), 7)
-    for name, tensor in state_tensors(fresh.cache).items():
-        torch.testing.assert_close(state_tensors(b.cache)[name], tensor)
+    for name, tensor in committed_state(fresh).items():
+        torch.testing.assert_close(committed_state(b)[name], tensor)
 
 
 _TARGETS: dict[str, Target] = {}

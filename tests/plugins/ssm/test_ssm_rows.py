@@ -1,18 +1,19 @@
 """`ssm-tree`'s batch (`specframe_ssm.rows.SSMRows`): rows scored together in one forward give each row what
-the single-row backend gives it alone, on every family ssm-tree batches (Mamba2, the attention hybrids,
-gated DeltaNet, Mamba-1, LFM2, Falcon-H1, Zamba2), over steps with prompts of different lengths (a
+it gets alone (a batch of one row, as a single request is decoded), on every family ssm-tree serves
+(Mamba2, the attention hybrids, gated DeltaNet, Kimi Linear's latent attention, Mamba-1, LFM2, Falcon-H1,
+Zamba2), over steps with prompts of different lengths (a
 one-token prompt among them), trees of different shapes and sizes (plain steps among them), random
 accepted paths, idle rows, rows removed and added, and forwards padded to `min_rows`.
 
-How exactness is obtained and checked. The batch computes each row with the single-row code (the same
-tree forwards and commits, over a leading row dimension), so a row's logits differ from the single-row
-backend's only by float rounding (batched linears and scans, longer masked key ranges): `ROW_ATOL`, far
+How exactness is obtained and checked. The batch computes each row with the one-row code (the same
+tree forwards and commits, over a leading row dimension), so a row's logits differ from those it gets
+alone only by float rounding (batched linears and scans, longer masked key ranges): `ROW_ATOL`, far
 below what a leaked padding node, another row's state or another row's keys cause (1e-2 and more; the
 mutants below show the check catches them). Greedy output is then checked end to end: every row of
 `generate_batch` equals plain greedy decoding of its prompt with the unmodified model
 (`ssm_models.reference_greedy`, one token per forward, up to the EOS where decoding stops), token for
-token, on tiny Mamba2, Bamba, Qwen3-Next
-and GraniteMoeHybrid targets, with rows finishing at different times."""
+token, on tiny Mamba2, Bamba, Qwen3-Next,
+GraniteMoeHybrid and Kimi Linear targets, with rows finishing at different times."""
 
 from __future__ import annotations
 
@@ -25,7 +26,6 @@ from row_twins import RowTwins
 from ssm_models import VOCAB, make_repetitive, reference_greedy, tiny_ssm_target
 
 from specframe import SpeculativeDecoder, TokenTree
-from specframe.contract.interfaces import RowByRow
 from specframe_ssm import SSMTreeBackend
 from specframe_ssm.rows import SSMRows
 
@@ -33,8 +33,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # fixture in conftest.py
 
 # Rows together vs alone on the tiny float32 models: at most 1.7e-5 seen (Zamba2), most under 5e-6.
 ROW_ATOL = 1e-4
-BATCHED = ["mamba2", "bamba", "nemotronh", "granite_hybrid", "qwen3_next", "olmo_hybrid", "mamba",
-           "falcon_mamba", "jamba", "lfm2", "falcon_h1", "zamba2"]
+BATCHED = ["mamba2", "bamba", "nemotronh", "granite_hybrid", "qwen3_next", "olmo_hybrid", "kimi_linear",
+           "mamba", "falcon_mamba", "jamba", "lfm2", "falcon_h1", "zamba2"]
 
 
 def random_tree(rng: np.random.Generator, nodes: int) -> TokenTree:
@@ -143,9 +143,16 @@ def test_stale_and_partial_commits_are_refused():
     assert [batch.committed_length(row) for row in rows] == [3 + 2, 8 + 2]
 
 
-def test_kimi_linear_falls_back_to_row_by_row():
-    """Its latent attention keeps keys and values of different sizes, which the ragged cache cannot hold."""
-    assert isinstance(SSMTreeBackend(tiny_ssm_target("kimi_linear")).batch(), RowByRow)
+def test_kimi_linear_keys_and_values_keep_their_own_head_sizes():
+    """Kimi Linear's latent attention caches its compressed latent as keys and its rotary key part as values,
+    of different head sizes: the shared ragged cache holds each with its own, so its rows are batched like
+    the others (test_rows_together_equal_rows_alone checks them)."""
+    batch = SSMTreeBackend(tiny_ssm_target("kimi_linear")).batch()
+    rows = [batch.add(list(range(5, 5 + n))) for n in (4, 9)]
+    batch.score({row: TokenTree(np.array([3, 4]), np.array([-1, 0])) for row in rows})
+    layer = batch.kv.layers[0]
+    # tiny_ssm_target's kv_lora_rank and qk_rope_head_dim
+    assert (layer.key_buffer.shape[-1], layer.value_buffer.shape[-1]) == (8, 4)
 
 
 # --- end to end ---------------------------------------------------------------------------------------
@@ -156,7 +163,8 @@ LIMITS = [32, 7, 20, 26]  # rows finish at different times
 
 
 @pytest.mark.parametrize(("kind", "seed", "boost"), [("mamba2", 1, 4.0), ("bamba", 1, 4.0),
-                                                     ("qwen3_next", 4, 8.0), ("granite_hybrid", 1, 4.0)])
+                                                     ("qwen3_next", 4, 8.0), ("granite_hybrid", 1, 4.0),
+                                                     ("kimi_linear", 1, 4.0)])
 @pytest.mark.parametrize("batch_size", [None, 2])  # all rows at once; two at a time, rows joining
 def test_generate_batch_equals_plain_greedy_per_row(kind, seed, boost, batch_size):
     target = make_repetitive(tiny_ssm_target(kind, seed=seed), boost=boost)
