@@ -1,5 +1,6 @@
 """`specframe bench --batch B`: batched speculative decoding, timed against plain batched decoding through
-the same backend and against transformers' own batched `generate` in the same process.
+the same backend and against transformers' own batched `generate` in the same process: the options of a
+batch run, its chunks, and the peer `hf-generate`; the loop is the bench's one (`specframe.bench.loop`).
 
 At B > 1, or in a sweep (`--batch 1,2,4,8`), every method and its plain baseline decode the first turn of
 every question with `SpeculativeDecoder.generate_batch(..., batch_size=B)`: B rows at a time, a finished
@@ -8,20 +9,11 @@ reads the same prompts B at a time, left padded, one `model.generate` call per B
 batches statically). Every method's rows must equal its baseline's token for token (lossless); the peer's
 may differ (padding changes the numbers in float32), so its differing rows are counted, not failed.
 
-The methods take turns chunk by chunk: the suite is cut into consecutive chunks of prompts (`chunk_size`),
-and at every (B, repeat) every method decodes the first chunk before any decodes the second, their order
-rotated by one place per chunk. On a shared machine whose load drifts over minutes every method then meets
-the same load, where one call per method over the whole suite would time each under another
-(`docs/how-to/benchmark.md` gives a measured case). Within a chunk the rows
-are batched continuously; a method's decoder carries from chunk to chunk of a (B, repeat), so a drafter
-that remembers requests, or a planner at `auto`, learns over the suite as in one call
-(`specframe.bench.runner.PipelineRunner.start_suite`). The tables add a method's chunks up (all
-new tokens over all seconds) and take the spread of its speedups from them
+The methods take turns chunk by chunk (`specframe.bench.loop.batch_plan`): on a shared machine whose load
+drifts over minutes every method then meets the same load, where one call per method over the whole suite
+would time each under another (`docs/how-to/benchmark.md` gives a measured case). The tables add a
+method's chunks up and take the spread of its speedups from them
 (`specframe.bench.batch_report.ratio_interval`).
-
-A batch run resumes per call: every finished (method, B, repeat, chunk) is one record of the bench's
-record store (`specframe.bench.store`, layout `CALLS`: `batch_records.jsonl`), and a rerun runs only the
-calls it finds no record for.
 """
 
 from __future__ import annotations
@@ -31,17 +23,13 @@ import math
 import torch
 
 from specframe.runtime.devices import synchronize
-from specframe.support.progress import bar as progress_bar
-from specframe.support.prompt_suites import BenchPrompt, encode_turn
 from specframe.terms.errors import ConfigurationError
 from specframe.terms.metrics import now
 from specframe.terms.sampling import SamplingParams
 from specframe.terms.target import Target
 
-from specframe.bench.batch_report import BatchRun
 from specframe.bench.peers import PeerSpec, parse_peers
-from specframe.bench.runner import Mismatch, compare, rotation, warm_up
-from specframe.bench.store import RecordStore, call_metrics
+from specframe.bench.store import call_metrics
 
 BATCH_PEERS = ("hf-generate",)  # transformers' prompt lookup and assisted generation take one prompt
 # Prompts per chunk at least (`chunk_size`): at B = 4 two fills of the batch, about a minute of decoding per
@@ -120,74 +108,6 @@ def check_batch_options(sizes: list[int], *, sampling: SamplingParams, ray: str 
     if chunk is not None and chunk < 1:
         raise ConfigurationError(f"--batch-chunk takes the prompts each method decodes before the next "
                                  f"method takes its turn, at least 1, got {chunk}; leave it out for 2 B")
-
-
-def run_batches(target: Target, prompts: list[BenchPrompt], runners: list, sizes: list[int], *,
-                repeats: int, max_new_tokens: int, store: RecordStore, warmup: bool = True,
-                progress: bool = True, chunk: int | None = None) -> BatchRun:
-    """Every runner decodes the first turns of `prompts` at every batch size `repeats` times, in chunks
-    (`chunk_size`, `chunk` prompts when given): at each (size, repeat) every runner decodes a chunk before
-    any decodes the next, the runners' order rotated by one place per chunk. Each method's rows are
-    checked against its baseline's, chunk by chunk."""
-    tokenizer = target.tokenizer
-    ids = [encode_turn(tokenizer, p, 0, []) for p in prompts]
-    plan = [(size, rep, number, [prompts[i].qid for i in part], part) for size in sizes
-            for rep in range(repeats)
-            for number, part in enumerate(chunks(len(prompts), chunk_size(size, chunk)))]
-    wanted = [(r.label, size, rep, qids) for size, rep, _, qids, _ in plan for r in runners]
-    missing = [k for k in wanted if store.get(*k) is None]
-    todo = {label for label, *_ in missing}
-    bar = progress_bar(total=len(wanted), initial=len(wanted) - len(missing), desc="bench --batch",
-                       unit="call", show=progress)
-    if warmup and todo:
-        warm_up([r for r in runners if r.label in todo], tokenizer, prompts[0].chat, max_new_tokens, bar, 2)
-    peer = next((r.label for r in runners if isinstance(r, GeneratePeerBatches)), None)
-    # the prompts a chunk really holds: no more than the suite has
-    run = BatchRun([], runners, prompts, sizes, peer,
-                   chunks={size: min(chunk_size(size, chunk), len(prompts)) for size in sizes})
-    for shift, (size, rep, number, qids, part) in enumerate(plan):
-        done: dict[str, dict] = {}
-        for runner in rotation(runners, shift):
-            remembers = getattr(runner, "remembers", False)
-            if remembers and number == 0:
-                runner.start_suite()
-            record = store.get(runner.label, size, rep, qids)
-            if record is None:
-                bar.set_postfix_str(f"{runner.label} at B = {size}, prompts {part[0] + 1}-{part[-1] + 1} of "
-                                    f"{len(prompts)}, repeat {rep + 1}/{repeats}")
-                tokens, metrics = runner.generate_batch([ids[i] for i in part], max_new_tokens, size)
-                record = {"method": runner.label, "batch": size, "repeat": rep, "chunk": number, "qids": qids,
-                          "tokens": tokens, "metrics": metrics}
-                store.add(record)
-                bar.update()
-            elif remembers:  # decoded by an earlier process: its answers are what the chunks after it find
-                for i, answer in zip(part, record["tokens"]):
-                    runner.remember(ids[i], answer)
-            done[runner.label] = record
-            run.records.append(record)
-        for mismatch in lossless_check(done, runners, [prompts[i] for i in part], tokenizer):
-            run.mismatches.append((size, mismatch))
-            bar.write(f"\033[1;31mbatch {size}: {mismatch.describe()}\033[0m")
-    bar.close()
-    return run
-
-
-def lossless_check(done: dict[str, dict], runners: list, prompts: list[BenchPrompt],
-                   tokenizer) -> list[Mismatch]:
-    """The first row where each lossless method departs from its baseline in one (B, repeat, chunk)."""
-    mismatches = []
-    for runner in runners:
-        if runner.baseline is None or not runner.lossless:
-            continue
-        mine, base = done[runner.label], done[runner.baseline]
-        for prompt, a, b in zip(prompts, mine["tokens"], base["tokens"]):
-            row = {"method": runner.label, "qid": prompt.qid, "category": prompt.category, "turn": 0,
-                   "repeat": mine["repeat"]}
-            mismatch = compare({**row, "tokens": a}, {**row, "tokens": b}, runner.baseline, tokenizer)
-            if mismatch:
-                mismatches.append(mismatch)
-                break
-    return mismatches
 
 
 class GeneratePeerBatches:

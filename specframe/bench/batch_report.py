@@ -18,15 +18,12 @@ import json
 import math
 import random
 import statistics
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from specframe.support.prompt_suites import BenchPrompt
-
-from specframe.bench.report import (command_text, control_line, control_of, mean_std, outline,
-                                    page_header, per_step_ms, stat_cell, write_pages)
-from specframe.bench.runner import Mismatch
-from specframe.bench.store import CALLS, tables_kept, writing
+from specframe.bench.report import (control_line, control_of, mean_std, outline, per_step_ms, stat_cell,
+                                    write_pages)
+from specframe.bench.loop import BenchRun
+from specframe.bench.store import CALLS
 
 RESULTS_JSON, RESULTS_MD, PLOT = "batch_results.json", "batch_results.md", "batch_speedup.png"
 COLUMNS = ("method", "B", "tokens/s", "mean latency s", "p90 latency s", "tau", "draft ms/step",
@@ -35,19 +32,6 @@ COLUMNS = ("method", "B", "tokens/s", "mean latency s", "p90 latency s", "tau", 
 # the speedup from one seed to another (20 seeds, 3 to 10 chunks); the seed is fixed, so a table is
 # rendered the same twice.
 DRAWS, LEVEL, SEED = 2000, 0.95, 0
-
-
-@dataclass
-class BatchRun:
-    """What a finished batch run (`specframe.bench.batch.run_batches`) hands to the reports."""
-
-    records: list[dict]
-    runners: list
-    prompts: list[BenchPrompt]
-    sizes: list[int]
-    peer: str | None = None  # the label of transformers' batched generate, when it ran
-    mismatches: list[tuple[int, Mismatch]] = field(default_factory=list)  # (B, the first differing row)
-    chunks: dict[int, int] = field(default_factory=dict)  # prompts per chunk (the last may hold fewer), by B
 
 
 def kept(records: dict[int, dict], keep: str) -> dict:
@@ -148,7 +132,7 @@ def row_stats(mine: dict, base: dict | None, peer: dict | None, is_peer: bool = 
             "rows_differing": differ, "rows_compared": rows}
 
 
-def summarize(run: BatchRun, keep: str = "all") -> dict[int, dict[str, dict]]:
+def summarize(run: BenchRun, keep: str = "all") -> dict[int, dict[str, dict]]:
     """{B: {method: stats}} (`row_stats`), runners in their run order."""
     parts: dict[tuple, dict[int, list[dict]]] = {}
     for record in run.records:
@@ -198,7 +182,7 @@ def chunking(prompts: int, chunks: dict[int, int]) -> str:
     return "; ".join(f"{cut(n)} at B = {b}" for b, n in chunks.items())
 
 
-def noise_line(table: dict[int, dict[str, dict]], run: BatchRun) -> str:
+def noise_line(table: dict[int, dict[str, dict]], run: BenchRun) -> str:
     """The noise this run measured: the widest bootstrap interval (`ratio_interval`) of a speedup over
     plain batched and over hf-generate, as ± % of the speedup; without one (one chunk, one repeat kept),
     that none was measured and how to measure it."""
@@ -232,7 +216,7 @@ def outputs_cell(stats: dict, lossless: bool) -> str:
     return f"MISMATCH: {differ} of {rows} rows" if lossless else f"{differ} of {rows} rows differ"
 
 
-def markdown(table: dict[int, dict[str, dict]], run: BatchRun, header: str = "") -> str:
+def markdown(table: dict[int, dict[str, dict]], run: BenchRun, header: str = "") -> str:
     """The table of every (method, B), a method x B table of speedups for a sweep, then the mismatches."""
     lossless = {r.label: r.lossless for r in run.runners}
     lines = [header] if header else []
@@ -260,8 +244,8 @@ def markdown(table: dict[int, dict[str, dict]], run: BatchRun, header: str = "")
     if len(table) > 1:
         lines += sweep_table(table)
     if run.mismatches:
-        lines += ["### Lossless mismatches", ""] + [f"- batch {size}: {m.describe()}"
-                                                   for size, m in run.mismatches] + [""]
+        lines += ["### Lossless mismatches", ""] + [f"- batch {m.batch}: {m.describe()}"
+                                                   for m in run.mismatches] + [""]
     return "\n".join(lines)
 
 
@@ -281,26 +265,16 @@ def sweep_table(table: dict[int, dict[str, dict]]) -> list[str]:
     return lines + [""]
 
 
-def write_batch_results(run: BatchRun, out: Path, settings: dict, *, repeats: int, plots: bool,
-                        keep: str = "all", command: str | None = None) -> dict:
-    """Write `batch_results.json` (settings, table, mismatches, records), `batch_results.md` and, with
-    `plots`, `batch_speedup.png`; return the table."""
-    command = command_text(command)
-    header = page_header(settings, sizes=run.sizes, decoded=f"first turns of {len(run.prompts)} question(s)",
-                         repeats=repeats, keep=keep, command=command)
+def write_batch_reports(run: BenchRun, out: Path, settings: dict, header: str = "",
+                        keep: str = "all") -> dict:
+    """Write `batch_results.json` (settings, table, mismatches, records) and `batch_results.md`; return
+    the table."""
     table = summarize(run, keep)
-    payload = {"settings": {**settings, "batches": run.sizes, "repeats": repeats, "keep": keep,
-                            "command": command, "chunk_prompts": {str(b): n for b, n in run.chunks.items()}},
+    payload = {"settings": {**settings, "chunk_prompts": {str(b): n for b, n in run.chunks.items()}},
                "methods": [outline(r) for r in run.runners],
                "batches": {str(size): rows for size, rows in table.items()},
-               "mismatches": [{"batch": size, **vars(m)} for size, m in run.mismatches],
+               "mismatches": [vars(m) for m in run.mismatches],
                "records": run.records}
-    records = out / CALLS.records
     write_pages(out, {RESULTS_JSON: json.dumps(payload, indent=1), RESULTS_MD: markdown(table, run, header)},
-                records)
-    if plots:
-        from specframe.bench.plots import batch_speedup_plot
-
-        with writing(out / PLOT, tables_kept(records)):
-            batch_speedup_plot(table, out / PLOT, title=f"{settings['suite']} ({settings['model']})")
+                out / CALLS.records)
     return table

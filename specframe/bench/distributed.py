@@ -2,7 +2,7 @@
 
 A cell is one question with all its methods, turns and repeats. A fixed pool of Ray actors (`ActorPool`)
 each build the target once, from a picklable `target_factory`, pin torch to `threads` threads and build
-the runners; each cell runs in one of them through `run_bench`, the local runner, so the rotation order,
+the runners; each cell runs in one of them through `run_calls`, the local loop, so the rotation order,
 the warm-up (once per worker) and the records are the local run's. The driver loads no model: it skips
 cells whose records are all in `records.jsonl`, hands a half-done cell its finished records (only the
 missing runs are made), appends every record a cell returns to `records.jsonl` as soon as the cell
@@ -33,7 +33,7 @@ from specframe.terms.sampling import SamplingParams
 from specframe.bench.harness import bench_settings, check_options, target_settings, write_results
 from specframe.bench.methods import resolve_methods
 from specframe.bench.report import outline
-from specframe.bench.runner import BenchRun, Mismatch, turn_mismatches
+from specframe.bench.loop import BenchRun, Mismatch, call_mismatches, request_plan
 from specframe.bench.store import RecordStore, start_out
 from specframe.support.prompt_suites import BenchPrompt
 
@@ -97,13 +97,15 @@ class BenchWorker:
 
     def run_cell(self, index: int, prompt: BenchPrompt, done: list[dict]) -> list[dict]:
         """Every record of question `prompt` (the `index`-th of the suite), making those not in `done`."""
-        from specframe.bench.runner import run_bench
+        from specframe.bench.loop import run_calls
 
+        grid = self.grid
         with tempfile.TemporaryDirectory() as tmp:
             (Path(tmp) / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in done), "utf-8")
-            run = run_bench(self.target, [prompt], self.runners, repeats=self.grid.repeats,
-                            max_new_tokens=self.grid.max_new_tokens, out=Path(tmp), check_identity=False,
-                            warmup=not self.warm, progress=False, first_index=index)
+            run = run_calls(self.target, [prompt], self.runners, request_plan([prompt], grid.repeats, index),
+                            repeats=grid.repeats, max_new_tokens=grid.max_new_tokens,
+                            store=RecordStore(Path(tmp) / "records.jsonl"), check_identity=False,
+                            warmup=not self.warm, progress=False)
         self.warm = True
         return run.records
 
@@ -153,7 +155,7 @@ def run_benchmark_ray(target_factory: Callable[[], Target], suite: str | list[Be
         mismatches += run_cells(ActorPool(actors), cells, store, check, bar)
         bar.close()
     records = [store.records[k] for p in prompts for k in cell_keys(p, runners, repeats)]
-    run = BenchRun(records, runners, prompts, mismatches, identity_checked=sampling.greedy)
+    run = BenchRun(records, runners, prompts, mismatches=mismatches, identity_checked=sampling.greedy)
     table = write_results(run, out, settings, limit=limit, repeats=repeats, max_turns=max_turns, plots=plots,
                           keep=keep, command=command)
     return run, table
@@ -205,5 +207,6 @@ def check_cell(prompt: BenchPrompt, runners: list, store: RecordStore, repeats: 
     """Each lossless method's output on every turn of `prompt` against its baseline's (greedy runs)."""
     if not greedy:
         return []
-    return [m for rep in range(repeats) for turn in range(len(prompt.turns))
-            for m in turn_mismatches(runners, store, prompt.qid, turn, rep, tokenizer)]
+    return [m for call in request_plan([prompt], repeats)
+            for m in call_mismatches({r.label: store.get(r.label, prompt.qid, call.turn, call.repeat)
+                                      for r in runners}, runners, [prompt], call, tokenizer)]

@@ -15,14 +15,14 @@ from specframe.terms.metrics import clock_name
 from specframe.plugging.registry import PluginRegistry, get_registry
 from specframe.terms.sampling import SamplingParams
 
-from specframe.bench.batch import (GeneratePeerBatches, batch_peers, batched, check_batch_options,
-                                   run_batches)
-from specframe.bench.batch_report import BatchRun, write_batch_results
+from specframe.bench.batch import GeneratePeerBatches, batch_peers, batched, check_batch_options
+from specframe.bench.batch_report import PLOT, write_batch_reports
+from specframe.bench.loop import BenchRun, batch_plan, request_plan, run_calls
 from specframe.bench.methods import MethodSpec, resolve_methods
 from specframe.bench.peers import PeerSpec, parse_peers
 from specframe.bench.report import KEEP, command_text, page_header, write_reports
-from specframe.bench.runner import BenchRun, build_runners, check_counts, check_run_args, run_bench
-from specframe.bench.store import CALLS, start_out, tables_kept, writing
+from specframe.bench.runner import build_runners, check_counts, check_run_args
+from specframe.bench.store import CALLS, REQUESTS, start_out, tables_kept, writing
 from specframe.support.prompt_suites import BenchPrompt, load_suite
 
 
@@ -34,41 +34,36 @@ def run_benchmark(target: Target, suite: str | list[BenchPrompt], methods: list[
                   max_turns: int | None = None, shard: str | None = None, plots: bool = True,
                   progress: bool = True, fresh: bool = False, warmup: bool = True,
                   phase_timing: bool = True, keep: str = "all",
-                  command: str | None = None) -> tuple[BenchRun | BatchRun, dict]:
+                  command: str | None = None) -> tuple[BenchRun, dict]:
     """Benchmark `methods` (specs or presets) against plain decoding and the transformers `peers` on
     `suite` (a suite name, a JSONL path, or prompts); write records, results and plots under `out`.
 
     `batches` are the batch sizes B: [1] (the default) decodes one request at a time, every turn
-    (`specframe.bench.runner.run_bench`: `records.jsonl`, `results.*`); any other list decodes the first
+    (`specframe.bench.loop.request_plan`: `records.jsonl`, `results.*`); any other list decodes the first
     turns B rows at a time, the methods taking turns chunk by chunk (`chunk` prompts;
-    `specframe.bench.batch.run_batches`: `batch_records.jsonl`, `batch_results.*`). Both go through one
-    option check, one record store (`specframe.bench.store`) and one page writer. Returns the run and its
+    `specframe.bench.loop.batch_plan`: `batch_records.jsonl`, `batch_results.*`). Both go through one
+    option check, one loop (`specframe.bench.loop.run_calls`), one record store (`specframe.bench.store`)
+    and one page writer. Returns the run and its
     summary table ({category: {method: stats}} at B = 1, {B: {method: stats}} otherwise); `keep` chooses
     which repeats the tables aggregate (`specframe.bench.report.KEEP`).
     """
     registry, sizes, out = registry or get_registry(), list(batches or [1]), Path(out)
-    sampling = sampling or SamplingParams()
+    sampling, batch = sampling or SamplingParams(), batched(sizes)
     prompts, specs, peer_specs = check_options(
         suite, methods, batches=sizes, chunk=chunk, peers=peers, limit=limit, shard=shard,
         max_turns=max_turns, repeats=repeats, max_new_tokens=max_new_tokens, budget=budget, keep=keep,
         sampling=sampling, synthetic_acceptance=synthetic_acceptance, registry=registry)
     check_run_args(target, repeats, max_new_tokens)  # before the settings are written
     settings = bench_settings(target_settings(target), suite, max_new_tokens, budget, sampling)
-    if batched(sizes):
-        runners = build_runners(target, specs, [], sampling, registry, default_budget=budget,
-                                phase_timing=phase_timing)
+    runners = build_runners(target, specs, [] if batch else peer_specs, sampling, registry,
+                            synthetic_acceptance, budget, phase_timing)
+    if batch:
         runners += [GeneratePeerBatches(target, peer, runners[0].label) for peer in peer_specs]
         settings |= {"limit": limit, "questions": len(prompts)}
-        store = start_out(out, settings, fresh, CALLS)
-        run = run_batches(target, prompts, runners, sizes, repeats=repeats, max_new_tokens=max_new_tokens,
-                          store=store, warmup=warmup, progress=progress, chunk=chunk)
-        return run, write_batch_results(run, out, settings, repeats=repeats, plots=plots, keep=keep,
-                                        command=command)
-    runners = build_runners(target, specs, peer_specs, sampling, registry, synthetic_acceptance, budget,
-                            phase_timing)
-    start_out(out, settings, fresh)
-    run = run_bench(target, prompts, runners, repeats=repeats, max_new_tokens=max_new_tokens, out=out,
-                    check_identity=sampling.greedy, warmup=warmup, progress=progress)
+    store = start_out(out, settings, fresh, CALLS if batch else REQUESTS)
+    plan = batch_plan(len(prompts), sizes, repeats, chunk) if batch else request_plan(prompts, repeats)
+    run = run_calls(target, prompts, runners, plan, repeats=repeats, max_new_tokens=max_new_tokens,
+                    store=store, check_identity=sampling.greedy, warmup=warmup, progress=progress)
     return run, write_results(run, out, settings, limit=limit, repeats=repeats, max_turns=max_turns,
                               plots=plots, keep=keep, command=command)
 
@@ -148,20 +143,34 @@ def bench_settings(model: dict, suite: str | list[BenchPrompt], max_new_tokens: 
             "dtype": model["dtype"]}
 
 
-def write_results(run: BenchRun, out: Path, settings: dict, *, limit: int | None, repeats: int,
-                  max_turns: int | None, plots: bool, command: str | None, keep: str = "all") -> dict:
-    """Write `results.json`, `results.md` and the plots of a finished run; return its summary table."""
-    command = command_text(command)
-    header = page_header(settings, sizes=[1], decoded=f"{turns_decoded(run.prompts)} one at a time",
-                         repeats=repeats, keep=keep, command=command)
-    table = write_reports(run, out, {**settings, "limit": limit, "repeats": repeats, "turns": max_turns,
-                                     "keep": keep, "command": command},
-                          header, keep)
+def write_results(run: BenchRun, out: Path, settings: dict, *, repeats: int, plots: bool,
+                  command: str | None = None, keep: str = "all", limit: int | None = None,
+                  max_turns: int | None = None) -> dict:
+    """Write the pages of a finished run under one header and, with `plots`, its plots; return its
+    summary table. At B = 1: `results.json`, `results.md` and a plot per figure
+    (`specframe.bench.report`); in a batch run: `batch_results.json`, `batch_results.md` and
+    `batch_speedup.png` (`specframe.bench.batch_report`)."""
+    command, batch = command_text(command), batched(run.sizes)
+    title = f"{settings['suite']} ({settings['model']})"
+    decoded = (f"first turns of {len(run.prompts)} question(s)" if batch
+               else f"{turns_decoded(run.prompts)} one at a time")
+    header = page_header(settings, sizes=run.sizes, decoded=decoded, repeats=repeats, keep=keep,
+                         command=command)
+    kept = {"repeats": repeats, "keep": keep, "command": command}
+    if batch:
+        table = write_batch_reports(run, out, {**settings, "batches": run.sizes, **kept}, header, keep)
+    else:
+        table = write_reports(run, out, {**settings, "limit": limit, "repeats": repeats, "turns": max_turns,
+                                         "keep": keep, "command": command}, header, keep)
     if plots:
-        from specframe.bench.plots import write_plots
+        from specframe.bench.plots import batch_speedup_plot, write_plots
 
-        with writing(f"the plots in {out}", tables_kept(out / "records.jsonl")):
-            write_plots(table, out, title=f"{settings['suite']} ({settings['model']})")
+        target = out / PLOT if batch else f"the plots in {out}"
+        with writing(target, tables_kept(out / (CALLS if batch else REQUESTS).records)):
+            if batch:
+                batch_speedup_plot(table, out / PLOT, title=title)
+            else:
+                write_plots(table, out, title=title)
     return table
 
 

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from specframe.support.atomic_dirs import write_atomically
-from specframe.bench.runner import BenchRun
+from specframe.bench.loop import BenchRun
 from specframe.bench.store import REQUESTS, bench_lock, tables_kept, writing
 
 OVERALL = "overall"

@@ -81,7 +81,7 @@ def test_a_row_that_departs_from_plain_decoding_is_a_mismatch(target, tmp_path):
     method = BROKEN_METHOD
     run, table = run_benchmark(target, PROMPTS, [method], tmp_path, batches=[2], peers="none",
                                      registry=broken_registry(), plots=False, **QUIET)
-    assert run.mismatches and {(size, m.method) for size, m in run.mismatches} == {(2, method)}
+    assert run.mismatches and {(m.batch, m.method) for m in run.mismatches} == {(2, method)}
     assert table[2][method]["rows_differing"] > 0
     assert "MISMATCH" in (tmp_path / "batch_results.md").read_text()
 

@@ -13,8 +13,9 @@ from types import SimpleNamespace
 import pytest
 
 from specframe.bench import BenchPrompt
-from specframe.bench.batch import chunk_size, run_batches
-from specframe.bench.batch_report import BatchRun, markdown, ratio_interval, summarize
+from specframe.bench.batch import chunk_size
+from specframe.bench.batch_report import markdown, ratio_interval, summarize
+from specframe.bench.loop import BenchRun, batch_plan, run_calls
 from specframe.bench.store import CALLS, call_metrics, start_out
 from specframe.testing.targets import tiny_tokenizer
 
@@ -49,7 +50,13 @@ def target():
     return SimpleNamespace(tokenizer=tiny_tokenizer())
 
 
-def run(target, out, stubs, **kwargs) -> BatchRun:
+def run_batches(target, prompts, stubs, sizes, *, repeats, store, chunk=None, **kwargs) -> BenchRun:
+    """The bench loop on a batch plan, as `run_benchmark` runs it at --batch `sizes`."""
+    return run_calls(target, prompts, stubs, batch_plan(len(prompts), sizes, repeats, chunk), repeats=repeats,
+                     store=store, **kwargs)
+
+
+def run(target, out, stubs, **kwargs) -> BenchRun:
     store = start_out(out, {"suite": "stub"}, False, CALLS)
     return run_batches(target, PROMPTS, stubs, [2], repeats=kwargs.pop("repeats", 1), max_new_tokens=4,
                        store=store, warmup=False, progress=False, **kwargs)
@@ -105,7 +112,7 @@ def chunk_record(method: str, chunk: int, qids: list[str], tokens: int, seconds:
             "metrics": {**metrics, **(split or {})}}
 
 
-def known_run() -> BatchRun:
+def known_run() -> BenchRun:
     """Two chunks: plain decodes each in 4 s and 2 s, `fast` in 2 s and 1.5 s (2x, then 1.33x)."""
     a, b = ["q0", "q1"], ["q2", "q3"]
     split = [{"batch_steps": 10, "time_s": {"draft": 0.5, "forward": 1.0, "other": 0.1}},
@@ -113,7 +120,7 @@ def known_run() -> BatchRun:
     records = [chunk_record("baseline", 0, a, 40, 4.0), chunk_record("fast", 0, a, 40, 2.0, split[0]),
                chunk_record("fast", 1, b, 40, 1.5, split[1]), chunk_record("baseline", 1, b, 40, 2.0)]
     stubs = [StubRunner("baseline", None, []), StubRunner("fast", "baseline", [])]
-    return BatchRun(records, stubs, PROMPTS[:4], [2], chunks={2: 2})
+    return BenchRun(records, stubs, PROMPTS[:4], [2], chunks={2: 2})
 
 
 def test_a_methods_chunks_add_up_to_its_throughput_and_split():

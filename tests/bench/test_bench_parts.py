@@ -116,7 +116,7 @@ def test_speedup_is_the_mean_of_per_turn_ratios_over_repeats():
 
 def test_fastest_keeps_each_turns_fastest_repeat_of_every_method_baseline_included():
     from specframe.bench.report import summarize
-    from specframe.bench.runner import BenchRun
+    from specframe.bench.loop import BenchRun
 
     def rec(method, qid, rep, tps):
         return {**_record(qid, rep, tps, tps), "method": method}
