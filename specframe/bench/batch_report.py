@@ -10,6 +10,12 @@ rows' drafting summed, the shared forward once); speedups = throughput over the 
 the same backend, and over `hf-generate`'s, at the same B and repeat, with a 95 % bootstrap interval over
 the chunks (`ratio_interval`). Throughputs and speedups are the mean ± std over repeats (`keep="all"`) or
 come from each runner's fastest repeat (`keep="fastest"`).
+
+Why these are not the one-request tables' statistics (`specframe.bench.report`): a request alone is its
+own unit, so those average per-turn rates and ratios by category (as Spec-Bench reports); a batched
+call's rows share every step and none has a rate of its own, so here tokens and seconds are pooled over
+the calls, and the interval is over chunks. Both come out of one loop and one record store
+(`specframe.bench.loop`); a B = 1 run summarised here would pool where the one-request pages average.
 """
 
 from __future__ import annotations
