@@ -26,16 +26,18 @@ error, before any work, that says what to change; no hidden states, so drafters 
 features (s4c) cannot run on it.
 
 The plugin also registers llama.cpp's own decoding as bench peers (`peers`: `llamacpp-generate`,
-`llamacpp-pld`), timed beside specframe's methods against plain decoding through this backend.
+`llamacpp-pld`), timed beside specframe's methods against plain decoding through this backend, and its
+grammar decoding (`llamacpp-grammar`), a peer of the structured-output run.
 """
 
 from __future__ import annotations
 
 import specframe
 from specframe_llamacpp.backend import LlamaCppBackend
-from specframe_llamacpp.peers import LlamaCppGenerate, LlamaCppPromptLookup
+from specframe_llamacpp.peers import LlamaCppGenerate, LlamaCppGrammar, LlamaCppPromptLookup
 
-__all__ = ["LlamaCppBackend", "LlamaCppGenerate", "LlamaCppPromptLookup", "register_peers",
+__all__ = ["LlamaCppBackend", "LlamaCppGenerate", "LlamaCppGrammar", "LlamaCppPromptLookup",
+           "register_peers",
            "register_state_backends"]
 
 
@@ -48,3 +50,4 @@ def register_state_backends(register):
 def register_peers(register):
     register(LlamaCppGenerate)
     register(LlamaCppPromptLookup)
+    register(LlamaCppGrammar)

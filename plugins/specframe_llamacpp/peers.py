@@ -3,9 +3,15 @@ the target was loaded from, greedy (registered through `register_peers` in this 
 
 - `llamacpp-generate`: `Llama.generate`, llama.cpp's own plain decoding;
 - `llamacpp-pld(num_tokens=10)`: the same with llama-cpp-python's prompt lookup draft model
-  (`LlamaPromptLookupDecoding`), its own speculative decoding.
+  (`LlamaPromptLookupDecoding`), its own speculative decoding;
+- `llamacpp-grammar`: llama.cpp's own grammar decoding, a peer of the structured-output run
+  (`specframe.bench.structured`, `specframe bench --suite structured`): each request decodes under its
+  JSON schema, converted to GBNF by llama.cpp's own converter (`LlamaGrammar.from_json_schema`) and
+  applied by llama.cpp's grammar sampler before its greedy one (`decode_schema`). That converter lets
+  JSON carry whitespace where specframe's constraints lay it out as `json.dumps` does, so an output may
+  differ from constrained plain decoding in its layout as well as through llama.cpp's logits.
 
-Both take `context` (4096 positions by default, as the `llamacpp` backend, at most the model's; the
+All take `context` (4096 positions by default, as the `llamacpp` backend, at most the model's; the
 prompt lookup peer keeps logits for every position of it, 800 MB for SmolLM2's vocabulary at 4096; a
 request that does not fit is refused naming the option). The model loads without llama.cpp's
 extra weight buffers, as the `llamacpp` backend loads it (see `plugins/specframe_llamacpp/engine.py`:
@@ -17,6 +23,7 @@ logits are not the baseline's bit for bit, so their outputs are not compared wit
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -95,6 +102,11 @@ class LlamaCppGenerate(Peer):
 
     def decode(self, prompt_ids: list[int], max_new_tokens: int,
                seed: int | None) -> tuple[list[int], DecodeMetrics]:
+        return self.decode_greedy(prompt_ids, max_new_tokens)
+
+    def decode_greedy(self, prompt_ids: list[int], max_new_tokens: int,
+                      grammar=None) -> tuple[list[int], DecodeMetrics]:
+        """`Llama.generate`, greedy, under llama.cpp's `grammar` (a `LlamaGrammar`) where one is given."""
         room = self.llm.n_ctx()
         if len(prompt_ids) + max_new_tokens > room:  # llama-cpp-python would fail on a numpy shape
             raise ConfigurationError(
@@ -108,7 +120,7 @@ class LlamaCppGenerate(Peer):
         forwards: list[int] = []  # for each token, the forward that produced it (1: the prompt's)
         start = now()
         first = None
-        for token in self.llm.generate(prompt_ids, **GREEDY):
+        for token in self.llm.generate(prompt_ids, grammar=grammar, **GREEDY):
             first = first or now()  # the prompt's forward produced the first token
             tokens.append(int(token))
             forwards.append(self.evals)
@@ -135,3 +147,47 @@ class LlamaCppPromptLookup(LlamaCppGenerate):
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
         return LlamaPromptLookupDecoding(num_pred_tokens=int(self.spec.options["num_tokens"]))
+
+
+class LlamaCppGrammar(LlamaCppGenerate):
+    """llama.cpp's own grammar decoding under a JSON schema (peer `llamacpp-grammar`), for the
+    structured-output run, which calls `decode_schema` with each prompt's schema."""
+
+    name = "llamacpp-grammar"
+
+    def __init__(self, target: Target, spec: PeerSpec, sampling: SamplingParams, baseline: str = "baseline"):
+        super().__init__(target, spec, sampling, baseline)
+        from llama_cpp import llama_cpp as lib
+
+        vocab = lib.llama_model_get_vocab(self.llm.model)
+        if not any(lib.llama_vocab_is_eog(vocab, token) for token in target.eos_token_ids):
+            # llama.cpp's grammar sampler then has no token left once a grammar is complete, and aborts
+            raise ConfigurationError(f"peer '{spec.name}' needs a model whose end-of-sequence token "
+                                     f"llama.cpp reads as the end of generation, and {target.name} has none: "
+                                     "leave the peer out of --peers for this model")
+        self.grammars: dict[str, object] = {}  # schema as JSON text -> its LlamaGrammar
+
+    def decode(self, prompt_ids: list[int], max_new_tokens: int,
+               seed: int | None) -> tuple[list[int], DecodeMetrics]:
+        raise ConfigurationError(f"peer '{self.label}' decodes under a JSON schema only: run it on a "
+                                 "structured suite (specframe bench --suite structured), or use "
+                                 "llamacpp-generate")
+
+    def decode_schema(self, prompt_ids: list[int], max_new_tokens: int,
+                      schema: dict) -> tuple[list[int], DecodeMetrics]:
+        """One request decoded greedily under `schema` by llama.cpp's grammar sampler."""
+        return self.decode_greedy(prompt_ids, max_new_tokens, self.grammar(schema))
+
+    def grammar(self, schema: dict):
+        """llama.cpp's grammar for `schema` (converted once per schema)."""
+        from llama_cpp import LlamaGrammar
+
+        text = json.dumps(schema, sort_keys=True)
+        if text not in self.grammars:
+            try:
+                self.grammars[text] = LlamaGrammar.from_json_schema(text, verbose=False)
+            except (ValueError, KeyError, TypeError, RecursionError) as err:
+                raise ConfigurationError(f"peer '{self.label}': llama.cpp's converter refused the schema "
+                                         f"{text[:80]}... ({err}); leave the peer out of --peers for this "
+                                         "suite") from None
+        return self.grammars[text]

@@ -12,7 +12,8 @@ from specframe.kit.cli_options import (clock_option, device_option, dtype_option
 
 
 def bench_command(
-    suite: str = typer.Option("spec-bench", help="humaneval, spec-bench, mt-bench, or a JSONL file."),
+    suite: str = typer.Option("spec-bench", help="humaneval, spec-bench, mt-bench, structured (each "
+                                "prompt under its own JSON schema: see --json-schema), or a JSONL file."),
     methods: str = typer.Option("pld", help="Comma list of presets or pipeline specs "
                                 "DRAFTER[+TREE[+VERIFIER[+BACKEND]]][@BUDGET], e.g. "
                                 "'pld,rest(c=16)+trie+greedy@16'; 'all' = every usable preset. "
@@ -21,7 +22,8 @@ def bench_command(
                               "or a comma list of hf-generate, hf-pld(num_tokens=10), "
                               "hf-assisted(layers=8,num_tokens=4), and, for a GGUF model with "
                               "llama-cpp-python installed, llama.cpp's own llamacpp-generate and "
-                              "llamacpp-pld(num_tokens=10)."),
+                              "llamacpp-pld(num_tokens=10). Under schemas (--suite structured, "
+                              "--json-schema): hf-generate and llamacpp-grammar; all = both."),
     limit: Optional[int] = typer.Option(None, help="Questions per category (default: all)."),
     turns: Optional[int] = typer.Option(None, help="Turns per question at most (default: all). At --batch "
                                         "> 1 only first turns are decoded: leave it out there."),
@@ -70,8 +72,18 @@ def bench_command(
         "takes its turn (default 2 B, at least 8). The methods take turns chunk by chunk so that a shared "
         "machine's drifting load falls on all of them; the speedups' intervals are taken over the chunks."),
     list_methods: bool = typer.Option(False, "--list-methods", help="Print the presets and exit."),
+    json_schema: Optional[Path] = typer.Option(
+        None, "--json-schema", help="Structured output: decode the first turn of every question under the "
+        "JSON schema in this file. --suite structured (the shipped suite) or a JSONL file whose rows carry "
+        "a \"schema\" decode each prompt under its own schema instead. Such a run is greedy, one request at "
+        "a time: it reports the valid-output rate, the share identical to constrained plain decoding, "
+        "tokens/s, tau and the speed over constrained plain decoding of each method and peer (peers: "
+        "hf-generate, transformers' generate with the same masks, and llamacpp-grammar, llama.cpp's "
+        "grammar decoding on a GGUF model; all = both, where they can run) in "
+        "structured_results.md."),
 ) -> None:
-    """Benchmark speculative methods against plain decoding and transformers, Spec-Bench style."""
+    """Benchmark speculative methods against plain decoding and transformers, Spec-Bench style; with
+    --suite structured or --json-schema, under JSON schemas (structured output)."""
     from specframe.bench.batch import parse_batches
     from specframe.terms.sampling import SamplingParams
 
@@ -81,11 +93,43 @@ def bench_command(
         typer.echo(preset_listing(get_registry()))
         return
     sampling = SamplingParams(temperature=temperature, seed=seed)
+    if structured_bench(suite, _split(methods), out, json_schema, sampling, model=model, device=device,
+                        dtype=dtype, threads=threads, clock=clock, peers=peers, limit=limit,
+                        repeats=repeats, max_new_tokens=max_new_tokens, budget=budget,
+                        phase_timing=phase_timing, unsupported={
+                            "batch": parse_batches(batch), "ray": ray, "shard": shard, "turns": turns,
+                            "synthetic-acceptance": synthetic_acceptance, "keep": keep,
+                            "batch-chunk": batch_chunk}):
+        return
     bench_run(parse_batches(batch), suite, _split(methods), out, model=model, device=device, dtype=dtype,
               threads=threads, clock=clock, ray=ray, workers=ray_workers, sampling=sampling,
               chunk=batch_chunk, peers=peers, limit=limit, repeats=repeats, max_new_tokens=max_new_tokens,
               budget=budget, keep=keep, plots=plots, fresh=fresh, phase_timing=phase_timing, shard=shard,
               synthetic_acceptance=synthetic_acceptance, max_turns=turns)
+
+
+def structured_bench(suite: str, methods: list[str], out: Path, json_schema: Path | None, sampling, *,
+                     model: str, device: str, dtype: str, threads: int | None, clock: str,
+                     unsupported: dict, **options) -> bool:
+    """The structured-output run (`specframe.bench.structured.bench_structured`) where `suite` carries
+    schemas or --json-schema names one, every option checked before the model loads; False otherwise."""
+    from functools import partial
+
+    from specframe.bench.structured import bench_structured, check_bench
+    from specframe.bench.structured_suite import is_structured, read_schema
+    from specframe.plugging.models import model_recipes
+    from specframe.runtime.load import load_target
+    from specframe.support.paths import check_writable_dir
+
+    schema = read_schema(json_schema)
+    if not is_structured(suite, schema):
+        return False
+    check_bench(unsupported, sampling)
+    set_timing(threads, clock, device)
+    check_writable_dir(out, "--out", "pass a writable directory with --out")
+    loader = partial(load_target, model, device=device, dtype=dtype, recipes=model_recipes)
+    bench_structured(loader, suite, methods, out, json_schema=schema, **options)
+    return True
 
 
 # The options `check_options` judges before the model loads.

@@ -1,59 +1,47 @@
-"""The structured-output suite and its run: constrained plain decoding, constrained speculative methods and
-transformers' `generate` with the same llguidance masks as a logits processor, on the same prompts.
+"""The structured-output run: constrained plain decoding, constrained speculative methods and peers
+(transformers' `generate` with the same llguidance masks as a logits processor, and any registered peer
+that decodes under a JSON schema, such as llama.cpp's grammar decoding, `llamacpp-grammar`), on the
+same prompts, each under its own JSON schema.
 
-The suite (`specframe/support/data/structured.jsonl`, written for this project) holds 33 prompts with their
-JSON schemas: facts extracted from a passage, function-call arguments, schema-bound answers. Each method
-decodes every prompt greedily under its schema; a row reports the share of valid outputs (parsed and
-validated against the schema), the share identical to constrained plain decoding, tokens per second over
-the whole suite, tau, and the speed over constrained plain decoding. Every method runs once untimed first.
+The shipped suite (`specframe/support/data/structured.jsonl`, written for this project) holds 33 prompts
+with their schemas: facts extracted from a passage, function-call arguments, schema-bound answers. Each
+method decodes every prompt greedily under its schema; a row reports the share of valid outputs (parsed
+and validated against the schema), the share identical to constrained plain decoding, tokens per second
+over the whole suite, tau, and the speed over constrained plain decoding. Every method runs once untimed
+first. The run is `specframe bench` on
+that suite (`bench_structured`, then `run_structured`):
 
-    python -m specframe.bench.structured --limit 4 --methods "pld+chain@8,forced(then=pld)+chain@8"
+    specframe bench --suite structured --limit 4 --methods "forced(then=pld)+chain@8" --repeats 1
+
+`specframe bench` also reaches it with a JSONL suite whose rows carry a `schema`, or with any suite and
+`--json-schema FILE` (every prompt's first turn under that schema); `bench_structured` is its entry.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-from dataclasses import dataclass, field
-from importlib import resources
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 
+from specframe.bench.methods import MethodSpec, baseline_spec, resolve_methods
+from specframe.bench.peers import parse_peers, peer_class, peer_runner
+from specframe.bench.structured_suite import (
+    StructuredPrompt, is_valid, structured_prompts,
+)
+from specframe.contract.peers import PeerSpec
+from specframe.plugging.registry import PluginRegistry, get_registry
+from specframe.plugging.specs import ComponentSpec
 from specframe.terms.constraint import Constraint
+from specframe.terms.errors import ConfigurationError, SpecframeError, SpecframeWarning
 from specframe.terms.metrics import now
+from specframe.terms.sampling import SamplingParams
 from specframe.terms.target import Target
 
-DEFAULT_METHODS = "pld+chain@8,forced(then=pld)+chain@8,forced(then='pld(matches=4)')+trie@8"
-
-
-@dataclass(frozen=True)
-class StructuredPrompt:
-    qid: str
-    category: str
-    prompt: str
-    schema: dict
-
-
-def load_structured_suite(limit: int | None = None) -> list[StructuredPrompt]:
-    """The shipped suite's prompts, at most `limit` per category (in file order)."""
-    text = resources.files("specframe.support").joinpath("data", "structured.jsonl").read_text("utf-8")
-    prompts, taken = [], {}
-    for line in text.splitlines():
-        row = json.loads(line)
-        if limit is not None and taken.get(row["category"], 0) >= limit:
-            continue
-        taken[row["category"]] = taken.get(row["category"], 0) + 1
-        prompts.append(StructuredPrompt(row["question_id"], row["category"], row["turns"][0], row["schema"]))
-    return prompts
-
-
-def is_valid(text: str, schema: dict) -> bool:
-    """Whether `text` is JSON that `schema` accepts."""
-    import jsonschema
-
-    try:
-        jsonschema.validate(json.loads(text), schema)
-    except (json.JSONDecodeError, jsonschema.ValidationError):
-        return False
-    return True
+TRANSFORMERS = "hf-generate"  # in a structured run: transformers' generate with the constraint's masks
+# A decode: (prompt ids, its prompt, its constraint, new tokens at most) -> (new tokens, forwards)
+Decode = Callable[[list[int], "StructuredPrompt", Constraint, int], tuple[list[int], int]]
 
 
 @dataclass
@@ -65,6 +53,7 @@ class MethodRun:
     valid: int = 0
     seconds: float = 0.0
     steps: int = 0
+    lossless: bool = True  # a peer on other kernels (llama.cpp's) is not: its identity is reported, not owed
 
     def row(self, plain: MethodRun | None) -> dict:
         new = sum(len(t) for t in self.tokens.values())
@@ -74,42 +63,151 @@ class MethodRun:
         return {"method": self.name, "valid": self.valid / max(len(self.tokens), 1),
                 "identical": same / max(len(self.tokens), 1), "tokens_per_s": speed,
                 "tau": new / self.steps if self.steps else None,
-                "speedup": speed / plain_speed if plain_speed else None}
+                "speedup": speed / plain_speed if plain_speed else None, "lossless": self.lossless}
+
+
+def method_decode(target: Target, method: MethodSpec, phase_timing: bool = False) -> Decode:
+    """A specframe pipeline decoding one request under its constraint."""
+    from specframe.decode.loop import SpeculativeDecoder
+
+    decoder = SpeculativeDecoder.from_names(target, *method.components, budget=method.budget,
+                                            phase_timing=phase_timing)
+
+    def decode(ids, prompt, constraint, limit):
+        result = decoder.generate(ids, max_new_tokens=limit, constraint=constraint)
+        return result.tokens, result.metrics.steps
+
+    return decode
+
+
+def peer_decode(target: Target, spec: PeerSpec, registry: PluginRegistry | None = None) -> Decode:
+    """Peer `spec` decoding one request under its prompt's schema: `hf-generate` is transformers'
+    `generate` with the constraint's masks; any other peer decodes through its `decode_schema`."""
+    if spec.name == TRANSFORMERS:
+        return lambda ids, prompt, constraint, limit: transformers_decode(target, ids, constraint, limit)
+    peer = peer_runner(target, spec, SamplingParams(), baseline="plain", registry=registry)
+
+    def decode(ids, prompt, constraint, limit):
+        tokens, metrics = peer.decode_schema(ids, limit, prompt.schema)
+        return tokens, metrics.steps
+
+    return decode
+
+
+def structured_peers(text: str, registry: PluginRegistry | None = None) -> list[PeerSpec]:
+    """`--peers` of a structured run: `all` is `hf-generate` and every registered peer that decodes under a
+    schema (`decode_schema`), each skipped with a warning where it cannot run; a named peer that cannot
+    decode under a schema is refused."""
+    registry = registry or get_registry()
+    capable = [TRANSFORMERS] + [n for n in registry.peers.registered()
+                                if hasattr(registry.peers.get(n), "decode_schema")]
+    if text.strip() == "all":
+        return [replace(p, optional=True) for p in parse_peers(",".join(capable), registry)]
+    peers = parse_peers(text, registry)
+    for peer in peers:
+        if peer.name not in capable:
+            raise ConfigurationError(f"peer '{peer.name}' cannot decode under a schema: a structured run "
+                                     f"takes {', '.join(capable)}")
+    return peers
+
+
+def decoders(target: Target, methods: list[MethodSpec], peers: list[PeerSpec], registry: PluginRegistry,
+             phase_timing: bool = False) -> list[tuple[str, Decode, bool]]:
+    """(label, decode, lossless) of constrained plain decoding, then every method and peer; an optional
+    one (from `all`) that cannot be built is skipped with a warning saying why."""
+    plain = baseline_spec(ComponentSpec("kv", {}), label="plain")
+    built = [("plain", method_decode(target, plain), True)]
+    for method in methods:
+        try:
+            built.append((method.label, method_decode(target, method, phase_timing), True))
+        except SpecframeError as err:
+            if not method.optional:
+                raise
+            warnings.warn(f"structured run: skipping '{method.label}': {err}", SpecframeWarning, stacklevel=2)
+    for peer in peers:
+        try:
+            lossless = peer.name == TRANSFORMERS or peer_class(peer, registry).lossless
+            built.append((peer.label, peer_decode(target, peer, registry), lossless))
+        except SpecframeError as err:
+            if not peer.optional:
+                raise
+            warnings.warn(f"structured run: skipping peer '{peer.label}': {err}", SpecframeWarning,
+                          stacklevel=2)
+    return built
+
+
+def run_decode(target: Target, label: str, decode: Decode, prompts: list[StructuredPrompt],
+               constraints: dict[str, Constraint], max_new_tokens: int, repeats: int = 1,
+               tick: Callable[[], None] = lambda: None) -> MethodRun:
+    """`decode` on every prompt, greedy, after one untimed request; its tokens from the last repeat, its
+    time, forwards and valid outputs over all `repeats`."""
+    run = MethodRun(label)
+    warm = prompts[0]
+    decode(encode(target, warm), warm, constraints[warm.qid], max_new_tokens)
+    for _ in range(repeats):
+        for prompt in prompts:
+            ids = encode(target, prompt)
+            start = now()
+            tokens, steps = decode(ids, prompt, constraints[prompt.qid], max_new_tokens)
+            run.seconds += now() - start
+            run.steps += steps
+            run.tokens[prompt.qid] = tokens
+            text = target.tokenizer.decode(tokens, skip_special_tokens=True)
+            run.valid += is_valid(text, prompt.schema)
+            tick()
+    run.valid //= repeats
+    return run
 
 
 def run_method(target: Target, spec: str, prompts: list[StructuredPrompt], constraints: dict[str, Constraint],
                max_new_tokens: int) -> MethodRun:
-    """`spec` (`DRAFTER+TREE@BUDGET`, or `transformers`) on every prompt, greedy, after one untimed run."""
-    from specframe.decode.loop import SpeculativeDecoder
+    """`spec` (a method spec or preset, or `transformers`) on every prompt, greedy, after one untimed run."""
+    from specframe.bench.methods import parse_method
 
-    decode = transformers_decode if spec == "transformers" else None
-    if decode is None:
-        pipeline, _, budget = spec.partition("@")
-        drafter, _, tree = pipeline.partition("+")
-        decoder = SpeculativeDecoder.from_names(target, drafter, tree or "chain", budget=int(budget or 8),
-                                                phase_timing=False)
-
-        def decode(target, ids, constraint, limit):
-            result = decoder.generate(ids, max_new_tokens=limit, constraint=constraint)
-            return result.tokens, result.metrics.steps
-
-    run = MethodRun(spec)
-    warm = prompts[0]
-    decode(target, encode(target, warm.prompt), constraints[warm.qid], max_new_tokens)
-    for prompt in prompts:
-        ids = encode(target, prompt.prompt)
-        start = now()
-        tokens, steps = decode(target, ids, constraints[prompt.qid], max_new_tokens)
-        run.seconds += now() - start
-        run.steps += steps
-        run.tokens[prompt.qid] = tokens
-        text = target.tokenizer.decode(tokens, skip_special_tokens=True)
-        run.valid += is_valid(text, prompt.schema)
-    return run
+    decode = (peer_decode(target, PeerSpec(TRANSFORMERS, TRANSFORMERS)) if spec == "transformers"
+              else method_decode(target, parse_method(spec, get_registry(), 8)))
+    return run_decode(target, spec, decode, prompts, constraints, max_new_tokens)
 
 
-def encode(target: Target, text: str) -> list[int]:
-    return list(target.tokenizer(text, add_special_tokens=False)["input_ids"])
+def run_structured(target: Target, prompts: list[StructuredPrompt], methods: list[MethodSpec],
+                   peers: list[PeerSpec], *, max_new_tokens: int, repeats: int = 1, progress: bool = True,
+                   phase_timing: bool = False, registry: PluginRegistry | None = None) -> list[MethodRun]:
+    """Constrained plain decoding, `methods` and `peers` over `prompts`, each under its schema; a progress
+    bar on a terminal."""
+    from specframe.runtime.structured import constraint_for
+    from specframe.support.progress import bar
+
+    registry = registry or get_registry()
+    constraints = {p.qid: constraint_for(target, json_schema=p.schema) for p in prompts}
+    built = decoders(target, methods, peers, registry, phase_timing)
+    runs = []
+    with bar(total=len(built) * repeats * len(prompts), show=progress, mininterval=1) as shown:
+        for label, decode, lossless in built:
+            shown.set_postfix_str(label)
+            run = run_decode(target, label, decode, prompts, constraints, max_new_tokens, repeats,
+                             lambda: shown.update(1))
+            runs.append(replace(run, lossless=lossless))
+    return runs
+
+
+def table(runs: list[MethodRun], header: str) -> str:
+    """The run as a markdown page: `header`, then a row per method against constrained plain decoding."""
+    lines = [header, "", "| method | valid | identical to plain | tokens/s | tau | speed over plain |",
+             "|---|---|---|---|---|---|"]
+    for run in runs:
+        row = run.row(runs[0])
+        tau = f"{row['tau']:.2f}" if row["tau"] else "-"
+        mark = "" if row["lossless"] else " (other kernels)"
+        lines.append(f"| `{row['method']}`{mark} | {row['valid']:.0%} | {row['identical']:.0%} | "
+                     f"{row['tokens_per_s']:.1f} | {tau} | {row['speedup']:.2f}x |")
+    return "\n".join(lines)
+
+
+def encode(target: Target, prompt: StructuredPrompt) -> list[int]:
+    from specframe.support.prompt_suites import BenchPrompt, encode_turn
+
+    return encode_turn(target.tokenizer, BenchPrompt(prompt.qid, prompt.category, (prompt.prompt,),
+                                                     prompt.chat), 0, [])
 
 
 class GuidanceProcessor:
@@ -144,7 +242,7 @@ def transformers_decode(target: Target, ids: list[int], constraint: Constraint, 
 
     processor = GuidanceProcessor(constraint, len(ids))
     with torch.inference_mode():
-        prompt = torch.tensor([ids])  # (1, L)
+        prompt = torch.tensor([ids], device=target.device)  # (1, L)
         out = target.model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
                                     max_new_tokens=limit, logits_processor=LogitsProcessorList([processor]),
                                     pad_token_id=min(target.eos_token_ids, default=0))
@@ -152,50 +250,46 @@ def transformers_decode(target: Target, ids: list[int], constraint: Constraint, 
     return tokens[: processor.complete_at], len(tokens)
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--methods", default=DEFAULT_METHODS, help="comma-separated DRAFTER+TREE@BUDGET")
-    parser.add_argument("--limit", type=int, default=None, help="prompts per category")
-    parser.add_argument("--max-new-tokens", type=int, default=96)
-    parser.add_argument("--no-transformers", action="store_true")
-    args = parser.parse_args(argv)
-
-    import torch
-
-    from specframe.plugging.models import model_recipes
-    from specframe.runtime.load import load_target
-    from specframe.runtime.structured import constraint_for
-
-    torch.set_num_threads(1)
-    target = load_target(args.model, recipes=model_recipes)
-    prompts = load_structured_suite(args.limit)
-    constraints = {p.qid: constraint_for(target, json_schema=p.schema) for p in prompts}
-    peers = [] if args.no_transformers else ["transformers"]
-    methods = ["none+chain@1", *split_methods(args.methods), *peers]
-    runs = [run_method(target, m, prompts, constraints, args.max_new_tokens) for m in methods]
-    print(f"{len(prompts)} prompts, greedy, max {args.max_new_tokens} new tokens, one thread, {args.model}")
-    print("| method | valid | identical to plain | tokens/s | tau | speed over plain |")
-    print("|---|---|---|---|---|---|")
-    for run in runs:
-        row = run.row(runs[0])
-        tau = f"{row['tau']:.2f}" if row["tau"] else "-"
-        print(f"| `{row['method']}` | {row['valid']:.0%} | {row['identical']:.0%} | "
-              f"{row['tokens_per_s']:.1f} | {tau} | {row['speedup']:.2f}x |")
+# `specframe bench` options a structured run does not honour, and the values that leave them out.
+UNSUPPORTED = {"batch": [1], "ray": None, "shard": None, "turns": None, "synthetic-acceptance": None,
+               "keep": "all", "batch-chunk": None}
 
 
-def split_methods(text: str) -> list[str]:
-    """Comma-separated method specs, commas inside parentheses kept."""
-    out, depth, current = [], 0, ""
-    for char in text:
-        depth += (char == "(") - (char == ")")
-        if char == "," and depth == 0:
-            out.append(current.strip())
-            current = ""
-        else:
-            current += char
-    return [m for m in [*out, current.strip()] if m]
+def check_bench(options: dict, sampling: SamplingParams) -> None:
+    """Refuse what a structured run cannot do: it decodes greedily, one request at a time, first turns."""
+    for name, default in UNSUPPORTED.items():
+        if options.get(name, default) != default:
+            raise ConfigurationError(f"--{name} is not available in a structured run (--suite structured, a "
+                                     "suite with schemas, or --json-schema): leave it out")
+    if not sampling.greedy:
+        raise ConfigurationError("a structured run decodes greedily (its outputs are checked against "
+                                 "constrained plain decoding): leave --temperature at 0")
 
 
-if __name__ == "__main__":
-    main()
+def bench_structured(target_loader: Callable[[], Target], suite: str, methods: list[str], out: Path, *,
+                     json_schema: dict | None, peers: str, limit: int | None, repeats: int,
+                     max_new_tokens: int, budget: int | str, progress: bool = True,
+                     phase_timing: bool = False) -> list[MethodRun]:
+    """`specframe bench` on a structured suite: prompts, schemas, methods and peers checked, then the
+    model loaded (`target_loader`), the run, and `structured_results.md` and `.json` written under `out`.
+    Prints the page."""
+    from specframe.bench.runner import check_counts
+
+    registry = get_registry()
+    prompts = structured_prompts(suite, limit, json_schema)
+    check_counts(repeats, max_new_tokens)
+    specs = resolve_methods(methods, registry, budget)
+    peer_specs = structured_peers(peers, registry)
+    target = target_loader()
+    runs = run_structured(target, prompts, specs, peer_specs, max_new_tokens=max_new_tokens,
+                          repeats=repeats, progress=progress, phase_timing=phase_timing, registry=registry)
+    header = (f"{len(prompts)} prompts of {suite}, each under its schema, greedy, at most "
+              f"{max_new_tokens} new tokens, {repeats} timed run(s) of each, {target.name}")
+    page = table(runs, header)
+    (out / "structured_results.md").write_text(page + "\n", "utf-8")
+    rows = [run.row(runs[0]) for run in runs]
+    (out / "structured_results.json").write_text(json.dumps({"header": header, "rows": rows}, indent=1),
+                                                 "utf-8")
+    print(page)
+    print(f"written under {out}: structured_results.md, structured_results.json")
+    return runs
