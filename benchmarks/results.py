@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PLAN = ROOT / "benchmarks" / "plan.toml"
 RECORDS = ROOT / "results" / "records"
 BATCH_RESULTS = "batch_results.json"  # what `specframe bench --batch` writes once its sweep is complete
+STRUCTURED_RESULTS = "structured_results.json"  # what a structured-output run writes at its end
 PACKAGES = ("specframe", "torch", "transformers")  # always recorded
 # recorded where installed: the libraries that some runs' methods and peers decode with
 OPTIONAL_PACKAGES = ("arctic-inference", "llama_cpp_python", "triton")
@@ -66,7 +67,7 @@ def run_plan(plan: dict, records: Path, only: list[str] | None) -> None:
     for i, (name, run) in enumerate(runs.items(), 1):
         out = records / name
         print(f"[{i}/{len(runs)}] {name}: {run['about']}", flush=True)
-        if (out / "results.json").exists() or (out / BATCH_RESULTS).exists():
+        if any((out / done).exists() for done in ("results.json", BATCH_RESULTS, STRUCTURED_RESULTS)):
             print(f"    complete in {out}; delete that folder to measure it again", flush=True)
             continue
         if run.get("gpu") and not torch.cuda.is_available():
@@ -139,6 +140,17 @@ def load_batch_run(folder: Path) -> dict | None:
         return None
     about = folder / "machine.json"
     run = json.loads((folder / BATCH_RESULTS).read_text("utf-8"))
+    return {**run, "machine": json.loads(about.read_text("utf-8")) if about.exists() else {},
+            "name": folder.name}
+
+
+def load_structured_run(folder: Path) -> dict | None:
+    """A structured-output run's folder (`specframe bench --suite structured`) as {header, command, rows,
+    machine}; None until the run has written `structured_results.json`."""
+    if not (folder / STRUCTURED_RESULTS).exists():
+        return None
+    about = folder / "machine.json"
+    run = json.loads((folder / STRUCTURED_RESULTS).read_text("utf-8"))
     return {**run, "machine": json.loads(about.read_text("utf-8")) if about.exists() else {},
             "name": folder.name}
 
@@ -472,14 +484,31 @@ def batch_noise_line(run: dict) -> str:
             f"{100 * max(spread):.0f} % of its mean.")
 
 
+def structured_table(runs: list[dict], spec: dict) -> list[str]:
+    """One row per method and peer of a structured-output run: valid outputs, outputs identical to
+    constrained plain decoding's, tokens/s, tau and the speed over constrained plain decoding."""
+    run = runs[0]
+    head = ["method", "valid", "identical to constrained plain", "tokens/s", "tau", "x constrained plain"]
+    if run is None:
+        return markdown_table(head, [no_records(spec["runs"][0], head)]) + [
+            "", f"No records yet for {spec['runs'][0]}: run `make results`."]
+    rows = [[f"`{r['method']}`" + ("" if r.get("lossless", True) else " (other kernels)"),
+             f"{r['valid']:.0%}", f"{r['identical']:.0%}", num(r["tokens_per_s"], 1), num(r["tau"]),
+             num(r["speedup"], 2, "x")] for r in run["rows"]]
+    return markdown_table(head, rows) + ["", *provenance({**run, "settings": {"command": run["command"]}},
+                                                         run["header"])]
+
+
 KINDS = {"speed": speed_table, "categories": categories_table, "choice": choice_table,
-         "memory": memory_table, "lossless": lossless_table, "batch": batch_table, "presets": presets_table}
+         "memory": memory_table, "lossless": lossless_table, "batch": batch_table, "presets": presets_table,
+         "structured": structured_table}
+LOADERS = {"batch": load_batch_run, "structured": load_structured_run}  # every other kind: `load_run`
 
 
 def render_table(spec: dict, records: Path) -> list[str]:
-    load = load_batch_run if spec["kind"] == "batch" else load_run
+    load = LOADERS.get(spec["kind"], load_run)
     runs = [load(records / name) for name in spec["runs"]]
-    if spec["kind"] not in ("choice", "batch") and all(r is None for r in runs):
+    if spec["kind"] not in ("choice", "batch", "structured") and all(r is None for r in runs):
         return [f"No records yet for {', '.join(spec['runs'])}: run `make results`."]
     if spec["kind"] in ("speed", "categories", "presets"):
         if runs[0] is None:

@@ -273,6 +273,7 @@ def bench_structured(target_loader: Callable[[], Target], suite: str, methods: l
     """`specframe bench` on a structured suite: prompts, schemas, methods and peers checked, then the
     model loaded (`target_loader`), the run, and `structured_results.md` and `.json` written under `out`.
     Prints the page."""
+    from specframe.bench.report import command_text
     from specframe.bench.runner import check_counts
 
     registry = get_registry()
@@ -288,8 +289,8 @@ def bench_structured(target_loader: Callable[[], Target], suite: str, methods: l
     page = table(runs, header)
     (out / "structured_results.md").write_text(page + "\n", "utf-8")
     rows = [run.row(runs[0]) for run in runs]
-    (out / "structured_results.json").write_text(json.dumps({"header": header, "rows": rows}, indent=1),
-                                                 "utf-8")
+    record = {"header": header, "command": command_text(None), "rows": rows}  # the page's provenance
+    (out / "structured_results.json").write_text(json.dumps(record, indent=1), "utf-8")
     print(page)
     print(f"written under {out}: structured_results.md, structured_results.json")
     return runs

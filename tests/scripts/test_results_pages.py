@@ -290,3 +290,31 @@ def test_a_run_is_measured_from_the_repository_root_with_a_relative_out(tmp_path
     plan = {"runs": {"code-cpu": {"about": "a run", "gpu": False, "args": ["--limit", "1"]}}}
     results.run_plan(plan, records, None)
     assert seen["command"][-2:] == ["--out", "results/records/code-cpu"] and seen["cwd"] == tmp_path
+
+
+def test_a_structured_table_gives_valid_and_identical_shares_marks_other_kernels_and_its_command(tmp_path):
+    run = tmp_path / "structured-cpu"
+    run.mkdir()
+    rows = [{"method": "baseline", "valid": 1.0, "identical": 1.0, "tokens_per_s": 10.0, "tau": 1.0,
+             "speedup": 1.0, "lossless": True},
+            {"method": "forced(then=pld)+chain@8", "valid": 1.0, "identical": 1.0, "tokens_per_s": 18.0,
+             "tau": 2.2, "speedup": 1.8, "lossless": True},
+            {"method": "llamacpp-grammar", "valid": 0.97, "identical": 0.5, "tokens_per_s": 20.0, "tau": 1.0,
+             "speedup": 2.0, "lossless": False}]
+    run.joinpath("structured_results.json").write_text(json.dumps({
+        "header": "33 prompts of structured", "rows": rows,
+        "command": "specframe bench --suite structured --out /elsewhere/run"}))
+    spec = {"name": "t", "page": "p.md", "kind": "structured", "runs": ["structured-cpu"]}
+    lines = results.render_table(spec, tmp_path)
+    assert lines[0].startswith("| method | valid | identical to constrained plain |")
+    assert "| `forced(then=pld)+chain@8` | 100% | 100% | 18.0 | 2.20 | 1.80x |" in lines
+    assert "| `llamacpp-grammar` (other kernels) | 97% | 50% | 20.0 | 1.00 | 2.00x |" in lines
+    assert lines[-1] == "Command: `specframe bench --suite structured --out results/records/structured-cpu`"
+    assert "Settings: 33 prompts of structured.  " in lines
+
+
+def test_a_structured_table_without_records_says_so(tmp_path):
+    spec = {"name": "t", "page": "p.md", "kind": "structured", "runs": ["structured-cpu"]}
+    lines = results.render_table(spec, tmp_path)
+    assert lines[2].startswith("| structured-cpu | no records |")
+    assert lines[-1] == "No records yet for structured-cpu: run `make results`."
