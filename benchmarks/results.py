@@ -136,21 +136,22 @@ def load_run(folder: Path) -> dict | None:
 def load_batch_run(folder: Path) -> dict | None:
     """A `specframe bench --batch` output folder as {settings, methods, batches, mismatches, machine};
     None until its sweep has written `batch_results.json` (`make results` resumes a stopped one)."""
-    if not (folder / BATCH_RESULTS).exists():
-        return None
-    about = folder / "machine.json"
-    run = json.loads((folder / BATCH_RESULTS).read_text("utf-8"))
-    return {**run, "machine": json.loads(about.read_text("utf-8")) if about.exists() else {},
-            "name": folder.name}
+    return load_results(folder, BATCH_RESULTS)
 
 
 def load_structured_run(folder: Path) -> dict | None:
     """A structured-output run's folder (`specframe bench --suite structured`) as {header, command, rows,
     machine}; None until the run has written `structured_results.json`."""
-    if not (folder / STRUCTURED_RESULTS).exists():
+    return load_results(folder, STRUCTURED_RESULTS)
+
+
+def load_results(folder: Path, results: str) -> dict | None:
+    """The run's `results` file (written once its tables are complete) with the machine it ran on and
+    its folder's name; None where the file is not there yet."""
+    if not (folder / results).exists():
         return None
     about = folder / "machine.json"
-    run = json.loads((folder / STRUCTURED_RESULTS).read_text("utf-8"))
+    run = json.loads((folder / results).read_text("utf-8"))
     return {**run, "machine": json.loads(about.read_text("utf-8")) if about.exists() else {},
             "name": folder.name}
 
