@@ -8,7 +8,7 @@ with their schemas: facts extracted from a passage, function-call arguments, sch
 method decodes every prompt greedily under its schema; a row reports the share of valid outputs (parsed
 and validated against the schema), the share identical to constrained plain decoding, tokens per second
 over the whole suite, tau, and the speed over constrained plain decoding. Every method runs once untimed
-first. The run is `specframe bench` on
+first; then the methods take turns prompt by prompt (`run_structured`). The run is `specframe bench` on
 that suite (`bench_structured`, then `run_structured`):
 
     specframe bench --suite structured --limit 4 --methods "forced(then=pld)+chain@8" --repeats 1
@@ -136,58 +136,47 @@ def decoders(target: Target, methods: list[MethodSpec], peers: list[PeerSpec], r
     return built
 
 
-def run_decode(target: Target, label: str, decode: Decode, prompts: list[StructuredPrompt],
-               constraints: dict[str, Constraint], max_new_tokens: int, repeats: int = 1,
-               tick: Callable[[], None] = lambda: None) -> MethodRun:
-    """`decode` on every prompt, greedy, after one untimed request; its tokens from the last repeat, its
-    time, forwards and valid outputs over all `repeats`."""
-    run = MethodRun(label)
-    warm = prompts[0]
-    decode(encode(target, warm), warm, constraints[warm.qid], max_new_tokens)
-    for _ in range(repeats):
-        for prompt in prompts:
-            ids = encode(target, prompt)
-            start = now()
-            tokens, steps = decode(ids, prompt, constraints[prompt.qid], max_new_tokens)
-            run.seconds += now() - start
-            run.steps += steps
-            run.tokens[prompt.qid] = tokens
-            text = target.tokenizer.decode(tokens, skip_special_tokens=True)
-            run.valid += is_valid(text, prompt.schema)
-            tick()
-    run.valid //= repeats
-    return run
-
-
-def run_method(target: Target, spec: str, prompts: list[StructuredPrompt], constraints: dict[str, Constraint],
-               max_new_tokens: int) -> MethodRun:
-    """`spec` (a method spec or preset, or `transformers`) on every prompt, greedy, after one untimed run."""
-    from specframe.bench.methods import parse_method
-
-    decode = (peer_decode(target, PeerSpec(TRANSFORMERS, TRANSFORMERS)) if spec == "transformers"
-              else method_decode(target, parse_method(spec, get_registry(), 8)))
-    return run_decode(target, spec, decode, prompts, constraints, max_new_tokens)
-
-
 def run_structured(target: Target, prompts: list[StructuredPrompt], methods: list[MethodSpec],
                    peers: list[PeerSpec], *, max_new_tokens: int, repeats: int = 1, progress: bool = True,
                    phase_timing: bool = False, registry: PluginRegistry | None = None) -> list[MethodRun]:
-    """Constrained plain decoding, `methods` and `peers` over `prompts`, each under its schema; a progress
-    bar on a terminal."""
+    """Constrained plain decoding, `methods` and `peers` over `prompts`, each under its schema, after one
+    untimed request of each: every one decodes a prompt before any decodes the next, their order rotated
+    by one place per prompt (`specframe.bench.loop.rotation`, as every bench run takes turns), so a shared
+    machine's drifting load falls on all of them. Each run's tokens are its last repeat's; its time,
+    forwards and valid outputs cover every repeat. A progress bar on a terminal."""
+    from specframe.bench.loop import rotation
     from specframe.runtime.structured import constraint_for
     from specframe.support.progress import bar
 
     registry = registry or get_registry()
     constraints = {p.qid: constraint_for(target, json_schema=p.schema) for p in prompts}
     built = decoders(target, methods, peers, registry, phase_timing)
-    runs = []
-    with bar(total=len(built) * repeats * len(prompts), show=progress, mininterval=1) as shown:
-        for label, decode, lossless in built:
-            shown.set_postfix_str(label)
-            run = run_decode(target, label, decode, prompts, constraints, max_new_tokens, repeats,
-                             lambda: shown.update(1))
-            runs.append(replace(run, lossless=lossless))
-    return runs
+    runs = [(MethodRun(label, lossless=lossless), decode) for label, decode, lossless in built]
+    warm = prompts[0]
+    for _, decode in runs:
+        decode(encode(target, warm), warm, constraints[warm.qid], max_new_tokens)
+    turns = [prompt for _ in range(repeats) for prompt in prompts]
+    with bar(total=len(runs) * len(turns), show=progress, mininterval=1) as shown:
+        for shift, prompt in enumerate(turns):
+            ids = encode(target, prompt)
+            for run, decode in rotation(runs, shift):
+                shown.set_postfix_str(run.name)
+                timed_request(target, run, decode, ids, prompt, constraints[prompt.qid], max_new_tokens)
+                shown.update(1)
+    for run, _ in runs:
+        run.valid //= repeats
+    return [run for run, _ in runs]
+
+
+def timed_request(target: Target, run: MethodRun, decode: Decode, ids: list[int], prompt: StructuredPrompt,
+                  constraint: Constraint, max_new_tokens: int) -> None:
+    """One request of `run`'s method, timed, its tokens, forwards and validity added to `run`."""
+    start = now()
+    tokens, steps = decode(ids, prompt, constraint, max_new_tokens)
+    run.seconds += now() - start
+    run.steps += steps
+    run.tokens[prompt.qid] = tokens
+    run.valid += is_valid(target.tokenizer.decode(tokens, skip_special_tokens=True), prompt.schema)
 
 
 def table(runs: list[MethodRun], header: str) -> str:

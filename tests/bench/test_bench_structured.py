@@ -11,7 +11,10 @@ import pytest
 from bench_runs import bench_before_loading
 
 import specframe
-from specframe.bench.structured import GuidanceProcessor, run_method
+from specframe.bench.methods import parse_method
+from specframe.bench.structured import GuidanceProcessor, run_structured
+from specframe.contract.peers import PeerSpec
+from specframe.plugging.registry import get_registry
 from specframe.bench.structured_suite import is_valid, load_structured_suite
 from specframe.testing.targets import tiny_target
 
@@ -43,9 +46,10 @@ def test_every_method_matches_constrained_plain_decoding_on_a_tiny_model(tiny):
               "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "maximum": 99}}}
     prompts = [p for p in load_structured_suite(limit=1)]
     prompts = [type(p)(p.qid, p.category, "ok n ok n {", schema) for p in prompts]
-    constraints = {p.qid: specframe.constraint_for(tiny, json_schema=p.schema) for p in prompts}
-    runs = [run_method(tiny, method, prompts, constraints, 24)
-            for method in ("none+chain@1", "forced(then=pld)+chain@4", "transformers")]
+    forced = parse_method("forced(then=pld)+chain@4", get_registry(), 8)
+    runs = run_structured(tiny, prompts, [forced], [PeerSpec("hf-generate", "hf-generate")],
+                          max_new_tokens=24, progress=False)
+    assert [run.name for run in runs] == ["plain", "forced(then=pld)+chain@4", "hf-generate"]
     for run in runs:
         row = run.row(runs[0])
         assert row["valid"] == 1.0 and row["identical"] == 1.0, row
