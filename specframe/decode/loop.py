@@ -5,7 +5,7 @@ from __future__ import annotations
 import numbers
 import warnings
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,21 +14,20 @@ from specframe.terms.constraint import Constraint
 from specframe.terms.cost import CostModel
 from specframe.terms.errors import ConfigurationError, DrafterError, PromptError, SpecframeWarning
 from specframe.terms.kinds import DEFAULT_BUDGET
-from specframe.terms.metrics import PhaseTimer, now, peak_memory_bytes, reset_peak_memory
+from specframe.terms.metrics import PhaseTimer, reset_peak_memory
 from specframe.terms.request import check_request_input
-from specframe.terms.result import GenerationResult
+from specframe.terms.result import GenerationResult, StreamDelta
 from specframe.terms.sampling import SamplingParams
 from specframe.terms.target import Target
 from specframe.support.paths import check_writable_dir
-from specframe.runtime.devices import synchronizer
 from specframe.plugging.pipeline import Pipeline, assemble, check_request
 from specframe.plugging.registry import PluginRegistry, get_registry
-from specframe.contract.interfaces import BatchBackend
-from specframe.decode.batch import BatchMetrics, is_batch, shared_phase
+from specframe.decode.batch import BatchMetrics, is_batch
 from specframe.decode.adaptive import AdaptivePlanner, make_adaptive_planner
 from specframe.decode.planner import FixedPlanner, StepPlanner, make_fixed_planner, plans_blind
 from specframe.decode.constrained import check_constraint
 from specframe.decode.row import RequestRow
+from specframe.decode.session import Request, RowSession, StreamedRow
 
 class SpeculativeDecoder:
     """A reusable decoder: one target, one pipeline of components, any number of requests."""
@@ -98,10 +97,9 @@ class SpeculativeDecoder:
         if is_batch(prompt):
             return self.generate_batch(prompt, max_new_tokens, stop, constraint=constraint,
                                        seeds=None if seed is None else [seed] * len(prompt))
-        request = (*self._checked(prompt, max_new_tokens, stop), max_new_tokens)
-        constraints = self._constraints(constraint, 1)
+        request = self.request(prompt, max_new_tokens, stop, seed=seed, constraint=constraint)
         try:
-            return self._decode_rows([request], [self._sampling(seed)], size=1, constraints=constraints)[0]
+            return self._decode_rows([request], size=1)[0]
         except DrafterError as err:  # what was decoded is verified: it goes with the error
             if isinstance(err.partial, list):
                 err.partial = err.partial[0]
@@ -143,10 +141,10 @@ class SpeculativeDecoder:
         if len(limits) != len(prompts):
             raise ConfigurationError(f"{len(limits)} max_new_tokens for {len(prompts)} prompts: pass one "
                                      "limit, or one per prompt")
-        requests = [(*self._checked(prompt, limit, stop), limit) for prompt, limit in zip(prompts, limits)]
-        samplings = [self._sampling(seed) for seed in seeds]
         constraints = self._constraints(constraint, len(prompts))
-        return self._decode_rows(requests, samplings, batch_size or len(prompts), logprobs, constraints)
+        requests = [Request(*self._checked(prompt, limit, stop), limit, self._sampling(seed), constrained)
+                    for prompt, limit, seed, constrained in zip(prompts, limits, seeds, constraints)]
+        return self._decode_rows(requests, batch_size or len(prompts), logprobs)
 
     def best_of(self, prompt: str | Sequence[int], n: int, max_new_tokens: int = 128,
                 stop: str | Sequence[str] = (), *, seed: int | None = None) -> list[GenerationResult]:
@@ -166,45 +164,68 @@ class SpeculativeDecoder:
                                       logprobs=True)
         return sorted(samples, key=lambda r: -r.logprob / max(len(r.tokens), 1))
 
-    def _decode_rows(self, requests: Sequence[tuple[list[int], tuple[str, ...], int]],
-                     samplings: Sequence[SamplingParams], size: int, logprobs: bool = False,
-                     constraints: Sequence[Constraint | None] | None = None) -> list[GenerationResult]:
-        """The decode loop: `requests` (prompt ids, stop strings, max_new_tokens) decoded at most `size` at
-        a time, each step drafting, scoring, verifying and committing every active row (`_step`); a row
-        that ends leaves and the next waiting request takes its place. Their results in order.
+    def stream(self, prompt: str | Sequence[int], max_new_tokens: int = 128,
+               stop: str | Sequence[str] = (), *, seed: int | None = None,
+               constraint: Constraint | None = None) -> Iterator[StreamDelta]:
+        """`generate`, step by step: yields a `StreamDelta` after every step that emitted text (the text it
+        adds and the ids of the tokens it committed), the last one with the request's `result`. The
+        deltas' texts concatenate to `result.text` and their ids to `result.tokens`, which are what
+        `generate` gives for the same arguments. Closing the iterator early frees the request's row.
 
-        The rows are the backend's for that size (`StateBackend.rows`). At `size` 1 each request drafts
-        with the pipeline's own drafter, as `generate` does; above, each row with a spawn of it. Either way
-        the decoder's planner plans every row (`StepPlanner`)."""
-        # First: the first request at budget="auto" may calibrate, which replaces the pipeline's backend by
-        # one built with the measured calibration (not part of the request's time)
-        planner = self._planner()
-        rows = self.pipeline.backend.rows(size)
-        waiting = deque(range(len(requests)))
-        active: dict[int, tuple[int, RequestRow, float]] = {}  # backend row -> (request, its row, its start)
-        results: list[GenerationResult | None] = [None] * len(requests)
-        constraints = constraints or [None] * len(requests)
-        account = self.batch_metrics = BatchMetrics()
+        >>> for delta in decoder.stream("def fib(n):", max_new_tokens=64):
+        ...     print(delta.text, end="", flush=True)
+        """
+        request = self.request(prompt, max_new_tokens, stop, seed=seed, constraint=constraint)
+        session = RowSession(self, 1)
+        key = session.add(request)
+        streamed = StreamedRow(self.target.tokenizer)
+        try:
+            while key in session.active:
+                ended = session.step().get(key)
+                delta = streamed.after_step(session.active[key].new if ended is None else ended.tokens, ended)
+                if delta is not None:
+                    yield delta
+        except DrafterError as err:  # what was decoded is verified: it goes with the error
+            err.partial = err.partial[key]
+            raise
+        finally:
+            if key in session.active:  # the caller stopped reading
+                session.cancel(key)
+            self._save_acceptance()
+
+    def request(self, prompt: str | Sequence[int], max_new_tokens: int = 128, stop: str | Sequence[str] = (),
+                *, seed: int | None = None, sampling: SamplingParams | None = None,
+                constraint: Constraint | None = None) -> Request:
+        """One request checked against this decoder's model and pipeline, before any work (an empty or
+        over-long prompt, an unservable sampling or constraint is refused here with a clear error): what a
+        `RowSession` of this decoder admits. `sampling` replaces the decoder's for this request (the
+        server's requests each carry their own), `seed` then replaces its seed."""
+        return Request(*self._checked(prompt, max_new_tokens, stop), max_new_tokens,
+                       self._sampling(seed, sampling), self._constraints(constraint, 1)[0])
+
+    def _decode_rows(self, requests: Sequence[Request], size: int, logprobs: bool = False
+                     ) -> list[GenerationResult]:
+        """`requests` decoded at most `size` at a time in one `RowSession`: a row that ends leaves and the
+        next waiting request takes its place. Their results in order."""
+        session = RowSession(self, size, logprobs=logprobs)
+        self.batch_metrics = session.metrics
         reset_peak_memory(self.target.device)  # on CUDA the peak is this call's, not the process's
-        while waiting or active:
-            while waiting and len(active) < size:  # a free place: the next request takes it
+        waiting = deque(range(len(requests)))
+        index_of: dict[int, int] = {}  # row key -> request index
+        results: list[GenerationResult | None] = [None] * len(requests)
+        while waiting or session.active:
+            while waiting and not session.full:  # a free place: the next request takes it
                 index = waiting.popleft()
-                drafter = self.pipeline.drafter if size == 1 else self.pipeline.drafter.spawn()
-                key, row, start = self._admit(rows, requests[index], samplings[index], drafter, planner,
-                                              logprobs, constraints[index])
-                active[key] = (index, row, start)
-                account.prefill_s += row.metrics.prefill_s
+                index_of[session.add(requests[index])] = index
             try:
-                self._step(rows, {key: row for key, (_, row, _) in active.items()}, planner, account)
+                ended = session.step()
             except DrafterError as err:  # every row's verified tokens go with the error
-                for index, row, _ in active.values():
-                    results[index] = self.partial_result(row)
+                for key, result in err.partial.items():
+                    results[index_of[key]] = result
                 err.partial = results
                 raise
-            for key, (index, row, start) in list(active.items()):
-                if row.reason is not None:
-                    results[index] = self._retire(rows, key, row, start)
-                    del active[key]
+            for key, result in ended.items():
+                results[index_of.pop(key)] = result
         self._save_acceptance()
         return results
 
@@ -218,61 +239,6 @@ class SpeculativeDecoder:
             warnings.warn(SpecframeWarning(
                 f"the acceptance counts could not be saved to {self.acceptance_file} ({err}); they are kept "
                 "and saved after the next request"), stacklevel=3)
-
-    def _admit(self, rows: BatchBackend, request: tuple[list[int], tuple[str, ...], int],
-               sampling: SamplingParams, drafter, planner: StepPlanner, logprobs: bool,
-               constraint: Constraint | None = None) -> tuple[int, RequestRow, float]:
-        """Start a request drafted by `drafter` (its prefill is part of its own time): its backend row key,
-        its row and its start time."""
-        prompt_ids, stop, limit = request
-        row = self.make_row(drafter, planner.row(), prompt_ids, limit, stop, sampling, logprobs, constraint)
-        self.registry.hook.on_decode_start(prompt_ids=prompt_ids)
-        row.start()
-        start = now()
-        key = rows.add(prompt_ids)
-        sync = synchronizer(self.target.device)
-        if sync is not None:
-            sync()
-        row.metrics.prefill_s = now() - start
-        return key, row, start
-
-    def _step(self, rows: BatchBackend, active: dict[int, RequestRow], planner: StepPlanner,
-              account: BatchMetrics) -> None:
-        """One step of every active row, in the paper's words: each row drafts and builds its tree, the
-        planner keeps what pays with every row in view, one scoring of all the trees, each row verified,
-        one commit, each row advanced; `account` counts the step's phases once."""
-        phase_sync = synchronizer(self.target.device) if self.phase_timing else None
-        step_start = now()
-        timers = {key: self.step_timer(phase_sync) for key in active}
-        trees = {key: row.draft(timers[key]) for key, row in active.items()}
-        for key, (tree, predicted) in planner.cut(trees, {k: row.planner for k, row in active.items()},
-                                                  rows).items():
-            active[key].keep(tree, predicted)
-            trees[key] = tree
-        with shared_phase(list(timers.values()), "forward") as forward:
-            scores = rows.score(trees)
-        verdicts = {key: row.verify(scores[key], timers[key]) for key, row in active.items()}
-        with shared_phase(list(timers.values()), "commit") as commit:
-            rows.commit({key: (scores[key], v.path, v.bonus) for key, v in verdicts.items()})
-        drafting = sum(timer.times.get("draft", 0.0) for timer in timers.values())
-        planner.observe_step(forward.seconds, now() - step_start, drafting)
-        for key, row in active.items():
-            row.advance(scores[key], verdicts[key], timers[key])
-        account.record_step(now() - step_start, {"forward": forward.seconds, "commit": commit.seconds},
-                            [timer.times for timer in timers.values()])
-
-    def _retire(self, rows: BatchBackend, key: int, row: RequestRow, start: float) -> GenerationResult:
-        """A row that ended leaves the batch: its result, its drafter told, its observers told."""
-        sync = synchronizer(self.target.device)
-        if sync is not None:
-            sync()  # queued work is part of the request's time
-        row.metrics.new_tokens = len(row.new)
-        row.metrics.wall_s = now() - start
-        row.metrics.peak_memory_bytes = peak_memory_bytes(self.target.device)
-        result = self.finish_row(row)
-        rows.remove(key)
-        self.registry.hook.on_decode_end(prompt_ids=row.prompt_ids, result=result)
-        return result
 
     def _checked(self, prompt, max_new_tokens: int, stop) -> tuple[list[int], tuple[str, ...]]:
         """A request's prompt ids and stop strings, refused with a clear error before any work."""
@@ -293,9 +259,11 @@ class SpeculativeDecoder:
             check_constraint(one, self.pipeline, self.target)
         return constraints
 
-    def _sampling(self, seed: int | None) -> SamplingParams:
-        """The request's sampling (`seed` replacing the decoder's), checked against the pipeline."""
-        sampling = self.sampling if seed is None else replace(self.sampling, seed=seed)
+    def _sampling(self, seed: int | None, sampling: SamplingParams | None = None) -> SamplingParams:
+        """The request's sampling (`sampling`, else the decoder's; `seed` replacing its seed), checked
+        against the pipeline."""
+        sampling = sampling or self.sampling
+        sampling = sampling if seed is None else replace(sampling, seed=seed)
         check_request(self.pipeline, sampling, self.registry)  # `sampling` may have changed since assembly
         return sampling
 
@@ -324,7 +292,7 @@ class SpeculativeDecoder:
         row.metrics.new_tokens = len(row.new)
         return GenerationResult(list(row.new), text, "error", row.metrics, row.logprob)
 
-    def _planner(self) -> StepPlanner:
+    def step_planner(self) -> StepPlanner:
         """The decoder's planner, made at its first request and kept (what it learns serves every later
         call, alone or in a batch): `FixedPlanner` at a fixed budget, `AdaptivePlanner` at
         `budget="auto"`. Making `AdaptivePlanner` loads the backend's measured cost, or measures it on

@@ -20,3 +20,17 @@ class GenerationResult:
     # The sum of the target's log-probabilities (its raw logits, before temperature or top-k/top-p) of the
     # new tokens, when asked for (`generate_batch(..., logprobs=True)`, `best_of`); None otherwise.
     logprob: float | None = None
+
+
+@dataclass
+class StreamDelta:
+    """What one step of a streamed request added (`SpeculativeDecoder.stream`): the text it adds and the
+    ids of the tokens it committed; the last delta of a request carries its `result`."""
+
+    text: str
+    token_ids: list[int]
+    result: GenerationResult | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.result is not None

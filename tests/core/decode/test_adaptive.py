@@ -598,7 +598,7 @@ def test_the_stored_calibration_is_scaled_only_when_phases_are_timed_apart(tiny,
     monkeypatch.setattr(assembly, "calibrate_pipeline",
                         lambda pipeline, progress=True: PolynomialCost((0.0, 1.0)))
     run = SpeculativeDecoder.from_names(tiny, "pld", budget="auto:4", phase_timing=phase_timing)
-    assert run._planner().learn_speed == phase_timing
+    assert run.step_planner().learn_speed == phase_timing
 
 
 def test_cheap_drafting_goes_on_even_where_it_does_not_pay():
@@ -694,7 +694,7 @@ def test_each_request_is_planned_blind_or_not_by_its_own_sampling(tiny):
     plans = []
     for temperature in (0.0, 1.0, 0.0):
         decoder.sampling = SamplingParams(temperature, seed=0)
-        planner = decoder._planner()
+        planner = decoder.step_planner()
         row = planner.row
         planner.row = lambda row=row: plans.append(row()) or plans[-1]  # the request's plan, kept to look at
         decoder.generate(repetitive_prompt(64, 16, seed=2), max_new_tokens=3)

@@ -10,6 +10,7 @@ import pytest
 from conftest import tiny_llama
 
 import specframe.decode.loop
+import specframe.decode.session
 from specframe import SpeculativeDecoder
 from specframe.testing.targets import reference_greedy, repetitive_prompt
 
@@ -42,7 +43,7 @@ def test_phase_timing_off_gives_the_same_tokens_and_says_so(tiny, prompt):
 @pytest.mark.parametrize("on", [True, False])
 def test_the_device_is_waited_for_per_phase_only_with_phase_timing(tiny, prompt, monkeypatch, on):
     waits, resets = [], []
-    monkeypatch.setattr(specframe.decode.loop, "synchronizer", lambda device: lambda: waits.append(device))
+    monkeypatch.setattr(specframe.decode.session, "synchronizer", lambda device: lambda: waits.append(device))
     monkeypatch.setattr(specframe.decode.loop, "reset_peak_memory", resets.append)
     decoder = SpeculativeDecoder.from_names(tiny, "pld", budget=4, phase_timing=on)
     result = decoder.generate(prompt, max_new_tokens=12)

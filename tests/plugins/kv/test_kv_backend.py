@@ -63,4 +63,4 @@ def test_with_a_fixed_budget_builders_get_the_stored_calibration(tmp_path, monke
     calibration.write_cost(calibration.cost_path(key), key, stored)
     decoder = SpeculativeDecoder.from_names(target, "pld", budget=4)
     assert decoder.pipeline.backend.cost_model() is None
-    assert decoder._planner().cost == stored == decoder.pipeline.backend.calibration.cost
+    assert decoder.step_planner().cost == stored == decoder.pipeline.backend.calibration.cost
