@@ -66,7 +66,10 @@ def generate(
                                 "shown."),
     threads: Optional[int] = threads_option(),
     clock: str = clock_option(),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object (with --stream: one per step, "
+                                 "then the report)."),
+    stream: bool = typer.Option(False, "--stream", help="Print the text as it is generated, step by step "
+                                "(what each step's accepted tokens add), then the metrics."),
     phase_timing: bool = phase_timing_option(),
     json_schema: Optional[Path] = typer.Option(None, "--json-schema", help="Structured output: JSON that "
                                                "matches the JSON schema in this file (laid out as "
@@ -88,6 +91,8 @@ def generate(
     sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
     pipeline = {"drafter": drafter, "tree": tree, "verifier": verifier, "backend": backend, "budget": budget}
     stop = check_generate(prompt, max_new_tokens, stop, pipeline)
+    if stream and compare:
+        raise ConfigurationError("--stream prints one decode as it goes, --compare times several: pick one")
     source = constraint_source(json_schema, regex, grammar, compare)
     set_timing(threads, clock, device)
     target = load_target(model, device=device, dtype=dtype, recipes=model_recipes)
@@ -97,9 +102,11 @@ def generate(
         if compare:  # printed after the text
             result, comparison = decode_compared(target, make_decoder, ids, chat, max_new_tokens, stop,
                                                  sampling, repeats, pipeline, phase_timing)
+        elif stream:
+            result, comparison = decode_streamed(make_decoder, ids, max_new_tokens, stop, as_json), {}
         else:
             result, comparison = decode_once(make_decoder, ids, max_new_tokens, stop), {}
-    show_generated(generated_report(result, pipeline, comparison), as_json)
+    show_generated(generated_report(result, pipeline, comparison), as_json, text=not stream)
     for warning in caught:
         warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
 
@@ -177,6 +184,7 @@ def decoder_factory(target, pipeline: dict, sampling, phase_timing: bool, constr
                                                 phase_timing=phase_timing)
         if constraint is not None:
             decoder.generate = functools.partial(decoder.generate, constraint=constraint)
+            decoder.stream = functools.partial(decoder.stream, constraint=constraint)
         return decoder
 
     return make_decoder
@@ -189,6 +197,20 @@ def decode_once(make_decoder: Callable, ids: list[int], max_new_tokens: int, sto
     except DrafterError as err:
         typer.echo(getattr(err.partial, "text", None) or "")
         raise
+
+
+def decode_streamed(make_decoder: Callable, ids: list[int], max_new_tokens: int, stop: tuple[str, ...],
+                    as_json: bool):
+    """`generate --stream`: print each step's text as it comes (with --json, one object per step), and
+    return the result. Where the drafter fails, what was printed is what was decoded."""
+    for delta in make_decoder().stream(ids, max_new_tokens=max_new_tokens, stop=stop):
+        if as_json:
+            typer.echo(json.dumps({"text": delta.text, "token_ids": delta.token_ids}))
+        else:
+            typer.echo(delta.text, nl=delta.done)
+            sys.stdout.flush()
+        if delta.done:
+            return delta.result
 
 
 def decode_compared(target, make_decoder: Callable, ids: list[int], chat: bool, max_new_tokens: int,
@@ -212,12 +234,14 @@ def generated_report(result, pipeline: dict, comparison: dict) -> dict:
             "pipeline": dict(pipeline), **comparison}
 
 
-def show_generated(report: dict, as_json: bool) -> None:
-    """Print `report` as one JSON object, or as the text and a table (`print_report`)."""
+def show_generated(report: dict, as_json: bool, text: bool = True) -> None:
+    """Print `report` as one JSON object, or as the text and a table (`print_report`); without its text
+    when `text` is False (it was streamed)."""
     if as_json:
-        typer.echo(json.dumps(report, indent=2))
+        typer.echo(json.dumps(report if text else {k: v for k, v in report.items() if k != "text"},
+                              indent=None if not text else 2))
     else:
-        print_report(report)
+        print_report(report, text)
 
 
 def calibrate(
@@ -328,15 +352,16 @@ def encode_prompt(target, prompt: str, chat: bool) -> list[int]:
     return list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
 
 
-def print_report(report: dict) -> None:
-    """The text, then the metrics as a table under a title line of its own (a long pipeline spec would
-    wrap inside a narrow table's title), then any note on the comparison."""
+def print_report(report: dict, text: bool = True) -> None:
+    """The text (unless `text` is False), then the metrics as a table under a title line of its own (a long
+    pipeline spec would wrap inside a narrow table's title), then any note on the comparison."""
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text
 
     console = Console()
-    console.print(report["text"], markup=False, highlight=False)
+    if text:
+        console.print(report["text"], markup=False, highlight=False)
     parts = [str(v) for k, v in report["pipeline"].items() if k != "budget"]
     console.print(Text("specframe " + "+".join(parts), style="bold"))
     table = Table()
