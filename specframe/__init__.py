@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from specframe.plugging.pipeline import Pipeline, assemble
     from specframe.terms.proposal import DraftContext, DraftProposal, DrawMethod, ScoreKind
     from specframe.terms.records import StepEvent, StepOutcome, TargetScores, VerifyResult
-    from specframe.terms.result import GenerationResult
+    from specframe.terms.result import GenerationResult, StreamDelta
     from specframe.plugging.registry import PluginRegistry, get_registry
     from specframe.plugging.specs import ComponentSpec
     from specframe.terms.sampling import Sampler, SamplingParams
@@ -60,7 +60,7 @@ _EXPORTS = {
     "specframe.plugging.pipeline": ("Pipeline", "assemble"),
     "specframe.terms.proposal": ("DraftContext", "DraftProposal", "DrawMethod", "ScoreKind"),
     "specframe.terms.records": ("StepEvent", "StepOutcome", "TargetScores", "VerifyResult"),
-    "specframe.terms.result": ("GenerationResult",),
+    "specframe.terms.result": ("GenerationResult", "StreamDelta"),
     "specframe.plugging.registry": ("PluginRegistry", "get_registry"),
     "specframe.plugging.specs": ("ComponentSpec",),
     "specframe.terms.sampling": ("Sampler", "SamplingParams"),
@@ -91,7 +91,7 @@ __all__ = [
     "constraint_for", "CostModel", "DecodeMetrics", "DEFAULT_BUDGET", "DraftContext",
     "Drafter", "DrafterCapabilities", "DrafterError", "DraftProposal", "DrawMethod",
     "DuplicateComponentError", "generate",
-    "GenerationResult", "get_registry", "hookimpl", "load_target", "ModelLoadError", "ModelRecipe",
+    "GenerationResult", "StreamDelta", "get_registry", "hookimpl", "load_target", "ModelLoadError", "ModelRecipe",
     "Peer", "PeerSpec", "Pipeline", "PluginRegistry", "PolynomialCost", "Preset", "PromptError", "RowByRow",
     "Sampler",
     "SamplingParams", "ScoreKind", "SpecframeError", "SpecframeWarning", "SpeculativeDecoder", "StateBackend",

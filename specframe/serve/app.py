@@ -54,18 +54,11 @@ def make_app(engine: Engine, model_name: str, *, temperature: float = 0.0, defau
         await run_in_threadpool(engine.shutdown, drain_s)
 
     app = FastAPI(title="specframe", lifespan=lifespan)
+    answers = Answers(engine, model_name, temperature, default_max_tokens)
+    app.exception_handler(RequestValidationError)(invalid_body)
+    app.exception_handler(ApiError)(api_error)
     metrics = CollectorRegistry()
     metrics.register(EngineCollector(engine))
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid(request: Request, err: RequestValidationError):
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'][1:]) or 'body'}: {e['msg']}"
-                             for e in err.errors())
-        return JSONResponse(error_body(problems or "the request body is not valid"), status_code=400)
-
-    @app.exception_handler(ApiError)
-    async def api_error(request: Request, err: ApiError):
-        return JSONResponse(error_body(str(err), err.kind, code=err.code), status_code=err.status)
 
     @app.get("/health")
     async def health():
@@ -82,22 +75,43 @@ def make_app(engine: Engine, model_name: str, *, temperature: float = 0.0, defau
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
-        return await answer(body, request, chat=False)
+        return await answers.answer(body, request, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatRequest, request: Request):
-        return await answer(body, request, chat=True)
+        return await answers.answer(body, request, chat=True)
 
-    async def answer(body: Sampled, request: Request, chat: bool):
-        if body.model not in (None, model_name):
+    return app
+
+
+async def invalid_body(request: Request, err: RequestValidationError) -> JSONResponse:
+    problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'][1:]) or 'body'}: {e['msg']}"
+                         for e in err.errors())
+    return JSONResponse(error_body(problems or "the request body is not valid"), status_code=400)
+
+
+async def api_error(request: Request, err: ApiError) -> JSONResponse:
+    return JSONResponse(error_body(str(err), err.kind, code=err.code), status_code=err.status)
+
+
+class Answers:
+    """The generation endpoints' work: check a request, queue it, answer it whole or streamed."""
+
+    def __init__(self, engine: Engine, model_name: str, temperature: float, default_max_tokens: int):
+        self.engine, self.model_name = engine, model_name
+        self.temperature, self.default_max_tokens = temperature, default_max_tokens
+
+    async def answer(self, body: Sampled, request: Request, chat: bool):
+        engine = self.engine
+        if body.model not in (None, self.model_name):
             raise ApiError(404, f"model '{body.model}' is not served here; this server serves "
-                           f"'{model_name}' (GET /v1/models)", "invalid_request_error", "model_not_found")
+                           f"'{self.model_name}' (GET /v1/models)", code="model_not_found")
         ids = prompt_ids(engine, body, chat)
         # Unset: the server's default, within its limit and the room the context leaves after the prompt
-        limit = body.limit or max(1, min(default_max_tokens, engine.max_tokens,
+        limit = body.limit or max(1, min(self.default_max_tokens, engine.max_tokens,
                                          engine.target.max_context - len(ids)))
-        sampling = SamplingParams(temperature=temperature if body.temperature is None else body.temperature,
-                                  top_p=body.top_p, top_k=body.top_k, seed=body.seed)
+        temperature = self.temperature if body.temperature is None else body.temperature
+        sampling = SamplingParams(temperature=temperature, top_p=body.top_p, top_k=body.top_k, seed=body.seed)
         try:
             method, checked = await run_in_threadpool(engine.check, ids, limit, tuple(body.stop), sampling,
                                                       body.method)
@@ -109,13 +123,11 @@ def make_app(engine: Engine, model_name: str, *, temperature: float = 0.0, defau
             raise ApiError(503, str(err), "server_error") from None
         except SpecframeError as err:
             raise ApiError(400, str(err)) from None
-        response = Response(chat, model_name, method, len(ids))
+        response = Response(chat, self.model_name, method, len(ids))
         if body.stream:
             usage = body.stream_options is not None and body.stream_options.include_usage
             return StreamingResponse(stream(ticket, response, usage), media_type="text/event-stream")
         return await whole(ticket, response, request)
-
-    return app
 
 
 def prompt_ids(engine: Engine, body: Sampled, chat: bool) -> list[int]:

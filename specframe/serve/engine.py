@@ -136,6 +136,7 @@ class Engine:
         self._wake = threading.Condition()
         self._closing = False
         self._thread: threading.Thread | None = None
+        self._assembling = threading.Lock()
         self.rows(self.default_method)  # assembled (and calibrated) before the first request
 
     # -- from the handlers ------------------------------------------------------------------------------
@@ -265,19 +266,19 @@ class Engine:
                 self.stats.count("cancelled", result)
 
     def _step(self, rows: MethodRows) -> None:
-        session = rows.session
         try:
-            ended = session.step()
+            self._emit(rows, rows.session.step())
         except DrafterError as err:
             self._fail_all(rows, str(err), err.partial or {})
-            return
         except Exception as err:  # a bug in a component: end this method's rows, go on
             log.exception("a decoding step failed")
             self._fail_all(rows, f"decoding failed ({type(err).__name__}: {err})", {})
-            return
+
+    def _emit(self, rows: MethodRows, ended: dict[int, GenerationResult]) -> None:
+        """Hand every request of `rows` what the step added; those that ended leave."""
         for key, (ticket, streamed) in list(rows.streams.items()):
             result = ended.get(key)
-            tokens = session.active[key].new if result is None else result.tokens
+            tokens = rows.session.active[key].new if result is None else result.tokens
             delta = streamed.after_step(tokens, result)
             if delta is not None:
                 ticket.put(delta)
@@ -295,13 +296,18 @@ class Engine:
         rows.session = RowSession(rows.decoder, self.batch_size)
 
     def rows(self, label: str) -> MethodRows:
-        """Method `label`'s decoder and rows, assembled at its first use and kept."""
-        rows = self._methods.get(label)
-        if rows is None:
-            method = parse_method(label, self.registry)
-            pipeline = assemble(self.target, method.drafter, method.tree, method.verifier, method.backend,
-                                registry=self.registry)
-            decoder = SpeculativeDecoder(self.target, pipeline, budget=method.budget, registry=self.registry,
-                                         progress=False)
-            rows = self._methods[label] = MethodRows(label, decoder, RowSession(decoder, self.batch_size))
+        """Method `label`'s decoder and rows, assembled at its first use (by the handler that checks its
+        first request) and kept."""
+        with self._assembling:
+            return self._methods.get(label) or self._assemble(label)
+
+    def _assemble(self, label: str) -> MethodRows:
+        method = parse_method(label, self.registry)
+        pipeline = assemble(self.target, method.drafter, method.tree, method.verifier, method.backend,
+                            registry=self.registry)
+        decoder = SpeculativeDecoder(self.target, pipeline, budget=method.budget, registry=self.registry,
+                                     progress=False)
+        # A session of its own: a method's first session makes its planner (at budget="auto", after
+        # calibrating the backend's cost once on this machine, or loading it)
+        rows = self._methods[label] = MethodRows(label, decoder, RowSession(decoder, self.batch_size))
         return rows

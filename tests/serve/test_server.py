@@ -19,6 +19,7 @@ import httpx
 import pytest
 from serve_harness import serving
 
+from specframe import SamplingParams, SpeculativeDecoder
 from specframe.decode.session import RowSession
 from specframe.serve.engine import Engine
 from specframe.testing.targets import reference_greedy, tiny_target
@@ -87,6 +88,19 @@ def test_streamed_equals_whole_and_carries_usage_last(served, target):
     assert len(texts) > 1 and chunks[-2]["choices"][0]["finish_reason"] == "length"
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == whole["usage"]
     assert chunks[-1]["speculation"]["method"] == "pld@4"
+
+
+def test_a_sampled_request_follows_its_seed(served, target):
+    """Sampling parameters and seed are the request's own: the same seed gives the same text, which is
+    what the library gives for that seed (`sample-match` is reproducible at any budget)."""
+    method = "pld+chain+sample-match@4"
+    body = {"prompt": PROMPTS[0], "max_tokens": 20, "temperature": 0.9, "top_p": 0.95, "seed": 11,
+            "method": method}
+    texts = [post(served, body).json()["choices"][0]["text"] for _ in range(2)]
+    other = post(served, {**body, "seed": 12}).json()["choices"][0]["text"]
+    sampling = SamplingParams(temperature=0.9, top_p=0.95, seed=11)
+    library = SpeculativeDecoder.from_names(target, "pld", "chain", "sample-match", budget=4, sampling=sampling)
+    assert texts[0] == texts[1] == library.generate(PROMPTS[0], max_new_tokens=20).text != other
 
 
 def test_stop_strings_end_an_answer(served, target):
