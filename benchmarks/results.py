@@ -5,9 +5,11 @@
     python benchmarks/results.py --runs code-cpu # only these runs (then every page)
 
 Each run is `specframe bench ARGS --out results/records/NAME` (resumed if stopped; skipped once complete)
-with a `machine.json` beside it. A page keeps its prose; only the text between
-`<!-- results:begin NAME -->` and `<!-- results:end NAME -->` is rewritten, from the records alone.
-A batch table with a `plot` also draws its speedup against B into that PNG and links it from its block.
+with a `machine.json` beside it; a run with `command = "serve-bench"` is `specframe serve-bench ARGS ...`.
+A page keeps its prose; only the text between `<!-- results:begin NAME -->` and
+`<!-- results:end NAME -->` is rewritten, from the records alone.
+A batch table with a `plot` also draws its speedup against B into that PNG and links it from its block;
+a load table with a `plot`, its throughput, TTFT and TPOT against the request rate.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ PLAN = ROOT / "benchmarks" / "plan.toml"
 RECORDS = ROOT / "results" / "records"
 BATCH_RESULTS = "batch_results.json"  # what `specframe bench --batch` writes once its sweep is complete
 STRUCTURED_RESULTS = "structured_results.json"  # what a structured-output run writes at its end
+LOAD_RESULTS = "load_results.json"  # what `specframe serve-bench` writes at its end
 PACKAGES = ("specframe", "torch", "transformers")  # always recorded
 # recorded where installed: the libraries that some runs' methods and peers decode with
 OPTIONAL_PACKAGES = ("arctic-inference", "llama_cpp_python", "triton")
@@ -60,14 +63,16 @@ def machine() -> dict:
 
 
 def run_plan(plan: dict, records: Path, only: list[str] | None) -> None:
-    """Run each planned `specframe bench` into `records/NAME`; a GPU run is skipped without a GPU."""
+    """Run each planned `specframe bench` (or the run's `command`, e.g. `serve-bench`) into
+    `records/NAME`; a GPU run is skipped without a GPU."""
     import torch
 
     runs = {n: r for n, r in plan["runs"].items() if not only or n in only}
     for i, (name, run) in enumerate(runs.items(), 1):
         out = records / name
         print(f"[{i}/{len(runs)}] {name}: {run['about']}", flush=True)
-        if any((out / done).exists() for done in ("results.json", BATCH_RESULTS, STRUCTURED_RESULTS)):
+        if any((out / done).exists() for done in ("results.json", BATCH_RESULTS, STRUCTURED_RESULTS,
+                                                   LOAD_RESULTS)):
             print(f"    complete in {out}; delete that folder to measure it again", flush=True)
             continue
         if run.get("gpu") and not torch.cuda.is_available():
@@ -77,7 +82,7 @@ def run_plan(plan: dict, records: Path, only: list[str] | None) -> None:
         # keep (and the pages show) runs on any checkout
         where = out.resolve()
         shown = where.relative_to(ROOT).as_posix() if where.is_relative_to(ROOT) else str(where)
-        command = ["specframe", "bench", *run["args"], "--out", shown]
+        command = ["specframe", run.get("command", "bench"), *run["args"], "--out", shown]
         print("    " + shlex.join(command), flush=True)
         subprocess.run(command, check=True, stdout=subprocess.DEVNULL, cwd=ROOT)  # progress goes to stderr
         (out / "machine.json").write_text(json.dumps(machine(), indent=1), "utf-8")
@@ -143,6 +148,12 @@ def load_structured_run(folder: Path) -> dict | None:
     """A structured-output run's folder (`specframe bench --suite structured`) as {header, command, rows,
     machine}; None until the run has written `structured_results.json`."""
     return load_results(folder, STRUCTURED_RESULTS)
+
+
+def load_load_run(folder: Path) -> dict | None:
+    """A `specframe serve-bench` output folder as {settings, streams, plain, control, command, machine};
+    None until the run has written `load_results.json`."""
+    return load_results(folder, LOAD_RESULTS)
 
 
 def load_results(folder: Path, results: str) -> dict | None:
@@ -500,16 +511,55 @@ def structured_table(runs: list[dict], spec: dict) -> list[str]:
                                                          run["header"])]
 
 
+def load_table(runs: list[dict], spec: dict) -> list[str]:
+    """A `specframe serve-bench` run: one row per method (or peer) and request rate, with throughput over
+    plain decoding's at the same rate, TTFT and TPOT (median, p99) and texts identical to plain's
+    (`specframe.serve.load_report`), the machine, settings and command, the noise line and, with the
+    table's `plot`, throughput, TTFT and TPOT against the rate. Without records: the head and a row
+    saying so."""
+    from specframe.serve.load_report import HEAD, noise_line, results_table, settings_line
+
+    run = runs[0]
+    if run is None:
+        return markdown_table(HEAD, [no_records(spec["runs"][0], HEAD)]) + [
+            "", f"No records yet for {spec['runs'][0]}: run `make results`."]
+    patterns = spec.get("rows")
+    streams = [s for s in run["streams"] if not patterns or any(fnmatch.fnmatchcase(s["label"], p)
+                                                                 for p in patterns)]
+    shown = {**run, "settings": {"command": run.get("command")}}
+    return (results_table(streams) + ["", *provenance(shown, settings_line(run["settings"])), "",
+                                      noise_line(streams, spec.get("control") or run.get("control"))]
+            + load_plot(run, spec, streams))
+
+
+def load_plot(run: dict, spec: dict, streams: list[dict]) -> list[str]:
+    """With the table's `plot` (a PNG's path, written as its `page` is): throughput, median TTFT and
+    median TPOT against the request rate, drawn there, and the lines that show it on the page."""
+    if not spec.get("plot") or not streams:
+        return []
+    from specframe.serve.load_report import rate_plot
+
+    path, s = ROOT / spec["plot"], run["settings"]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rate_plot(streams, path, title=f"{s.get('suite')}, {s.get('model')}")
+    link = Path(os.path.relpath(path, (ROOT / spec["page"]).parent)).as_posix()
+    return ["", f"![Throughput, TTFT and TPOT against the request rate ({spec['name']})]({link})", "",
+            "*Output tokens/s, median time to first token and median time per output token against the "
+            "request rate (log scale), one line per method, peers dashed; each shaded band reaches up to "
+            "the p99.*"]
+
+
 KINDS = {"speed": speed_table, "categories": categories_table, "choice": choice_table,
          "memory": memory_table, "lossless": lossless_table, "batch": batch_table, "presets": presets_table,
-         "structured": structured_table}
-LOADERS = {"batch": load_batch_run, "structured": load_structured_run}  # every other kind: `load_run`
+         "structured": structured_table, "load": load_table}
+LOADERS = {"batch": load_batch_run, "structured": load_structured_run,
+           "load": load_load_run}  # every other kind: `load_run`
 
 
 def render_table(spec: dict, records: Path) -> list[str]:
     load = LOADERS.get(spec["kind"], load_run)
     runs = [load(records / name) for name in spec["runs"]]
-    if spec["kind"] not in ("choice", "batch", "structured") and all(r is None for r in runs):
+    if spec["kind"] not in ("choice", "batch", "structured", "load") and all(r is None for r in runs):
         return [f"No records yet for {', '.join(spec['runs'])}: run `make results`."]
     if spec["kind"] in ("speed", "categories", "presets"):
         if runs[0] is None:

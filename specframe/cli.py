@@ -16,6 +16,7 @@ import typer
 
 from specframe.bench.cli import bench_command
 from specframe.serve.cli import serve
+from specframe.serve.load_cli import serve_bench_command
 from specframe.kit.cli_options import (clock_option, device_option, dtype_option, model_option,
                                   phase_timing_option, set_timing, threads_option)
 from specframe.terms.errors import ConfigurationError, DrafterError, SpecframeError
@@ -424,6 +425,7 @@ def core_app(options: list[CliOption] = ()) -> typer.Typer:
     cli.command()(plugins)
     cli.command()(calibrate)
     cli.command()(serve)
+    cli.command("serve-bench")(serve_bench_command)
     for name, command in {"generate": generate, "bench": bench_command}.items():
         cli.command(name)(with_plugin_options(command, [o for o in options if name in o.commands]))
     return cli

@@ -74,7 +74,7 @@ def test_every_planned_table_has_its_markers_in_its_page():
     for spec in plan["tables"]:
         assert spec["kind"] in results.KINDS and set(spec["runs"]) <= set(plan["runs"]), spec["name"]
         if "plot" in spec:  # a PNG under the docs, so that the page's link to it resolves in the site
-            assert spec["kind"] == "batch" and spec["plot"].startswith("docs/"), spec["name"]
+            assert spec["kind"] in ("batch", "load") and spec["plot"].startswith("docs/"), spec["name"]
             assert spec["plot"].endswith(".png"), spec["name"]
         text = (ROOT / spec["page"]).read_text()
         for edge in ("begin", "end"):

@@ -99,7 +99,8 @@ def test_a_sampled_request_follows_its_seed(served, target):
     texts = [post(served, body).json()["choices"][0]["text"] for _ in range(2)]
     other = post(served, {**body, "seed": 12}).json()["choices"][0]["text"]
     sampling = SamplingParams(temperature=0.9, top_p=0.95, seed=11)
-    library = SpeculativeDecoder.from_names(target, "pld", "chain", "sample-match", budget=4, sampling=sampling)
+    library = SpeculativeDecoder.from_names(target, "pld", "chain", "sample-match", budget=4,
+                                            sampling=sampling)
     assert texts[0] == texts[1] == library.generate(PROMPTS[0], max_new_tokens=20).text != other
 
 
