@@ -13,20 +13,13 @@ from __future__ import annotations
 import runpy
 import sys
 
+from specframe_llamacpp.peers import without_extra_buffers
+
 
 def main() -> None:
-    from llama_cpp import llama_cpp as lib
-
-    default = lib.llama_model_default_params
-
-    def params():
-        chosen = default()
-        chosen.use_extra_bufts = False
-        return chosen
-
-    lib.llama_model_default_params = params
     sys.argv[0] = "llama_cpp.server"
-    runpy.run_module("llama_cpp.server", run_name="__main__", alter_sys=True)
+    with without_extra_buffers():
+        runpy.run_module("llama_cpp.server", run_name="__main__", alter_sys=True)
 
 
 if __name__ == "__main__":

@@ -4,24 +4,12 @@ line before the model loads; a good constraint shapes the output."""
 from __future__ import annotations
 
 import json
-import sys
-
 import pytest
 
-from specframe.cli import main
-from specframe.testing.targets import tiny_target
+from generate_cli import run_generate
 
 
-def run(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    """`specframe generate` in this process, on the tiny character-level model; (exit code, out, err)."""
-    loads = []
-    monkeypatch.setattr("specframe.runtime.load.load_target",
-                        lambda *a, **k: loads.append(1) or tiny_target(seed=0))
-    monkeypatch.setattr(sys, "argv", ["specframe", "generate", *args, "--model", "tiny"])
-    with pytest.raises(SystemExit) as exit_:
-        main()
-    out = capsys.readouterr()
-    return exit_.value.code, out.out, out.err + ("" if loads else "[model not loaded]")
+run = run_generate
 
 
 @pytest.mark.parametrize("args,needle", [
