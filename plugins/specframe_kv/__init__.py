@@ -26,6 +26,12 @@ packed linears than with torch's own: docs/explanation/metrics-and-costs.md): a 
 several forwards of at most that many rows each, in order, each reading the rows before it from the
 cache. The limit is measured again when torch's thread count changes, as kernels depend on it.
 
+With `want_hidden` (a drafter that reads the target's features) every score carries the final hidden state
+of its root and nodes (`TargetScores.hidden`), and a row's first scores the prompt's too
+(`TargetScores.prompt_hidden`, from the forward that read the prompt, at no extra cost), so a drafter with
+a context of its own (EAGLE's head) starts from the whole prompt. `hidden_layers=(i, j, ...)` hands out
+those hidden states instead, concatenated (an EAGLE-3 head reads a low, a middle and a high layer).
+
 The backend serves only the model families it has been shown to serve exactly (`VERIFIED_MODEL_TYPES`):
 a layer that keeps state outside its keys/values (RWKV's time mixing, xLSTM's matrix memory) is not
 rolled back by cropping, and a model without typed layers cannot say it has one. A refusal says only why
@@ -64,12 +70,14 @@ class KVCacheBackend(StateBackend):
     capabilities = BackendCapabilities(supports_trees=True, provides_hidden_states=True,
                                        fresh_state_per_copy=True)  # prefill makes a new cache
 
-    def __init__(self, target, *, want_hidden: bool = False, calibration=None, min_rows: int | None = None):
+    def __init__(self, target, *, want_hidden: bool = False, calibration=None, min_rows: int | None = None,
+                 hidden_layers: tuple[int, ...] | None = None):
         from specframe.kit.backend import forward_min_rows, pads_by_measurement
         from specframe.kit.models import linear_kernel
 
         super().__init__(target, want_hidden=want_hidden, calibration=calibration)
         self.model = target.model
+        self.hidden_layers = check_hidden_layers(target, hidden_layers)
         # Rows (root + nodes) a tree forward is padded to: see the module docstring. 1 turns padding off.
         linear = linear_kernel(target.model)
         self._measured_padding = pads_by_measurement(min_rows, target.device, linear)
@@ -134,6 +142,24 @@ class KVCacheBackend(StateBackend):
         from specframe_kv.rows import KVRows  # imports torch: not at registration
 
         return KVRows(self)
+
+
+def check_hidden_layers(target, layers: tuple[int, ...] | None) -> tuple[int, ...] | None:
+    """The `hidden_layers` option: which of the target's hidden states (transformers' numbering: 0 the
+    embeddings, i the input of layer i, the layer count the final normed output) a backend built with
+    `want_hidden` hands out, concatenated in that order (EAGLE-3 heads read three). None (the default):
+    the final output alone, the `TargetScores.hidden` every drafter expects."""
+    if layers is None:
+        return None
+    count = int(getattr(target.config, "num_hidden_layers", 0) or 0)
+    layers = tuple(layers) if isinstance(layers, (list, tuple)) else (layers,)
+    numbers = all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i <= count for i in layers)
+    if not layers or not numbers:
+        raise specframe.ConfigurationError(
+            f"backend 'kv': hidden_layers={layers!r} must name hidden states of model '{target.name}' by "
+            f"number, 0 (its embeddings) to {count} (its final output), e.g. kv(hidden_layers=(2, "
+            f"{count // 2}, {max(count - 3, 0)}))")
+    return layers
 
 
 @specframe.hookimpl

@@ -9,6 +9,8 @@ row), so a step that scores every row reads the buffers as views, without gather
 - `add(ids)` reads the prompt alone (a batch-1 forward of `ids[:-1]`), so a row's prompt keys are the
   bits it would have alone, then copies them into a free slot. A row with the same prompt as the row
   added just before it (the samples of best-of-n) copies that prompt's keys instead of reading it again.
+  With `want_hidden` the same forward gives the prompt's features, which the row's first scores carry
+  (`TargetScores.prompt_hidden`).
 - `score(trees)` runs one forward of shape (R, T) over the R rows given (rows left out idle and are not
   computed): T is 1 + the largest of their trees, each row's input its pending root, its tree's tokens and
   throwaway padding, at positions `length + depth`. A 4D additive mask (R, 1, T, K) shows each query its
@@ -39,6 +41,7 @@ the exact-rows limit); a batch of `min_rows` rows or more is not padded.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -46,6 +49,13 @@ import torch
 from specframe import TargetScores, TokenTree
 from specframe.kit.backend import RaggedCache, SlottedRow, SlottedRows, additive_mask, buffered_cache
 from specframe.kit.inference import inference_mode
+
+
+@dataclass
+class KVRow(SlottedRow):
+    """A row of `KVRows`: where it stands, and its prompt's features until its first scores carry them."""
+
+    prompt_hidden: torch.Tensor | None = None  # (P - 1, F), kept when the backend wants hidden states
 
 
 class KVRows(SlottedRows):
@@ -57,26 +67,37 @@ class KVRows(SlottedRows):
         super().__init__(backend)
         self.model, self.device = backend.model, backend.target.device
         self.cache = RaggedCache(self.model.config)
-        self._prompt: tuple[list[int], object] | None = None  # the latest prompt read, and its keys
+        # the latest prompt read, its keys, and its features when wanted
+        self._prompt: tuple[list[int], object, torch.Tensor | None] | None = None
 
     # --- rows ------------------------------------------------------------------------------------
 
     @inference_mode
     def add(self, ids: list[int]) -> int:
         if self._prompt is None or self._prompt[0] != list(ids):  # best-of-n rows read it once
-            self._prompt = (list(ids), self._read(ids))
-        state = SlottedRow(slot=len(self.rows), length=len(ids) - 1, pending=int(ids[-1]))
+            self._prompt = (list(ids), *self._read(ids))
+        state = KVRow(slot=len(self.rows), length=len(ids) - 1, pending=int(ids[-1]),
+                      prompt_hidden=self._prompt[2])
         self.cache.store(state.slot, self._prompt[1])
         return self.admit(state)
 
-    def _read(self, ids: list[int]):
+    def _read(self, ids: list[int]) -> tuple[object, torch.Tensor | None]:
         """The keys and values of `ids[:-1]` from one forward of that prompt alone (batch 1), so a row's
-        prompt keys are the same bits whatever else is in the batch."""
+        prompt keys are the same bits whatever else is in the batch; with `want_hidden`, the (P - 1, F)
+        features of those tokens from the same forward."""
         cache = buffered_cache(self.model.config)
-        if len(ids) > 1:
-            prefix = torch.tensor([ids[:-1]], device=self.device)  # (1, P)
-            self.model(input_ids=prefix, past_key_values=cache, use_cache=True, logits_to_keep=1)
-        return cache
+        want = self.backend.want_hidden
+        if len(ids) < 2:
+            return cache, None
+        prefix = torch.tensor([ids[:-1]], device=self.device)  # (1, P)
+        out = self.model(input_ids=prefix, past_key_values=cache, use_cache=True, logits_to_keep=1,
+                         output_hidden_states=want)
+        return cache, self._features(out.hidden_states)[0] if want else None
+
+    def _features(self, states: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """(R, T, F) the hidden states the backend hands out: the final one, or `hidden_layers` joined."""
+        layers = self.backend.hidden_layers
+        return states[-1] if layers is None else torch.cat([states[i] for i in layers], dim=-1)
 
     @inference_mode
     def move_slot(self, source: int, target: int, columns: int) -> None:
@@ -130,7 +151,9 @@ class KVRows(SlottedRows):
             self.rows[row].written = width
             n = len(trees[row]) + 1
             scores[row] = TargetScores(logits=logits[i, :n].float(), tree=trees[row],
-                                       hidden=None if hidden is None else hidden[i, :n])
+                                       hidden=None if hidden is None else hidden[i, :n],
+                                       prompt_hidden=self.rows[row].prompt_hidden)
+            self.rows[row].prompt_hidden = None  # handed out once, with the row's first scores
         return scores
 
     def _width(self, rows: list[int], sizes: Mapping[int, int]) -> int:
@@ -173,7 +196,7 @@ class KVRows(SlottedRows):
         out = self.model(input_ids=ids[:, start:end], position_ids=positions[:, start:end],
                          attention_mask=mask[..., start:end, :keys], past_key_values=self.cache,
                          use_cache=True, output_hidden_states=self.backend.want_hidden)
-        return out.logits, out.hidden_states[-1] if self.backend.want_hidden else None
+        return out.logits, self._features(out.hidden_states) if self.backend.want_hidden else None
 
     # --- committing ------------------------------------------------------------------------------
 

@@ -10,9 +10,10 @@ HEADS_BELOW = 0.85  # `suffix-s4c` runs the heads on steps whose best copied roo
 
 @specframe.hookimpl
 def register_commands(cli):
-    from specframe_s4c.cli import train_app
+    from specframe.kit.cli_options import train_group
+    from specframe_s4c.cli import train_s4c
 
-    cli.add_typer(train_app, name="train")
+    train_group(cli).command("s4c")(train_s4c)
 
 
 @specframe.hookimpl

@@ -10,10 +10,6 @@ import typer
 
 from specframe.kit.cli_options import device_option, dtype_option, model_option
 
-train_app = typer.Typer(help="Train drafters that need training (S4C heads).", no_args_is_help=True)
-
-
-@train_app.command("s4c")
 def train_s4c(
     model: str = model_option(),
     device: str = device_option(),

@@ -155,11 +155,11 @@ class RequestRow:
         limit, which end decoding), tell the drafter, the planner, the metrics and the observers."""
         tree = self._tree
         emitted = [int(t) for t in tree.tokens[result.path]] + [result.bonus]
-        last = result.path[-1] + 1 if result.path else 0
-        self.hidden = scores.hidden[last] if scores.hidden is not None else None
+        path = scores.hidden[[0, *(i + 1 for i in result.path)]] if scores.hidden is not None else None
+        self.hidden = path[-1] if path is not None else None  # (H,) the feature that predicted the bonus
         with self._drafter_failure():
             self.drafter.observe(StepOutcome(self._proposal, len(tree), emitted[:-1], result.bonus,
-                                             self.hidden))
+                                             self.hidden, path, scores.prompt_hidden))
         if self._paths is not None:
             before_bonus = self._paths.entry(tuple(emitted[:-1]))
             if before_bonus is not None and not before_bonus[1].any():  # complete, nothing may follow

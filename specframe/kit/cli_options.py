@@ -68,3 +68,15 @@ def set_timing(threads: int | None, clock: str, device: str) -> None:
     if threads is not None:
         torch.set_num_threads(threads)
     set_clock(clock)
+
+
+def train_group(cli: typer.Typer) -> typer.Typer:
+    """The `specframe train` group of `cli` (the app a `register_commands` hook is given), made by the
+    first plugin that trains something: every plugin adds its command to the one group
+    (`train_group(cli).command("s4c")(...)`), whichever registers first."""
+    for group in cli.registered_groups:
+        if group.name == "train":
+            return group.typer_instance
+    group = typer.Typer(help="Train drafters that need training.", no_args_is_help=True)
+    cli.add_typer(group, name="train")
+    return group

@@ -32,6 +32,9 @@ class TargetScores:
     hidden: torch.Tensor | None = None  # (N + 1, H) last hidden states, when requested
     tree: TokenTree | None = None  # the scored tree; set by every backend's `score`
     state: Any = None  # backend-private: what `commit` needs from the forward
+    # (P - 1, H) the features of the row's prompt but its pending last token, from the forward that read it:
+    # on a row's first scores only, from a backend that keeps them (None otherwise)
+    prompt_hidden: torch.Tensor | None = None
 
 
 @dataclass
@@ -58,6 +61,10 @@ class StepOutcome:
     accepted_tokens: list[int]  # the draft tokens the target accepted
     bonus: int
     hidden: torch.Tensor | None = None  # (H,) target feature at the last accepted node
+    # (A + 1, H) the target's features at the root and at each accepted node: row k predicted `emitted[k]`
+    hidden_path: torch.Tensor | None = None
+    # (P - 1, H) the prompt's features (`TargetScores.prompt_hidden`), on a request's first step only
+    prompt_hidden: torch.Tensor | None = None
 
     @property
     def emitted(self) -> list[int]:

@@ -658,12 +658,13 @@ def test_a_drafter_whose_cost_does_not_grow_with_the_budget_drafts_to_the_cap():
 
 
 def test_only_draft_models_say_their_drafting_grows_with_the_budget():
+    """A draft model runs once per drafted token; an EAGLE head once per level, as deep as the budget."""
     from specframe.plugging.registry import get_registry
 
     registry = get_registry()
     growing = {name for name in registry.names("drafter")
                if registry.get("drafter", name).capabilities.drafting_grows_with_budget}
-    assert growing == {"draft-model"}
+    assert growing == {"draft-model", "eagle"}
 
 
 def test_acceptance_counts_persist_across_decoders(tiny, tmp_path):
