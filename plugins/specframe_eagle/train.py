@@ -18,8 +18,6 @@ of EAGLE-3 is the data's most frequent tokens.
 from __future__ import annotations
 
 import json
-import math
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -29,7 +27,9 @@ import torch
 import specframe
 from specframe.kit.files import io_failure
 from specframe.kit.training import (
-    STATE_FILE, check_bounds, read_train_state, refuse_pickled_state, save_train_state,
+    STATE_FILE, check_bounds, run_steps, save_train_state,
+    read_run_state,
+    batch_rows, cosine_lr, optimizer_step,
 )
 from specframe_eagle.checkpoint import config_for, save_head
 from specframe_eagle.head import EagleHead, StepKeys, start_from_target
@@ -152,40 +152,19 @@ class Trainer:
 
     def lr_at(self, step: int) -> float:
         c = self.config
-        if step < c.warmup:
-            return c.lr * (step + 1) / c.warmup
-        progress = min(1.0, (step - c.warmup) / max(1, c.steps - c.warmup))
-        return c.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+        return cosine_lr(step, c.lr, c.warmup, c.steps)
 
     def train_step(self) -> dict:
-        c = self.config
-        start = (self.step * c.batch) % len(self.order)
-        rows = self.order[np.arange(start, start + c.batch) % len(self.order)]
+        rows = batch_rows(self.order, self.step, self.config.batch)
         ids = torch.from_numpy(self.blocks[rows]).to(self.target.device)
         loss, parts = self.losses(ids)
-        for group in self.optimizer.param_groups:
-            group["lr"] = self.lr_at(self.step)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.head.parameters(), 1.0)
-        self.optimizer.step()
+        optimizer_step(self.optimizer, loss, self.head.parameters(), self.lr_at(self.step))
         self.step += 1
         return {"step": self.step, "loss": float(loss.detach()), "steps": parts}
 
     def run(self, max_minutes: float | None = None) -> None:
-        c = self.config
-        deadline = None if max_minutes is None else time.time() + 60 * max_minutes
-        t0, tokens = time.time(), 0
-        while self.step < c.steps and (deadline is None or time.time() < deadline):
-            record = self.train_step()
-            tokens += c.batch * c.block
-            self.history.append(record)
-            top1 = " ".join(f"{p['top1']:.3f}" for p in record["steps"])
-            self.log(f"step {self.step}/{c.steps} loss {record['loss']:.4f} top1 by depth [{top1}] "
-                     f"lr {self.lr_at(self.step - 1):.2e} {tokens / (time.time() - t0):.0f} tok/s")
-            if self.step % c.save_every == 0:
-                self.save()
-        self.save()
+        run_steps(self, max_minutes, lambda record: "top1 by depth [" + " ".join(
+            f"{p['top1']:.3f}" for p in record["steps"]) + "]")
 
     # --- state and export ----------------------------------------------------------------------------
 
@@ -209,15 +188,9 @@ class Trainer:
 
     def resume(self) -> bool:
         """Continue from the state in `out_dir`, if any (safetensors and JSON: loading it runs no code)."""
-        hint = "delete it (or pass --fresh) to start afresh, or use a new --out directory"
-        refuse_pickled_state(self.out_dir, hint)
-        if not self.state_path.is_file():
+        state = read_run_state(self.out_dir, asdict(self.config), "eagle")
+        if state is None:
             return False
-        state = read_train_state(self.state_path, hint)
-        if state.extra.get("config") != asdict(self.config):
-            raise specframe.ConfigurationError(
-                f"eagle training: {self.state_path} was written with other settings "
-                f"({state.extra.get('config')}); use a new --out directory or the same options")
         weights = state.weights(self.tensors())
         order = weights.pop("order").numpy()
         step = state.extra.get("step")

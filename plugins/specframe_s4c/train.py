@@ -13,8 +13,6 @@ the draft vocabulary (tokens outside it cannot be drafted, so the token CE ignor
 from __future__ import annotations
 
 import json
-import math
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -29,7 +27,9 @@ import specframe
 from specframe.kit.files import io_failure, write_atomically
 from specframe.kit.training import (
     check_bounds,
-    STATE_FILE, read_train_state, refuse_pickled_state, save_train_state,
+    STATE_FILE, run_steps, save_train_state,
+    read_run_state,
+    batch_rows, cosine_lr, optimizer_step,
 )
 from specframe_s4c.features import FeatureCache
 from specframe_s4c.heads import (
@@ -170,15 +170,9 @@ class Trainer:
     def resume(self) -> bool:
         """Load the training state from `out_dir` when present (safetensors and JSON: loading it runs no
         code). True if a run was resumed."""
-        hint = "delete it (or pass --fresh) to start afresh, or use a new --out directory"
-        refuse_pickled_state(self.out_dir, hint)
-        if not self.state_path.is_file():
+        state = read_run_state(self.out_dir, asdict(self.config), "s4c")
+        if state is None:
             return False
-        state = read_train_state(self.state_path, hint)
-        if state.extra.get("config") != asdict(self.config):
-            raise specframe.ConfigurationError(
-                f"s4c training: {self.state_path} was written with other settings "
-                f"({state.extra.get('config')}); use a new --out directory or the same options")
         stored_order = state.tensors.get("order")
         if stored_order is not None and stored_order.shape != (len(self.order),):
             raise specframe.ConfigurationError(
@@ -221,41 +215,20 @@ class Trainer:
 
     def lr_at(self, step: int) -> float:
         c = self.config
-        if step < c.warmup:
-            return c.lr * (step + 1) / c.warmup
-        progress = min(1.0, (step - c.warmup) / max(1, c.steps - c.warmup))
-        return c.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+        return cosine_lr(step, c.lr, c.warmup, c.steps)
 
     def train_step(self) -> dict:
-        c = self.config
-        start = (self.step * c.batch) % len(self.order)
-        rows = self.order[np.arange(start, start + c.batch) % len(self.order)]
+        rows = batch_rows(self.order, self.step, self.config.batch)
         ids, feats = self.cache.batch(rows)  # (B, T), (B, T, H)
-        with torch.autocast(feats.device.type, dtype=torch.bfloat16, enabled=c.amp):
+        with torch.autocast(feats.device.type, dtype=torch.bfloat16, enabled=self.config.amp):
             loss, parts = head_losses(self.heads, self.target, ids, feats)
-        for group in self.optimizer.param_groups:
-            group["lr"] = self.lr_at(self.step)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.heads.parameters(), 1.0)
-        self.optimizer.step()
+        optimizer_step(self.optimizer, loss, self.heads.parameters(), self.lr_at(self.step))
         self.step += 1
         return {"step": self.step, "loss": loss.item(), "heads": parts}
 
     def run(self, max_minutes: float | None = None) -> None:
-        c = self.config
-        deadline = None if max_minutes is None else time.time() + 60 * max_minutes
-        t0, tokens = time.time(), 0
-        while self.step < c.steps and (deadline is None or time.time() < deadline):
-            record = self.train_step()
-            tokens += c.batch * c.block
-            self.history.append(record)
-            top1 = " ".join(f"{h['top1']:.3f}" for h in record["heads"])
-            self.log(f"step {self.step}/{c.steps} loss {record['loss']:.4f} top1 [{top1}] "
-                     f"lr {self.lr_at(self.step - 1):.2e} {tokens / (time.time() - t0):.0f} tok/s")
-            if self.step % c.save_every == 0:
-                self.save()
-        self.save()
+        run_steps(self, max_minutes,
+                  lambda record: "top1 [" + " ".join(f"{h['top1']:.3f}" for h in record["heads"]) + "]")
 
     def export(self, path: Path, command: str, sources: list[str]) -> None:
         """fp16 safetensors with the reproduction recipe in its metadata, plus a JSON summary beside it."""
