@@ -1,4 +1,6 @@
-"""The speculative decode loop: draft, build tree, score, verify, commit, observe."""
+"""The speculative decoder: a request checked, then decoded through the one loop (`session.RowSession`:
+draft, build tree, score, verify, commit, observe), alone (`generate`), step by step (`stream`) or with
+others (`generate_batch`, `best_of`)."""
 
 from __future__ import annotations
 
