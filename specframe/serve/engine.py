@@ -228,8 +228,8 @@ class Engine:
         taken, kept, room = [], deque(), {}
         for submission in self._waiting:
             if submission.ticket.cancelled.is_set():
-                submission.ticket.put(Failure(self._cancel_reason(), cancelled=True))
                 self.stats.count("cancelled")
+                submission.ticket.put(Failure(self._cancel_reason(), cancelled=True))
                 continue
             rows = self._methods.get(submission.method)
             free = room.setdefault(submission.method, self.batch_size - (len(rows.streams) if rows else 0))
@@ -252,8 +252,8 @@ class Engine:
             key = rows.session.add(submission.request)
         except Exception as err:  # one request's failure must not stop the engine
             log.exception("request could not start")
-            submission.ticket.put(Failure(f"the request could not start ({type(err).__name__}: {err})"))
             self.stats.count("error")
+            submission.ticket.put(Failure(f"the request could not start ({type(err).__name__}: {err})"))
             return
         rows.streams[key] = (submission.ticket, StreamedRow(self.target.tokenizer))
 
@@ -262,8 +262,8 @@ class Engine:
             if ticket.cancelled.is_set():
                 result = rows.session.cancel(key)
                 del rows.streams[key]
-                ticket.put(Failure(self._cancel_reason(), result, cancelled=True))
                 self.stats.count("cancelled", result)
+                ticket.put(Failure(self._cancel_reason(), result, cancelled=True))
 
     def _step(self, rows: MethodRows) -> None:
         try:
@@ -280,18 +280,18 @@ class Engine:
             result = ended.get(key)
             tokens = rows.session.active[key].new if result is None else result.tokens
             delta = streamed.after_step(tokens, result)
-            if delta is not None:
-                ticket.put(delta)
-            if result is not None:
+            if result is not None:  # counted before its client can read the end
                 del rows.streams[key]
                 self.stats.count(result.finish_reason, result)
+            if delta is not None:
+                ticket.put(delta)
 
     def _fail_all(self, rows: MethodRows, message: str, partial: dict) -> None:
         """End every request of `rows` with `message`; its session starts afresh (the backend's rows may
         hold a half-done step)."""
         for key, (ticket, _) in rows.streams.items():
-            ticket.put(Failure(message, partial.get(key)))
             self.stats.count("error")
+            ticket.put(Failure(message, partial.get(key)))
         rows.streams.clear()
         rows.session = RowSession(rows.decoder, self.batch_size)
 
