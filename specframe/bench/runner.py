@@ -13,6 +13,7 @@ from specframe.terms.errors import ConfigurationError, SpecframeError, Specframe
 from specframe.terms.budget import parse_budget
 from specframe.terms.kinds import DEFAULT_COMPONENTS, ComponentKind
 from specframe.terms.target import Target
+from specframe.support.prompt_suites import WARMUP_PROMPT  # noqa: F401 - re-exported for the CLI and loop
 from specframe.plugging.pipeline import calibrate_backend
 from specframe.plugging.registry import PluginRegistry
 from specframe.plugging.specs import ComponentSpec
@@ -30,7 +31,6 @@ from specframe.bench.store import (RECORD_METRICS, RecordStore, call_metrics, ch
 
 CONTROL_DRAFTER = "none"  # the drafter that proposes nothing: a method with it decodes plainly
 WARMUP_TOKENS = 16
-WARMUP_PROMPT = "Count from one to ten in words."
 
 
 class PipelineRunner:

@@ -24,7 +24,6 @@ from specframe.terms.errors import ConfigurationError
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
 DONE = "[DONE]"
-WARMUP_PROMPT = "Count from one to ten in words."  # untimed, as `specframe bench` warms up
 
 
 @dataclass(frozen=True)

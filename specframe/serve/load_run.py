@@ -18,9 +18,10 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from specframe.serve.load import (WARMUP_PROMPT, LoadRequest, arrival_times, request_body, run_stream,
+from specframe.serve.load import (LoadRequest, arrival_times, request_body, run_stream,
                                   suite_requests)
 from specframe.serve.load_report import compared, stream_stats
+from specframe.support.prompt_suites import WARMUP_PROMPT
 from specframe.serve.load_servers import (PEERS, Server, ServerError, model_id, running, specframe_server,
                                           url_server)
 from specframe.support.progress import bar

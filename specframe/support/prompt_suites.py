@@ -16,6 +16,8 @@ from specframe.support.untrusted import check_encodable, parse_json
 from specframe.terms.errors import ConfigurationError, PromptError
 
 SUITES = ("humaneval", "spec-bench", "mt-bench")
+# What every benchmark sends first, untimed, to load, calibrate and compile what a first request would
+WARMUP_PROMPT = "Count from one to ten in words."
 _SHIPPED = {"spec-bench": "spec_bench.jsonl", "mt-bench": "mt_bench.jsonl"}
 
 

@@ -3,7 +3,6 @@ it over real HTTP (httpx, the openai client) and can stop it to watch it shut do
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from contextlib import contextmanager
@@ -13,12 +12,7 @@ import uvicorn
 
 from specframe.serve.app import Server, make_app
 from specframe.serve.engine import Engine
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from specframe.serve.load_servers import free_port
 
 
 class Served:
