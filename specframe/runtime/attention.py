@@ -74,13 +74,14 @@ def chosen_attention() -> str:
     return env_choice(ENV, CHOICES, "CPU attention")
 
 
-def attention_for(dtype: torch.dtype) -> str:
+def attention_for(dtype: torch.dtype, exact: bool = False) -> str:
     """The attention a CPU target computing in `dtype` runs: `SPECFRAME_CPU_ATTENTION`, where auto
-    means exact rows in half precision and grouped sdpa in float32."""
+    means exact rows in half precision, or where `exact` (the linears keep rows exact in float32 too:
+    `block_linear`), and grouped sdpa otherwise."""
     choice = chosen_attention()
     if choice != "auto":
         return choice
-    return EXACT if dtype in HALF else NAME
+    return EXACT if dtype in HALF or exact else NAME
 
 
 def grouped_sdpa_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
@@ -137,11 +138,11 @@ def use_attention(model: torch.nn.Module, name: str) -> bool:
     return getattr(model.config, "_attn_implementation", None) == name
 
 
-def use_cpu_attention(model: torch.nn.Module) -> str:
-    """Switch a CPU `model` on `sdpa` to `attention_for` its dtype; the implementation it runs after.
-    Models on another implementation (eager, flash), and model classes that refuse custom attention,
-    are left as they are."""
-    use_attention(model, attention_for(next(model.parameters()).dtype))
+def use_cpu_attention(model: torch.nn.Module, exact: bool = False) -> str:
+    """Switch a CPU `model` on `sdpa` to `attention_for` its dtype (and `exact`); the implementation it
+    runs after. Models on another implementation (eager, flash), and model classes that refuse custom
+    attention, are left as they are."""
+    use_attention(model, attention_for(next(model.parameters()).dtype, exact))
     return getattr(model.config, "_attn_implementation", None)
 
 

@@ -1,12 +1,17 @@
 """What `load_target` changes in a model it loaded onto the CPU, so that a tree of a few nodes costs about
 one plain step and, in half precision, tree forwards reproduce plain steps bit for bit.
 
-In float32 the linear layers multiply by oneDNN-packed weights (`specframe.runtime.packed_linear`);
-`SPECFRAME_CPU_LINEAR=torch` turns that off, and `SPECFRAME_CPU_LINEAR=stream` multiplies products of up
-to 12 rows by `specframe_kernels.stream_linear` where the CPU has AVX-512 (a warning, and oneDNN alone,
-where it cannot). In bfloat16, on a CPU that multiplies bfloat16 natively, the linears are packed to keep
-up to `EXACT_ROWS` rows exact. Attention in float32 reads shared key/value heads in place instead of
-copying them for each tree forward, and in bfloat16 or float16 computes each row exactly
+In float32 the linear layers multiply by oneDNN-packed weights (`specframe.runtime.packed_linear`),
+and by default (`SPECFRAME_CPU_LINEAR=auto`), where the CPU has AVX-512, those whose weights are
+dequantized 4- or 8-bit blocks (a GGUF model) multiply tree-sized products by the blocks themselves
+(`specframe_kernels.block_linear`: a fifth of the bytes, each row exact) and use exact attention, so that
+tree forwards reproduce plain steps bit for bit. `SPECFRAME_CPU_LINEAR=onednn` packs for oneDNN alone,
+`torch` turns packing off, `blocks` asks for the block kernel (a warning, and oneDNN alone, where it
+cannot run), and `stream` multiplies products of up to 12 rows by `specframe_kernels.stream_linear`
+where the CPU has AVX-512 (a warning, and oneDNN alone, where it cannot). In bfloat16, on a CPU that
+multiplies bfloat16 natively, the linears are packed to keep up to `EXACT_ROWS` rows exact. Attention in
+float32 reads shared key/value heads in place instead of copying them for each tree forward, and in
+bfloat16 or float16 (or float32 on the block kernel) computes each row exactly
 (`specframe.runtime.attention`); `SPECFRAME_CPU_ATTENTION=sdpa` turns both off.
 """
 
@@ -38,13 +43,28 @@ def patch_cpu_model(model: torch.nn.Module, precision: torch.dtype, kernel: str)
     import torch
 
     from specframe.runtime.attention import EXACT_ROWS, use_cpu_attention
-    from specframe.runtime.packed_linear import native_bfloat16, pack_linear_layers
+    from specframe.runtime.packed_linear import linear_kernel, native_bfloat16, pack_linear_layers
 
-    if kernel in ("onednn", "stream") and precision == torch.float32:
-        pack_linear_layers(model, stream=kernel == "stream" and _stream_linear_runs())
+    if kernel != "torch" and precision == torch.float32:
+        blocks = (kernel == "auto" and _block_linear_runs(warn=False)) or (kernel == "blocks" and
+                                                                            _block_linear_runs(warn=True))
+        pack_linear_layers(model, stream=kernel == "stream" and _stream_linear_runs(), blocks=blocks)
     elif kernel != "torch" and precision == torch.bfloat16 and native_bfloat16():
         pack_linear_layers(model, bfloat16=True, exact_rows=EXACT_ROWS)  # trees computed as plain steps
-    use_cpu_attention(model)
+    use_cpu_attention(model, exact=linear_kernel(model) == "blocks")
+
+
+def _block_linear_runs(*, warn: bool) -> bool:
+    """Whether `specframe_kernels.block_linear` runs here; with `warn`, a warning says why not."""
+    from specframe_kernels import block_linear  # imported when asked for: see `test_registry.py`
+
+    if block_linear.available():
+        return True
+    if warn:
+        warnings.warn("SPECFRAME_CPU_LINEAR=blocks needs an x86-64 CPU with AVX-512 and a C++ compiler with "
+                      "ninja to build specframe_kernels.block_linear (see its log message): using oneDNN",
+                      SpecframeWarning, stacklevel=4)  # the caller of `load_target`
+    return False
 
 
 def _stream_linear_runs() -> bool:

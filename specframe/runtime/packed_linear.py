@@ -33,6 +33,14 @@ rows a layer keeps exact on the CPU it runs on, packed or not, for
 `load_target` packs CPU float32 models by default, and bfloat16 ones where the CPU multiplies bfloat16
 natively (`bfloat16=True`, `exact_rows=EXACT_ROWS`); `SPECFRAME_CPU_LINEAR=torch` turns it off.
 
+`SPECFRAME_CPU_LINEAR=blocks` (`blocks=True`; the default, `auto`, chooses it where the kernel runs)
+multiplies float32 inputs of up to `BLOCK_ROWS` rows by `specframe_kernels.block_linear` wherever a
+layer's float32 weights are the exact dequantization of 4- or 8-bit blocks (a model loaded from a GGUF
+file, such as SmolLM2's Q4_1): it reads the codes, a fifth of the bytes, computes with the same float32
+weights, and gives each row the bits that row alone gets. Layers whose weights are not such blocks, and
+larger inputs (prompts), run through oneDNN. Without AVX-512, or where the kernel does not build, `auto`
+packs for oneDNN alone (and an explicit `blocks` warns).
+
 `SPECFRAME_CPU_LINEAR=stream` (`stream=True`) multiplies float32 inputs of up to 12 rows by
 `specframe_kernels.stream_linear` instead, where the CPU has AVX-512: a kernel of ours that reads each
 weight once for up to 12 rows, where oneDNN's cost jumps at 7, and sums each row in one order for any
@@ -54,9 +62,13 @@ if TYPE_CHECKING:
     from specframe_kernels.stream_linear import StreamWeight
 
 ENV = "SPECFRAME_CPU_LINEAR"
-# The values of `ENV`: oneDNN with packed weights, torch's own linear, or `stream_linear` for tree-sized
-# products and oneDNN for the rest.
-KERNELS = ("onednn", "torch", "stream")
+# The values of `ENV`: `block_linear` where it runs and oneDNN elsewhere (the default), oneDNN with packed
+# weights, torch's own linear, `stream_linear` for tree-sized products and oneDNN for the rest, or
+# `block_linear` (warning where it cannot run).
+KERNELS = ("auto", "onednn", "torch", "stream", "blocks")
+# The most rows `block_linear` multiplies (every row exact); more (a prompt) go to oneDNN: the same bound
+# as exact attention's (`specframe.runtime.attention.EXACT_ROWS`).
+BLOCK_ROWS = 64
 # The most rows for which oneDNN's bfloat16 kernels give each row the same bits as a product of that row
 # alone (measured on AVX-512 and AMX CPUs: `tests/core/runtime/test_exact_attention.py`).
 INVARIANT_ROWS = 32
@@ -70,7 +82,8 @@ def onednn_available() -> bool:
 
 
 def chosen_kernel() -> str:
-    """The CPU linear kernel `SPECFRAME_CPU_LINEAR` asks for: onednn (the default), torch or stream."""
+    """The CPU linear kernel `SPECFRAME_CPU_LINEAR` asks for: auto (the default), onednn, torch, stream
+    or blocks."""
     return env_choice(ENV, KERNELS, "CPU linear kernel")
 
 
@@ -88,10 +101,12 @@ class PackedLinear(torch.nn.Linear):
     weights too, where the CPU has native bfloat16. Inputs of at most `exact_rows` rows give each row
     the bits that row alone would get (multiplied in blocks of `INVARIANT_ROWS`); 0 leaves that to the
     kernel. `stream=True` multiplies float32 inputs of up to `stream_linear.MAX_ROWS` rows by
-    `specframe_kernels.stream_linear` (the caller checks `stream_linear.available()`)."""
+    `specframe_kernels.stream_linear` (the caller checks `stream_linear.available()`); `blocks=True`
+    multiplies float32 inputs of up to `BLOCK_ROWS` rows by `specframe_kernels.block_linear` while the
+    weight is the dequantization of 4- or 8-bit blocks (the caller checks `block_linear.available()`)."""
 
     def __init__(self, linear: torch.nn.Linear, *, bfloat16: bool = False, exact_rows: int = 0,
-                 stream: bool = False):
+                 stream: bool = False, blocks: bool = False):
         torch.nn.Module.__init__(self)
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias  # the same Parameter objects
@@ -100,13 +115,19 @@ class PackedLinear(torch.nn.Linear):
         self._packed_from: tuple | None = None
         self._streamed: StreamWeight | None = None
         self._streamed_from: tuple | None = None
+        self._blocked: tuple | None = None  # (the weight's stamp, its BlockWeight or None)
         self.exact_rows = exact_rows
         self.stream = stream
+        self.blocks = blocks
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self._packable(x):
             return F.linear(x, self.weight, self.bias)
         rows = x.numel() // self.in_features
+        if self.blocks and x.dtype == torch.float32 and 0 < rows <= BLOCK_ROWS:
+            blocked = self.block_weight()
+            if blocked is not None:
+                return _block_kernel().linear(x, blocked, self.bias)
         if self.stream and x.dtype == torch.float32:
             kernel = _stream_kernel()
             if 0 < rows <= kernel.MAX_ROWS:
@@ -135,6 +156,7 @@ class PackedLinear(torch.nn.Linear):
         state = dict(self.__dict__)
         state["_packed"], state["_packed_from"] = None, None
         state["_streamed"], state["_streamed_from"] = None, None
+        state["_blocked"] = None
         return state
 
     def _packable(self, x: torch.Tensor) -> bool:
@@ -154,6 +176,15 @@ class PackedLinear(torch.nn.Linear):
     def _streamed_weight(self) -> StreamWeight:
         """The `stream_linear` layout of the weight."""
         return self._copy("_streamed", lambda w: _stream_kernel().pack(w))
+
+    def block_weight(self):
+        """The weight as the 4- or 8-bit blocks it was dequantized from (`block_linear.recover`), or
+        None where it is not such blocks; found at first use and again when the weight changes."""
+        source = self.weight
+        stamp = (source.data_ptr(), source._version, tuple(source.shape))
+        if self._blocked is None or self._blocked[0] != stamp:
+            self._blocked = (stamp, _block_kernel().recover(source.detach()))
+        return self._blocked[1]
 
     def _copy(self, name: str, make):
         """The copy of the weight held in attribute `name` (its stamp in `name + "_from"`), made by `make`
@@ -176,17 +207,29 @@ def _stream_kernel():
     return stream_linear
 
 
+@cache
+def _block_kernel():
+    """`specframe_kernels.block_linear`, imported at first use (see `_stream_kernel`)."""
+    from specframe_kernels import block_linear
+
+    return block_linear
+
+
 def pack_linear_layers(model: torch.nn.Module, *, bfloat16: bool = False, exact_rows: int = 0,
-                       stream: bool = False) -> int:
+                       stream: bool = False, blocks: bool = False) -> int:
     """Replace each `torch.nn.Linear` (exactly that class: subclasses may change `forward`) of `model`
-    by a `PackedLinear` over the same parameters (`bfloat16`, `exact_rows`, `stream`: see
-    `PackedLinear`); the number replaced. A no-op without oneDNN."""
+    by a `PackedLinear` over the same parameters (`bfloat16`, `exact_rows`, `stream`, `blocks`: see
+    `PackedLinear`); the number replaced. With `blocks`, each layer's blocks are looked for now (about
+    10 s for SmolLM2), so that `linear_kernel` can say what the model runs. A no-op without oneDNN."""
     if not onednn_available():
         return 0
     swaps = [(parent, name, child) for parent in model.modules()
              for name, child in parent.named_children() if type(child) is torch.nn.Linear]
     for parent, name, child in swaps:
-        setattr(parent, name, PackedLinear(child, bfloat16=bfloat16, exact_rows=exact_rows, stream=stream))
+        packed = PackedLinear(child, bfloat16=bfloat16, exact_rows=exact_rows, stream=stream, blocks=blocks)
+        if blocks and child.weight.dtype == torch.float32:
+            packed.block_weight()
+        setattr(parent, name, packed)
     return len(swaps)
 
 
@@ -199,7 +242,8 @@ def invariant_rows(linear: torch.nn.Linear, limit: int) -> int:
     layer of each such kind is probed on random inputs, once per process. A kernel that sums in another
     order changes only the outputs whose float32 sum lies near a bfloat16 rounding boundary (about one in
     6,000), so each row count is compared over at least `PROBE_OUTPUTS` outputs."""
-    packing = (linear.exact_rows, linear._dtypes) if isinstance(linear, PackedLinear) else None
+    packing = ((linear.exact_rows, linear._dtypes, linear.blocks and linear.block_weight() is not None)
+               if isinstance(linear, PackedLinear) else None)
     dtype = linear.weight.dtype
     kind = (type(linear), linear.in_features, linear.out_features, linear.bias is not None, packing, dtype,
             limit, torch.get_num_threads())
@@ -231,9 +275,12 @@ def _probe_rows(linear: torch.nn.Linear, dtype: torch.dtype, limit: int) -> int:
 
 
 def linear_kernel(model: torch.nn.Module) -> str:
-    """"stream" when `model`'s linear layers use `stream_linear` for small products, "onednn" when they
-    are packed for oneDNN alone, else "torch": a key of measured step costs."""
+    """"blocks" when some of `model`'s linear layers multiply their 4- or 8-bit blocks by `block_linear`,
+    "stream" when they use `stream_linear` for small products, "onednn" when they are packed for oneDNN
+    alone, else "torch": a key of measured step costs."""
     packed = [m for m in model.modules() if isinstance(m, PackedLinear)]
     if not packed:
         return "torch"
+    if any(m.blocks and m._blocked is not None and m._blocked[1] is not None for m in packed):
+        return "blocks"
     return "stream" if any(m.stream for m in packed) else "onednn"

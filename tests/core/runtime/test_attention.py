@@ -53,8 +53,13 @@ def test_the_environment_variable_turns_it_off_and_is_checked(monkeypatch):
         chosen_attention()
 
 
-def test_smollm2_loads_with_grouped_attention_on_the_cpu(smollm2):
-    assert smollm2.model.config._attn_implementation == NAME
+def test_smollm2_loads_with_the_attention_its_linears_call_for(smollm2):
+    """Exact rows where its linears multiply the GGUF's blocks (rows exact end to end), grouped sdpa where
+    they run through oneDNN (a CPU without AVX-512)."""
+    from specframe.runtime.packed_linear import linear_kernel
+
+    expected = EXACT if linear_kernel(smollm2.model) == "blocks" else NAME
+    assert smollm2.model.config._attn_implementation == expected
 
 
 def test_auto_chooses_by_dtype_and_the_variable_overrides(monkeypatch):
