@@ -32,6 +32,9 @@ PLAN = ROOT / "benchmarks" / "plan.toml"
 RECORDS = ROOT / "results" / "records"
 BATCH_RESULTS = "batch_results.json"  # what `specframe bench --batch` writes once its sweep is complete
 STRUCTURED_RESULTS = "structured_results.json"  # what a structured-output run writes at its end
+STEP_COSTS = "step_costs.json"  # what `specframe calibrate --out` writes
+# The forward rows (a tree's nodes and its root) a `steps` table shows: the tree sizes calibrate measures
+STEP_ROWS = (1, 2, 4, 8, 17, 25, 33)
 LOAD_RESULTS = "load_results.json"  # what `specframe serve-bench` writes at its end
 PACKAGES = ("specframe", "torch", "transformers")  # always recorded
 # recorded where installed: the libraries that some runs' methods and peers decode with
@@ -72,7 +75,7 @@ def run_plan(plan: dict, records: Path, only: list[str] | None) -> None:
         out = records / name
         print(f"[{i}/{len(runs)}] {name}: {run['about']}", flush=True)
         if any((out / done).exists() for done in ("results.json", BATCH_RESULTS, STRUCTURED_RESULTS,
-                                                   LOAD_RESULTS)):
+                                                   LOAD_RESULTS, STEP_COSTS)):
             print(f"    complete in {out}; delete that folder to measure it again", flush=True)
             continue
         if run.get("gpu") and not torch.cuda.is_available():
@@ -84,7 +87,8 @@ def run_plan(plan: dict, records: Path, only: list[str] | None) -> None:
         shown = where.relative_to(ROOT).as_posix() if where.is_relative_to(ROOT) else str(where)
         command = ["specframe", run.get("command", "bench"), *run["args"], "--out", shown]
         print("    " + shlex.join(command), flush=True)
-        subprocess.run(command, check=True, stdout=subprocess.DEVNULL, cwd=ROOT)  # progress goes to stderr
+        env = {**os.environ, **run.get("env", {})}  # e.g. SPECFRAME_CPU_LINEAR for a step-cost run
+        subprocess.run(command, check=True, stdout=subprocess.DEVNULL, cwd=ROOT, env=env)  # progress: stderr
         (out / "machine.json").write_text(json.dumps(machine(), indent=1), "utf-8")
 
 
@@ -154,6 +158,11 @@ def load_load_run(folder: Path) -> dict | None:
     """A `specframe serve-bench` output folder as {settings, streams, plain, control, command, machine};
     None until the run has written `load_results.json`."""
     return load_results(folder, LOAD_RESULTS)
+
+
+def load_steps_run(folder: Path) -> dict | None:
+    """A `specframe calibrate --out` folder as {settings, command, costs, machine}; None until written."""
+    return load_results(folder, STEP_COSTS)
 
 
 def load_results(folder: Path, results: str) -> dict | None:
@@ -549,17 +558,50 @@ def load_plot(run: dict, spec: dict, streams: list[dict]) -> list[str]:
             "the p99.*"]
 
 
+def steps_table(runs: list[dict], spec: dict) -> list[str]:
+    """One row per `specframe calibrate --out` run: what a verification step of 1 to 33 forward rows (a
+    flat tree of 0 to 32 nodes under its root) costs, in ms and as a multiple of one row, the fastest of
+    calibrate's rounds; then the machine and each row's command."""
+    head = ["configuration", "measured as", *(f"{r} row{'s' if r > 1 else ''}" for r in STEP_ROWS)]
+    rows, commands = [], []
+    for name, run in zip(spec["runs"], runs):
+        label = spec.get("labels", {}).get(name, name)
+        if run is None:
+            rows.append(no_records(f"`{label}`", head))
+            continue
+        by_rows = {c["nodes"] + 1: c["flat_ms"] for c in run["costs"]}
+        one = by_rows[1]
+        s = run["settings"]
+        measured = f"{s['backend']}, {s['dtype']}, {s['linear']} linears, {s['attention']} attention"
+        if s["backend"] != "kv":  # the backend computes it all: torch's linears and attention do not run
+            measured = f"{s['backend']}"
+        rows.append([f"`{label}`", measured, *(f"{by_rows[r]:.1f} ({by_rows[r] / one:.1f}x)" if r in by_rows
+                                               else "-" for r in STEP_ROWS)])
+        commands.append(f"`{label}`: `{portable_command(run['command'], name)}`")
+    shown = next((r for r in runs if r is not None), None)
+    if shown is None:
+        return markdown_table(head, rows) + ["", f"No records yet for {', '.join(spec['runs'])}: run "
+                                             "`make results`."]
+    s, extra = shown["settings"], shown.get("machine", {})
+    versions = ", ".join(f"{k} {v}" for k, v in extra.get("versions", {}).items())
+    return markdown_table(head, rows) + [
+        "", f"Machine: {extra.get('machine', 'not recorded')}; {versions}.  ",
+        f"Settings: {s['model']}, {s['threads']} thread(s), {s['context']} tokens of context, process CPU "
+        "time, the fastest of calibrate's rounds.  ", "Commands: " + "; ".join(commands)]
+
+
 KINDS = {"speed": speed_table, "categories": categories_table, "choice": choice_table,
          "memory": memory_table, "lossless": lossless_table, "batch": batch_table, "presets": presets_table,
-         "structured": structured_table, "load": load_table}
+         "structured": structured_table, "load": load_table, "steps": steps_table}
 LOADERS = {"batch": load_batch_run, "structured": load_structured_run,
-           "load": load_load_run}  # every other kind: `load_run`
+           "load": load_load_run, "steps": load_steps_run}  # every other kind: `load_run`
 
 
 def render_table(spec: dict, records: Path) -> list[str]:
     load = LOADERS.get(spec["kind"], load_run)
     runs = [load(records / name) for name in spec["runs"]]
-    if spec["kind"] not in ("choice", "batch", "structured", "load") and all(r is None for r in runs):
+    own_empty_rows = ("choice", "batch", "structured", "load", "steps")  # kinds that show absent runs
+    if spec["kind"] not in own_empty_rows and all(r is None for r in runs):
         return [f"No records yet for {', '.join(spec['runs'])}: run `make results`."]
     if spec["kind"] in ("speed", "categories", "presets"):
         if runs[0] is None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import os
 import sys
 import warnings
 from collections.abc import Callable
@@ -23,6 +24,8 @@ from specframe.terms.errors import ConfigurationError, DrafterError, SpecframeEr
 from specframe.contract.extensions import CliOption, applied
 from specframe.terms.kinds import DEFAULT_BUDGET, DEFAULT_COMPONENTS, ComponentKind
 from specframe.plugging.registry import PluginRegistry
+
+STEP_COSTS = "step_costs.json"  # what `specframe calibrate --out` writes
 
 
 def plugins() -> None:
@@ -253,6 +256,8 @@ def calibrate(
     threads: Optional[int] = typer.Option(None, min=1, help="torch intra-op threads to calibrate for "
                                           "(default: torch's choice; the cost is stored per thread count)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    out: Optional[Path] = typer.Option(None, help="Also write the measurement, with the settings and "
+                                       f"the command, to OUT/{STEP_COSTS} (what `make results` reads)."),
 ) -> None:
     """Measure what one verification step costs by tree size and context length (what budget=auto
     weighs) and store it. Where it cannot be stored after measuring (a full disk, a lock held too long),
@@ -281,6 +286,8 @@ def calibrate(
     rows = [{"nodes": n, "flat_ms": 1000 * f, "chain_ms": 1000 * c, "flat_ratio": f / cost.flat_s[0],
              "flat_us_per_context_token": 1e6 * k}
             for n, f, c, k in zip(cost.sizes, cost.flat_s, cost.chain_s, slopes)]
+    if out is not None:
+        write_step_costs(out, target, backend, cost, rows)
     if as_json:
         typer.echo(json.dumps({"path": str(path), "stored": unstored is None, "context": cost.context,
                                "costs": rows, "min_rows": cost.min_rows,
@@ -290,6 +297,28 @@ def calibrate(
     show_cost(target, backend, cost, rows)
     check_stored(path, unstored)
     typer.echo(f"stored in {path}")
+
+
+def write_step_costs(out: Path, target, backend: str, cost, rows: list[dict]) -> None:
+    """`rows` with what they were measured on, into OUT/`STEP_COSTS`: the settings (the backend, the dtype,
+    the thread count and the CPU linear kernel the model runs) and the command, with the
+    `SPECFRAME_CPU_LINEAR` it ran under."""
+    import torch
+
+    from specframe.bench.report import command_text
+    from specframe.runtime.packed_linear import ENV, linear_kernel
+    from specframe.support.atomic_dirs import write_atomically
+
+    model = target.model
+    chosen = os.environ.get(ENV, "").strip()
+    settings = {"model": target.name, "backend": backend, "device": str(target.device),
+                "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+                "threads": torch.get_num_threads(), "linear": linear_kernel(model),
+                "attention": getattr(model.config, "_attn_implementation", None), "context": cost.context}
+    command = (f"{ENV}={chosen} " if chosen else "") + command_text(None)
+    out.mkdir(parents=True, exist_ok=True)
+    write_atomically(out / STEP_COSTS, json.dumps({"settings": settings, "command": command, "costs": rows},
+                                                  indent=1))
 
 
 def show_cost(target, backend: str, cost, rows: list[dict]) -> None:

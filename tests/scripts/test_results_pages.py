@@ -318,3 +318,45 @@ def test_a_structured_table_without_records_says_so(tmp_path):
     lines = results.render_table(spec, tmp_path)
     assert lines[2].startswith("| structured-cpu | no records |")
     assert lines[-1] == "No records yet for structured-cpu: run `make results`."
+
+
+def steps_record(folder: Path, linear: str, one_row_ms: float, command: str) -> None:
+    folder.mkdir()
+    costs = [{"nodes": n, "flat_ms": one_row_ms * (1 + n / 8), "chain_ms": one_row_ms} for n in (0, 1, 3, 7)]
+    settings = {"model": "smollm2-135m", "backend": "kv", "device": "cpu", "dtype": "float32", "threads": 1,
+                "linear": linear, "attention": "specframe_exact", "context": 257}
+    folder.joinpath("step_costs.json").write_text(json.dumps({"settings": settings, "command": command,
+                                                              "costs": costs}))
+
+
+def test_a_steps_table_gives_each_configuration_its_curve_and_command(tmp_path):
+    steps_record(tmp_path / "steps-a", "blocks", 40.0, "specframe calibrate --threads 1 --out /x/steps-a")
+    steps_record(tmp_path / "steps-b", "onednn", 80.0,
+                 "SPECFRAME_CPU_LINEAR=onednn specframe calibrate --threads 1 --out /x/steps-b")
+    spec = {"name": "t", "page": "p.md", "kind": "steps", "runs": ["steps-a", "steps-b", "steps-c"],
+            "labels": {"steps-a": "default"}}
+    lines = results.render_table(spec, tmp_path)
+    assert lines[0] == ("| configuration | measured as | 1 row | 2 rows | 4 rows | 8 rows | 17 rows | 25 rows "
+                        "| 33 rows |")
+    assert lines[2] == ("| `default` | kv, float32, blocks linears, specframe_exact attention | 40.0 (1.0x) "
+                        "| 45.0 (1.1x) | 55.0 (1.4x) | 75.0 (1.9x) | - | - | - |")
+    assert lines[3].startswith("| `steps-b` | kv, float32, onednn linears")
+    assert lines[4].startswith("| `steps-c` | no records |")
+    assert "`SPECFRAME_CPU_LINEAR=onednn specframe calibrate --threads 1 --out results/records/steps-b`" in lines[-1]
+
+
+def test_a_run_of_the_plan_gets_its_environment(tmp_path, monkeypatch):
+    seen = {}
+
+    def run(command, **kwargs):
+        seen.update(command=command, env=kwargs.get("env"))
+        (records / "steps").mkdir(parents=True)
+
+    monkeypatch.setattr(results, "ROOT", tmp_path)
+    monkeypatch.setattr(results.subprocess, "run", run)
+    monkeypatch.setattr(results, "machine", lambda: {})
+    records = tmp_path / "results" / "records"
+    plan = {"runs": {"steps": {"about": "a run", "gpu": False, "command": "calibrate", "args": ["--threads", "1"],
+                               "env": {"SPECFRAME_CPU_LINEAR": "onednn"}}}}
+    results.run_plan(plan, records, None)
+    assert seen["command"][:2] == ["specframe", "calibrate"] and seen["env"]["SPECFRAME_CPU_LINEAR"] == "onednn"

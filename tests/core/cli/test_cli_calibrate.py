@@ -61,3 +61,12 @@ def test_a_calibration_that_cannot_be_stored_is_printed_then_refused(model, tmp_
     assert not list((tmp_path / "home" / "costs").glob("*.json"))
     code, out, err = calibrate(monkeypatch, capsys, "--model", model, "--json")
     assert code == 2 and json.loads(out)["stored"] is False and "\nerror: " in err
+
+
+def test_out_writes_the_curve_with_its_settings_and_command(model, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SPECFRAME_CPU_LINEAR", "onednn")
+    code, _, _ = calibrate(monkeypatch, capsys, "--model", model, "--out", str(tmp_path / "run"))
+    written = json.loads((tmp_path / "run" / "step_costs.json").read_text())
+    assert code == 0 and [c["nodes"] for c in written["costs"]] == [0, 4, 8]
+    assert written["settings"]["linear"] == "onednn" and written["settings"]["context"] == 257
+    assert written["command"].startswith("SPECFRAME_CPU_LINEAR=onednn specframe calibrate --device cpu")
