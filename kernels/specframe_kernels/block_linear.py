@@ -24,15 +24,13 @@ oneDNN. `dequantize` and `torch.nn.functional.linear` are the PyTorch reference 
 
 from __future__ import annotations
 
-import logging
-import sys
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
 import torch
 
-from specframe_kernels.stream_linear import cpu_supported
+from specframe_kernels.cpu_build import build
 
 MAX_ROWS = 16  # rows per pass: larger products run as several passes, each row summed the same way
 BLOCK = 32  # inputs per quantization block (GGUF's Q4_0, Q4_1 and Q8_0 blocks)
@@ -40,29 +38,12 @@ TILE = 16  # outputs per tile: one AVX-512 vector
 SOURCE = Path(__file__).with_name("block_linear.cpp")
 NAME = "specframe_block_linear"  # the extension's name: torch caches its build under it
 
-log = logging.getLogger(__name__)
-
-
 @cache  # one build per process; torch caches the compiled library across processes
 def _extension():
-    """The compiled extension, or None where this CPU cannot run it or the build fails (no compiler,
-    no ninja): the caller falls back to oneDNN, with the reason logged."""
-    if not cpu_supported():
-        return None
-    from torch.utils.cpp_extension import _get_build_directory, load
-
-    try:
-        built = Path(_get_build_directory(NAME, verbose=False)) / f"{NAME}.so"
-        if not built.exists():  # the default CPU path builds it: say why the first load takes a minute
-            print("specframe: building the block_linear CPU kernel once (about a minute)...", file=sys.stderr,
-                  flush=True)
-        # -ffp-contract=off: scale * code + offset rounds twice, as the weights were rounded (see the .cpp)
-        return load(name=NAME, sources=[str(SOURCE)],
-                    extra_cflags=["-O3", "-mavx512f", "-mavx512bw", "-mfma", "-ffp-contract=off", "-fopenmp"],
-                    extra_ldflags=["-fopenmp"], verbose=False)
-    except Exception as err:  # a missing compiler or ninja raises RuntimeError, OSError or others
-        log.warning("block_linear kernel not built (%s): linears use oneDNN", str(err).splitlines()[0])
-        return None
+    """The compiled extension, or None where it cannot run here (`cpu_build.build`)."""
+    # -ffp-contract=off: scale * code + offset rounds twice, as the weights were rounded (see the .cpp)
+    return build(NAME, SOURCE, ["-mavx512bw", "-ffp-contract=off"],
+                 announce="building the block_linear CPU kernel once (about a minute)...")
 
 
 def available() -> bool:

@@ -21,44 +21,22 @@ oneDNN.
 
 from __future__ import annotations
 
-import logging
-import platform
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
 import torch
 
+from specframe_kernels.cpu_build import build
+
 MAX_ROWS = 12  # rows per product: 2 x 12 accumulators, 2 weight vectors and a broadcast fill 27 registers
 SOURCE = Path(__file__).with_name("stream_linear.cpp")
-
-log = logging.getLogger(__name__)
-
-
-def cpu_supported() -> bool:
-    """Whether this CPU and torch build can run AVX-512 code (x86-64, torch reports AVX512)."""
-    x86 = platform.machine().lower() in ("x86_64", "amd64")
-    return x86 and torch.backends.cpu.get_cpu_capability() == "AVX512"
 
 
 @cache  # one build per process; torch caches the compiled library across processes
 def _extension():
-    """The compiled extension, or None where this CPU cannot run it or the build fails (no compiler,
-    no ninja): the caller falls back to oneDNN, with the reason logged."""
-    if not cpu_supported():
-        return None
-    from torch.utils.cpp_extension import load
-
-    try:
-        log.info("building specframe's stream_linear kernel (once, about 20 s)")
-        # -fopenmp: at::parallel_for splits the outputs over torch's threads (torch's own libgomp.so.1,
-        # already loaded, serves the extension too); without it the kernel would run on one thread
-        return load(name="specframe_stream_linear", sources=[str(SOURCE)],
-                    extra_cflags=["-O3", "-mavx512f", "-mfma", "-fopenmp"], extra_ldflags=["-fopenmp"],
-                    verbose=False)
-    except Exception as err:  # a missing compiler or ninja raises RuntimeError, OSError or others
-        log.warning("stream_linear kernel not built (%s): linears use oneDNN", str(err).splitlines()[0])
-        return None
+    """The compiled extension, or None where it cannot run here (`cpu_build.build`)."""
+    return build("specframe_stream_linear", SOURCE, [])
 
 
 def available() -> bool:
