@@ -242,8 +242,9 @@ def invariant_rows(linear: torch.nn.Linear, limit: int) -> int:
     layer of each such kind is probed on random inputs, once per process. A kernel that sums in another
     order changes only the outputs whose float32 sum lies near a bfloat16 rounding boundary (about one in
     6,000), so each row count is compared over at least `PROBE_OUTPUTS` outputs."""
-    packing = ((linear.exact_rows, linear._dtypes, linear.blocks and linear.block_weight() is not None)
-               if isinstance(linear, PackedLinear) else None)
+    if isinstance(linear, PackedLinear) and linear.blocks and linear.block_weight() is not None:
+        return min(limit, BLOCK_ROWS)  # `block_linear` sums each row in one order by construction: no probe
+    packing = (linear.exact_rows, linear._dtypes) if isinstance(linear, PackedLinear) else None
     dtype = linear.weight.dtype
     kind = (type(linear), linear.in_features, linear.out_features, linear.bias is not None, packing, dtype,
             limit, torch.get_num_threads())

@@ -213,3 +213,14 @@ def test_greedy_speculation_on_blocked_smollm2_equals_plain_greedy(monkeypatch):
         out = specframe.SpeculativeDecoder.from_names(target, "pld", tree, budget=budget).generate(
             prompt, max_new_tokens=48)
         assert out.tokens == plain.tokens, tree
+
+
+def test_a_blocked_layer_is_exact_by_construction_not_by_probe(monkeypatch):
+    """`invariant_rows` probes kernels the CPU chooses; `block_linear` sums each row in one order, as
+    `test_each_row_gets_the_bits_it_gets_alone` checks, so its layers skip the probe (seconds per model)."""
+    from specframe.runtime import packed_linear
+
+    monkeypatch.setattr(packed_linear, "_probe_rows", lambda *args: pytest.fail("probed"))
+    layer = PackedLinear(quantized_linear(64, 40, seed=2), blocks=True)
+    assert packed_linear.invariant_rows(layer, 64) == BLOCK_ROWS
+    assert packed_linear.invariant_rows(layer, 8) == 8
