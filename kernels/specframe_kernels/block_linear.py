@@ -88,15 +88,14 @@ def recover(weight: torch.Tensor) -> BlockWeight | None:
         return None if found is None else _lay_out(*found, torch.empty(0), bits=8)
 
 
-def _half_neighbours(value: torch.Tensor, steps: int = 2) -> list[torch.Tensor]:
-    """`value` rounded to float16 and the float16 numbers up to `steps` apart, as float32: the scales a
-    quantizer may have stored for a block whose float32 ideal scale is `value`."""
+def _half_neighbours(value: torch.Tensor, steps: int = 2):
+    """`value` rounded to float16, then the float16 numbers up to `steps` apart (nearest first), as float32:
+    the scales a quantizer may have stored for a block whose float32 ideal scale is `value`. Lazily: the
+    first one usually fits every block."""
     bits = value.to(torch.float16).view(torch.int16)
-    found = []
     for step in [0, *[s for k in range(1, steps + 1) for s in (k, -k)]]:
         near = (bits + step).view(torch.float16).float()
-        found.append(torch.where(torch.isfinite(near), near, 0.0))
-    return found
+        yield torch.where(torch.isfinite(near), near, 0.0)
 
 
 def _affine_4bit(blocks: torch.Tensor):
@@ -114,24 +113,27 @@ def _symmetric_8bit(blocks: torch.Tensor):
     """(codes, scale) with blocks == scale * codes (codes -128 to 127, a float16 scale), or None:
     Q8_0 (scale near the largest magnitude / 127) and Q4_0 (codes -8 to 7: near it / 8)."""
     top = blocks.abs().amax(-1, keepdim=True)
-    candidates = _half_neighbours(top / 127) + _half_neighbours(top / 8) + _half_neighbours(-top / 8)
+    candidates = (d for ideal in (top / 127, top / 8, -top / 8) for d in _half_neighbours(ideal))
     return _first_exact(blocks, candidates, lambda d: blocks / d, -128, 127, None)
 
 
 def _first_exact(blocks, candidates, ratio, lowest, highest, offset):
     """For each block, the first candidate scale whose rounded codes reproduce it exactly; None unless
-    every block has one."""
-    scale = torch.zeros_like(blocks[..., :1])
-    codes = torch.zeros_like(blocks)
-    open_ = torch.ones(blocks.shape[:-1] + (1,), dtype=torch.bool)
+    every block has one. A zero scale is tried as 1: its blocks are constant (their codes are 0) or it
+    reproduces nothing."""
+    scale = codes = open_ = None
     for d in candidates:
-        safe = torch.where(d == 0, 1.0, d)
-        q = torch.where(d == 0, 0.0, ratio(safe).round().clamp(lowest, highest))
+        q = ratio(torch.where(d == 0, 1.0, d)).round_().clamp_(lowest, highest)
         again = q * d if offset is None else q * d + offset
-        exact = (again == blocks).all(-1, keepdim=True) & open_
-        scale = torch.where(exact, d, scale)
-        codes = torch.where(exact, q, codes)
-        open_ &= ~exact
+        if open_ is None and torch.equal(again, blocks):  # the usual case: the first fits every block
+            return (q, d) if offset is None else (q, d, offset)
+        exact = (again == blocks).all(-1, keepdim=True)
+        if open_ is None:
+            scale, codes, open_ = torch.where(exact, d, 0.0), torch.where(exact, q, 0.0), ~exact
+        else:
+            exact &= open_
+            scale, codes = torch.where(exact, d, scale), torch.where(exact, q, codes)
+            open_ &= ~exact
         if not open_.any():
             return (codes, scale) if offset is None else (codes, scale, offset)
     return None
