@@ -46,34 +46,25 @@ def patch_cpu_model(model: torch.nn.Module, precision: torch.dtype, kernel: str)
     from specframe.runtime.packed_linear import linear_kernel, native_bfloat16, pack_linear_layers
 
     if kernel != "torch" and precision == torch.float32:
-        blocks = (kernel == "auto" and _block_linear_runs(warn=False)) or (kernel == "blocks" and
-                                                                            _block_linear_runs(warn=True))
-        pack_linear_layers(model, stream=kernel == "stream" and _stream_linear_runs(), blocks=blocks)
+        asked = kernel == "blocks"  # auto falls back quietly
+        blocks = kernel in ("auto", "blocks") and _kernel_runs("block_linear", kernel, warn=asked)
+        stream = kernel == "stream" and _kernel_runs("stream_linear", kernel, warn=True)
+        pack_linear_layers(model, stream=stream, blocks=blocks)
     elif kernel != "torch" and precision == torch.bfloat16 and native_bfloat16():
         pack_linear_layers(model, bfloat16=True, exact_rows=EXACT_ROWS)  # trees computed as plain steps
     use_cpu_attention(model, exact=linear_kernel(model) == "blocks")
 
 
-def _block_linear_runs(*, warn: bool) -> bool:
-    """Whether `specframe_kernels.block_linear` runs here; with `warn`, a warning says why not."""
-    from specframe_kernels import block_linear  # imported when asked for: see `test_registry.py`
+def _kernel_runs(name: str, kernel: str, *, warn: bool) -> bool:
+    """Whether `specframe_kernels.<name>` (asked for by `SPECFRAME_CPU_LINEAR=<kernel>`) runs here; with
+    `warn`, a warning says why not."""
+    import importlib
 
-    if block_linear.available():
+    module = importlib.import_module(f"specframe_kernels.{name}")  # imported when asked: `test_registry.py`
+    if module.available():
         return True
     if warn:
-        warnings.warn("SPECFRAME_CPU_LINEAR=blocks needs an x86-64 CPU with AVX-512 and a C++ compiler with "
-                      "ninja to build specframe_kernels.block_linear (see its log message): using oneDNN",
+        warnings.warn(f"SPECFRAME_CPU_LINEAR={kernel} needs an x86-64 CPU with AVX-512 and a C++ compiler "
+                      f"with ninja to build specframe_kernels.{name} (see its log message): using oneDNN",
                       SpecframeWarning, stacklevel=4)  # the caller of `load_target`
-    return False
-
-
-def _stream_linear_runs() -> bool:
-    """Whether `SPECFRAME_CPU_LINEAR=stream` can be honoured here; a warning says why not."""
-    from specframe_kernels import stream_linear  # imported when asked for: see `test_registry.py`
-
-    if stream_linear.available():
-        return True
-    warnings.warn("SPECFRAME_CPU_LINEAR=stream needs an x86-64 CPU with AVX-512 and a C++ compiler with "
-                  "ninja to build specframe_kernels.stream_linear (see its log message): using oneDNN",
-                  SpecframeWarning, stacklevel=4)  # the caller of `load_target`
     return False

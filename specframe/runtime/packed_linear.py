@@ -180,17 +180,20 @@ class PackedLinear(torch.nn.Linear):
     def block_weight(self):
         """The weight as the 4- or 8-bit blocks it was dequantized from (`block_linear.recover`), or
         None where it is not such blocks; found at first use and again when the weight changes."""
-        source = self.weight
-        stamp = (source.data_ptr(), source._version, tuple(source.shape))
+        stamp = self._stamp()
         if self._blocked is None or self._blocked[0] != stamp:
-            self._blocked = (stamp, _block_kernel().recover(source.detach()))
+            self._blocked = (stamp, _block_kernel().recover(self.weight.detach()))
         return self._blocked[1]
+
+    def _stamp(self) -> tuple:
+        """What changes when the weight is replaced or changed in place: when copies are made again."""
+        source = self.weight
+        return source.data_ptr(), source._version, tuple(source.shape)
 
     def _copy(self, name: str, make):
         """The copy of the weight held in attribute `name` (its stamp in `name + "_from"`), made by `make`
         at first use and again when the weight was replaced or changed in place."""
-        source = self.weight
-        stamp = (source.data_ptr(), source._version, tuple(source.shape))
+        source, stamp = self.weight, self._stamp()
         if getattr(self, name) is None or stamp != getattr(self, name + "_from"):
             with torch.inference_mode(False), torch.no_grad():  # a plain tensor, usable in any mode
                 setattr(self, name, make(source.detach()))
@@ -282,6 +285,6 @@ def linear_kernel(model: torch.nn.Module) -> str:
     packed = [m for m in model.modules() if isinstance(m, PackedLinear)]
     if not packed:
         return "torch"
-    if any(m.blocks and m._blocked is not None and m._blocked[1] is not None for m in packed):
+    if any(m.blocks and m.block_weight() is not None for m in packed):
         return "blocks"
     return "stream" if any(m.stream for m in packed) else "onednn"
