@@ -215,6 +215,36 @@ def prompt_ids(tokenizer, prompt: str, template: bool = True) -> list[int]:
     return list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
 
 
+def built_answers(name: str, tokenizer) -> Iterator[list[int]]:
+    """The prompt (in the chat template, or raw for a `model-continue:` build) and greedy answer ids of
+    every answered prompt of the datastore build `name` (its `NAME.prompts.jsonl` and `NAME.answers.jsonl`
+    in the datastore home), in prompt order: the target's own text, for training draft heads on it. A line
+    cut by an interrupted build is skipped, as the build itself skips it."""
+    from specframe_corpus.stores import datastore_home
+
+    prompts, answers = (datastore_home() / f"{name}.{part}.jsonl" for part in ("prompts", "answers"))
+    if not (prompts.is_file() and answers.is_file()):
+        raise DatastoreError(
+            f"no prompts and answers of a datastore build '{name}' in {datastore_home()}; make them with "
+            f"`specframe datastore build --source model:self --out {name}` (chats) or `--source "
+            f"model-continue:python-stubs` (code)")
+    cached, template = {}, True
+    for line in answers.read_text(encoding="utf-8", errors="replace").splitlines():
+        record = json_or_none(line)
+        if not isinstance(record, dict):
+            continue
+        if "ids" in record:
+            cached[record["prompt"]] = record["ids"]
+        elif "settings" in record:  # `model-continue:` builds continue their prompts raw, as code is fed
+            template = record["settings"].get("template", True)
+    for line in prompts.read_text(encoding="utf-8", errors="replace").splitlines():
+        record = json_or_none(line)
+        prompt = record.get("prompt") if isinstance(record, dict) else None
+        answer = cached.get(prompt_key(prompt)) if isinstance(prompt, str) else None
+        if answer:
+            yield prompt_ids(tokenizer, prompt, template) + list(answer)
+
+
 def read_prompts(path: Path) -> list[str]:
     """The first user turn of every line of a JSONL prompt file."""
     prompts = []

@@ -13,7 +13,7 @@ from specframe.kit.cli_options import device_option, dtype_option, model_option
 
 DATA_HELP = ("what the target reads, as `specframe datastore build --source` takes it: a directory, a .jsonl "
              "of texts or chats, a text file, python-stdlib, or the target's own answers "
-             "(model:PROMPTS.jsonl, model:self)")
+             "(model:PROMPTS.jsonl, model:self), or answers:NAME, those of an earlier datastore build NAME")
 OUT_HELP = ("run directory: state.safetensors (resumable) and head/, the head in its published layout "
             "(config.json, model.safetensors)")
 FORM_HELP = ("eagle3 (three layers' features, a reduced draft vocabulary, trained with its own drafts) or "
@@ -42,7 +42,11 @@ def train_eagle(
     lr: float = typer.Option(3e-4),
     max_tokens: int = typer.Option(None, min=1, help="use at most this many data tokens"),
     threads: int = typer.Option(None, min=1, help="torch CPU threads"),
+    amp: bool = typer.Option(False, help="train the head in bfloat16 autocast (float32 weights): faster "
+                             "on CPUs with native bfloat16 products (the target reads the data in --dtype)"),
     fresh: bool = typer.Option(False, help="ignore an existing training state in --out"),
+    init: str = typer.Option(None, help="start from this head's weights and draft vocabulary (an earlier "
+                             "run's OUT/head, of the same --form, --features and --draft-vocab)"),
 ) -> None:
     """Train an EAGLE head; progress goes to stdout, state to OUT/state.safetensors every few steps."""
     import time
@@ -56,7 +60,8 @@ def train_eagle(
 
     start = time.time()
     config = TrainConfig(form=form, features=features, draft_vocab=draft_vocab, unroll=unroll, block=block,
-                         batch=batch, steps=steps, lr=lr)
+                         batch=batch, steps=steps, lr=lr, amp=amp,
+                         init=init or "")
     check_writable_dir(out, "eagle training: --out", "pass an --out directory that can be written")
     if threads:
         torch.set_num_threads(threads)

@@ -27,6 +27,7 @@ The first step of a request drafts nothing: no target feature exists before the 
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -43,6 +44,12 @@ if TYPE_CHECKING:  # torch is imported where it is used, so that registering the
 
 
 FORMS = {"eagle": "EAGLE", "eagle3": "EAGLE-3"}  # the forms' names in messages
+WEIGHTS_DIR = Path(__file__).parent / "weights"
+
+
+def packaged_head(model_name: str) -> Path:
+    """The directory of the head shipped with specframe for a model alias (it may not exist)."""
+    return WEIGHTS_DIR / model_name
 
 
 class EagleDrafter(Drafter):
@@ -58,11 +65,13 @@ class EagleDrafter(Drafter):
         from specframe_eagle.checkpoint import draft_token_ids, load_head
 
         super().__init__(target)
+        if not heads and (packaged_head(target.name) / "config.json").is_file():
+            heads = str(packaged_head(target.name))
         if not heads:
             raise ModelLoadError(
-                f"eagle: name an EAGLE head, eagle(heads=DIR_OR_HUB_ID) (a directory with config.json and "
-                f"model.safetensors, EAGLE-1/2 or EAGLE-3 layout); train one for '{target.name}' with "
-                f"`specframe train eagle --model {target.name}`")
+                f"eagle: no head ships for '{target.name}': name an EAGLE head, eagle(heads=DIR_OR_HUB_ID) "
+                "(a directory with config.json and model.safetensors, EAGLE-1/2 or EAGLE-3 layout), or train "
+                f"one with `specframe train eagle --model {target.name}`")
         if min(topk, width, depth) < 1:
             raise ConfigurationError(
                 f"eagle: topk, width and depth must be >= 1, got {topk}, {width}, {depth}")
@@ -186,9 +195,35 @@ class EagleDrafter(Drafter):
 
     # --- the draft tree ------------------------------------------------------------------------------
 
+    @inference_mode
+    def forest(self, context: DraftContext) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The head's top-k forest after `context` as (target token ids, parents, cumulative log q), without
+        the distributions a proposal carries: for a drafter that merges it with others (`suffix-eagle`).
+        Empty before the target's first features."""
+        if context.budget < 1 or not self._read_context(context):
+            return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0)
+        tokens, parents, scores, _, _ = self._grow(context, sampled=False)
+        return self._target_ids(tokens), np.asarray(parents, np.int64), np.asarray(scores)
+
     def _draft(self, context: DraftContext, sampled: bool) -> DraftProposal:
-        """The candidate forest (see the module docstring)."""
+        """The candidate forest (see the module docstring) with each node's draft distribution."""
         import torch
+
+        tokens, parents, scores, rows, blocks = self._grow(context, sampled)
+        if not tokens:
+            return DraftProposal.empty()
+        probs = self._full_rows(torch.cat(blocks))[torch.tensor(rows, device=blocks[0].device)]  # (N, V)
+        draw = DrawMethod.SAMPLED if sampled else DrawMethod.TOPK if self.topk > 1 else DrawMethod.ARGMAX
+        return DraftProposal(self._target_ids(tokens), np.asarray(parents), np.asarray(scores), probs, draw,
+                             ScoreKind.LOG_PROB)
+
+    def _target_ids(self, tokens: list[int]) -> np.ndarray:
+        ids = np.asarray(tokens, dtype=np.int64)
+        return ids if self.vocab_ids is None else self.vocab_ids.cpu().numpy()[ids]
+
+    def _grow(self, context: DraftContext, sampled: bool) -> tuple[list, list, list, list, list]:
+        """Draft level by level: the nodes' draft-vocabulary tokens, parents and cumulative log q, each
+        node's row in the stacked q blocks, and those blocks ((w, Vd) per level)."""
 
         budget = context.budget
         depth, width = min(self.depth, budget), min(self.width, budget)
@@ -227,14 +262,7 @@ class EagleDrafter(Drafter):
             outputs = self._expand(expand, [rows[i] - base_row for i in expand], outputs, tokens, parents,
                                    slots, level)
             frontier = expand
-        if not tokens:
-            return DraftProposal.empty()
-        probs = self._full_rows(torch.cat(blocks))[torch.tensor(rows, device=blocks[0].device)]  # (N, V)
-        ids = np.asarray(tokens, dtype=np.int64)
-        if self.vocab_ids is not None:
-            ids = self.vocab_ids.cpu().numpy()[ids]
-        draw = DrawMethod.SAMPLED if sampled else DrawMethod.TOPK if self.topk > 1 else DrawMethod.ARGMAX
-        return DraftProposal(ids, np.asarray(parents), np.asarray(scores), probs, draw, ScoreKind.LOG_PROB)
+        return tokens, parents, scores, rows, blocks
 
     def _distributions(self, outputs: torch.Tensor, sampler) -> torch.Tensor:
         """(w, H) predicted features -> (w, Vd) draft distributions (processed like the target's when the

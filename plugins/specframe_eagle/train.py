@@ -46,6 +46,8 @@ class TrainConfig:
     steps: int = 1000
     lr: float = 3e-4
     warmup: int = 20
+    amp: bool = False  # bfloat16 autocast of the head: faster steps on a CPU with native bfloat16 products
+    init: str = ""  # a head to start from (its weights and draft vocabulary), e.g. an earlier stage's
     save_every: int = 50
     seed: int = 0
 
@@ -90,6 +92,8 @@ class Trainer:
             self.head.t2d[ids] = True
         generator = torch.Generator().manual_seed(config.seed)
         start_from_target(self.head, target, generator)
+        if config.init:
+            self._start_from(config.init)
         self.head.train().requires_grad_(True)
         target.model.requires_grad_(False)
         self.vocab_ids = (None if config.form != "eagle3"
@@ -100,12 +104,29 @@ class Trainer:
         self.order = np.random.default_rng(config.seed).permutation(len(blocks))
         self.history: list[dict] = []
 
+    def _start_from(self, spec: str) -> None:
+        """Take the weights and draft vocabulary of the head `spec` (`--init`), which must be of this form,
+        features and draft vocabulary size."""
+        from specframe_eagle.checkpoint import load_head
+
+        loaded, path = load_head(self.target, spec)
+        mine, theirs = self.head.config, loaded.config
+        if (theirs.form, theirs.feature_layers, theirs.draft_vocab_size, theirs.layers) != (
+                mine.form, mine.feature_layers, mine.draft_vocab_size, mine.layers):
+            raise specframe.ConfigurationError(
+                f"eagle training: --init {path} is a {theirs.form} head reading layers "
+                f"{theirs.feature_layers} with {theirs.draft_vocab_size} draft tokens, but this run trains a "
+                f"{mine.form} head reading {mine.feature_layers} with {mine.draft_vocab_size}: pass the same "
+                "--form, --features and --draft-vocab as the run that wrote it")
+        self.head.load_state_dict({name: t.float() if t.is_floating_point() else t
+                                   for name, t in loaded.state_dict().items()})
+
     # --- one step ----------------------------------------------------------------------------------
 
     def targets(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """From one frozen forward of the target over (B, T) ids: the head's input features (B, T, F), the
         final features (B, T, H) and the target's log-probabilities over the draft vocabulary (B, T, Vd)."""
-        with torch.no_grad():
+        with torch.no_grad(), torch.autocast(ids.device.type, enabled=False):  # the target in its dtype
             out = self.target.model(input_ids=ids, output_hidden_states=True, logits_to_keep=1)
             states = out.hidden_states
             layers = self.head.config.feature_layers
@@ -157,7 +178,8 @@ class Trainer:
     def train_step(self) -> dict:
         rows = batch_rows(self.order, self.step, self.config.batch)
         ids = torch.from_numpy(self.blocks[rows]).to(self.target.device)
-        loss, parts = self.losses(ids)
+        with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=self.config.amp):
+            loss, parts = self.losses(ids)
         optimizer_step(self.optimizer, loss, self.head.parameters(), self.lr_at(self.step))
         self.step += 1
         return {"step": self.step, "loss": float(loss.detach()), "steps": parts}

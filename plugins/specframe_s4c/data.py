@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from specframe import ConfigurationError
-from specframe.kit.files import json_or_none, parse_json
+from specframe.kit.files import parse_json
 
 TEXT_SUFFIXES = (".py", ".txt", ".md")
 
@@ -46,30 +46,13 @@ def iter_documents(source: str, tokenizer=None) -> Iterator[str | list[int]]:
 
 
 def _answers(name: str, tokenizer) -> Iterator[list[int]]:
-    """Prompt (in the chat template) + greedy answer ids of each answered prompt of the build `name`."""
-    from specframe_corpus.answers import prompt_ids, prompt_key
-    from specframe_corpus.stores import datastore_home
+    from specframe_corpus.answers import built_answers
+    from specframe_corpus.datastore import DatastoreError
 
-    prompts, answers = (datastore_home() / f"{name}.{part}.jsonl" for part in ("prompts", "answers"))
-    if not (prompts.is_file() and answers.is_file()):
-        raise ConfigurationError(
-            f"s4c training: no prompts and answers of a datastore build '{name}' in {datastore_home()}; "
-            f"make them with `specframe datastore build --source model:self --out {name}`")
-    cached, template = {}, True
-    for line in answers.read_text(encoding="utf-8", errors="replace").splitlines():
-        record = json_or_none(line)  # a line cut by an interrupted build is skipped, as the build does
-        if not isinstance(record, dict):
-            continue
-        if "ids" in record:
-            cached[record["prompt"]] = record["ids"]
-        elif "settings" in record:  # `model-continue:` builds continue their prompts raw, as code is fed
-            template = record["settings"].get("template", True)
-    for line in prompts.read_text(encoding="utf-8", errors="replace").splitlines():
-        record = json_or_none(line)
-        prompt = record.get("prompt") if isinstance(record, dict) else None
-        answer = cached.get(prompt_key(prompt)) if isinstance(prompt, str) else None
-        if answer:
-            yield prompt_ids(tokenizer, prompt, template) + list(answer)
+    try:
+        yield from built_answers(name, tokenizer)
+    except DatastoreError as err:
+        raise ConfigurationError(f"s4c training: --data answers:{name}: {err}") from None
 
 
 def _documents(name: str) -> Iterator[str]:

@@ -1,6 +1,7 @@
 """specframe-suffix: SuffixDecoding (arctic-inference) as the drafter `suffix`, with a persisted cache.
 
-Registers the drafters `suffix` and `suffix-heads` (plus S4C draft heads), the bench presets `suffix`,
+Registers the drafters `suffix`, `suffix-heads` (plus S4C draft heads) and `suffix-eagle` (plus an EAGLE
+head), the bench presets `suffix`,
 `suffix-rest` and `suffix-self`, and the `specframe cache info|clear` commands. The drafter's `finish`
 ends each request: its response joins the cache of earlier responses, written to disk with `cache=`.
 Use::
@@ -33,10 +34,11 @@ CORPUS = "python-site"  # the datastore of the `suffix-rest` preset
 @specframe.hookimpl
 def register_drafters(register):
     from specframe_suffix.drafter import SuffixDrafter
-    from specframe_suffix.heads import SuffixHeadsDrafter
+    from specframe_suffix.heads import SuffixEagleDrafter, SuffixHeadsDrafter
 
     register(SuffixDrafter)
     register(SuffixHeadsDrafter)
+    register(SuffixEagleDrafter)
 
 
 @specframe.hookimpl

@@ -119,3 +119,58 @@ def test_the_command_trains_a_head_that_decodes_losslessly(tmp_path):
     assert decoder.generate(prompt, max_new_tokens=16).tokens == reference_greedy(loaded, prompt, 16)
     again = CliRunner().invoke(build_app(), args)  # done: resumes at step 3, trains nothing more
     assert again.exit_code == 0 and "resumed" in again.output
+
+
+def test_answers_data_are_the_targets_own_text(tmp_path, monkeypatch):
+    """`--data answers:NAME` reads an earlier `model:self` build's prompts and answers as token ids (the
+    reader `specframe train s4c` shares); a build that does not exist is named with how to make it."""
+    from specframe_corpus.answers import prompt_key
+    from specframe_eagle.data import token_blocks
+
+    target = tiny_target(seed=0, layers=2)
+    monkeypatch.setenv("SPECFRAME_HOME", str(tmp_path))
+    with pytest.raises(specframe.ConfigurationError, match="--data answers:chat: .*--source model:self"):
+        token_blocks(target, ["answers:chat"], 4, tmp_path / "run")
+    home = tmp_path / "datastores"
+    home.mkdir()
+    (home / "chat.prompts.jsonl").write_text(json.dumps({"prompt": "ab"}) + "\n")
+    answers = [{"settings": {"template": False}}, {"prompt": prompt_key("ab"), "ids": [30, 31, 32]}]
+    (home / "chat.answers.jsonl").write_text("".join(json.dumps(line) + "\n" for line in answers))
+    prompt = target.tokenizer("ab", add_special_tokens=False)["input_ids"]
+    eos = [min(target.eos_token_ids)] if target.eos_token_ids else []
+    expected = list(prompt) + [30, 31, 32] + eos
+    blocks = token_blocks(target, ["answers:chat"], len(expected), tmp_path / "run")
+    assert blocks.reshape(-1).tolist() == expected
+    (home / "chat.prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("ab", "c")))
+    answers.append({"prompt": prompt_key("c"), "ids": [40]})
+    (home / "chat.answers.jsonl").write_text("".join(json.dumps(line) + "\n" for line in answers))
+    blocks = token_blocks(target, ["answers:chat:1"], 1, tmp_path / "run")  # the first chat only
+    assert blocks.reshape(-1).tolist() == expected
+
+
+def test_bfloat16_autocast_trains_and_leaves_the_target_in_its_dtype(tmp_path):
+    trainer = _trainer(tmp_path, steps=20, amp=True)
+    ids = torch.from_numpy(trainer.blocks[:4])
+    feats, _, logp = trainer.targets(ids)
+    assert feats.dtype == logp.dtype == torch.float32
+    with torch.no_grad():
+        before, _ = trainer.losses(ids)
+    for _ in range(10):
+        trainer.train_step()
+    with torch.no_grad():
+        after, _ = trainer.losses(ids)
+    assert after.item() < before.item()
+    assert all(p.dtype == torch.float32 for p in trainer.head.parameters())
+
+
+def test_init_starts_from_an_earlier_head_of_the_same_form(tmp_path):
+    first = _trainer(tmp_path / "a")
+    first.run()
+    head = first.export(tmp_path / "a" / "head", "test", ["test"])
+    second = _trainer(tmp_path / "b", init=str(head))
+    for name, value in first.head.state_dict().items():  # float16 on disk
+        torch.testing.assert_close(second.head.state_dict()[name].float(), value.float(), atol=2e-3,
+                                   rtol=2e-3)
+    assert torch.equal(second.vocab_ids, first.vocab_ids)
+    with pytest.raises(specframe.ConfigurationError, match="same --form, --features and --draft-vocab"):
+        _trainer(tmp_path / "c", init=str(head), draft_vocab=32)

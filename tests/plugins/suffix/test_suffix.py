@@ -17,7 +17,7 @@ pytest.importorskip("arctic_inference.suffix_decoding")
 from conftest import tiny_llama
 from specframe_suffix.drafter import SuffixDrafter, check_internals
 from specframe_suffix.drafts import CORPUS, HEADS, REQUEST, RESPONSES, SourceDraft, group_of, merge
-from specframe_suffix.heads import SuffixHeadsDrafter
+from specframe_suffix.heads import SuffixEagleDrafter, SuffixHeadsDrafter
 from specframe_suffix.store import SuffixCacheError
 from typer.testing import CliRunner
 
@@ -199,6 +199,54 @@ def test_suffix_heads_output_equals_plain_greedy(tiny, prompts, heads_file, budg
         assert run.generate(prompt, max_new_tokens=NEW).tokens == expected
     assert run.pipeline.drafter._request is None  # `finish` ended each request, as for `suffix`
     assert len(run.pipeline.drafter.finished) == 4
+
+
+# --- suffix-eagle ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def eagle_head(tiny, tmp_path_factory):
+    return SuffixEagleDrafter.example_options(tiny, str(tmp_path_factory.mktemp("eagle")))["heads"]
+
+
+@pytest.mark.parametrize("budget", [8, "auto:8"])
+def test_suffix_eagle_output_equals_plain_greedy_alone_and_in_a_batch(tiny, prompts, eagle_head, budget):
+    """The EAGLE head joins the copied sources on every step it drafts (heads_below=1: all), hears every
+    step's features, and each row of a batch keeps a head cache of its own."""
+    run = decoder(tiny, f"suffix-eagle(heads={eagle_head!r})", "trie", budget)
+    assert run.pipeline.backend.want_hidden
+    for prompt, expected in prompts:
+        assert run.generate(prompt, max_new_tokens=NEW).tokens == expected
+    assert run.pipeline.drafter.head_steps > 0
+    batch = decoder(tiny, f"suffix-eagle(heads={eagle_head!r})", "trie", budget)
+    results = batch.generate_batch([p for p, _ in prompts], max_new_tokens=NEW)
+    assert [r.tokens for r in results] == [e for _, e in prompts]
+
+
+def test_suffix_eagle_drafts_the_heads_forest_where_nothing_was_copied(tiny, prompts, eagle_head):
+    import torch
+
+    from specframe_eagle.drafter import EagleDrafter
+
+    fresh = np.array([prompts[0][0][0], *range(60, 70)])  # no repeats: no suffix source matches
+    hidden = torch.randn(tiny.model.config.hidden_size)  # a feature exists: the head computes the context's
+    context = DraftContext(fresh, len(fresh) - 1, budget=8, hidden=hidden)
+    drafter = SuffixEagleDrafter(tiny, heads=eagle_head, depth=2, width=1, topk=2)
+    proposal = drafter.propose(context)
+    alone = EagleDrafter(tiny, heads=eagle_head, depth=2, width=1, topk=2, draw="top-k").propose(context)
+    assert len(proposal) == len(alone) > 0 and set(proposal.group.tolist()) == {group_of(HEADS, 0)}
+    assert proposal.tokens.tolist() == alone.tokens.tolist()
+    np.testing.assert_allclose(proposal.scores, np.exp(alone.scores), rtol=1e-5)  # P(reached) under q
+    assert not len(drafter.propose(DraftContext(fresh, len(fresh) - 1, budget=8)))  # no feature yet
+
+    prompt, expected = prompts[0]
+    skip = SuffixEagleDrafter(tiny, heads=eagle_head, heads_below=0.4)
+    skip.finish(prompt, expected)  # an earlier response, copied with confidence: the head stays idle
+    proposal = skip.propose(DraftContext(np.array(prompt + expected[:10]), len(prompt), 8, hidden))
+    assert proposal.scores[proposal.parents == -1].max() > 0.4
+    assert group_of(HEADS, 0) not in set(proposal.group.tolist()) and skip.head_steps == 0
+    with pytest.raises(ConfigurationError, match="heads_below must be a number in"):
+        SuffixEagleDrafter(tiny, heads=eagle_head, heads_below=-1)
 
 
 # --- sampling ------------------------------------------------------------------------------------------
