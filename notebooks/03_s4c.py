@@ -17,7 +17,7 @@
 # ---
 
 # %% [markdown]
-# # Drafter: S4C heads (`s4c`)
+# # Drafters with heads on the target's features: S4C (`s4c`) and EAGLE (`eagle`)
 #
 # S4C (He et al.) drafts with small heads that read the target's last hidden feature: head 1 predicts the
 # token after the root, head k the token k steps ahead, each also predicting the feature the next head
@@ -107,3 +107,25 @@ else:
     r = decoder.generate(prompt, max_new_tokens=24)
     assert r.tokens == plain.tokens
     print(f"shipped heads: tau = {r.metrics.tau:.2f}, alpha = {r.metrics.alpha:.2f}")
+
+# %% [markdown]
+# ## EAGLE: one decoder layer over the target's features
+#
+# The `eagle` drafter (EAGLE-1/2 and EAGLE-3, the heads vLLM, SGLang and TensorRT-LLM load) drafts
+# autoregressively in feature space: its head reads a token's embedding with the target's feature there
+# and predicts the next feature, level by level into a tree that `dynamic` (EAGLE-2's) ranks by
+# cumulative log q. The EAGLE-3 head that ships for SmolLM2 reads the target's layers 2, 15 and 27, which
+# `kv` hands out when asked (`hidden_layers`); `specframe train eagle` trains one for any target
+# (`docs/how-to/eagle.md`).
+
+# %%
+try:  # the shipped head is the drafter's default for smollm2-135m; elsewhere it says how to train one
+    decoder = specframe.SpeculativeDecoder.from_names(
+        target, drafter="eagle", tree="dynamic", backend="kv(hidden_layers=(2, 15, 27))", budget=8)
+except specframe.SpecframeError as err:
+    print(err)
+else:
+    r = decoder.generate(prompt, max_new_tokens=24)
+    assert r.tokens == plain.tokens
+    by_depth = [round(a, 2) for a in r.metrics.acceptance_by_depth]
+    print(f"eagle: tau = {r.metrics.tau:.2f}, acceptance by depth = {by_depth}")

@@ -10,7 +10,9 @@ first feeds the pairs not read yet through the head, writing their keys into the
 committed context), which gives the head's prediction of f_n; that feature scores the root's children.
 Then, level by level, the `width` best nodes of the newest level (by cumulative log q, as EAGLE-2
 expands) are fed to the head with their parent's predicted feature, each attending to the context and its
-own ancestors; their `topk` most likely tokens are the next level. Keys of drafted nodes are written after
+own ancestors; their `topk` most likely tokens are the next level. Greedy drafting stops at the level
+after which no deeper node could rank among the `budget` best (cumulative log q only falls with depth):
+levels the tree would drop cost no head call. Keys of drafted nodes are written after
 the context and never kept: the next step rewrites those columns with the target's real features of the
 accepted tokens (the cache rolls back to the accepted path by construction).
 
@@ -20,6 +22,11 @@ verifies sampled drafts losslessly: with `draw=auto` a sampling request's childr
 draws from the head's distribution processed like the target's, merged in the order first drawn, numbered
 depth by depth, the first-drawn chain always expanded, stopping at the budget (the rule s4c and
 draft-model follow: `specframe.DrawMethod`).
+
+`dtype` is what the head computes in: `auto` (the default) is bfloat16, packed for oneDNN, where the
+target runs on packed float32 weights (the CPU default) and the CPU multiplies bfloat16 natively, else
+the target's dtype; `target` keeps the target's. A draft only decides what is proposed, so the output
+stays the target's, and a sampled draft's q is the distribution it was drawn from in that dtype.
 
 The first step of a request drafts nothing: no target feature exists before the prompt's forward.
 """
@@ -36,7 +43,7 @@ from specframe import (
     ConfigurationError, DraftContext, DraftProposal, Drafter, DrafterCapabilities, DrawMethod, ModelLoadError,
     ScoreKind, StepOutcome,
 )
-from specframe.kit.drafting import DraftDraw, check_draw, samples_drafts
+from specframe.kit.drafting import DraftDraw, DraftDtype, check_draw, samples_drafts
 from specframe.kit.inference import inference_mode
 
 if TYPE_CHECKING:  # torch is imported where it is used, so that registering the drafter loads none
@@ -61,7 +68,10 @@ class EagleDrafter(Drafter):
     option_limits = {"topk": (1, 4096), "width": (1, 4096), "depth": (1, 64)}
 
     def __init__(self, target, *, heads: str | None = None, topk: int = 4, width: int = 4, depth: int = 5,
-                 draw: DraftDraw = "auto"):
+                 draw: DraftDraw = "auto", dtype: DraftDtype = "auto"):
+        import torch
+
+        from specframe.kit.models import drafting_dtype, linear_kernel, pack_linear_layers
         from specframe_eagle.checkpoint import draft_token_ids, load_head
 
         super().__init__(target)
@@ -78,6 +88,11 @@ class EagleDrafter(Drafter):
         self.topk, self.width, self.depth = int(topk), int(width), int(depth)
         self.draw = check_draw("eagle", draw)
         self.head, self.path = load_head(target, heads)
+        self.dtype = drafting_dtype(dtype, target, "eagle")
+        for param in self.head.parameters():  # the rotary frequencies stay float32
+            param.data = param.data.to(self.dtype)
+        if linear_kernel(target.model) != "torch":  # the target runs on packed weights: so does the head
+            pack_linear_layers(self.head, bfloat16=self.dtype == torch.bfloat16)
         self.embed = target.model.get_input_embeddings()
         self.vocab_ids = draft_token_ids(self.head)  # (Vd,) target id of each draft row; None: all
         self._lm_head = None if self.head.config.form == "eagle3" else target.model.get_output_embeddings()
@@ -259,6 +274,8 @@ class EagleDrafter(Drafter):
                 chain = next((i for i in new if parents[i] == chain), new[0])
                 ranked = [chain, *(i for i in ranked if i != chain)]
             expand = ranked[:width]
+            if sampler is None and out_of_reach(scores, budget, scores[expand[0]]):
+                break
             outputs = self._expand(expand, [rows[i] - base_row for i in expand], outputs, tokens, parents,
                                    slots, level)
             frontier = expand
@@ -273,7 +290,7 @@ class EagleDrafter(Drafter):
         if self._lm_head is None:  # EAGLE-3: its own norm and LM head over the draft vocabulary
             logits = head.lm_head(head.norm(outputs))  # (w, Vd)
         else:  # EAGLE: the target's LM head on the predicted feature
-            logits = self._lm_head(outputs)  # (w, V)
+            logits = self._lm_head(outputs.to(self._lm_head.weight.dtype))  # (w, V)
         return sampler.probs(logits) if sampler is not None else torch.softmax(logits.float(), dim=-1)
 
     def _expand(self, expand: list[int], sources: list[int], outputs: torch.Tensor, tokens: list[int],
@@ -311,3 +328,12 @@ class EagleDrafter(Drafter):
         full = torch.zeros(q.shape[0], self.target.vocab_size, dtype=torch.float32, device=q.device)
         full[:, self.vocab_ids] = q.float()
         return full
+
+
+def out_of_reach(scores: list[float], budget: int, best_next: float) -> bool:
+    """Whether no node below one scored `best_next` can rank among the `budget` best nodes drafted so far:
+    a child's cumulative log q is at most its parent's, and `dynamic` keeps the `budget` best by score,
+    the shallower first on ties. Drafting deeper would cost head calls for nodes `dynamic` drops (a
+    `chain` builder gets a shorter chain, where its path was unlikely anyway)."""
+    return len(scores) >= budget and best_next <= sorted(scores, reverse=True)[budget - 1]
+

@@ -33,7 +33,7 @@ drawn from, whatever dtype computed it. On SmolLM2 bfloat16 drafted the same tre
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, get_args
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -41,7 +41,7 @@ from specframe import (
     ConfigurationError, DraftContext, DraftProposal, Drafter, DrafterCapabilities, DrawMethod, ModelLoadError,
     Sampler, ScoreKind,
 )
-from specframe.kit.drafting import DraftDraw, check_draw, samples_drafts
+from specframe.kit.drafting import DraftDtype, DraftDraw, check_draw, samples_drafts
 from specframe.kit.inference import inference_mode
 
 if TYPE_CHECKING:  # torch is imported where it is used, so that registering the drafter loads none
@@ -49,7 +49,6 @@ if TYPE_CHECKING:  # torch is imported where it is used, so that registering the
 
 WEIGHTS_DIR = Path(__file__).parent / "weights"
 DEFAULT_WIDTHS = (1, 2, 1)  # head 1 on the root, head 2 on the top-2 of head 1, head 3 on the top-1 chain
-DraftDtype = Literal["auto", "target", "bfloat16"]  # the `dtype` option: what the heads compute in
 
 
 def packaged_heads(model_name: str) -> Path:
@@ -69,7 +68,7 @@ class S4CDrafter(Drafter):
                  widths: int | tuple[int, ...] | list[int] = DEFAULT_WIDTHS, draw: DraftDraw = "auto",
                  depth: int | None = None, dtype: DraftDtype = "auto"):
         import torch
-        from specframe.kit.models import PackedLinear, linear_kernel, pack_linear_layers
+        from specframe.kit.models import PackedLinear, drafting_dtype, linear_kernel, pack_linear_layers
         from specframe_s4c.heads import S4CHeads, target_parts
 
         super().__init__(target)
@@ -96,7 +95,7 @@ class S4CDrafter(Drafter):
                 f"(the root), and topk >= 1; got widths={widths}, topk={topk}")
         self.widths, self.topk, self.draw = widths, int(topk), check_draw("s4c", draw)
         self.embed, _, lm_head, _ = target_parts(target)
-        self.dtype = drafting_dtype(dtype, target)
+        self.dtype = drafting_dtype(dtype, target, "s4c")
         self.heads.to(self.dtype)
         self.vocab_ids = self.heads.vocab_ids  # (Vd,)
         # (Vd, H) the draft vocabulary's rows
@@ -196,18 +195,3 @@ class S4CDrafter(Drafter):
         if sampler is not None:
             return sampler.draw_drafts(q, self.topk)
         return q.topk(min(self.topk, q.shape[-1]), dim=-1).indices.tolist()
-
-
-def drafting_dtype(choice: str, target) -> torch.dtype:
-    """The dtype the `dtype` option asks for on `target` (see the module docstring)."""
-    import torch
-    from specframe.kit.models import linear_kernel, native_bfloat16
-
-    if choice not in get_args(DraftDtype):
-        raise ConfigurationError(f"s4c: dtype must be one of {', '.join(map(repr, get_args(DraftDtype)))}, "
-                                 f"got {choice!r}")
-    own = next(target.model.parameters()).dtype
-    if choice == "bfloat16" or (choice == "auto" and linear_kernel(target.model) != "torch"
-                                and native_bfloat16()):  # packed float32 on a CPU with bfloat16 products
-        return torch.bfloat16
-    return own

@@ -9,15 +9,21 @@ sampled trees lossless, the greedy token, and what stored token ids mean.
   without looking at the tokens, so the tree stays lossless under `rejection`.
 - `argmax(logits)` is the greedy token of one row of logits, the first on ties as `torch.argmax`, and
   faster on the CPU: what a greedy verifier or drafter compares against.
+- `DraftDtype` is the `dtype` option of drafters with a network of their own (what it computes in;
+  `specframe.kit.models.drafting_dtype` resolves it on a target).
 - `TokenizerIdentity` names the tokenizer whose ids a stored file (a datastore, a learned store) holds,
   so a drafter refuses a store built for another tokenizer instead of proposing wrong tokens.
 
 Imports neither torch nor transformers: a plugin may import it at the top of any module.
 """
 
+from typing import Literal
+
 from specframe.support.tokenizer_identity import TokenizerIdentity
 from specframe.terms.sampling import DraftDraw, argmax, check_draw, samples_drafts
 from specframe.terms.tree import SAMPLED_DRAWS, draw_order_prefix
 
-__all__ = ["SAMPLED_DRAWS", "DraftDraw", "TokenizerIdentity", "argmax", "check_draw", "draw_order_prefix",
-           "samples_drafts"]
+__all__ = ["SAMPLED_DRAWS", "DraftDraw", "DraftDtype", "TokenizerIdentity", "argmax", "check_draw",
+           "draw_order_prefix", "samples_drafts"]
+
+DraftDtype = Literal["auto", "target", "bfloat16"]  # what a drafter's network computes in

@@ -240,3 +240,46 @@ def test_untrained_heads_on_the_real_model_are_lossless(smollm2, tmp_path):
     save_head(head, tmp_path / "eagle3", smollm2)
     decoder = _decoder(smollm2, tmp_path / "eagle3", "dynamic", backend=f"kv(hidden_layers={layers})")
     assert decoder.generate(prompt, max_new_tokens=24).tokens == expected
+
+
+def test_the_presets_read_the_layers_each_shipped_head_reads():
+    """`eagle` and `suffix-eagle` ask `kv` for PACKAGED_LAYERS: every head in the package reads those, and
+    a model without a shipped head is refused with how to train and name one."""
+    import json
+
+    from specframe_eagle import PACKAGED_LAYERS, no_packaged_head
+    from specframe_eagle.drafter import WEIGHTS_DIR
+
+    shipped = sorted(WEIGHTS_DIR.glob("*/config.json"))
+    for config in shipped:
+        layers = json.loads(config.read_text())["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+        assert tuple(layers) == PACKAGED_LAYERS, config
+    registry = specframe.get_registry()
+    for name in ("eagle", "suffix-eagle"):
+        assert f"kv(hidden_layers={PACKAGED_LAYERS})" in registry.preset(name).spec
+    assert "specframe train eagle --model" in no_packaged_head(tiny_target(seed=0))
+
+
+@pytest.mark.slow
+def test_the_shipped_head_and_its_presets_are_lossless_on_the_real_model(smollm2):
+    """The head that ships for SmolLM2 (the `eagle` drafter's default for it) drafts through both presets,
+    with drafts accepted, and the output is plain greedy decoding's, alone and in a batch."""
+    from specframe_eagle.drafter import packaged_head
+
+    if not (packaged_head(smollm2.name) / "config.json").is_file():
+        pytest.skip("no EAGLE head ships for smollm2-135m")
+    registry = specframe.get_registry()
+    prompts = ["def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+               smollm2.tokenizer.apply_chat_template([{"role": "user", "content": "Why is the sky blue?"}],
+                                                     add_generation_prompt=True, tokenize=False)]
+    for name in ("eagle", "suffix-eagle"):
+        drafter, tree, verifier, backend = registry.preset(name).spec.split("+", 3)
+        decoder = specframe.SpeculativeDecoder.from_names(smollm2, drafter, tree, verifier, backend, budget=8)
+        for prompt in prompts:
+            ids = smollm2.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+            result = decoder.generate(ids, max_new_tokens=32)
+            assert result.tokens == reference_greedy(smollm2, ids, 32), name
+            assert result.metrics.accepted_draft_tokens > 0, name
+    rows = decoder.generate_batch(prompts, max_new_tokens=16)
+    assert [r.tokens for r in rows] == [reference_greedy(smollm2, smollm2.tokenizer(
+        p, add_special_tokens=False)["input_ids"], 16) for p in prompts]
