@@ -283,3 +283,20 @@ def test_the_shipped_head_and_its_presets_are_lossless_on_the_real_model(smollm2
     rows = decoder.generate_batch(prompts, max_new_tokens=16)
     assert [r.tokens for r in rows] == [reference_greedy(smollm2, smollm2.tokenizer(
         p, add_special_tokens=False)["input_ids"], 16) for p in prompts]
+
+
+@pytest.mark.parametrize("form", ["eagle", "eagle3"])
+def test_a_bfloat16_head_drafts_and_the_output_stays_the_targets(heads, form):
+    """`dtype=bfloat16`: the head's weights (not its rotary frequencies) in bfloat16, the target untouched,
+    greedy output plain greedy decoding's; a dtype that does not exist is refused."""
+    target = tiny_target(seed=0, layers=4 if form == "eagle3" else 2)
+    backend = EAGLE3_BACKEND if form == "eagle3" else "kv"
+    decoder = _decoder(target, heads[form], "dynamic", backend, dtype="bfloat16")
+    head = decoder.pipeline.drafter.head
+    assert {p.dtype for p in head.parameters()} == {torch.bfloat16}
+    assert head.rotary.inv_freq.dtype == torch.float32
+    assert next(target.model.parameters()).dtype == torch.float32
+    prompt = repetitive_prompt(target.vocab_size, 30)
+    assert decoder.generate(prompt, max_new_tokens=20).tokens == reference_greedy(target, prompt, 20)
+    with pytest.raises(specframe.ConfigurationError, match="dtype"):
+        EagleDrafter(target, heads=str(heads[form]), dtype="float8")

@@ -233,21 +233,21 @@ def test_depth_drafts_with_the_first_heads_only():
 
 
 def test_drafting_dtype_follows_the_option_and_the_cpu(monkeypatch):
-    import specframe_s4c.drafter as module
+    from specframe.kit.models import drafting_dtype
 
     target = tiny_target(seed=0)  # float32 on the CPU
     monkeypatch.setattr("specframe.kit.models.native_bfloat16", lambda: True)  # read per call
-    assert module.drafting_dtype("auto", target) == torch.float32  # torch's kernel, as the target's
+    assert drafting_dtype("auto", target, "s4c") == torch.float32  # torch's kernel, as the target's
     if not pack_linear_layers(target.model):
         pytest.skip("this torch build has no oneDNN")
-    assert module.drafting_dtype("auto", target) == torch.bfloat16
-    assert module.drafting_dtype("target", target) == torch.float32
+    assert drafting_dtype("auto", target, "s4c") == torch.bfloat16
+    assert drafting_dtype("target", target, "s4c") == torch.float32
     # no bfloat16 products:
     monkeypatch.setattr("specframe.kit.models.native_bfloat16", lambda: False)
-    assert module.drafting_dtype("auto", target) == torch.float32
-    assert module.drafting_dtype("bfloat16", target) == torch.bfloat16
-    with pytest.raises(specframe.ConfigurationError, match="dtype must be one of"):
-        module.drafting_dtype("float8", target)
+    assert drafting_dtype("auto", target, "s4c") == torch.float32
+    assert drafting_dtype("bfloat16", target, "s4c") == torch.bfloat16
+    with pytest.raises(specframe.ConfigurationError, match="s4c: dtype must be one of"):
+        drafting_dtype("float8", target, "s4c")
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "target"])
