@@ -300,3 +300,31 @@ def test_a_bfloat16_head_drafts_and_the_output_stays_the_targets(heads, form):
     assert decoder.generate(prompt, max_new_tokens=20).tokens == reference_greedy(target, prompt, 20)
     with pytest.raises(specframe.ConfigurationError, match="dtype"):
         EagleDrafter(target, heads=str(heads[form]), dtype="float8")
+
+
+def test_greedy_drafting_stops_where_no_deeper_node_could_enter_the_tree(heads, monkeypatch):
+    """`out_of_reach` skips the levels whose nodes `dynamic` would not keep: the same trees are verified,
+    with fewer head calls, than when every level is drafted."""
+    import specframe_eagle.drafter as module
+
+    target = tiny_target(seed=0, layers=2)
+    prompt = repetitive_prompt(target.vocab_size, 30)
+
+    def run():
+        decoder = _decoder(target, heads["eagle"], "dynamic", budget=4, depth=5)
+        builder, drafter = decoder.pipeline.tree_builder, decoder.pipeline.drafter
+        build, expand, trees, calls = builder.build, drafter._expand, [], []
+        builder.build = lambda proposal, context: trees.append(build(proposal, context)) or trees[-1]
+        drafter._expand = lambda *args: calls.append(1) or expand(*args)
+        tokens = decoder.generate(prompt, max_new_tokens=24).tokens
+        return tokens, [(t.tokens.tolist(), t.parents.tolist()) for t in trees], len(calls)
+
+    reach = module.out_of_reach
+    assert reach([-1.0, -2.0], 2, -2.0) and not reach([-1.0, -2.0], 2, -1.5)
+    assert not reach([-1.0], 2, -9.0)  # fewer nodes than the budget: anything still enters
+    pruned = run()
+    monkeypatch.setattr(module, "out_of_reach", lambda scores, budget, best: False)
+    every_level = run()
+    assert pruned[0] == every_level[0] == reference_greedy(target, prompt, 24)
+    assert pruned[1] == every_level[1]
+    assert pruned[2] < every_level[2]
