@@ -114,12 +114,13 @@ else:
 # The `eagle` drafter (EAGLE-1/2 and EAGLE-3, the heads vLLM, SGLang and TensorRT-LLM load) drafts
 # autoregressively in feature space: its head reads a token's embedding with the target's feature there
 # and predicts the next feature, level by level into a tree that `dynamic` (EAGLE-2's) ranks by
-# cumulative log q. The EAGLE-3 head that ships for SmolLM2 reads the target's layers 2, 15 and 27, which
-# `kv` hands out when asked (`hidden_layers`); `specframe train eagle` trains one for any target
-# (`docs/how-to/eagle.md`).
+# cumulative log q. `specframe train eagle --model MODEL` trains a head for any target, which then is the
+# drafter's default for that model (none ships: on this project's CPU it does not pay, see
+# `docs/results/eagle.md`); an EAGLE-3 head of SmolLM2 reads the target's layers 2, 15 and 27, which `kv`
+# hands out when asked (`hidden_layers`). How to train and load one: `docs/how-to/eagle.md`.
 
 # %%
-try:  # the shipped head is the drafter's default for smollm2-135m; elsewhere it says how to train one
+try:  # with no head trained here for smollm2-135m, the drafter says how to train one
     decoder = specframe.SpeculativeDecoder.from_names(
         target, drafter="eagle", tree="dynamic", backend="kv(hidden_layers=(2, 15, 27))", budget=8)
 except specframe.SpecframeError as err:

@@ -14,7 +14,8 @@ from specframe.kit.cli_options import device_option, dtype_option, model_option
 DATA_HELP = ("what the target reads, as `specframe datastore build --source` takes it: a directory, a .jsonl "
              "of texts or chats, a text file, python-stdlib, or the target's own answers "
              "(model:PROMPTS.jsonl, model:self), or answers:NAME, those of an earlier datastore build NAME")
-OUT_HELP = ("run directory: state.safetensors (resumable) and head/, the head in its published layout "
+OUT_HELP = ("run directory (default $SPECFRAME_HOME/eagle/MODEL, whose head `eagle` and its presets use "
+            "by default): state.safetensors (resumable) and head/, the head in its published layout "
             "(config.json, model.safetensors)")
 FORM_HELP = ("eagle3 (three layers' features, a reduced draft vocabulary, trained with its own drafts) or "
              "eagle (EAGLE-1/2: the last feature, the target's LM head)")
@@ -27,7 +28,7 @@ def train_eagle(
     device: str = device_option(),
     dtype: str = dtype_option(),
     data: list[str] = typer.Option(["python-stdlib"], help=DATA_HELP),
-    out: Path = typer.Option(Path("eagle-run"), help=OUT_HELP),
+    out: Path = typer.Option(None, help=OUT_HELP),
     form: str = typer.Option("eagle3", help=FORM_HELP),
     features: str = typer.Option("low-mid-high", help=FEATURES_HELP),
     draft_vocab: int = typer.Option(8192, min=0, help="eagle3: draft vocabulary (the data's most frequent "
@@ -56,16 +57,22 @@ def train_eagle(
     import specframe
     from specframe.kit.files import check_writable_dir
     from specframe_eagle.data import token_blocks
+    from specframe_eagle.drafter import trained_head_dir
     from specframe_eagle.train import TrainConfig, Trainer
 
     start = time.time()
     config = TrainConfig(form=form, features=features, draft_vocab=draft_vocab, unroll=unroll, block=block,
                          batch=batch, steps=steps, lr=lr, amp=amp,
                          init=init or "")
-    check_writable_dir(out, "eagle training: --out", "pass an --out directory that can be written")
+    if out is not None:
+        check_writable_dir(out, "eagle training: --out", "pass an --out directory that can be written")
     if threads:
         torch.set_num_threads(threads)
     target = specframe.load_target(model, device=device, dtype=dtype)
+    if out is None:
+        out = trained_head_dir(target.name)
+        check_writable_dir(out, "eagle training: the default run directory",
+                           "pass an --out directory that can be written")
     blocks = token_blocks(target, data, block, out, max_tokens, log=log)
     log(f"eagle: {blocks.size:,} tokens in {len(blocks)} blocks of {block} from {data}")
     trainer = Trainer(target, blocks, out, config, log=log)

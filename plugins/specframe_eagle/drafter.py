@@ -59,6 +59,23 @@ def packaged_head(model_name: str) -> Path:
     return WEIGHTS_DIR / model_name
 
 
+def trained_head_dir(model_name: str) -> Path:
+    """Where `specframe train eagle --model MODEL` trains by default: `$SPECFRAME_HOME/eagle/MODEL` (its
+    head in `head/`), so that `eagle` and its presets find a head trained here."""
+    from specframe.kit.files import specframe_home
+
+    return specframe_home() / "eagle" / model_name.replace("/", "--")
+
+
+def default_head(model_name: str) -> Path | None:
+    """The head `eagle` uses without `heads=`: one shipped for the model, else one `specframe train eagle`
+    wrote to its default place; None when neither exists."""
+    for directory in (packaged_head(model_name), trained_head_dir(model_name) / "head"):
+        if (directory / "config.json").is_file():
+            return directory
+    return None
+
+
 class EagleDrafter(Drafter):
     name = "eagle"
     capabilities = DrafterCapabilities(needs_hidden_states=True, provides_draft_probs=True,
@@ -75,13 +92,13 @@ class EagleDrafter(Drafter):
         from specframe_eagle.checkpoint import draft_token_ids, load_head
 
         super().__init__(target)
-        if not heads and (packaged_head(target.name) / "config.json").is_file():
-            heads = str(packaged_head(target.name))
+        heads = heads or (str(default_head(target.name)) if default_head(target.name) else None)
         if not heads:
             raise ModelLoadError(
-                f"eagle: no head ships for '{target.name}': name an EAGLE head, eagle(heads=DIR_OR_HUB_ID) "
-                "(a directory with config.json and model.safetensors, EAGLE-1/2 or EAGLE-3 layout), or train "
-                f"one with `specframe train eagle --model {target.name}`")
+                f"eagle: no head for '{target.name}' ships or was trained here: train one with `specframe "
+                f"train eagle --model {target.name}` (it then serves as the default), or name one, "
+                "eagle(heads=DIR_OR_HUB_ID) (a directory with config.json and model.safetensors, EAGLE-1/2 "
+                "or EAGLE-3 layout)")
         if min(topk, width, depth) < 1:
             raise ConfigurationError(
                 f"eagle: topk, width and depth must be >= 1, got {topk}, {width}, {depth}")

@@ -242,47 +242,55 @@ def test_untrained_heads_on_the_real_model_are_lossless(smollm2, tmp_path):
     assert decoder.generate(prompt, max_new_tokens=24).tokens == expected
 
 
-def test_the_presets_read_the_layers_each_shipped_head_reads():
-    """`eagle` and `suffix-eagle` ask `kv` for PACKAGED_LAYERS: every head in the package reads those, and
-    a model without a shipped head is refused with how to train and name one."""
-    import json
+def test_the_default_head_is_a_shipped_one_or_one_trained_here(heads, tmp_path, monkeypatch):
+    """Without `heads=`, `eagle` uses the head shipped for the model, else the one `specframe train eagle`
+    writes to its default place; the presets ask `kv` for PRESET_LAYERS and refuse a default head that
+    reads other layers, or none, saying how to train one."""
+    import shutil
 
-    from specframe_eagle import PACKAGED_LAYERS, no_packaged_head
-    from specframe_eagle.drafter import WEIGHTS_DIR
+    from specframe_eagle import PRESET_LAYERS, no_default_head
+    from specframe_eagle.drafter import default_head, trained_head_dir
 
-    shipped = sorted(WEIGHTS_DIR.glob("*/config.json"))
-    for config in shipped:
-        layers = json.loads(config.read_text())["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
-        assert tuple(layers) == PACKAGED_LAYERS, config
+    monkeypatch.setenv("SPECFRAME_HOME", str(tmp_path))
+    target = tiny_target(seed=0, layers=4)
+    assert default_head(target.name) is None
+    assert "specframe train eagle --model" in no_default_head(target)
+    with pytest.raises(specframe.ModelLoadError, match="specframe train eagle --model"):
+        EagleDrafter(target)
     registry = specframe.get_registry()
     for name in ("eagle", "suffix-eagle"):
-        assert f"kv(hidden_layers={PACKAGED_LAYERS})" in registry.preset(name).spec
-    assert "specframe train eagle --model" in no_packaged_head(tiny_target(seed=0))
+        assert f"kv(hidden_layers={PRESET_LAYERS})" in registry.preset(name).spec
+    trained = trained_head_dir(target.name) / "head"
+    shutil.copytree(heads["eagle3"], trained)
+    assert default_head(target.name) == trained and EagleDrafter(target).path == trained
+    assert "does not read the target layers" in no_default_head(target)  # it reads LAYERS3
 
 
 @pytest.mark.slow
-def test_the_shipped_head_and_its_presets_are_lossless_on_the_real_model(smollm2):
-    """The head that ships for SmolLM2 (the `eagle` drafter's default for it) drafts through both presets,
-    with drafts accepted, and the output is plain greedy decoding's, alone and in a batch."""
-    from specframe_eagle.drafter import packaged_head
+def test_the_presets_are_lossless_on_the_real_model(smollm2, tmp_path, monkeypatch):
+    """`eagle` and `suffix-eagle` on SmolLM2 with a head in the default place (untrained here: few drafts
+    accepted): the output is plain greedy decoding's, alone and in a batch."""
+    from specframe_eagle import no_default_head
+    from specframe_eagle.drafter import trained_head_dir
 
-    if not (packaged_head(smollm2.name) / "config.json").is_file():
-        pytest.skip("no EAGLE head ships for smollm2-135m")
+    monkeypatch.setenv("SPECFRAME_HOME", str(tmp_path))
+    head = start_from_target(EagleHead(config_for(smollm2, "eagle3", draft_vocab_size=4096)), smollm2)
+    save_head(head, trained_head_dir(smollm2.name) / "head", smollm2)
+    assert no_default_head(smollm2) is None
     registry = specframe.get_registry()
     prompts = ["def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
                smollm2.tokenizer.apply_chat_template([{"role": "user", "content": "Why is the sky blue?"}],
                                                      add_generation_prompt=True, tokenize=False)]
+    expected = [reference_greedy(smollm2, smollm2.tokenizer(p, add_special_tokens=False)["input_ids"], 24)
+                for p in prompts]
     for name in ("eagle", "suffix-eagle"):
         drafter, tree, verifier, backend = registry.preset(name).spec.split("+", 3)
         decoder = specframe.SpeculativeDecoder.from_names(smollm2, drafter, tree, verifier, backend, budget=8)
-        for prompt in prompts:
+        for prompt, tokens in zip(prompts, expected):
             ids = smollm2.tokenizer(prompt, add_special_tokens=False)["input_ids"]
-            result = decoder.generate(ids, max_new_tokens=32)
-            assert result.tokens == reference_greedy(smollm2, ids, 32), name
-            assert result.metrics.accepted_draft_tokens > 0, name
-    rows = decoder.generate_batch(prompts, max_new_tokens=16)
-    assert [r.tokens for r in rows] == [reference_greedy(smollm2, smollm2.tokenizer(
-        p, add_special_tokens=False)["input_ids"], 16) for p in prompts]
+            assert decoder.generate(ids, max_new_tokens=24).tokens == tokens, name
+    rows = decoder.generate_batch(prompts, max_new_tokens=24)
+    assert [r.tokens for r in rows] == expected
 
 
 @pytest.mark.parametrize("form", ["eagle", "eagle3"])
