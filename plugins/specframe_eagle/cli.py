@@ -57,22 +57,18 @@ def train_eagle(
     import specframe
     from specframe.kit.files import check_writable_dir
     from specframe_eagle.data import token_blocks
-    from specframe_eagle.drafter import trained_head_dir
     from specframe_eagle.train import TrainConfig, Trainer
 
     start = time.time()
     config = TrainConfig(form=form, features=features, draft_vocab=draft_vocab, unroll=unroll, block=block,
                          batch=batch, steps=steps, lr=lr, amp=amp,
                          init=init or "")
-    if out is not None:
+    if out is not None:  # checked before the slow load; the default one after it (it names the model)
         check_writable_dir(out, "eagle training: --out", "pass an --out directory that can be written")
     if threads:
         torch.set_num_threads(threads)
     target = specframe.load_target(model, device=device, dtype=dtype)
-    if out is None:
-        out = trained_head_dir(target.name)
-        check_writable_dir(out, "eagle training: the default run directory",
-                           "pass an --out directory that can be written")
+    out = out or default_run_dir(target)
     blocks = token_blocks(target, data, block, out, max_tokens, log=log)
     log(f"eagle: {blocks.size:,} tokens in {len(blocks)} blocks of {block} from {data}")
     trainer = Trainer(target, blocks, out, config, log=log)
@@ -86,6 +82,16 @@ def train_eagle(
     backend = f' --backend "kv(hidden_layers={layers})"' if layers else ""
     log(f"eagle: wrote {head} after {trainer.step} steps; decode with --drafter \"eagle(heads='{head}')\" "
         f"--tree dynamic{backend}")
+
+
+def default_run_dir(target) -> Path:
+    """`$SPECFRAME_HOME/eagle/MODEL`, whose head `eagle` uses by default for that model, checked writable."""
+    from specframe.kit.files import check_writable_dir
+    from specframe_eagle.drafter import trained_head_dir
+
+    out = trained_head_dir(target.name)
+    check_writable_dir(out, "eagle training: the default run directory", "pass an --out that can be written")
+    return out
 
 
 def log(line: str) -> None:
