@@ -109,6 +109,22 @@ class SyntheticRunner(PipelineRunner):
         self.control = False  # it drafts: its base's drafter is replaced
 
 
+def usable_methods(methods: list[MethodSpec], target: Target) -> list[MethodSpec]:
+    """`methods` without the presets from `all` that say they cannot run on `target` (each skipped with a
+    warning naming its reason); a preset named on its own fails with its reason."""
+    usable = []
+    for method in methods:
+        try:
+            check_preset(method, target)
+        except SpecframeError as err:
+            if not method.optional:
+                raise
+            warnings.warn(f"bench: skipping preset '{method.label}': {err}", SpecframeWarning, stacklevel=3)
+            continue
+        usable.append(method)
+    return usable
+
+
 def build_runners(target: Target, methods: list[MethodSpec], peers: list[PeerSpec], sampling: SamplingParams,
                   registry: PluginRegistry, synthetic_acceptance: float | None = None,
                   default_budget: int | str = "auto", phase_timing: bool = True) -> list:
@@ -117,6 +133,7 @@ def build_runners(target: Target, methods: list[MethodSpec], peers: list[PeerSpe
     against the first (a peer with a `baseline_backend` against plain decoding through it, where a method
     uses it: llama.cpp's peers against `llamacpp`). A preset that says it cannot run on the target fails
     with its reason, or from `all` is skipped with a warning."""
+    methods = usable_methods(methods, target)  # before the baselines: a skipped preset's backend needs none
     default = DEFAULT_COMPONENTS[ComponentKind.BACKEND]
     backends: dict[str, ComponentSpec] = {}
     if registry.get(ComponentKind.BACKEND, default).unsupported_reason(target) is None:
@@ -134,7 +151,6 @@ def build_runners(target: Target, methods: list[MethodSpec], peers: list[PeerSpe
     runners: list = [PipelineRunner(target, b, sampling, registry, None, phase_timing) for b in bases]
     for method in methods:
         try:
-            check_preset(method, target)
             base = base_of[spec_text(method.backend)]
             runners.append(PipelineRunner(target, method, sampling, registry, base, phase_timing))
         except SpecframeError as err:
