@@ -92,7 +92,9 @@ class EagleDrafter(Drafter):
         from specframe_eagle.checkpoint import draft_token_ids, load_head
 
         super().__init__(target)
-        heads = heads or (str(default_head(target.name)) if default_head(target.name) else None)
+        if not heads:
+            default = default_head(target.name)
+            heads = str(default) if default is not None else None
         if not heads:
             raise ModelLoadError(
                 f"eagle: no head for '{target.name}' ships or was trained here: train one with `specframe "
@@ -112,6 +114,7 @@ class EagleDrafter(Drafter):
             pack_linear_layers(self.head, bfloat16=self.dtype == torch.bfloat16)
         self.embed = target.model.get_input_embeddings()
         self.vocab_ids = draft_token_ids(self.head)  # (Vd,) target id of each draft row; None: all
+        self._vocab_np = None if self.vocab_ids is None else self.vocab_ids.cpu().numpy()  # for each proposal
         self._lm_head = None if self.head.config.form == "eagle3" else target.model.get_output_embeddings()
         self.reset()
 
@@ -251,7 +254,7 @@ class EagleDrafter(Drafter):
 
     def _target_ids(self, tokens: list[int]) -> np.ndarray:
         ids = np.asarray(tokens, dtype=np.int64)
-        return ids if self.vocab_ids is None else self.vocab_ids.cpu().numpy()[ids]
+        return ids if self._vocab_np is None else self._vocab_np[ids]
 
     def _grow(self, context: DraftContext, sampled: bool) -> tuple[list, list, list, list, list]:
         """Draft level by level: the nodes' draft-vocabulary tokens, parents and cumulative log q, each
